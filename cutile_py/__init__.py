@@ -1,0 +1,105 @@
+"""cutile_py: tile-based GPU kernels in Python, with cuTile Rust's ownership discipline.
+
+The public names of API.md, and nothing else.
+"""
+
+from cutile_py.frontend.errors import CompileError
+from cutile_py.host.creation import arange, from_dlpack, from_numpy, full, ones, randn, zeros
+from cutile_py.host.device_op import DeviceOp
+from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
+from cutile_py.host.kernel import CompiledKernel, Kernel, cache_info, kernel
+from cutile_py.host.specs import PartitionSpec, TensorSpec
+from cutile_py.host.tensor import Partition, Tensor
+from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
+from cutile_py.language.annotations import Constant, Dyn, Mut
+from cutile_py.language.functions import (
+    abs,
+    bid,
+    cdiv,
+    exp,
+    exp2,
+    fma,
+    load,
+    load_tile_like,
+    log,
+    log2,
+    maximum,
+    minimum,
+    num_blocks,
+    num_tiles,
+    rsqrt,
+    sigmoid,
+    sqrt,
+    tanh,
+    where,
+)
+from cutile_py.language.tile import Tile
+from cutile_py.ptx.target import Target
+from cutile_py.runtime.select import set_backend as set_backend
+
+__version__ = "0.1.0"
+
+
+def backend() -> str:
+    """The name of the active backend: 'cuda', 'sim' or 'interpret'."""
+    from cutile_py.runtime.select import active_backend
+
+    return active_backend().name
+
+
+__all__ = [
+    "AliasError",
+    "BorrowError",
+    "CompileError",
+    "CompiledKernel",
+    "Constant",
+    "DType",
+    "DeviceOp",
+    "Dyn",
+    "Kernel",
+    "LaunchError",
+    "MovedError",
+    "Mut",
+    "Partition",
+    "PartitionSpec",
+    "Target",
+    "Tensor",
+    "TensorSpec",
+    "Tile",
+    "abs",
+    "arange",
+    "backend",
+    "bf16",
+    "bid",
+    "bool_",
+    "cache_info",
+    "cdiv",
+    "exp",
+    "exp2",
+    "f16",
+    "f32",
+    "fma",
+    "from_dlpack",
+    "from_numpy",
+    "full",
+    "i32",
+    "i64",
+    "kernel",
+    "load",
+    "load_tile_like",
+    "log",
+    "log2",
+    "maximum",
+    "minimum",
+    "num_blocks",
+    "num_tiles",
+    "ones",
+    "randn",
+    "rsqrt",
+    "set_backend",
+    "sigmoid",
+    "sqrt",
+    "tanh",
+    "where",
+    "zeros",
+]

@@ -1,0 +1,1 @@
+"""Frontend: kernel capture, signatures and specialization, AST → tile IR."""

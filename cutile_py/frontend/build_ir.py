@@ -1,0 +1,548 @@
+"""The frontend proper: walks a kernel's AST and builds specialized tile IR.
+
+Expressions evaluate either to compile-time Python values (numbers, tuples, dtypes, builtins)
+or to IR values; anything outside the supported subset is a CompileError at its source line.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import typing
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+from cutile_py import ir
+from cutile_py.frontend import call_builtin
+from cutile_py.frontend.capture import CapturedFunction
+from cutile_py.frontend.errors import CompileError
+from cutile_py.frontend.signature import Specialization
+from cutile_py.frontend.values import BoundMethod, ParamRef, ShapeRef
+from cutile_py.ir import TileType, Value
+from cutile_py.ir.dtypes import DType, bool_, f32, i32, is_dtype, promote, promote_weak
+from cutile_py.ir.types import scalar
+from cutile_py.language.functions import builtin_name
+
+BINOPS: dict[type[ast.operator], str] = {
+    ast.Add: "add",
+    ast.Sub: "sub",
+    ast.Mult: "mul",
+    ast.Div: "div",
+    ast.FloorDiv: "floordiv",
+    ast.Mod: "mod",
+    ast.BitAnd: "and",
+    ast.BitOr: "or",
+    ast.BitXor: "xor",
+}
+CMPOPS: dict[type[ast.cmpop], str] = {
+    ast.Lt: "lt",
+    ast.LtE: "le",
+    ast.Gt: "gt",
+    ast.GtE: "ge",
+    ast.Eq: "eq",
+    ast.NotEq: "ne",
+}
+UNSUPPORTED_STATEMENTS: dict[type[ast.stmt], str] = {
+    ast.While: "while loops are not supported in kernels; use `for i in range(...)`",
+    ast.With: "`with` is not supported in kernels",
+    ast.Try: "try/except is not supported in kernels",
+    ast.Raise: "raise is not supported in kernels",
+    ast.FunctionDef: "nested function definitions are not supported in kernels",
+    ast.ClassDef: "class definitions are not supported in kernels",
+    ast.Global: "global is not supported in kernels",
+    ast.Nonlocal: "nonlocal is not supported in kernels",
+    ast.Delete: "del is not supported in kernels",
+    ast.Import: "import is not supported in kernels; import at module level",
+    ast.ImportFrom: "import is not supported in kernels; import at module level",
+    ast.Assert: "assert is not supported in kernels",
+    ast.Break: "break is not supported in kernels",
+    ast.Continue: "continue is not supported in kernels",
+}
+UNSUPPORTED_EXPRESSIONS: dict[type[ast.expr], str] = {
+    ast.ListComp: "list comprehensions are not supported in kernels",
+    ast.SetComp: "set comprehensions are not supported in kernels",
+    ast.DictComp: "dict comprehensions are not supported in kernels",
+    ast.GeneratorExp: "generator expressions are not supported in kernels",
+    ast.Lambda: "lambda is not supported in kernels",
+    ast.IfExp: "conditional expressions are not supported in kernels; use ct.where(cond, x, y)",
+    ast.List: "lists are not supported in kernels; use a tuple",
+    ast.Dict: "dicts are not supported in kernels",
+    ast.Set: "sets are not supported in kernels",
+    ast.Starred: "starred expressions are not supported in kernels",
+    ast.JoinedStr: "f-strings are only supported as arguments of print()",
+}
+#: Python builtins a kernel may name; calls are handled in `call_builtin`.
+PY_BUILTINS = frozenset({"range", "print", "breakpoint", "int", "float", "bool", "min", "max", "abs", "len"})
+
+
+class KernelBuilder:
+    def __init__(
+        self, cap: CapturedFunction, spec: Specialization, fast_math: bool
+    ) -> None:
+        self.cap = cap
+        self.spec = spec
+        self.fast_math = fast_math
+        self.globals = cap.visible_names()
+        self.b = ir.Builder()
+        self.env: dict[str, Any] = {}
+        self.node: ast.AST = cap.tree
+
+    # -- errors -----------------------------------------------------------------------------
+    def fail(self, message: str, node: ast.AST | None = None) -> NoReturn:
+        raise self.cap.error(node if node is not None else self.node, message)
+
+    @contextmanager
+    def at(self, node: ast.AST) -> Iterator[None]:
+        saved = self.node, self.b.span
+        self.node = node
+        loc = self.cap.location(node)
+        self.b.span = (loc.file, loc.line, loc.col)
+        try:
+            yield
+        except ir.IRTypeError as e:
+            self.fail(str(e), node)
+        finally:
+            self.node, self.b.span = saved
+
+    # -- entry ------------------------------------------------------------------------------
+    def build(self) -> ir.Kernel:
+        params: list[ir.Param] = []
+        values: list[Value | None] = []
+        for i, bp in enumerate(self.spec.params):
+            spec = bp.spec
+            if spec.kind in ("tensor", "partition"):
+                params.append(ir.TensorParam(spec.name, bp.dtype, bp.rank, spec.kind == "partition",
+                                             bp.static_dims, bp.align))
+                values.append(None)
+                self.env[spec.name] = ParamRef(i, bp)
+            elif spec.kind == "scalar":
+                params.append(ir.ScalarParam(spec.name, bp.dtype))
+                v = Value(scalar(bp.dtype), spec.name)
+                values.append(v)
+                self.env[spec.name] = v
+            else:
+                self.env[spec.name] = bp.value
+                params.append(ir.ScalarParam(spec.name, bp.dtype))
+                values.append(None)
+        body = self.cap.tree.body
+        self.block(body, top=True)
+        ranks = {bp.rank for bp in self.spec.params if bp.tile_shape is not None}
+        if len(ranks) > 1:
+            self.fail("all Mut parameters must have the same rank (they share the launch grid)")
+        kernel = ir.Kernel(self.cap.name, tuple(params), tuple(values), self.b.region,
+                           grid_rank=max(ranks, default=1), fast_math=self.fast_math)
+        ir.verify(kernel)
+        return kernel
+
+    # -- statements -------------------------------------------------------------------------
+    def block(self, stmts: Sequence[ast.stmt], top: bool = False) -> None:
+        for k, stmt in enumerate(stmts):
+            with self.at(stmt):
+                if isinstance(stmt, ast.Return):
+                    if not top or k != len(stmts) - 1:
+                        self.fail("return is only supported as the last statement of a kernel")
+                    if stmt.value is not None and not (
+                        isinstance(stmt.value, ast.Constant) and stmt.value.value is None
+                    ):
+                        self.fail("kernels return nothing; store results with z.store(tile)")
+                    continue
+                self.stmt(stmt)
+
+    def stmt(self, s: ast.stmt) -> None:
+        if isinstance(s, ast.Assign):
+            value = self.expr(s.value)
+            for target in s.targets:
+                self.assign(target, value)
+        elif isinstance(s, ast.AnnAssign):
+            if s.value is None:
+                self.fail("a declaration without a value is not supported in kernels")
+            self.assign(s.target, self.expr(s.value))
+        elif isinstance(s, ast.AugAssign):
+            if not isinstance(s.target, ast.Name):
+                self.fail("augmented assignment is only supported to a name")
+            op = BINOPS.get(type(s.op))
+            if op is None:
+                self.fail(f"operator {type(s.op).__name__} is not supported in kernels")
+            self.assign(s.target, self.binary(op, self.lookup(s.target.id, s.target), self.expr(s.value)))
+        elif isinstance(s, ast.Expr):
+            self.expr(s.value)
+        elif isinstance(s, ast.Pass):
+            pass
+        elif isinstance(s, ast.For):
+            self.for_(s)
+        elif isinstance(s, ast.If):
+            self.if_(s)
+        else:
+            msg = UNSUPPORTED_STATEMENTS.get(type(s), f"{type(s).__name__} statements are not supported in kernels")
+            self.fail(msg)
+
+    def assign(self, target: ast.expr, value: Any) -> None:
+        if isinstance(target, ast.Name):
+            self.env[target.id] = value
+        elif isinstance(target, ast.Tuple):
+            if not isinstance(value, tuple) or len(value) != len(target.elts):
+                self.fail("tuple unpacking needs a tuple of the same length", target)
+            for t, v in zip(target.elts, value):
+                self.assign(t, v)
+        else:
+            self.fail("only names can be assigned in kernels; write results with z.store(tile)", target)
+
+    def for_(self, s: ast.For) -> None:
+        if s.orelse:
+            self.fail("for/else is not supported in kernels")
+        it = s.iter
+        if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
+                and self.lookup_global("range") is builtins.range):
+            self.fail("kernels loop only over range(...)", it)
+        if not isinstance(s.target, ast.Name):
+            self.fail("the loop variable must be a single name", s.target)
+        if it.keywords or not 1 <= len(it.args) <= 3:
+            self.fail("range() takes 1 to 3 positional arguments", it)
+        bounds = [self.expr(a) for a in it.args]
+        lo, hi, step = ([0, *bounds, 1] if len(bounds) == 1 else [*bounds, 1] if len(bounds) == 2 else bounds)[:3]
+        if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
+            self.fail("the step of range() must be a positive compile-time integer", it)
+        lo_v, hi_v, step_v = (self.scalar_i32(v, it) for v in (lo, hi, step))
+        assigned = assigned_names(s.body)
+        carried = [n for n in sorted(assigned) if n in self.env and n != s.target.id]
+        inits = [self.materialize(self.env[n], None, n) for n in carried]
+        loop = self.b.for_loop(lo_v, hi_v, step_v, inits)
+        before = dict(self.env)
+        self.env[s.target.id] = loop.body.args[0]
+        for n, arg in zip(carried, loop.body.args[1:]):
+            self.env[n] = arg
+        with self.b.inside(loop.body):
+            self.block(s.body)
+            outs = []
+            for n, init in zip(carried, inits):
+                v = self.materialize(self.env[n], init.type, n)
+                if v.type != init.type:
+                    self.fail(f"variable '{n}' is carried through the loop as {init.type} but "
+                              f"becomes {v.type} in the body; give it its final type before the "
+                              "loop (e.g. ct.zeros(shape, dtype))")
+                outs.append(v)
+            self.b.yield_(outs)
+        self.env = before
+        for n, r in zip(carried, loop.results):
+            self.env[n] = r
+
+    def if_(self, s: ast.If) -> None:
+        cond = self.expr(s.test)
+        if not isinstance(cond, Value):
+            if isinstance(cond, (bool, int, float)):  # decided at compile time
+                self.block(s.body if cond else s.orelse)
+                return
+            self.fail("an if condition must be a scalar", s.test)
+        if not cond.type.is_scalar or cond.type.dtype is not bool_:
+            self.fail(f"an if condition must be a bool scalar, not {cond.type}; for tiles use ct.where",
+                      s.test)
+        before = dict(self.env)
+        op = self.b.if_(cond, [])
+        envs = []
+        for region, stmts in ((op.then, s.body), (op.orelse, s.orelse)):
+            self.env = dict(before)
+            with self.b.inside(region):
+                self.block(stmts)
+            envs.append(self.env)
+        then_env, else_env = envs
+        names = sorted(assigned_names(s.body) | assigned_names(s.orelse))
+        merged: dict[str, Any] = {}
+        results: list[tuple[str, Value, Value]] = []
+        for n in names:
+            if n not in then_env or n not in else_env:
+                continue  # defined on one path only: not visible after the if
+            a, b = then_env[n], else_env[n]
+            if a is b or (not isinstance(a, Value) and not isinstance(b, Value) and a == b
+                          and type(a) is type(b)):
+                merged[n] = a
+                continue
+            t = a.type if isinstance(a, Value) else b.type if isinstance(b, Value) else None
+            with self.b.inside(op.then):
+                va = self.materialize(a, t, n)
+            with self.b.inside(op.orelse):
+                vb = self.materialize(b, va.type, n)
+            if va.type != vb.type:
+                self.fail(f"variable '{n}' is {va.type} after the if branch but {vb.type} after "
+                          "the else branch")
+            results.append((n, va, vb))
+        with self.b.inside(op.then):
+            self.b.yield_([va for _, va, _ in results])
+        with self.b.inside(op.orelse):
+            self.b.yield_([vb for _, _, vb in results])
+        op.results = tuple(Value(va.type) for _, va, _ in results)
+        self.env = {k: v for k, v in before.items()}
+        self.env.update(merged)
+        for (n, _, _), r in zip(results, op.results):
+            self.env[n] = r
+
+    # -- expressions ------------------------------------------------------------------------
+    def expr(self, e: ast.expr) -> Any:
+        with self.at(e):
+            return self._expr(e)
+
+    def _expr(self, e: ast.expr) -> Any:
+        if isinstance(e, ast.Constant):
+            if isinstance(e.value, (bool, int, float, str)) or e.value is None:
+                return e.value
+            self.fail(f"constant {e.value!r} is not supported in kernels")
+        if isinstance(e, ast.Name):
+            return self.lookup(e.id, e)
+        if isinstance(e, ast.Tuple):
+            return tuple(self.expr(x) for x in e.elts)
+        if isinstance(e, ast.BinOp):
+            op = BINOPS.get(type(e.op))
+            if op is None:
+                self.fail(f"operator {type(e.op).__name__} is not supported in kernels")
+            return self.binary(op, self.expr(e.left), self.expr(e.right))
+        if isinstance(e, ast.UnaryOp):
+            x = self.expr(e.operand)
+            if isinstance(e.op, ast.USub):
+                return -x if not isinstance(x, Value) else self.b.unary("neg", x)
+            if isinstance(e.op, ast.UAdd):
+                return x
+            if isinstance(e.op, ast.Invert):
+                return ~x if not isinstance(x, Value) else self.b.unary("not", x)
+            # `not`
+            if not isinstance(x, Value):
+                return not x
+            if x.type != scalar(bool_):
+                self.fail("`not` needs a bool scalar; for tiles use ~")
+            return self.b.unary("not", x)
+        if isinstance(e, ast.BoolOp):
+            values = [self.expr(v) for v in e.values]
+            kind = "and" if isinstance(e.op, ast.And) else "or"
+            acc = values[0]
+            for v in values[1:]:
+                for x in (acc, v):
+                    if isinstance(x, Value) and x.type != scalar(bool_):
+                        self.fail(f"`{kind}` needs bool scalars; for bool tiles use & and |")
+                acc = self.binary(kind, acc, v) if isinstance(acc, Value) or isinstance(v, Value) else (
+                    (acc and v) if kind == "and" else (acc or v))
+            return acc
+        if isinstance(e, ast.Compare):
+            if len(e.ops) != 1:
+                self.fail("chained comparisons are not supported in kernels; combine with &")
+            kind = CMPOPS.get(type(e.ops[0]))
+            if kind is None:
+                self.fail(f"comparison {type(e.ops[0]).__name__} is not supported in kernels")
+            return self.compare(kind, self.expr(e.left), self.expr(e.comparators[0]))
+        if isinstance(e, ast.Attribute):
+            return self.attribute(self.expr(e.value), e.attr, e)
+        if isinstance(e, ast.Subscript):
+            return self.subscript(self.expr(e.value), self.expr(e.slice), e)
+        if isinstance(e, ast.Call):
+            fn = self.expr(e.func)
+            args = [self.expr(a) for a in e.args]
+            kwargs = {}
+            for kw in e.keywords:
+                if kw.arg is None:
+                    self.fail("**kwargs is not supported in kernels", kw)
+                kwargs[kw.arg] = self.expr(kw.value)
+            return call_builtin.call(self, fn, args, kwargs, e)
+        msg = UNSUPPORTED_EXPRESSIONS.get(type(e), f"{type(e).__name__} expressions are not supported in kernels")
+        self.fail(msg)
+
+    def lookup(self, name: str, node: ast.AST) -> Any:
+        if name in self.env:
+            return self.env[name]
+        value = self.lookup_global(name)
+        if value is _MISSING:
+            self.fail(f"name '{name}' is not defined here", node)
+        if isinstance(value, typing.TypeVar):
+            bound = self.spec.typevar(value.__name__)
+            if bound is None:
+                self.fail(f"TypeVar {value.__name__} has no value in this launch", node)
+            return bound
+        return value
+
+    def lookup_global(self, name: str) -> Any:
+        if name in self.globals:
+            return self.globals[name]
+        if name in PY_BUILTINS:
+            return getattr(builtins, name)
+        return _MISSING
+
+    def attribute(self, obj: Any, attr: str, node: ast.AST) -> Any:
+        if isinstance(obj, ParamRef):
+            if attr == "shape":
+                return tuple(obj.bound.tile_shape) if obj.is_partition and obj.bound.tile_shape else ShapeRef(obj)
+            if attr == "dtype":
+                return obj.bound.dtype
+            if attr in ("store", "load"):
+                if not obj.is_partition:
+                    self.fail(f"'{obj.name}' is a shared, read-only Tensor: only Mut parameters "
+                              f"have .{attr}(); use ct.load(...) to read it", node)
+                return BoundMethod(obj, attr)
+            self.fail(f"tensor parameter '{obj.name}' has no attribute '{attr}' in kernels", node)
+        if isinstance(obj, Value):
+            if attr == "shape":
+                return obj.type.shape
+            if attr == "dtype":
+                return obj.type.dtype
+            if attr == "astype":
+                return BoundMethod(obj, attr)
+            if attr == "T" or attr == "reshape":
+                self.fail(f".{attr} is not supported yet", node)
+            self.fail(f"a tile has no attribute '{attr}'", node)
+        if isinstance(obj, type(builtins)):  # a module: ct.exp, math.pi, ...
+            if not hasattr(obj, attr):
+                self.fail(f"module {obj.__name__} has no attribute '{attr}'", node)
+            return getattr(obj, attr)
+        if is_dtype(obj) and attr == "name":
+            return obj.name
+        self.fail(f"attribute '{attr}' of {type(obj).__name__} is not supported in kernels", node)
+
+    def subscript(self, obj: Any, index: Any, node: ast.AST) -> Any:
+        if isinstance(obj, ShapeRef):
+            if not isinstance(index, int) or isinstance(index, bool):
+                self.fail("shape indices must be integer constants", node)
+            bp = obj.param.bound
+            if not -bp.rank <= index < bp.rank:
+                self.fail(f"'{obj.param.name}' has rank {bp.rank}; shape[{index}] is out of range", node)
+            axis = index % bp.rank
+            static = bp.static_dims[axis]
+            if static is not None:
+                return static
+            return self.b.tensor_dim(obj.param.index, axis)
+        if isinstance(obj, tuple):
+            if not isinstance(index, int):
+                self.fail("tuple indices must be integer constants", node)
+            try:
+                return obj[index]
+            except IndexError:
+                self.fail(f"index {index} is out of range for a tuple of length {len(obj)}", node)
+        if isinstance(obj, Value):
+            self.fail("indexing tiles is not supported; use ct.load with a tile index", node)
+        self.fail(f"subscripting {type(obj).__name__} is not supported in kernels", node)
+
+    # -- typing helpers -----------------------------------------------------------------------
+    def constant(self, value: Any, dtype: type[DType]) -> Value:
+        if dtype is i32 and isinstance(value, int) and not -(2**31) <= value < 2**31:
+            self.fail(f"integer constant {value} does not fit in i32")
+        if dtype.kind == "int" and isinstance(value, float):
+            value = int(value)
+        return self.b.constant(value, dtype)
+
+    def materialize(self, v: Any, like: TileType | None, name: str) -> Value:
+        """`v` as an IR value (a Python number takes `like`'s type, or its default dtype)."""
+        if isinstance(v, Value):
+            return v
+        if isinstance(v, (bool, int, float)):
+            dtype = like.dtype if like is not None else _py_dtype(v)
+            c = self.constant(v, dtype)
+            return self.b.broadcast(c, like.shape) if like is not None and like.shape else c
+        self.fail(f"variable '{name}' holds {type(v).__name__}, which cannot change in a loop or branch")
+
+    def scalar_i32(self, v: Any, node: ast.AST) -> Value:
+        if isinstance(v, Value):
+            if v.type != scalar(i32):
+                self.fail(f"expected an i32 scalar, got {v.type}", node)
+            return v
+        if isinstance(v, int) and not isinstance(v, bool):
+            return self.constant(v, i32)
+        self.fail(f"expected an integer, got {type(v).__name__}", node)
+
+    def operands(self, *xs: Any) -> tuple[list[Value], type[DType], tuple[int, ...]]:
+        """Promote and broadcast operands to one type and shape (NumPy rules, weak scalars)."""
+        dtype: type[DType] | None = None
+        weak: list[type] = []
+        shape: tuple[int, ...] = ()
+        for x in xs:
+            if isinstance(x, Value):
+                dtype = x.type.dtype if dtype is None else promote(dtype, x.type.dtype)
+                if x.type.shape:
+                    if shape and x.type.shape != shape:
+                        self.fail(f"tiles of shapes {shape} and {x.type.shape} cannot be combined "
+                                  "(broadcasting between tiles is not supported yet)")
+                    shape = x.type.shape
+            elif isinstance(x, (bool, int, float)):
+                weak.append(type(x))
+            else:
+                self.fail(f"expected a tile or a number, got {_describe(x)}")
+        if dtype is None:
+            dtype = i32
+        for w in weak:
+            dtype = promote_weak(dtype, w)
+        out = []
+        for x in xs:
+            v = x if isinstance(x, Value) else self.constant(x, dtype)
+            out.append(self.b.broadcast(self.b.cast(v, dtype), shape))
+        return out, dtype, shape
+
+    def binary(self, kind: str, a: Any, b: Any) -> Any:
+        if not isinstance(a, Value) and not isinstance(b, Value):
+            return _fold(self, kind, a, b)
+        (x, y), dtype, _ = self.operands(a, b)
+        if kind == "div" and not dtype.is_float():
+            x, y = self.b.cast(x, f32), self.b.cast(y, f32)
+        return self.b.binary(kind, x, y)
+
+    def compare(self, kind: str, a: Any, b: Any) -> Any:
+        if not isinstance(a, Value) and not isinstance(b, Value):
+            return _fold(self, kind, a, b)
+        (x, y), _, _ = self.operands(a, b)
+        return self.b.compare(kind, x, y)
+
+
+_MISSING = object()
+
+
+def _py_dtype(v: Any) -> type[DType]:
+    return bool_ if isinstance(v, bool) else i32 if isinstance(v, int) else f32
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, ParamRef):
+        return f"tensor parameter '{x.name}' (load a tile from it first)"
+    return type(x).__name__
+
+
+_FOLD: dict[str, Any] = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "floordiv": lambda a, b: a // b,
+    "mod": lambda a, b: a % b,
+    "and": lambda a, b: a & b,
+    "or": lambda a, b: a | b,
+    "xor": lambda a, b: a ^ b,
+    "max": max,
+    "min": min,
+    "lt": lambda a, b: a < b,
+    "le": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b,
+    "ge": lambda a, b: a >= b,
+    "eq": lambda a, b: a == b,
+    "ne": lambda a, b: a != b,
+}
+
+
+def _fold(kb: KernelBuilder, kind: str, a: Any, b: Any) -> Any:
+    """Evaluate an op on compile-time values in Python."""
+    if not all(isinstance(x, (bool, int, float)) for x in (a, b)):
+        kb.fail(f"cannot apply {kind} to {_describe(a)} and {_describe(b)}")
+    try:
+        return _FOLD[kind](a, b)
+    except ZeroDivisionError:
+        kb.fail("division by zero in a compile-time expression")
+
+
+def assigned_names(stmts: Sequence[ast.stmt]) -> set[str]:
+    names: set[str] = set()
+    for s in stmts:
+        for node in ast.walk(s):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return names
+
+
+def build_kernel(cap: CapturedFunction, spec: Specialization, fast_math: bool = False) -> ir.Kernel:
+    """Tile IR for `cap` specialized to `spec`; CompileError for anything unsupported."""
+    try:
+        return KernelBuilder(cap, spec, fast_math).build()
+    except CompileError:
+        raise
+    except RecursionError as e:
+        raise CompileError("kernel is too deeply nested", None, cap.name) from e

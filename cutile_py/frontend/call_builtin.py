@@ -1,0 +1,243 @@
+"""Calls inside kernels: the ct builtins, the few Python builtins allowed, and methods."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from cutile_py.frontend.values import BoundMethod, ParamRef
+from cutile_py.ir import Value
+from cutile_py.ir.dtypes import DType, bool_, f32, i32, is_dtype
+from cutile_py.language.functions import builtin_name
+
+if TYPE_CHECKING:
+    from cutile_py.frontend.build_ir import KernelBuilder
+
+Handler = Callable[["KernelBuilder", ast.Call, Any], Any]
+UNARY_BUILTINS = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "abs"})
+#: Signatures used to bind the arguments of each builtin (positional or keyword, as in Python).
+SIGNATURES: dict[str, inspect.Signature] = {}
+
+
+def _sig(name: str, fn: Callable[..., Any]) -> inspect.Signature:
+    if name not in SIGNATURES:
+        SIGNATURES[name] = inspect.signature(fn)
+    return SIGNATURES[name]
+
+
+def call(kb: KernelBuilder, fn: Any, args: list[Any], kwargs: dict[str, Any], node: ast.Call) -> Any:
+    if isinstance(fn, BoundMethod):
+        return _method(kb, fn, args, kwargs, node)
+    name = builtin_name(fn)
+    if name is not None:
+        try:
+            bound = _sig(name, fn).bind(*args, **kwargs)
+        except TypeError as e:
+            kb.fail(f"ct.{name}(): {e}", node)
+        bound.apply_defaults()
+        return _BUILTINS[name](kb, node, bound.arguments)
+    if fn is builtins.print or fn is builtins.breakpoint:
+        return None  # a no-op in compiled code; the interpreter runs them
+    if fn in (builtins.int, builtins.float, builtins.bool) and len(args) == 1 and not kwargs:
+        x = args[0]
+        if not isinstance(x, Value):
+            return fn(x)
+        if not x.type.is_scalar:
+            kb.fail(f"{fn.__name__}() takes a scalar; for tiles use .astype()", node)
+        return kb.b.cast(x, {int: i32, float: f32, bool: bool_}[fn])
+    if fn in (builtins.min, builtins.max) and len(args) >= 2 and not kwargs:
+        acc = args[0]
+        for x in args[1:]:
+            if isinstance(acc, Value) or isinstance(x, Value):
+                (a, b), _, shape = kb.operands(acc, x)
+                if shape:
+                    kb.fail(f"{fn.__name__}() takes scalars; for tiles use ct.{fn.__name__}imum", node)
+                acc = kb.b.binary(fn.__name__, a, b)
+            else:
+                acc = fn(acc, x)
+        return acc
+    if fn is builtins.abs and len(args) == 1:
+        return _unary(kb, "abs", args[0])
+    if fn is builtins.range:
+        kb.fail("range() is only supported as the iterable of a for loop", node)
+    what = getattr(fn, "__qualname__", None) or type(fn).__name__
+    kb.fail(f"call to unsupported function '{what}': kernels may call ct builtins "
+            "(see the API) and int/float/min/max/abs/print", node)
+
+
+def _method(kb: KernelBuilder, m: BoundMethod, args: list[Any], kwargs: dict[str, Any], node: ast.Call) -> Any:
+    recv = m.receiver
+    if m.name == "astype":
+        if len(args) != 1 or kwargs or not is_dtype(args[0]):
+            kb.fail(".astype() takes one dtype, e.g. .astype(ct.f32)", node)
+        return kb.b.cast(recv, args[0])
+    assert isinstance(recv, ParamRef) and recv.bound.tile_shape is not None
+    tile_shape = recv.bound.tile_shape
+    index = [kb.b.grid("bid", axis) for axis in range(len(tile_shape))]
+    if m.name == "load":
+        if args or kwargs:
+            kb.fail(f"{recv.name}.load() takes no arguments", node)
+        return kb.b.load(recv.index, recv.bound.dtype, index, tile_shape, 0)
+    # store
+    if len(args) != 1 or kwargs:
+        kb.fail(f"{recv.name}.store() takes one tile", node)
+    value = args[0]
+    if isinstance(value, Value):
+        if value.type.shape and value.type.shape != tile_shape:
+            kb.fail(f"cannot store a tile of shape {value.type.shape} into '{recv.name}', whose "
+                    f"tiles are {tile_shape}", node)
+        if value.type.dtype is not recv.bound.dtype:
+            kb.fail(f"cannot store a {value.type.dtype.name} tile into '{recv.name}' "
+                    f"({recv.bound.dtype.name}); convert with .astype(ct.{recv.bound.dtype.name})", node)
+        value = kb.b.broadcast(value, tile_shape)
+    elif isinstance(value, (bool, int, float)):
+        value = kb.b.broadcast(kb.constant(value, recv.bound.dtype), tile_shape)
+    else:
+        kb.fail(f"{recv.name}.store() needs a tile", node)
+    kb.b.store(recv.index, index, value)
+    return None
+
+
+def _param(kb: KernelBuilder, x: Any, what: str, node: ast.AST) -> ParamRef:
+    if not isinstance(x, ParamRef):
+        kb.fail(f"{what} must be a tensor parameter of the kernel", node)
+    return x
+
+
+def _static_shape(kb: KernelBuilder, shape: Any, node: ast.AST) -> tuple[int, ...]:
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        shape = (shape,)
+    if not isinstance(shape, tuple):
+        kb.fail("a tile shape must be a tuple of integers", node)
+    for d in shape:
+        if isinstance(d, Value):
+            kb.fail("tile shapes must be compile-time constants: this dim is a run-time size "
+                    "(a Dyn dim or a run-time scalar); use a Mut tile's shape, a TypeVar "
+                    "or a ct.Constant parameter", node)
+        if not isinstance(d, int) or isinstance(d, bool) or d <= 0:
+            kb.fail(f"tile dims must be positive integers, got {d!r}", node)
+    if not 1 <= len(shape) <= 3:
+        kb.fail(f"tiles of rank 1 to 3 are supported, not {len(shape)}", node)
+    return shape
+
+
+def _axis(kb: KernelBuilder, axis: Any, node: ast.AST) -> int:
+    if not isinstance(axis, int) or isinstance(axis, bool) or not 0 <= axis <= 2:
+        kb.fail(f"the grid axis must be 0, 1 or 2 (a constant), got {axis!r}", node)
+    return axis
+
+
+def _cdiv(kb: KernelBuilder, a: Any, b: Any) -> Any:
+    if not isinstance(a, Value) and not isinstance(b, Value):
+        return -(-a // b)
+    return kb.binary("floordiv", kb.binary("sub", kb.binary("add", a, b), 1), b)
+
+
+def _unary(kb: KernelBuilder, kind: str, x: Any) -> Any:
+    if not isinstance(x, Value):
+        if not isinstance(x, (int, float)) or isinstance(x, bool):
+            kb.fail(f"{kind}() needs a tile or a number")
+        x = kb.constant(x, f32 if kind != "abs" or isinstance(x, float) else i32)
+    if kind != "abs" and not x.type.dtype.is_float():
+        x = kb.b.cast(x, f32)
+    return kb.b.unary(kind, x)
+
+
+def _full(kb: KernelBuilder, node: ast.AST, shape: Any, value: Any, dtype: Any) -> Value:
+    shp = _static_shape(kb, shape, node)
+    if not is_dtype(dtype):
+        kb.fail(f"dtype must be a cutile_py dtype such as ct.f32, got {dtype!r}", node)
+    if isinstance(value, Value):
+        if not value.type.is_scalar:
+            kb.fail("the fill value must be a scalar", node)
+        v = kb.b.cast(value, dtype)
+    elif isinstance(value, (bool, int, float)):
+        v = kb.constant(value, dtype)
+    else:
+        kb.fail("the fill value must be a number or a scalar", node)
+    return kb.b.broadcast(v, shp)
+
+
+def _load(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
+    src = _param(kb, a["src"], "the source of ct.load", node)
+    shape = _static_shape(kb, a["shape"], node)
+    index = a["index"]
+    if not isinstance(index, tuple):
+        index = (index,)
+    if len(index) != src.bound.rank or len(shape) != src.bound.rank:
+        kb.fail(f"'{src.name}' has rank {src.bound.rank}: give an index and a shape of that rank", node)
+    pad = a["padding"]
+    if not isinstance(pad, (int, float)) or isinstance(pad, bool):
+        kb.fail("padding must be a number", node)
+    idx = [kb.scalar_i32(i, node) for i in index]
+    return kb.b.load(src.index, src.bound.dtype, idx, shape, pad)
+
+
+def _load_tile_like(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
+    src = _param(kb, a["src"], "the source of ct.load_tile_like", node)
+    like = _param(kb, a["like"], "the second argument of ct.load_tile_like", node)
+    if like.bound.tile_shape is None:
+        kb.fail(f"'{like.name}' is not a Mut parameter; load_tile_like needs one to take the "
+                "tile position and shape from", node)
+    shape = like.bound.tile_shape
+    if src.bound.rank != len(shape):
+        kb.fail(f"'{src.name}' has rank {src.bound.rank} but the tiles of '{like.name}' have rank "
+                f"{len(shape)}", node)
+    index = [kb.b.grid("bid", axis) for axis in range(len(shape))]
+    return kb.b.load(src.index, src.bound.dtype, index, shape, 0)
+
+
+def _where(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
+    cond, x, y = a["cond"], a["x"], a["y"]
+    if not isinstance(cond, Value) or cond.type.dtype is not bool_:
+        kb.fail("the condition of ct.where must be a bool tile or scalar", node)
+    (xv, yv), _, shape = kb.operands(x, y)
+    shape = shape or cond.type.shape
+    if cond.type.shape and shape != cond.type.shape:
+        kb.fail(f"condition shape {cond.type.shape} differs from {shape}", node)
+    return kb.b.select(kb.b.broadcast(cond, shape), kb.b.broadcast(xv, shape), kb.b.broadcast(yv, shape))
+
+
+def _fma(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
+    xs, dtype, _ = kb.operands(a["a"], a["b"], a["c"])
+    if not dtype.is_float():
+        xs = [kb.b.cast(v, f32) for v in xs]
+    return kb.b.fma(*xs)
+
+
+def _num_tiles(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Any:
+    src = _param(kb, a["src"], "the first argument of ct.num_tiles", node)
+    axis = a["axis"]
+    if not isinstance(axis, int) or not 0 <= axis < src.bound.rank:
+        kb.fail(f"axis must be a constant in [0, {src.bound.rank})", node)
+    static = None if src.bound.tile_shape is not None else src.bound.static_dims[axis]
+    dim = static if static is not None else kb.b.tensor_dim(src.index, axis)
+    return _cdiv(kb, dim, a["tile"])
+
+
+def _dtype_arg(kb: KernelBuilder, d: Any, node: ast.AST) -> type[DType]:
+    if not is_dtype(d):
+        kb.fail(f"dtype must be a cutile_py dtype such as ct.f32, got {d!r}", node)
+    return d  # type: ignore[no-any-return]
+
+
+_BUILTINS: dict[str, Callable[[KernelBuilder, ast.AST, dict[str, Any]], Any]] = {
+    "bid": lambda kb, n, a: kb.b.grid("bid", _axis(kb, a["axis"], n)),
+    "num_blocks": lambda kb, n, a: kb.b.grid("num_blocks", _axis(kb, a["axis"], n)),
+    "cdiv": lambda kb, n, a: _cdiv(kb, a["a"], a["b"]),
+    "num_tiles": _num_tiles,
+    "load": _load,
+    "load_tile_like": _load_tile_like,
+    "full": lambda kb, n, a: _full(kb, n, a["shape"], a["value"], a["dtype"]),
+    "zeros": lambda kb, n, a: _full(kb, n, a["shape"], 0, _dtype_arg(kb, a["dtype"], n)),
+    "ones": lambda kb, n, a: _full(kb, n, a["shape"], 1, _dtype_arg(kb, a["dtype"], n)),
+    "where": _where,
+    "maximum": lambda kb, n, a: kb.binary("max", a["x"], a["y"]),
+    "minimum": lambda kb, n, a: kb.binary("min", a["x"], a["y"]),
+    "fma": _fma,
+    **{k: (lambda kind: lambda kb, n, a: _unary(kb, kind, a["x"]))(k) for k in UNARY_BUILTINS},
+}
+

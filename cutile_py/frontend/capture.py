@@ -1,0 +1,87 @@
+"""Capturing a kernel at definition: its source, AST, file position and the names it can see."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cutile_py.frontend.errors import CompileError, SourceLocation
+
+
+@dataclass(frozen=True)
+class CapturedFunction:
+    fn: Callable[..., Any]
+    name: str
+    file: str
+    first_line: int  # line of the `def` (after decorators) in the file
+    indent: int  # columns removed by dedenting
+    lines: tuple[str, ...]  # the file's lines of the function, undedented
+    tree: ast.FunctionDef
+    source_hash: str
+
+    def location(self, node: ast.AST) -> SourceLocation:
+        rel = getattr(node, "lineno", 1)
+        line = self.first_line + rel - 1
+        col = getattr(node, "col_offset", 0) + self.indent + 1
+        text = self.lines[rel - 1] if 0 < rel <= len(self.lines) else ""
+        return SourceLocation(self.file, line, col, text)
+
+    def error(self, node: ast.AST, message: str) -> CompileError:
+        return CompileError(message, self.location(node), self.name)
+
+    def visible_names(self) -> dict[str, Any]:
+        """Module globals, shadowed by the closure's free variables."""
+        names = dict(self.fn.__globals__)
+        code = self.fn.__code__
+        for name, cell in zip(code.co_freevars, self.fn.__closure__ or ()):
+            try:
+                names[name] = cell.cell_contents
+            except ValueError:  # a free variable not yet bound
+                pass
+        return names
+
+
+def capture(fn: Callable[..., Any]) -> CapturedFunction:
+    """Read and parse `fn`'s source; raise CompileError if it cannot be found."""
+    name = getattr(fn, "__qualname__", getattr(fn, "__name__", "kernel"))
+    try:
+        lines, start = inspect.getsourcelines(fn)
+        file = inspect.getsourcefile(fn) or inspect.getfile(fn)
+    except (OSError, TypeError) as e:
+        raise CompileError(
+            f"cannot read the source of {name} ({e}); kernels must be defined in a file", None, name
+        ) from e
+    source = "".join(lines)
+    dedented = textwrap.dedent(source)
+    first = dedented.splitlines()[0] if dedented else ""
+    indent = len(lines[0]) - len(lines[0].lstrip()) if lines else 0
+    del first
+    module = ast.parse(dedented)
+    fdef = next((n for n in module.body if isinstance(n, ast.FunctionDef)), None)
+    if fdef is None:
+        raise CompileError(f"{name} is not a plain function definition", None, name)
+    # Report lines relative to the `def`, not the first decorator.
+    offset = fdef.lineno - 1
+    for node in ast.walk(fdef):
+        if hasattr(node, "lineno"):
+            node.lineno -= offset
+            end = getattr(node, "end_lineno", None)
+            if end is not None:
+                node.end_lineno = end - offset
+    body_lines = tuple(line.rstrip("\n") for line in lines[offset:])
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    return CapturedFunction(
+        fn=fn,
+        name=getattr(fn, "__name__", name),
+        file=file,
+        first_line=start + offset,
+        indent=indent,
+        lines=body_lines,
+        tree=fdef,
+        source_hash=digest,
+    )

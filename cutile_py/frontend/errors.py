@@ -1,0 +1,41 @@
+"""`CompileError`: a kernel the compiler cannot accept, located in the user's source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    file: str
+    line: int  # 1-based, in the file
+    col: int  # 1-based
+    text: str  # the source line
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+class CompileError(Exception):
+    """The kernel uses Python the compiler does not support, or misuses a tile operation.
+
+    `str()` gives `file:line:col: message`, the offending line and a caret under the column,
+    then `in <helper>` lines for inlined helpers it passed through.
+    """
+
+    def __init__(
+        self, message: str, where: SourceLocation | None = None, kernel: str = ""
+    ) -> None:
+        self.message = message
+        self.where = where
+        self.kernel = kernel
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        if self.where is None:
+            return f"in kernel {self.kernel}: {self.message}" if self.kernel else self.message
+        w = self.where
+        stripped = w.text.rstrip()
+        lead = len(stripped) - len(stripped.lstrip())
+        caret = " " * (max(w.col - 1 - lead, 0) + 4) + "^"
+        return f"{w}: {self.message}\n    {stripped.lstrip()}\n{caret}"

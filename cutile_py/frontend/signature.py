@@ -1,0 +1,228 @@
+"""Kernel parameters from their annotations, and binding launch arguments to a specialization.
+
+A `Specialization` is the frozen, hashable set of facts that the generated code depends on:
+dtypes, ranks, tile shapes, static dims, vector alignment and constant values.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from cutile_py.frontend.capture import CapturedFunction
+from cutile_py.frontend.errors import CompileError
+from cutile_py.ir.dtypes import DType, bool_, f32, i32, is_dtype
+from cutile_py.language.annotations import Constant, Dyn, Mut, is_tensor_class
+
+Kind = Literal["partition", "tensor", "scalar", "constant"]
+#: A dim of a tensor annotation: ("dyn", None), ("var", "B") or ("lit", 64).
+Dim = tuple[str, Any]
+SCALAR_TYPES: dict[type, type[DType]] = {int: i32, float: f32, bool: bool_}
+#: Vector widths never exceed 16 elements; alignment is tracked up to that.
+MAX_ALIGN = 16
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    kind: Kind
+    dtype: type[DType]
+    dims: tuple[Dim, ...] = ()
+    py_type: type | None = None  # for scalars and constants
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """What the frontend needs to know of a tensor or partition argument."""
+
+    dtype: type[DType]
+    shape: tuple[int, ...]
+    tile_shape: tuple[int, ...] | None  # set for a Partition
+
+
+@dataclass(frozen=True)
+class BoundParam:
+    spec: ParamSpec
+    dtype: type[DType]
+    rank: int = 0
+    tile_shape: tuple[int, ...] | None = None
+    static_dims: tuple[int | None, ...] = ()
+    #: Largest power of two (≤ 16) dividing the tensor's last dim: the widest aligned vector.
+    align: int = 1
+    value: int | float | bool | None = None  # for constants
+
+
+@dataclass(frozen=True)
+class Specialization:
+    params: tuple[BoundParam, ...]
+    typevars: tuple[tuple[str, int], ...]
+
+    def typevar(self, name: str) -> int | None:
+        return dict(self.typevars).get(name)
+
+
+def _fail(kernel: str, param: str, message: str, exc: type[Exception] = TypeError) -> Exception:
+    return exc(f"kernel {kernel}, parameter '{param}': {message}")
+
+
+def parse_signature(cap: CapturedFunction) -> tuple[ParamSpec, ...]:
+    """Read the parameter annotations (evaluating string annotations in the kernel's scope)."""
+    sig = inspect.signature(cap.fn)
+    names = cap.visible_names()
+    specs = []
+    for p in sig.parameters.values():
+        node = next((a for a in cap.tree.args.args if a.arg == p.name), cap.tree)
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            raise cap.error(node, f"parameter '{p.name}': *args, **kwargs and keyword-only "
+                            "parameters are not supported in kernels")
+        ann = p.annotation
+        if ann is inspect.Parameter.empty:
+            raise cap.error(node, f"parameter '{p.name}' needs a type annotation "
+                            "(Mut[Tensor[...]], Tensor[...], int, float, bool or ct.Constant[...])")
+        if isinstance(ann, str):
+            try:
+                ann = eval(ann, names)  # annotations are the kernel author's own code
+            except Exception as e:
+                raise cap.error(node, f"cannot evaluate the annotation of '{p.name}': {e}") from e
+        specs.append(_param_spec(cap, node, p.name, ann))
+    return tuple(specs)
+
+
+def _param_spec(cap: CapturedFunction, node: Any, name: str, ann: Any) -> ParamSpec:
+    origin = typing.get_origin(ann)
+    if origin is Mut:
+        (inner,) = typing.get_args(ann)
+        dtype, dims = _tensor_dims(cap, node, name, inner)
+        if any(k == "dyn" for k, _ in dims):
+            raise cap.error(node, f"parameter '{name}': the dims of a Mut tile must be static "
+                            "(a TypeVar or Literal[n]), not Dyn")
+        return ParamSpec(name, "partition", dtype, dims)
+    if is_tensor_class(origin) or is_tensor_class(ann):
+        dtype, dims = _tensor_dims(cap, node, name, ann)
+        return ParamSpec(name, "tensor", dtype, dims)
+    if origin is Constant:
+        (t,) = typing.get_args(ann)
+        if t not in SCALAR_TYPES:
+            raise cap.error(node, f"parameter '{name}': Constant takes int, float or bool")
+        return ParamSpec(name, "constant", SCALAR_TYPES[t], py_type=t)
+    if ann in SCALAR_TYPES:
+        return ParamSpec(name, "scalar", SCALAR_TYPES[ann], py_type=ann)
+    raise cap.error(node, f"parameter '{name}': unsupported annotation {ann!r}")
+
+
+def _tensor_dims(cap: CapturedFunction, node: Any, name: str, ann: Any) -> tuple[type[DType], tuple[Dim, ...]]:
+    args = typing.get_args(ann)
+    if not args or not is_dtype(args[0]):
+        raise cap.error(node, f"parameter '{name}': write Tensor[dtype, dim, ...], e.g. Tensor[f32, Dyn]")
+    dims: list[Dim] = []
+    for d in args[1:]:
+        if d is Dyn:
+            dims.append(("dyn", None))
+        elif isinstance(d, typing.TypeVar):
+            dims.append(("var", d.__name__))
+        elif typing.get_origin(d) is Literal and isinstance(typing.get_args(d)[0], int):
+            dims.append(("lit", int(typing.get_args(d)[0])))
+        else:
+            raise cap.error(node, f"parameter '{name}': a dim must be Dyn, a TypeVar or Literal[n], "
+                            f"not {d!r}")
+    if not 1 <= len(dims) <= 3:
+        raise cap.error(node, f"parameter '{name}': tensors of rank 1 to 3 are supported, not {len(dims)}")
+    return args[0], tuple(dims)
+
+
+def _align(n: int) -> int:
+    a = 1
+    while a < MAX_ALIGN and n % (a * 2) == 0:
+        a *= 2
+    return a
+
+
+def bind(kernel: str, specs: tuple[ParamSpec, ...], args: tuple[Any, ...]) -> Specialization:
+    """Check launch arguments against the parameters; TypeError/ValueError name the parameter.
+
+    `args` holds a `TensorArg` for tensors and partitions and the Python value for scalars.
+    """
+    typevars: dict[str, int] = {}
+    where: dict[str, str] = {}
+
+    def bind_var(var: str, value: int, param: str) -> None:
+        if var in typevars and typevars[var] != value:
+            raise _fail(kernel, param, f"dim {var} = {value} disagrees with {var} = "
+                        f"{typevars[var]} bound by '{where[var]}'", ValueError)
+        typevars.setdefault(var, value)
+        where.setdefault(var, param)
+
+    # Bind TypeVars from partitions and constants first, then check every use.
+    for spec, arg in zip(specs, args):
+        if spec.kind == "partition" and isinstance(arg, TensorArg) and arg.tile_shape is not None:
+            for (k, v), t in zip(spec.dims, arg.tile_shape):
+                if k == "var":
+                    bind_var(v, t, spec.name)
+        elif spec.kind == "constant" and isinstance(arg, int) and not isinstance(arg, bool):
+            bind_var(spec.name, arg, spec.name)
+
+    bound = []
+    for spec, arg in zip(specs, args):
+        bound.append(_bind_one(kernel, spec, arg, typevars))
+    return Specialization(tuple(bound), tuple(sorted(typevars.items())))
+
+
+def _bind_one(kernel: str, spec: ParamSpec, arg: Any, typevars: dict[str, int]) -> BoundParam:
+    name = spec.name
+    if spec.kind in ("scalar", "constant"):
+        if isinstance(arg, TensorArg):
+            raise _fail(kernel, name, f"expected a {spec.py_type.__name__ if spec.py_type else ''} "
+                        "scalar, got a tensor")
+        value = _scalar(kernel, spec, arg)
+        return BoundParam(spec, spec.dtype, value=value if spec.kind == "constant" else None)
+    if not isinstance(arg, TensorArg):
+        raise _fail(kernel, name, f"expected a {'Partition' if spec.kind == 'partition' else 'Tensor'}, "
+                    f"got {type(arg).__name__}")
+    if spec.kind == "partition" and arg.tile_shape is None:
+        raise _fail(kernel, name, "is Mut: pass a Partition (t.partition(tile_shape)), not a Tensor")
+    if spec.kind == "tensor" and arg.tile_shape is not None:
+        raise _fail(kernel, name, "is a shared Tensor: pass the tensor itself, not a Partition "
+                    "(p.unpartition() gives it back)")
+    if arg.dtype is not spec.dtype:
+        raise _fail(kernel, name, f"expected dtype {spec.dtype.name}, got {arg.dtype.name}")
+    if len(arg.shape) != len(spec.dims):
+        raise _fail(kernel, name, f"expected rank {len(spec.dims)}, got rank {len(arg.shape)} "
+                    f"(shape {arg.shape})", ValueError)
+    actual = arg.tile_shape if arg.tile_shape is not None else arg.shape
+    static: list[int | None] = []
+    for axis, ((k, v), n) in enumerate(zip(spec.dims, actual)):
+        want = v if k == "lit" else typevars.get(v) if k == "var" else None
+        if k == "var" and want is None:
+            raise _fail(kernel, name, f"TypeVar {v} (dim {axis}) is not bound: a Partition's tile "
+                        f"shape or a Constant parameter named {v} must give it", ValueError)
+        if want is not None and want != n:
+            what = "tile dim" if arg.tile_shape is not None else "dim"
+            raise _fail(kernel, name, f"{what} {axis} is {n}, expected {want}"
+                        + (f" (= {v})" if k == "var" else ""), ValueError)
+        static.append(want)
+    if arg.tile_shape is not None:
+        static = list(arg.tile_shape)
+    return BoundParam(spec, arg.dtype, len(arg.shape), arg.tile_shape, tuple(static), _align(arg.shape[-1]))
+
+
+def _scalar(kernel: str, spec: ParamSpec, arg: Any) -> int | float | bool:
+    t = spec.py_type
+    if hasattr(arg, "item") and callable(arg.item) and getattr(arg, "shape", None) == ():
+        arg = arg.item()  # NumPy scalars
+    if t is bool:
+        ok = isinstance(arg, bool)
+    elif t is int:
+        ok = isinstance(arg, int) and not isinstance(arg, bool)
+    else:
+        ok = isinstance(arg, (int, float)) and not isinstance(arg, bool)
+    if not ok:
+        raise _fail(kernel, spec.name, f"expected {t.__name__ if t else '?'}, got {type(arg).__name__}")
+    if t is int and not -(2**31) <= arg < 2**31:
+        raise _fail(kernel, spec.name, f"{arg} does not fit in i32", ValueError)
+    return float(arg) if t is float else arg
+
+
+def missing_constant_error(kernel: str, name: str) -> CompileError:
+    return CompileError(f"Constant parameter '{name}' has no value", None, kernel)

@@ -1,0 +1,44 @@
+"""Compile-time stand-ins the frontend evaluates kernel expressions to, besides IR values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cutile_py.frontend.signature import BoundParam
+from cutile_py.ir import Value
+
+
+@dataclass(frozen=True)
+class ParamRef:
+    """A tensor or partition parameter (`index` into the kernel's parameters)."""
+
+    index: int
+    bound: BoundParam
+
+    @property
+    def name(self) -> str:
+        return self.bound.spec.name
+
+    @property
+    def is_partition(self) -> bool:
+        return self.bound.tile_shape is not None
+
+
+@dataclass(frozen=True)
+class ShapeRef:
+    """`x.shape` of a shared tensor: static where the annotation fixes a dim, else run time."""
+
+    param: ParamRef
+
+
+@dataclass(frozen=True)
+class BoundMethod:
+    """`receiver.name` awaiting its call (`z.store`, `t.astype`, ...)."""
+
+    receiver: Any
+    name: str
+
+
+Scalar = int | float | bool
+Abstract = Value | ParamRef | ShapeRef | BoundMethod | Any

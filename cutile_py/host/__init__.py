@@ -1,0 +1,1 @@
+"""Host side: tensors, partitions and ownership, kernels, device ops and their launch."""

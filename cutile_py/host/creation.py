@@ -1,0 +1,123 @@
+"""Making tensors: `zeros`, `ones`, `full`, `arange`, `randn`, `from_numpy`, `from_dlpack`.
+
+`zeros`, `ones` and `full` also make tiles when called inside a kernel, as in NumPy and cuTile
+Python; their return type serves both uses (`TensorOrTile`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from cutile_py.host.tensor import Tensor
+from cutile_py.ir.dtypes import DType, bf16, f32, from_numpy_dtype, i32, is_dtype, to_storage
+from cutile_py.language.functions import builtin, tile_full
+from cutile_py.language.interpret import CURRENT_BLOCK
+from cutile_py.language.tile import Tile
+from cutile_py.runtime.backend import HostBuffer
+from cutile_py.runtime.select import active_backend
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    class TensorOrTile(Tensor[Any, Unpack[tuple[Any, ...]]], Tile):  # type: ignore[misc]
+        """For mypy only: host code gets a Tensor, kernel code a Tile."""
+else:
+    TensorOrTile = Any
+
+AnyTensor = Tensor[Any, Any]
+
+
+def _shape(shape: Sequence[int] | int) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    for d in dims:
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
+            raise ValueError(f"shape must be non-negative integers, got {shape!r}")
+    return tuple(int(d) for d in dims)
+
+
+def _dtype(dtype: Any) -> type[DType]:
+    if not is_dtype(dtype):
+        raise TypeError(f"dtype must be a cutile_py dtype (ct.f32, ct.f16, ct.bf16, ct.i32, ct.i64, "
+                        f"ct.bool_), got {dtype!r}")
+    return dtype  # type: ignore[no-any-return]
+
+
+def _upload(values: np.ndarray, dtype: type[DType]) -> AnyTensor:
+    """A new tensor on the active backend holding `values` (compute form) rounded to `dtype`."""
+    backend = active_backend()
+    storage = np.ascontiguousarray(to_storage(values, dtype))
+    buf = backend.alloc(max(storage.nbytes, 1))
+    if storage.nbytes:
+        backend.upload(buf, storage)
+    return Tensor(buf, tuple(values.shape), dtype, backend)
+
+
+@builtin("full")
+def full(shape: Sequence[int] | int, value: Any, dtype: Any = f32) -> TensorOrTile:
+    """A tensor (or, inside a kernel, a tile) of `shape` filled with `value`."""
+    if CURRENT_BLOCK.get() is not None:
+        return tile_full(_shape(shape), value, _dtype(dtype))  # type: ignore[return-value]
+    dt = _dtype(dtype)
+    return _upload(np.full(_shape(shape), value, dtype=np.float64 if dt.is_float() else dt.compute), dt)  # type: ignore[return-value]
+
+
+@builtin("zeros")
+def zeros(shape: Sequence[int] | int, dtype: Any = f32) -> TensorOrTile:
+    """A tensor (or, inside a kernel, a tile) of zeros."""
+    return full(shape, 0, dtype)
+
+
+@builtin("ones")
+def ones(shape: Sequence[int] | int, dtype: Any = f32) -> TensorOrTile:
+    """A tensor (or, inside a kernel, a tile) of ones."""
+    return full(shape, 1, dtype)
+
+
+def arange(n: int, dtype: Any = i32) -> AnyTensor:
+    """`[0, 1, ..., n-1]` as a 1-D tensor."""
+    return _upload(np.arange(int(n)), _dtype(dtype))
+
+
+def randn(shape: Sequence[int] | int, dtype: Any = f32, seed: int = 0) -> AnyTensor:
+    """Standard-normal values from NumPy's PCG64 generator with `seed`, rounded to `dtype`."""
+    dt = _dtype(dtype)
+    if not dt.is_float():
+        raise TypeError(f"randn makes floating-point tensors, not {dt.name}")
+    values = np.random.default_rng(seed).standard_normal(_shape(shape))
+    return _upload(values, dt)
+
+
+def from_numpy(array: np.ndarray, dtype: Any = None) -> AnyTensor:
+    """A copy of `array` on the active backend. Give `dtype` to convert (needed for bf16 and
+    for float64 input, which cutile_py does not support: it is rounded only when asked)."""
+    arr = np.asarray(array)
+    if dtype is None:
+        if arr.dtype == np.float64:
+            raise TypeError("float64 arrays are not supported; pass dtype=ct.f32 to convert, or "
+                            "convert with array.astype(np.float32)")
+        dt = from_numpy_dtype(arr.dtype)
+    else:
+        dt = _dtype(dtype)
+    if dt is bf16 and arr.dtype == np.uint16:
+        raise TypeError("a uint16 array is ambiguous for bf16; pass float values")
+    return _upload(arr, dt)
+
+
+def from_dlpack(obj: Any) -> AnyTensor:
+    """Borrow `obj`'s memory zero-copy (host memory on the CPU backends); never freed by us."""
+    backend = active_backend()
+    if backend.runs_ptx:
+        raise NotImplementedError("from_dlpack of device memory comes with the interop release")
+    if isinstance(obj, Tensor):
+        obj._check_usable("borrow the tensor")
+    arr = np.from_dlpack(obj)
+    if not arr.flags.c_contiguous:
+        raise ValueError("from_dlpack needs a C-contiguous array")
+    dt = from_numpy_dtype(arr.dtype)
+    buf = HostBuffer.__new__(HostBuffer)
+    buf.nbytes = arr.nbytes
+    buf.bytes = arr.reshape(-1).view(np.uint8)
+    return Tensor(buf, tuple(arr.shape), dt, backend, borrowed_from=obj)

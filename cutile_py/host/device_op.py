@@ -1,0 +1,173 @@
+"""`DeviceOp`: one checked launch that owns its arguments until it completes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
+from cutile_py.host.launch import launch_ptx, run_interpreted
+from cutile_py.host.tensor import Owned, Partition, Tensor
+from cutile_py.runtime.backend import Completion, RuntimeFailure
+from cutile_py.runtime.select import active_backend
+
+if TYPE_CHECKING:
+    from cutile_py.host.kernel import CompiledKernel, Kernel
+    from cutile_py.frontend.signature import Specialization
+
+
+class DeviceOp:
+    """A launch of a kernel on checked arguments; run it with `.sync()`.
+
+    From construction until it completes, the op holds its `Partition` arguments exclusively
+    and its `Tensor` arguments shared: the host cannot touch them (API.md §2, rules 1–5).
+    """
+
+    def __init__(self, kernel: Kernel, args: tuple[Any, ...], spec: Specialization,
+                 compiled: CompiledKernel, grid: tuple[int, ...]) -> None:
+        self.kernel = kernel
+        self.args = args
+        self.spec = spec
+        self.compiled = compiled
+        self.grid = grid
+        self._completion: Completion | None = None
+        self._held: list[tuple[Owned, bool]] = []
+        self._finished = False
+
+    def describe(self) -> str:
+        return f"launch of kernel {self.kernel.name}"
+
+    @classmethod
+    def for_kernel(cls, kernel: Kernel, args: tuple[Any, ...]) -> DeviceOp:
+        """Check `args` against `kernel`, compile on first use, and take ownership."""
+        spec = kernel.specialize(args)  # TypeError / ValueError naming the parameter
+        names = [p.name for p in kernel.params]
+        backend = _check_ownership(kernel.name, names, args)
+        grid = _grid(kernel.name, names, args)
+        target = backend.target if backend.runs_ptx else None
+        compiled = kernel.compiled(spec, target)  # CompileError, before anything is held
+        op = cls(kernel, args, spec, compiled, grid)
+        op._acquire()
+        return op
+
+    def _acquire(self) -> None:
+        for a in self.args:
+            if isinstance(a, Partition):
+                a._exclusive = self
+                self._held.append((a, True))
+            elif isinstance(a, Tensor) and not any(h is a for h, _ in self._held):
+                a._shared.append(self)
+                self._held.append((a, False))
+
+    def _release(self) -> None:
+        for obj, exclusive in self._held:
+            if exclusive:
+                obj._exclusive = None
+            else:
+                obj._shared.remove(self)
+        self._held = []
+
+    def _launch(self) -> None:
+        backend = active_backend()
+        try:
+            if self.compiled.lowered is not None and backend.runs_ptx:
+                self._completion = launch_ptx(backend, self.compiled.lowered, self.grid, self.args)
+            else:
+                self._completion = run_interpreted(self.kernel.fn, self.spec, self.grid, self.args)
+        except RuntimeFailure as e:
+            self._finish()
+            raise LaunchError(f"kernel {self.kernel.name} failed to launch: {e}") from e
+        except Exception:
+            self._finish()
+            raise
+
+    def _finish(self) -> None:
+        self._finished = True
+        self._release()
+
+    def sync(self) -> tuple[Any, ...]:
+        """Run (if not yet run), wait for completion and hand back the arguments, in order."""
+        if self._finished:
+            raise BorrowError(f"this {self.describe()} has already completed and returned its "
+                              "arguments")
+        if self._completion is None:
+            self._launch()
+        assert self._completion is not None
+        try:
+            self._completion.wait()
+        except RuntimeFailure as e:
+            raise LaunchError(f"kernel {self.kernel.name} failed on the device: {e}") from e
+        finally:
+            self._finish()
+        return self.args
+
+    def __del__(self) -> None:
+        # Rule 5: never let go of memory the device may still use; then release the holds.
+        if getattr(self, "_finished", True):
+            return
+        try:
+            if self._completion is not None:
+                self._completion.wait()
+        except Exception:
+            pass
+        self._release()
+
+    def __repr__(self) -> str:
+        state = "done" if self._finished else "launched" if self._completion else "pending"
+        return f"<DeviceOp {self.kernel.name} grid={self.grid} {state}>"
+
+
+def _storage(a: Any) -> Tensor[Any] | None:
+    if isinstance(a, Partition):
+        return a.tensor
+    return a if isinstance(a, Tensor) else None
+
+
+def _check_ownership(kernel: str, names: list[str], args: tuple[Any, ...]) -> Any:
+    """Moved, borrowed and aliased arguments; returns the backend the tensors live on."""
+    backend = active_backend()
+    for name, a in zip(names, args):
+        if isinstance(a, (Tensor, Partition)):
+            try:
+                a._check_usable(f"pass it as '{name}'")
+            except MovedError as e:
+                raise MovedError(f"kernel {kernel}, parameter '{name}': {e}") from None
+            except BorrowError as e:
+                # Shared holds allow more shared use; exclusive ones allow none.
+                if not (isinstance(a, Tensor) and a._exclusive is None and a._moved_at is None):
+                    raise BorrowError(f"kernel {kernel}, parameter '{name}': {e}") from None
+            t = _storage(a)
+            assert t is not None
+            if t.backend is not backend:
+                raise ValueError(f"kernel {kernel}, parameter '{name}': the tensor lives on the "
+                                 f"{t.device} backend but the active backend is {backend.name}")
+    spans = []
+    for name, a in zip(names, args):
+        t = _storage(a)
+        if t is not None:
+            spans.append((name, isinstance(a, Partition), a, t.buffer.address, t.buffer.address + t.nbytes))
+    for i, (n1, mut1, a1, lo1, hi1) in enumerate(spans):
+        for n2, mut2, a2, lo2, hi2 in spans[i + 1:]:
+            if (mut1 or mut2) and lo1 < hi2 and lo2 < hi1:
+                same = "the same partition" if a1 is a2 else "overlapping memory"
+                raise AliasError(f"kernel {kernel}: parameters '{n1}' and '{n2}' receive {same}, "
+                                 "and at least one is Mut (exclusive)")
+    return backend
+
+
+def _grid(kernel: str, names: list[str], args: tuple[Any, ...]) -> tuple[int, ...]:
+    grid: tuple[int, ...] | None = None
+    first = ""
+    for name, a in zip(names, args):
+        if isinstance(a, Partition):
+            if grid is None:
+                grid, first = a.grid, name
+            elif a.grid != grid:
+                raise ValueError(f"kernel {kernel}: Mut parameters '{first}' (grid {grid}) and "
+                                 f"'{name}' (grid {a.grid}) must have the same grid of tiles")
+    if grid is None:
+        raise ValueError(f"kernel {kernel} has no Mut parameter to take the launch grid from")
+    if any(n == 0 for n in grid):
+        raise ValueError(f"kernel {kernel}: the partition of '{first}' has no tiles (grid {grid})")
+    if len(grid) > 1 and max(grid[1:]) > 65535:
+        raise ValueError(f"kernel {kernel}: grid {grid} exceeds 65535 tiles along axis 1 or 2")
+    return grid

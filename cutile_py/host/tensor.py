@@ -1,0 +1,188 @@
+"""`Tensor` and `Partition`: device memory with an ownership state checked on every use."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from math import prod
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import numpy as np
+from typing_extensions import TypeVarTuple, Unpack
+
+from cutile_py.host.errors import BorrowError, MovedError
+from cutile_py.ir.dtypes import DType, from_storage
+from cutile_py.runtime.backend import Backend, Buffer
+
+if TYPE_CHECKING:
+    from cutile_py.host.device_op import DeviceOp
+
+DT = TypeVar("DT")
+Shape = TypeVarTuple("Shape")
+
+
+def caller_location(depth: int = 2) -> str:
+    """`file:line` of the user code `depth` frames up (where a tensor was moved)."""
+    frame = sys._getframe(depth)
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+class Owned:
+    """Ownership state shared by tensors and partitions.
+
+    A value is usable, or moved (consumed by partition/unpartition), or held by pending ops:
+    exclusively by one, or shared by any number.
+    """
+
+    _kind = "tensor"
+
+    def __init__(self) -> None:
+        self._moved_at: str | None = None
+        self._moved_by = ""
+        self._exclusive: DeviceOp | None = None
+        self._shared: list[DeviceOp] = []
+
+    def _check_usable(self, action: str) -> None:
+        """Raise unless the host may touch this value now."""
+        if self._moved_at is not None:
+            raise MovedError(f"cannot {action}: this {self._kind} was moved by {self._moved_by} "
+                             f"at {self._moved_at}")
+        holder = self._exclusive or (self._shared[0] if self._shared else None)
+        if holder is not None:
+            raise BorrowError(f"cannot {action}: this {self._kind} is held by pending "
+                              f"{holder.describe()}; call .sync() on that op first")
+
+    def _move(self, by: str) -> None:
+        self._check_usable(f"call {by}")
+        self._moved_at = caller_location(3)
+        self._moved_by = by
+
+    @property
+    def is_moved(self) -> bool:
+        return self._moved_at is not None
+
+
+class Tensor(Owned, Generic[DT, Unpack[Shape]]):
+    """A dense, row-major array in a backend's memory.
+
+    As an annotation, `Tensor[dtype, d0, ...]` is a kernel's shared, read-only tensor parameter.
+    """
+
+    __cutile_tensor__ = True
+
+    def __init__(self, buffer: Buffer, shape: tuple[int, ...], dtype: type[DType], backend: Backend,
+                 *, borrowed_from: object = None) -> None:
+        super().__init__()
+        self._buffer = buffer
+        self._shape = shape
+        self._dtype = dtype
+        self._backend = backend
+        self._borrowed_from = borrowed_from  # keeps foreign memory alive; never freed by us
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> type[DType]:
+        return self._dtype
+
+    @property
+    def size(self) -> int:
+        return prod(self._shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self._dtype.itemsize()
+
+    @property
+    def device(self) -> str:
+        """The backend holding the memory: 'cuda', 'sim' or 'interpret'."""
+        return self._backend.name
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    @property
+    def buffer(self) -> Buffer:
+        return self._buffer
+
+    def to_numpy(self) -> np.ndarray:
+        """A host copy. bf16 has no NumPy dtype and reads as float32 (exactly)."""
+        self._check_usable("read the tensor")
+        raw = self._backend.download(self._buffer, self.nbytes)
+        return from_storage(raw.view(self._dtype.storage), self._dtype).reshape(self._shape)
+
+    def partition(self, tile_shape: Sequence[int] | int) -> Partition:
+        """Split into disjoint tiles of `tile_shape` for a `Mut` parameter; consumes this tensor."""
+        tiles = (tile_shape,) if isinstance(tile_shape, int) else tuple(tile_shape)
+        if len(tiles) != len(self._shape):
+            raise ValueError(f"tile_shape {tiles} has rank {len(tiles)}; the tensor has shape "
+                             f"{self._shape}")
+        for d in tiles:
+            if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d <= 0:
+                raise ValueError(f"tile_shape dims must be positive integers, got {tiles}")
+        self._move(".partition()")
+        return Partition(self, tuple(int(d) for d in tiles))
+
+    def __repr__(self) -> str:
+        state = " (moved)" if self._moved_at else ""
+        return f"Tensor(shape={self._shape}, dtype={self._dtype.name}, device={self.device}){state}"
+
+    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
+        """DLPack export of host-memory tensors (the CPU backends)."""
+        self._check_usable("export the tensor")
+        from cutile_py.runtime.backend import HostBuffer
+
+        if not isinstance(self._buffer, HostBuffer):
+            raise BufferError("DLPack export of device memory comes with the interop release")
+        return self._buffer.view(self._dtype.storage, self.size).reshape(self._shape).__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
+
+
+class Partition(Owned):
+    """A tensor split into a grid of disjoint tiles; each block of a launch writes one."""
+
+    _kind = "partition"
+
+    def __init__(self, tensor: Tensor[Any, Unpack[tuple[Any, ...]]], tile_shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self._tensor = tensor
+        self._tile_shape = tile_shape
+        self._grid = tuple(-(-n // t) for n, t in zip(tensor.shape, tile_shape))
+
+    @property
+    def tile_shape(self) -> tuple[int, ...]:
+        return self._tile_shape
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """Tiles per dimension: `ceil(shape[i] / tile_shape[i])`."""
+        return self._grid
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._tensor.shape
+
+    @property
+    def dtype(self) -> type[DType]:
+        return self._tensor.dtype
+
+    @property
+    def tensor(self) -> Tensor[Any, Unpack[tuple[Any, ...]]]:
+        """The partitioned storage (internal: the host uses it for launches)."""
+        return self._tensor
+
+    def unpartition(self) -> Tensor[Any, Unpack[tuple[Any, ...]]]:
+        """The whole tensor back; consumes this partition."""
+        self._move(".unpartition()")
+        t = self._tensor
+        return Tensor(t.buffer, t.shape, t.dtype, t.backend, borrowed_from=t._borrowed_from)
+
+    def __repr__(self) -> str:
+        state = " (moved)" if self._moved_at else ""
+        return (f"Partition(shape={self.shape}, tile_shape={self._tile_shape}, grid={self._grid}, "
+                f"dtype={self.dtype.name}){state}")

@@ -1,0 +1,179 @@
+"""Building tile IR: one method per op, each applying the op's type and shape rule."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from cutile_py.ir import ops as o
+from cutile_py.ir.dtypes import DType, bool_, i32
+from cutile_py.ir.types import TileType, scalar
+
+
+class IRTypeError(TypeError):
+    """An op was given operands its type rule rejects."""
+
+
+FLOAT_ONLY_UNARY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid"})
+
+
+class Builder:
+    """Appends ops to the innermost open region; tags each with the current source span."""
+
+    def __init__(self) -> None:
+        self.regions: list[o.Region] = [o.Region()]
+        self.span: o.Span | None = None
+
+    @property
+    def region(self) -> o.Region:
+        return self.regions[-1]
+
+    @contextmanager
+    def inside(self, region: o.Region) -> Iterator[o.Region]:
+        self.regions.append(region)
+        try:
+            yield region
+        finally:
+            self.regions.pop()
+
+    def _add(self, op: o.Op) -> o.Op:
+        op.span = self.span
+        self.region.ops.append(op)
+        return op
+
+    # -- leaves ---------------------------------------------------------------------------
+    def constant(self, value: int | float | bool, dtype: type[DType]) -> o.Value:
+        if dtype.kind == "bool":
+            value = bool(value)
+        elif dtype.kind == "int":
+            if not isinstance(value, int):
+                raise IRTypeError(f"{value!r} is not an integer")
+            value = int(value)
+        else:
+            value = float(value)
+        return self._add(o.ConstantOp((), (o.Value(scalar(dtype)),), value=value)).result
+
+    def grid(self, which: str, axis: int) -> o.Value:
+        if axis not in (0, 1, 2):
+            raise IRTypeError(f"grid axis must be 0, 1 or 2, not {axis}")
+        op = o.GridOp((), (o.Value(scalar(i32)),), which=which, axis=axis)  # type: ignore[arg-type]
+        return self._add(op).result
+
+    def tensor_dim(self, param: int, axis: int) -> o.Value:
+        return self._add(o.TensorDimOp((), (o.Value(scalar(i32)),), param=param, axis=axis)).result
+
+    def load(
+        self,
+        param: int,
+        dtype: type[DType],
+        index: Sequence[o.Value],
+        shape: tuple[int, ...],
+        padding: int | float,
+    ) -> o.Value:
+        _check_index(index)
+        if not shape or any(d <= 0 for d in shape):
+            raise IRTypeError(f"a loaded tile needs a non-empty shape of positive dims, got {shape}")
+        if len(index) != len(shape):
+            raise IRTypeError(f"tile index has {len(index)} coordinates for a rank-{len(shape)} tile")
+        res = o.Value(TileType(dtype, shape))
+        return self._add(o.LoadOp(tuple(index), (res,), param=param, shape=shape, padding=padding)).result
+
+    def store(self, param: int, index: Sequence[o.Value], value: o.Value) -> None:
+        _check_index(index)
+        if value.type.is_scalar:
+            raise IRTypeError("store needs a tile, not a scalar")
+        self._add(o.StoreOp((*index, value), (), param=param))
+
+    # -- element-wise ---------------------------------------------------------------------
+    def broadcast(self, x: o.Value, shape: tuple[int, ...]) -> o.Value:
+        if x.type.shape == shape:
+            return x
+        if not x.type.is_scalar:
+            raise IRTypeError(f"cannot broadcast a tile of shape {x.type.shape} to {shape}")
+        return self._add(o.BroadcastOp((x,), (o.Value(TileType(x.type.dtype, shape)),))).result
+
+    def cast(self, x: o.Value, dtype: type[DType]) -> o.Value:
+        if x.type.dtype is dtype:
+            return x
+        return self._add(o.CastOp((x,), (o.Value(x.type.with_dtype(dtype)),))).result
+
+    def unary(self, kind: str, x: o.Value) -> o.Value:
+        if kind not in o.UNARY_KINDS:
+            raise IRTypeError(f"unknown unary op {kind}")
+        dt = x.type.dtype
+        if kind in FLOAT_ONLY_UNARY and not dt.is_float():
+            raise IRTypeError(f"{kind} needs a floating-point operand, got {dt.name}")
+        if kind == "not" and dt.is_float():
+            raise IRTypeError(f"~ needs a bool or integer operand, got {dt.name}")
+        if kind in ("neg", "abs") and dt is bool_:
+            raise IRTypeError(f"{kind} of a bool is not defined")
+        return self._add(o.UnaryOp((x,), (o.Value(x.type),), kind=kind)).result
+
+    def binary(self, kind: str, x: o.Value, y: o.Value) -> o.Value:
+        if kind not in o.BINARY_KINDS:
+            raise IRTypeError(f"unknown binary op {kind}")
+        _same_type(kind, x, y)
+        dt = x.type.dtype
+        if kind in ("and", "or", "xor") and dt.is_float():
+            raise IRTypeError(f"{kind} needs bool or integer operands, got {dt.name}")
+        if kind == "div" and not dt.is_float():
+            raise IRTypeError("true division needs floating-point operands")
+        if kind in ("add", "sub", "mul", "floordiv", "mod") and dt is bool_:
+            raise IRTypeError(f"{kind} of bools is not defined")
+        return self._add(o.BinaryOp((x, y), (o.Value(x.type),), kind=kind)).result
+
+    def compare(self, kind: str, x: o.Value, y: o.Value) -> o.Value:
+        if kind not in o.COMPARE_KINDS:
+            raise IRTypeError(f"unknown comparison {kind}")
+        _same_type(kind, x, y)
+        res = o.Value(x.type.with_dtype(bool_))
+        return self._add(o.CompareOp((x, y), (res,), kind=kind)).result
+
+    def select(self, cond: o.Value, x: o.Value, y: o.Value) -> o.Value:
+        if cond.type.dtype is not bool_:
+            raise IRTypeError(f"the condition of where() must be bool, got {cond.type.dtype.name}")
+        _same_type("where", x, y)
+        if cond.type.shape != x.type.shape:
+            raise IRTypeError(f"condition shape {cond.type.shape} differs from {x.type.shape}")
+        return self._add(o.SelectOp((cond, x, y), (o.Value(x.type),))).result
+
+    def fma(self, a: o.Value, b: o.Value, c: o.Value) -> o.Value:
+        _same_type("fma", a, b)
+        _same_type("fma", a, c)
+        if not a.type.dtype.is_float():
+            raise IRTypeError("fma needs floating-point operands")
+        return self._add(o.FmaOp((a, b, c), (o.Value(a.type),))).result
+
+    # -- control flow ---------------------------------------------------------------------
+    def for_loop(
+        self, lo: o.Value, hi: o.Value, step: o.Value, inits: Sequence[o.Value]
+    ) -> o.ForOp:
+        """Open a loop; the caller fills `op.body` (under `inside`) and ends it with `yield_`."""
+        for v in (lo, hi, step):
+            if v.type != scalar(i32):
+                raise IRTypeError(f"range() bounds must be i32 scalars, got {v.type}")
+        body = o.Region([o.Value(scalar(i32), "i"), *(o.Value(v.type) for v in inits)])
+        results = tuple(o.Value(v.type) for v in inits)
+        op = o.ForOp((lo, hi, step, *inits), results, body=body)
+        return self._add(op)  # type: ignore[return-value]
+
+    def if_(self, cond: o.Value, result_types: Sequence[TileType]) -> o.IfOp:
+        if cond.type != scalar(bool_):
+            raise IRTypeError(f"an if condition must be a bool scalar, got {cond.type}")
+        op = o.IfOp((cond,), tuple(o.Value(t) for t in result_types))
+        return self._add(op)  # type: ignore[return-value]
+
+    def yield_(self, values: Sequence[o.Value]) -> None:
+        self._add(o.YieldOp(tuple(values), ()))
+
+
+def _check_index(index: Sequence[o.Value]) -> None:
+    for v in index:
+        if v.type != scalar(i32):
+            raise IRTypeError(f"tile index coordinates must be i32 scalars, got {v.type}")
+
+
+def _same_type(what: str, x: o.Value, y: o.Value) -> None:
+    if x.type != y.type:
+        raise IRTypeError(f"{what}: operand types differ ({x.type} and {y.type})")
+

@@ -1,0 +1,238 @@
+"""Tile IR: values, operations, regions and the kernel they form.
+
+Each op is a small dataclass holding its operands and attributes; its result types are
+computed by its constructor helper in `builder.py` and checked again by `verify.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from cutile_py.ir.dtypes import DType
+from cutile_py.ir.types import TileType
+
+
+class Value:
+    """An SSA value: the result of one op or an argument of a region."""
+
+    __slots__ = ("hint", "type")
+
+    def __init__(self, type: TileType, hint: str = "") -> None:
+        self.type = type
+        self.hint = hint
+
+    def __repr__(self) -> str:
+        return f"Value({self.type}, {self.hint!r})"
+
+
+UNARY_KINDS = frozenset(
+    {"neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "not"}
+)
+BINARY_KINDS = frozenset(
+    {"add", "sub", "mul", "div", "floordiv", "mod", "max", "min", "and", "or", "xor"}
+)
+COMPARE_KINDS = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
+Span = tuple[str, int, int]  # file, line, column of the source that made an op
+
+
+@dataclass(frozen=True)
+class TensorParam:
+    """A kernel parameter holding a whole tensor (shared, read-only), or a partition (`mut`)."""
+
+    name: str
+    dtype: type[DType]
+    rank: int
+    mut: bool
+    #: For a partition: the tile shape each block sees. For a shared tensor: the static dims
+    #: (None where the dim is only known at run time).
+    dims: tuple[int | None, ...]
+    #: Largest power of two (at most 16) dividing the last dim: the widest aligned vector access.
+    align: int = 1
+
+
+@dataclass(frozen=True)
+class ScalarParam:
+    name: str
+    dtype: type[DType]
+
+
+Param = TensorParam | ScalarParam
+
+
+@dataclass(eq=False)
+class Op:
+    opname: ClassVar[str] = "op"
+    operands: tuple[Value, ...]
+    results: tuple[Value, ...]
+    span: Span | None = field(default=None, kw_only=True)
+
+    @property
+    def result(self) -> Value:
+        (r,) = self.results
+        return r
+
+    def regions(self) -> tuple[Region, ...]:
+        return ()
+
+    def attrs(self) -> str:
+        """Attributes as the printer shows them (operands are printed separately)."""
+        return ""
+
+
+@dataclass(eq=False)
+class Region:
+    args: list[Value] = field(default_factory=list)
+    ops: list[Op] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class ConstantOp(Op):
+    opname: ClassVar[str] = "constant"
+    value: int | float | bool = 0
+
+    def attrs(self) -> str:
+        return repr(self.value)
+
+
+@dataclass(eq=False)
+class GridOp(Op):
+    """The block index (`bid`) or the grid size (`num_blocks`) along one axis."""
+
+    opname: ClassVar[str] = "grid"
+    which: Literal["bid", "num_blocks"] = "bid"
+    axis: int = 0
+
+    def attrs(self) -> str:
+        return f"{self.which} axis={self.axis}"
+
+
+@dataclass(eq=False)
+class TensorDimOp(Op):
+    """The run-time size of dimension `axis` of a tensor parameter (the whole tensor)."""
+
+    opname: ClassVar[str] = "tensor_dim"
+    param: int = 0
+    axis: int = 0
+
+    def attrs(self) -> str:
+        return f"param={self.param} axis={self.axis}"
+
+
+@dataclass(eq=False)
+class LoadOp(Op):
+    """Load the tile of `shape` at tile index `operands` (counted in tiles) of a tensor.
+
+    Elements outside the tensor read `padding`.
+    """
+
+    opname: ClassVar[str] = "load"
+    param: int = 0
+    shape: tuple[int, ...] = ()
+    padding: int | float = 0
+
+    def attrs(self) -> str:
+        return f"param={self.param} shape={self.shape} padding={self.padding!r}"
+
+
+@dataclass(eq=False)
+class StoreOp(Op):
+    """Store tile `operands[-1]` at tile index `operands[:-1]`; elements outside are dropped."""
+
+    opname: ClassVar[str] = "store"
+    param: int = 0
+
+    def attrs(self) -> str:
+        return f"param={self.param}"
+
+
+@dataclass(eq=False)
+class BroadcastOp(Op):
+    opname: ClassVar[str] = "broadcast"
+
+
+@dataclass(eq=False)
+class UnaryOp(Op):
+    opname: ClassVar[str] = "unary"
+    kind: str = ""
+
+    def attrs(self) -> str:
+        return self.kind
+
+
+@dataclass(eq=False)
+class BinaryOp(Op):
+    opname: ClassVar[str] = "binary"
+    kind: str = ""
+
+    def attrs(self) -> str:
+        return self.kind
+
+
+@dataclass(eq=False)
+class CompareOp(Op):
+    opname: ClassVar[str] = "compare"
+    kind: str = ""
+
+    def attrs(self) -> str:
+        return self.kind
+
+
+@dataclass(eq=False)
+class SelectOp(Op):
+    opname: ClassVar[str] = "select"
+
+
+@dataclass(eq=False)
+class FmaOp(Op):
+    opname: ClassVar[str] = "fma"
+
+
+@dataclass(eq=False)
+class CastOp(Op):
+    opname: ClassVar[str] = "cast"
+
+
+@dataclass(eq=False)
+class ForOp(Op):
+    """`for iv in range(lo, hi, step)` carrying values; operands are (lo, hi, step, *inits).
+
+    The body's args are (iv, *carried); it ends with a YieldOp of the next carried values.
+    """
+
+    opname: ClassVar[str] = "for"
+    body: Region = field(default_factory=Region)
+
+    def regions(self) -> tuple[Region, ...]:
+        return (self.body,)
+
+
+@dataclass(eq=False)
+class IfOp(Op):
+    """Branch on a scalar bool; both regions end with a YieldOp of the results."""
+
+    opname: ClassVar[str] = "if"
+    then: Region = field(default_factory=Region)
+    orelse: Region = field(default_factory=Region)
+
+    def regions(self) -> tuple[Region, ...]:
+        return (self.then, self.orelse)
+
+
+@dataclass(eq=False)
+class YieldOp(Op):
+    opname: ClassVar[str] = "yield"
+
+
+@dataclass(eq=False)
+class Kernel:
+    """A specialized kernel: parameters with static facts, and its body."""
+
+    name: str
+    params: tuple[Param, ...]
+    #: Values of the scalar parameters, in parameter order (None for tensor parameters).
+    param_values: tuple[Value | None, ...]
+    body: Region
+    #: Launch grid rank (1 to 3); the grid size itself is a run-time value.
+    grid_rank: int = 1
+    fast_math: bool = False

@@ -1,0 +1,56 @@
+"""Deterministic text form of tile IR (the JIT cache key hashes it; golden tests read it)."""
+
+from __future__ import annotations
+
+from cutile_py.ir import ops as o
+
+
+def print_kernel(kernel: o.Kernel) -> str:
+    names: dict[int, str] = {}
+
+    def name(v: o.Value) -> str:
+        if id(v) not in names:
+            names[id(v)] = f"%{len(names)}"
+        return names[id(v)]
+
+    def param(i: int, p: o.Param) -> str:
+        if isinstance(p, o.ScalarParam):
+            v = kernel.param_values[i]
+            assert v is not None
+            return f"{name(v)}: {p.dtype.name} {p.name}"
+        dims = ", ".join("?" if d is None else str(d) for d in p.dims)
+        kind = "partition" if p.mut else "tensor"
+        return f"@{i}: {kind}<{p.dtype.name}; {dims}; align {p.align}> {p.name}"
+
+    lines = [f"kernel {kernel.name}(" + ", ".join(param(i, p) for i, p in enumerate(kernel.params))]
+    lines[0] += f") grid_rank={kernel.grid_rank}" + (" fast_math" if kernel.fast_math else "") + " {"
+
+    def region(r: o.Region, indent: str) -> None:
+        for op in r.ops:
+            res = ", ".join(name(v) for v in op.results)
+            lhs = f"{res} = " if res else ""
+            args = ", ".join(name(v) for v in op.operands)
+            attrs = op.attrs()
+            text = f"{indent}{lhs}{op.opname}"
+            if attrs:
+                text += f"[{attrs}]"
+            if args:
+                text += f" {args}"
+            if op.results:
+                text += " : " + ", ".join(str(v.type) for v in op.results)
+            subs = op.regions()
+            if subs:
+                text += " {"
+            lines.append(text)
+            for k, sub in enumerate(subs):
+                if k:
+                    lines.append(f"{indent}}} else {{")
+                if sub.args:
+                    lines.append(f"{indent}  ^(" + ", ".join(name(a) for a in sub.args) + ")")
+                region(sub, indent + "  ")
+            if subs:
+                lines.append(f"{indent}}}")
+
+    region(kernel.body, "  ")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,112 @@
+"""The meaning of every element-wise op, written once in NumPy.
+
+Arrays are in compute form (`DType.compute`: f16 and bf16 values held in float32). A float op
+on 16-bit types is computed in f32 and rounded once to the type, which for + - * / sqrt equals
+the correctly rounded 16-bit result. f32 transcendentals are computed in f64 and rounded, so
+the reference is the correctly rounded value that the compiled code must be within a few ulp of.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from cutile_py.ir.dtypes import DType, f32, round_to
+
+Array = np.ndarray
+
+
+def _exact(fn: Callable[[Array], Array]) -> Callable[[Array], Array]:
+    def run(x: Array) -> Array:
+        return fn(x.astype(np.float64))
+
+    return run
+
+
+UNARY_FLOAT: dict[str, Callable[[Array], Array]] = {
+    "neg": np.negative,
+    "abs": np.abs,
+    "exp": _exact(np.exp),
+    "exp2": _exact(np.exp2),
+    "log": _exact(np.log),
+    "log2": _exact(np.log2),
+    "sqrt": _exact(np.sqrt),
+    "rsqrt": _exact(lambda x: 1.0 / np.sqrt(x)),
+    "tanh": _exact(np.tanh),
+    "sigmoid": _exact(lambda x: 1.0 / (1.0 + np.exp(-x))),
+}
+
+UNARY_INT: dict[str, Callable[[Array], Array]] = {
+    "neg": np.negative,
+    "abs": np.abs,
+    "not": np.invert,
+}
+
+BINARY: dict[str, Callable[[Array, Array], Array]] = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.true_divide,
+    "floordiv": np.floor_divide,
+    "mod": np.mod,
+    "max": np.maximum,
+    "min": np.minimum,
+    "and": np.bitwise_and,
+    "or": np.bitwise_or,
+    "xor": np.bitwise_xor,
+}
+
+COMPARE: dict[str, Callable[[Array, Array], Array]] = {
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "eq": np.equal,
+    "ne": np.not_equal,
+}
+
+
+def unary(kind: str, x: Array, dtype: type[DType]) -> Array:
+    with np.errstate(all="ignore"):
+        if dtype.is_float():
+            return round_to(UNARY_FLOAT[kind](x), dtype)
+        if kind == "not" and dtype.kind == "bool":
+            return np.logical_not(x)
+        return UNARY_INT[kind](x).astype(dtype.compute)
+
+
+def binary(kind: str, x: Array, y: Array, dtype: type[DType]) -> Array:
+    with np.errstate(all="ignore"):
+        if dtype.is_float():
+            x32, y32 = x.astype(np.float32), y.astype(np.float32)
+            if kind == "floordiv":
+                return round_to(np.floor(x32 / y32), dtype)
+            return round_to(BINARY[kind](x32, y32), dtype)
+        if kind in ("floordiv", "mod"):
+            # Python's floor semantics; a zero divisor gives 0 (PTX leaves it unspecified).
+            safe = np.where(y == 0, 1, y)
+            r = BINARY[kind](x, safe)
+            return np.where(y == 0, 0, r).astype(dtype.compute)
+        return BINARY[kind](x, y).astype(dtype.compute)
+
+
+def compare(kind: str, x: Array, y: Array) -> Array:
+    with np.errstate(all="ignore"):
+        return COMPARE[kind](x, y)
+
+
+def select(cond: Array, x: Array, y: Array) -> Array:
+    return np.where(cond, x, y)
+
+
+def fma(a: Array, b: Array, c: Array, dtype: type[DType]) -> Array:
+    """a*b + c rounded once (f64 holds the f32 product exactly)."""
+    with np.errstate(all="ignore"):
+        exact = a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)
+        return round_to(exact.astype(np.float32) if dtype is not f32 else exact, dtype)
+
+
+def cast(x: Array, dtype: type[DType]) -> Array:
+    with np.errstate(all="ignore"):
+        return round_to(x, dtype)

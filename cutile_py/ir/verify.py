@@ -1,0 +1,79 @@
+"""Structural checks of tile IR: SSA dominance, region terminators and operand types."""
+
+from __future__ import annotations
+
+from cutile_py.ir import ops as o
+from cutile_py.ir.dtypes import bool_, i32
+from cutile_py.ir.types import scalar
+
+
+class VerifyError(ValueError):
+    """The IR breaks an invariant; always a compiler bug, never the user's."""
+
+
+def verify(kernel: o.Kernel) -> None:
+    defined: set[int] = {id(v) for v in kernel.param_values if v is not None}
+    _region(kernel, kernel.body, defined, needs_yield=False)
+
+
+def _region(kernel: o.Kernel, region: o.Region, outer: set[int], needs_yield: bool) -> list[o.Value]:
+    defined = set(outer) | {id(a) for a in region.args}
+    yielded: list[o.Value] = []
+    for i, op in enumerate(region.ops):
+        for v in op.operands:
+            if id(v) not in defined:
+                raise VerifyError(f"{op.opname} uses a value not defined before it: {v!r}")
+        if isinstance(op, o.YieldOp):
+            if not needs_yield or i != len(region.ops) - 1:
+                raise VerifyError("yield must end a loop or branch region")
+            yielded = list(op.operands)
+        _op(kernel, op, defined)
+        defined.update(id(r) for r in op.results)
+    if needs_yield and not (region.ops and isinstance(region.ops[-1], o.YieldOp)):
+        raise VerifyError("loop and branch regions must end with yield")
+    return yielded
+
+
+def _op(kernel: o.Kernel, op: o.Op, defined: set[int]) -> None:
+    i32s = scalar(i32)
+    if isinstance(op, (o.LoadOp, o.StoreOp, o.TensorDimOp)):
+        param = kernel.params[op.param]
+        if not isinstance(param, o.TensorParam):
+            raise VerifyError(f"{op.opname} refers to scalar parameter {param.name}")
+        index = op.operands if isinstance(op, o.LoadOp) else op.operands[:-1]
+        if not isinstance(op, o.TensorDimOp) and len(index) != param.rank:
+            raise VerifyError(f"{op.opname} of {param.name} has {len(index)} index coordinates")
+        if any(v.type != i32s for v in index) and not isinstance(op, o.TensorDimOp):
+            raise VerifyError(f"{op.opname} index must be i32 scalars")
+        if isinstance(op, o.StoreOp):
+            if not param.mut:
+                raise VerifyError(f"store into read-only parameter {param.name}")
+            if op.operands[-1].type.dtype is not param.dtype:
+                raise VerifyError(f"store of {op.operands[-1].type} into {param.dtype.name}")
+    elif isinstance(op, (o.BinaryOp, o.CompareOp)):
+        a, b = op.operands
+        if a.type != b.type:
+            raise VerifyError(f"{op.opname}[{op.kind}] operand types differ")
+    elif isinstance(op, o.SelectOp):
+        c, a, b = op.operands
+        if c.type.dtype is not bool_ or a.type != b.type or c.type.shape != a.type.shape:
+            raise VerifyError("select operands disagree")
+    elif isinstance(op, o.ForOp):
+        lo, hi, step, *inits = op.operands
+        if any(v.type != i32s for v in (lo, hi, step)):
+            raise VerifyError("for bounds must be i32 scalars")
+        yielded = _region(kernel, op.body, defined, needs_yield=True)
+        _same_types("for", inits, yielded, op.results)
+    elif isinstance(op, o.IfOp):
+        if op.operands[0].type != scalar(bool_):
+            raise VerifyError("if condition must be a bool scalar")
+        a = _region(kernel, op.then, defined, needs_yield=True)
+        b = _region(kernel, op.orelse, defined, needs_yield=True)
+        _same_types("if", a, b, op.results)
+
+
+def _same_types(what: str, *groups: list[o.Value] | tuple[o.Value, ...]) -> None:
+    first = [v.type for v in groups[0]]
+    for g in groups[1:]:
+        if [v.type for v in g] != first:
+            raise VerifyError(f"{what}: carried/yielded value types disagree")

@@ -1,0 +1,1 @@
+"""The in-kernel language: parameter annotations, `Tile`, and the builtins a kernel calls."""

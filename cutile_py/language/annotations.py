@@ -1,0 +1,43 @@
+"""The types kernel parameters are annotated with: `Mut[...]`, `Dyn`, `Constant[...]`.
+
+`Tensor[dtype, dims...]` itself is the host tensor class (`cutile_py.host.tensor.Tensor`); the
+frontend recognizes it by its `__cutile_tensor__` marker, so this layer need not import it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from cutile_py.language.tile import Tile
+
+T = TypeVar("T")
+
+
+class Dyn:
+    """A tensor dimension whose size is known only at run time."""
+
+
+class Mut(Generic[T]):
+    """`Mut[Tensor[dtype, d0, ...]]`: an exclusive, writable tile of a partitioned tensor.
+
+    The host passes a `Partition`; inside the kernel each block sees its own tile, whose
+    shape is `(d0, ...)`.
+    """
+
+    if TYPE_CHECKING:
+        # Inside a kernel: the tile's static shape, and its load and store.
+        shape: tuple[int, ...]
+        dtype: Any
+
+        def load(self) -> Tile: ...
+
+        def store(self, tile: Tile | float) -> None: ...
+
+
+class Constant(Generic[T]):
+    """`Constant[int]` / `Constant[float]`: a parameter compiled into the kernel (one variant
+    per distinct value)."""
+
+
+def is_tensor_class(obj: object) -> bool:
+    return isinstance(obj, type) and bool(getattr(obj, "__cutile_tensor__", False))

@@ -1,0 +1,1 @@
+"""Lowering from the tile IR to PTX."""

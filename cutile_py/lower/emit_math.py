@@ -1,0 +1,355 @@
+"""PTX instruction sequences for f32 math (division, roots, exp/log, tanh, sigmoid).
+
+Each `emit_*` appends straight-line code (no branches) and returns a fresh f32 register.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Protocol
+
+from cutile_py.ptx.builder import FunctionBuilder, Imm, Operand, Reg, f32_imm, int_imm
+
+__all__ = [
+    "BINARY",
+    "UNARY",
+    "BinaryEmitter",
+    "UnaryEmitter",
+    "emit_div",
+    "emit_exp",
+    "emit_exp2",
+    "emit_log",
+    "emit_log2",
+    "emit_rsqrt",
+    "emit_sigmoid",
+    "emit_sqrt",
+    "emit_tanh",
+]
+
+
+def _k(hex_float: str) -> Imm:
+    """An f32 immediate from a hex-float literal, which must be exactly representable."""
+    value = float.fromhex(hex_float)
+    imm = f32_imm(value)
+    if struct.unpack(">f", bytes.fromhex(imm.text[2:]))[0] != value:
+        raise ValueError(f"{hex_float} is not an f32 value")
+    return imm
+
+
+# Constants (exact f32 values; the `_LO` parts carry the next 24 bits of the true value).
+_LOG2E = _k("0x1.715476p+0")  # f32(log2(e))
+_LOG2E_LO = _k("0x1.4ae0c0p-26")  # log2(e) - _LOG2E
+_TWO_LOG2E = _k("0x1.715476p+1")
+_LN2 = _k("0x1.62e430p-1")  # f32(ln 2)
+_LN2_LO = _k("-0x1.05c610p-29")  # ln 2 - _LN2
+_NEG_LN2 = _k("-0x1.62e430p-1")
+_NEG_LN2_LO = _k("0x1.05c610p-29")
+_NEG_LOG2E = _k("-0x1.715476p+0")
+_ROUND_MAGIC = _k("0x1.8p+23")  # adding it rounds |t| < 2^22 to an integer (half to even)
+_ZERO = _k("0x0p+0")
+_HALF = _k("0x1p-1")
+_ONE = _k("0x1p+0")
+_TWO = _k("0x1p+1")
+_MIN_NORMAL = _k("0x1p-126")
+_TWO_23 = _k("0x1p+23")
+_FLT_MAX = _k("0x1.fffffep+127")
+_INF = Imm("0f7F800000")
+_NEG_INF = Imm("0fFF800000")
+_NAN = Imm("0f7FFFFFFF")
+#: 2^j is applied as 2^(j>>1) * 2^(j-(j>>1)) so both factors stay normal; j is clamped to
+#: [-151, 129], enough for every f32 result (below 2^-150 rounds to 0, above 2^128 to inf).
+_J_MIN = _k("-0x1.2ep+7")  # -151
+_J_MAX = _k("0x1.02p+7")  # 129
+
+# log: the fdlibm/musl logf kernel. m in [sqrt(1/2), sqrt(2)), f = m - 1, s = f/(2+f);
+# log(1+f) = f - f^2/2 + s*(f^2/2 + R(s^2)), with |R - (log(1+s) - log(1-s))/s| < 2^-34.2.
+_LG1 = _k("0xaaaaaa.0p-24")
+_LG2 = _k("0xccce13.0p-25")
+_LG3 = _k("0x91e9ee.0p-25")
+_LG4 = _k("0xf89e26.0p-26")
+
+# tanh on |x| < 0.625: tanh(x) = x + x*z*P(z), z = x^2, P a degree-4 relative-error minimax fit
+# of (tanh(x)/x - 1)/z (Remez in float64, coefficients then rounded to f32): the rounded
+# polynomial is within 2^-26.8 of tanh, leaving the f32 evaluation error (< 1 ulp) dominant.
+_TANH_SMALL = _k("0x1.4p-1")  # 0.625
+_TANH_P = tuple(
+    _k(h)
+    for h in (
+        "-0x1.555532p-2",
+        "0x1.110726p-3",
+        "-0x1.b83c5ap-5",
+        "0x1.52269cp-6",
+        "-0x1.75e1cep-8",
+    )
+)
+
+
+def _op(fb: FunctionBuilder, ptype: str, opcode: str, *srcs: Operand) -> Reg:
+    dst = fb.reg(ptype)
+    fb.ins(opcode, dst, *srcs)
+    return dst
+
+
+def _f(fb: FunctionBuilder, opcode: str, *srcs: Operand) -> Reg:
+    return _op(fb, "f32", opcode, *srcs)
+
+
+def _b(fb: FunctionBuilder, opcode: str, *srcs: Operand) -> Reg:
+    return _op(fb, "b32", opcode, *srcs)
+
+
+def _p(fb: FunctionBuilder, opcode: str, *srcs: Operand) -> Reg:
+    return _op(fb, "pred", opcode, *srcs)
+
+
+def _round_and_scale(fb: FunctionBuilder, t: Reg, *, clamp_high: bool = True) -> tuple[Reg, Reg]:
+    """j = rint(clamp(t)) as f32, and the magic-add result whose bits encode it.
+
+    Clamping j rather than the input lets NaN reach the reduced argument: `max`/`min` return
+    their non-NaN operand, so j stays a number and the NaN comes through `x - j*c`.
+    """
+    t = _f(fb, "max.f32", t, _J_MIN)
+    if clamp_high:
+        t = _f(fb, "min.f32", t, _J_MAX)
+    s = _f(fb, "add.rn.f32", t, _ROUND_MAGIC)
+    j = _f(fb, "sub.rn.f32", s, _ROUND_MAGIC)
+    return j, s
+
+
+def _times_pow2(fb: FunctionBuilder, e: Reg, s: Reg) -> Reg:
+    """e * 2^j where bits(s) = 0x4B400000 + j, j in [-151, 129].
+
+    2^j1 (j1 = j>>1) and 2^j2 (j2 = j - j1) are both normal, so e*2^j1 is exact and the
+    second product rounds once, into the subnormal range or to inf where the result does.
+    The 0x4B400000 part vanishes from both exponent fields: shifted left 23 (or 22, after
+    the >>1) it is a multiple of 2^32.
+    """
+    sb = _b(fb, "mov.b32", s)
+    half = _b(fb, "shr.u32", sb, int_imm(1))
+    s1 = _b(fb, "mad.lo.u32", half, int_imm(1 << 23), int_imm(0x3F800000))
+    s2 = _b(fb, "mad.lo.u32", sb, int_imm(1 << 23), int_imm(0x7F000000))
+    s2 = _b(fb, "sub.u32", s2, s1)
+    y = _f(fb, "mul.rn.f32", e, _f(fb, "mov.b32", s1))
+    return _f(fb, "mul.rn.f32", y, _f(fb, "mov.b32", s2))
+
+
+def _exp_precise(fb: FunctionBuilder, x: Reg, *, negate: bool = False) -> Reg:
+    """exp(x), or exp(-x) when `negate` (then only x >= 0 or NaN is expected to need care).
+
+    Cody-Waite: j = rint(x*log2e), r = x - j*ln2 in two fma steps (j*ln2_hi is exact inside
+    the fma and the difference is exact, so r carries only the ln2_lo rounding), then
+    exp(r) = 2^(r*log2e) with |r*log2e| <~ 0.5. ex2.approx is documented at 2 ulp; the
+    reduction adds < 0.2 ulp and the scaling by 2^j is exact for normal results.
+    ftz on ex2 is harmless: its result only leaves [0.7, 1.42] when j was clamped, and then
+    the final result is 0 or inf anyway.
+    """
+    if negate:
+        t = _f(fb, "mul.rn.f32", x, _NEG_LOG2E)
+        j, s = _round_and_scale(fb, t, clamp_high=False)
+        # r' = x + j*ln2 = -(reduced argument); fold the sign into the log2e factor.
+        r = _f(fb, "fma.rn.f32", j, _LN2, x)
+        r = _f(fb, "fma.rn.f32", j, _LN2_LO, r)
+        u = _f(fb, "mul.rn.f32", r, _NEG_LOG2E)
+    else:
+        t = _f(fb, "mul.rn.f32", x, _LOG2E)
+        j, s = _round_and_scale(fb, t)
+        r = _f(fb, "fma.rn.f32", j, _NEG_LN2, x)
+        r = _f(fb, "fma.rn.f32", j, _NEG_LN2_LO, r)
+        u = _f(fb, "mul.rn.f32", r, _LOG2E)
+    e = _f(fb, "ex2.approx.ftz.f32", u)
+    return _times_pow2(fb, e, s)
+
+
+def emit_exp(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
+    """e^x. Fast: ex2.approx(x*log2e), error 2 ulp + ~1.2|x| ulp from rounding x*log2e."""
+    if fast:
+        return _f(fb, "ex2.approx.ftz.f32", _f(fb, "mul.ftz.f32", x, _LOG2E))
+    return _exp_precise(fb, x)
+
+
+def emit_exp2(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
+    """2^x. Precise: x = j + f with |f| <= 1/2 (exact), ex2.approx(f) * 2^j; within ~2 ulp."""
+    if fast:
+        return _f(fb, "ex2.approx.ftz.f32", x)
+    j, s = _round_and_scale(fb, x)
+    # Exact: x and j agree in every bit above 2^-1. For a clamped j it is merely far from 0,
+    # which sends ex2 to 0 or inf as the result needs. A subnormal f flushes to 2^0 = 1.
+    f = _f(fb, "sub.rn.f32", x, j)
+    e = _f(fb, "ex2.approx.ftz.f32", f)
+    return _times_pow2(fb, e, s)
+
+
+def _log_core(fb: FunctionBuilder, x: Reg) -> tuple[Reg, Reg, Reg, Reg]:
+    """(k, f, f^2/2, s*(f^2/2 + R)) for x = 2^k * (1+f), 1+f in [sqrt(1/2), sqrt(2))."""
+    # Subnormal inputs are scaled by 2^23 first so the exponent field holds all of k.
+    sub = _p(fb, "setp.lt.f32", x, _MIN_NORMAL)
+    xm = _f(fb, "selp.f32", _f(fb, "mul.rn.f32", x, _TWO_23), x, sub)
+    # Adding 1.0 - sqrt(1/2) (as bits) carries into the exponent exactly when the mantissa
+    # is >= sqrt(2)'s, so m = 1+f lands in [sqrt(1/2), sqrt(2)) and |f| <= 0.415.
+    ix = _b(fb, "add.s32", _b(fb, "mov.b32", xm), int_imm(0x3F800000 - 0x3F3504F3))
+    k = _b(fb, "shr.s32", ix, int_imm(23))
+    k = _b(fb, "add.s32", k, _b(fb, "selp.s32", int_imm(-150), int_imm(-127), sub))
+    dk = _f(fb, "cvt.rn.f32.s32", k)
+    mb = _b(fb, "add.s32", _b(fb, "and.b32", ix, int_imm(0x007FFFFF)), int_imm(0x3F3504F3))
+    f = _f(fb, "sub.rn.f32", _f(fb, "mov.b32", mb), _ONE)  # exact
+    # s only scales the small correction s*(hfsq + R) (< |f|^3/3), so div.approx's 2 ulp
+    # move the result by < 0.1 ulp; f is never subnormal (a multiple of 2^-24) and 2+f in
+    # [1.58, 2.42], so .ftz is exact here.
+    s = _f(fb, "div.approx.ftz.f32", f, _f(fb, "add.rn.f32", f, _TWO))
+    z = _f(fb, "mul.rn.f32", s, s)
+    w = _f(fb, "mul.rn.f32", z, z)
+    odd = _f(fb, "fma.rn.f32", w, _LG3, _LG1)
+    even = _f(fb, "mul.rn.f32", _f(fb, "fma.rn.f32", w, _LG4, _LG2), w)
+    r = _f(fb, "fma.rn.f32", odd, z, even)
+    hfsq = _f(fb, "mul.rn.f32", _f(fb, "mul.rn.f32", f, _HALF), f)
+    v = _f(fb, "mul.rn.f32", _f(fb, "add.rn.f32", hfsq, r), s)
+    return dk, f, hfsq, v
+
+
+def _log_specials(fb: FunctionBuilder, x: Reg, y: Reg) -> Reg:
+    """IEEE results outside (0, inf): +inf and NaN pass through, +-0 -> -inf, x < 0 -> NaN."""
+    big = _p(fb, "setp.gtu.f32", x, _FLT_MAX)  # +inf or NaN
+    y = _f(fb, "selp.f32", x, y, big)
+    zero = _p(fb, "setp.eq.f32", x, _ZERO)
+    y = _f(fb, "selp.f32", _NEG_INF, y, zero)
+    neg = _p(fb, "setp.lt.f32", x, _ZERO)
+    return _f(fb, "selp.f32", _NAN, y, neg)
+
+
+def emit_log(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
+    """ln x. Fast: lg2.approx(x)*ln2 (absolute error ~2^-22, poor relative error near 1)."""
+    if fast:
+        return _f(fb, "mul.ftz.f32", _f(fb, "lg2.approx.ftz.f32", x), _LN2)
+    dk, f, hfsq, v = _log_core(fb, x)
+    # musl's order: ((s*(hfsq+R) + k*ln2_lo) - hfsq) + f + k*ln2_hi; the small terms first.
+    y = _f(fb, "fma.rn.f32", dk, _LN2_LO, v)
+    y = _f(fb, "add.rn.f32", _f(fb, "sub.rn.f32", y, hfsq), f)
+    y = _f(fb, "fma.rn.f32", dk, _LN2, y)
+    return _log_specials(fb, x, y)
+
+
+def emit_log2(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
+    """log2 x. Precise: log(1+f) as hi + lo, times log2e in extra precision, plus k.
+
+    For x = 2^k, f = 0 and every term is 0, so the result is exactly k.
+    """
+    if fast:
+        return _f(fb, "lg2.approx.ftz.f32", x)
+    dk, f, hfsq, v = _log_core(fb, x)
+    hi = _f(fb, "sub.rn.f32", f, hfsq)
+    # (f - hi) is exact (Sterbenz: hi is within 21% of f) and (f - hi) - hfsq is hi's rounding
+    # error, exactly; so hi + lo = log(1+f) to the kernel's accuracy.
+    lo = _f(fb, "sub.rn.f32", _f(fb, "sub.rn.f32", f, hi), hfsq)
+    lo = _f(fb, "add.rn.f32", lo, v)
+    p = _f(fb, "mul.rn.f32", hi, _LOG2E)
+    perr = _f(fb, "fma.rn.f32", hi, _LOG2E, _f(fb, "neg.f32", p))  # p + perr = hi*_LOG2E
+    c = _f(fb, "fma.rn.f32", lo, _LOG2E, perr)
+    c = _f(fb, "fma.rn.f32", hi, _LOG2E_LO, c)
+    y = _f(fb, "add.rn.f32", _f(fb, "add.rn.f32", dk, p), c)
+    return _log_specials(fb, x, y)
+
+
+def emit_tanh(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
+    """tanh x. Fast: tanh.approx.f32 (sm_75+, relative error ~2^-11).
+
+    Precise: |x| < 0.625 uses the odd minimax polynomial (keeps +-0 and tiny x exact);
+    otherwise 1 - 2/(e^(2|x|) + 1) with x's sign. There tanh >= 0.55, so the subtraction
+    cancels at most one bit, and the relative error of e^(2|x|) (ex2.approx, 2 ulp, plus the
+    rounding of 2|x|*log2e) reaches the result scaled by 2q(1-q) <= 0.35 (q = 1/(e+1)).
+    e overflowing to inf gives q = 0 and exactly +-1, as does every |x| > 9.01.
+    """
+    if fast:
+        return _f(fb, "tanh.approx.f32", x)
+    a = _f(fb, "abs.f32", x)
+    z = _f(fb, "mul.rn.f32", x, x)
+    poly = _f(fb, "fma.rn.f32", z, _TANH_P[4], _TANH_P[3])
+    for c in reversed(_TANH_P[:3]):
+        poly = _f(fb, "fma.rn.f32", poly, z, c)
+    small = _f(fb, "fma.rn.f32", _f(fb, "mul.rn.f32", poly, z), x, x)
+    e = _f(fb, "ex2.approx.ftz.f32", _f(fb, "mul.rn.f32", a, _TWO_LOG2E))
+    q = _f(fb, "rcp.approx.ftz.f32", _f(fb, "add.rn.f32", e, _ONE))
+    large = _f(fb, "fma.rn.f32", q, _k("-0x1p+1"), _ONE)
+    large = _f(fb, "copysign.f32", x, large)
+    # NaN fails the compare and takes the polynomial, which propagates it.
+    use_large = _p(fb, "setp.ge.f32", a, _TANH_SMALL)
+    return _f(fb, "selp.f32", large, small, use_large)
+
+
+def emit_sigmoid(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
+    """1/(1 + e^-x). Fast: rcp.approx(1 + ex2.approx(-x*log2e)) (0 below x ~ -87).
+
+    Precise: with e = exp(-|x|) in (0, 1], sigmoid = 1/(1+e) for x >= 0 and e/(1+e) for
+    x < 0; the second form keeps tiny and subnormal results (x < -87) that 1/(1+e^-x) would
+    lose to overflow. The quotient is num/d with d in [1, 2]: rcp.approx plus one Newton
+    step (exact residual by fma) is within 0.5 ulp + 2^-40 relative of the correctly
+    rounded quotient, so no div.rn (and no slow path) is needed.
+    """
+    if fast:
+        e = _f(fb, "ex2.approx.ftz.f32", _f(fb, "mul.ftz.f32", x, _NEG_LOG2E))
+        return _f(fb, "rcp.approx.ftz.f32", _f(fb, "add.ftz.f32", e, _ONE))
+    e = _exp_precise(fb, _f(fb, "abs.f32", x), negate=True)
+    d = _f(fb, "add.rn.f32", e, _ONE)
+    neg = _p(fb, "setp.lt.f32", x, _ZERO)
+    num = _f(fb, "selp.f32", e, _ONE, neg)
+    inv = _f(fb, "rcp.approx.ftz.f32", d)
+    q = _f(fb, "mul.rn.f32", num, inv)
+    res = _f(fb, "fma.rn.f32", _f(fb, "neg.f32", d), q, num)
+    return _f(fb, "fma.rn.f32", res, inv, q)
+
+
+def emit_sqrt(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
+    """sqrt x. Precise: sqrt.rn (correctly rounded). Fast: sqrt.approx.ftz (~1 ulp)."""
+    return _f(fb, "sqrt.approx.ftz.f32" if fast else "sqrt.rn.f32", x)
+
+
+def emit_rsqrt(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
+    """1/sqrt x. Fast: rsqrt.approx.ftz (relative error ~2^-22.9).
+
+    Precise: one Newton step on rsqrt.approx: y1 = y0 + y0/2 * (1 - (x*y0)*y0). The step
+    squares the approximation error (~2^-45 left), so y1 is within ~1 ulp: the rounding of
+    h = x*y0 (0.5 ulp, halved by the step) plus the final rounding. That is as good as
+    sqrt.rn followed by div.rn (two roundings, <= 1 ulp) at a fraction of the cost and with
+    no slow path. Forming x*y0 before multiplying by y0 again keeps subnormal x from
+    overflowing y0^2. Where y0 is 0, inf or NaN (x = +inf, +-0, x < 0, NaN) the step gives
+    NaN and y0 itself (+0, +-inf, NaN: the IEEE values) is kept.
+    """
+    if fast:
+        return _f(fb, "rsqrt.approx.ftz.f32", x)
+    y0 = _f(fb, "rsqrt.approx.f32", x)  # not .ftz: subnormal x has a normal rsqrt
+    h = _f(fb, "mul.rn.f32", x, y0)
+    err = _f(fb, "fma.rn.f32", _f(fb, "neg.f32", h), y0, _ONE)
+    y1 = _f(fb, "fma.rn.f32", _f(fb, "mul.rn.f32", y0, _HALF), err, y0)
+    bad = _p(fb, "setp.nan.f32", err, err)
+    return _f(fb, "selp.f32", y0, y1, bad)
+
+
+def emit_div(fb: FunctionBuilder, a: Reg, b: Reg, *, fast: bool) -> Reg:
+    """a / b. Precise: div.rn (IEEE, correctly rounded).
+
+    Fast: div.approx.ftz: max 2 ulp for |b| in [2^-126, 2^126]; for larger |b| the result
+    is flushed to 0 (and subnormal inputs/results to 0), so a/a is not always 1.
+    """
+    return _f(fb, "div.approx.ftz.f32" if fast else "div.rn.f32", a, b)
+
+
+class UnaryEmitter(Protocol):
+    def __call__(self, fb: FunctionBuilder, x: Reg, /, *, fast: bool) -> Reg: ...
+
+
+class BinaryEmitter(Protocol):
+    def __call__(self, fb: FunctionBuilder, a: Reg, b: Reg, /, *, fast: bool) -> Reg: ...
+
+
+#: The unary math functions by name; each is called as `emit(fb, x, fast=...)`.
+UNARY: dict[str, UnaryEmitter] = {
+    "exp": emit_exp,
+    "exp2": emit_exp2,
+    "log": emit_log,
+    "log2": emit_log2,
+    "tanh": emit_tanh,
+    "sigmoid": emit_sigmoid,
+    "sqrt": emit_sqrt,
+    "rsqrt": emit_rsqrt,
+}
+#: The binary ones, called as `emit(fb, a, b, fast=...)`.
+BINARY: dict[str, BinaryEmitter] = {"div": emit_div}

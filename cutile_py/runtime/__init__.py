@@ -1,0 +1,1 @@
+"""Backends (cuda, interpret; sim to come), device memory, module loading and launches."""

@@ -1,0 +1,146 @@
+"""The interface every backend implements: memory, modules, launches and their completion."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cutile_py.ptx.target import Target
+
+
+class RuntimeFailure(RuntimeError):
+    """A backend call failed (allocation, module load, launch)."""
+
+
+class LaunchFailure(RuntimeFailure):
+    """The device reported a fault while running a kernel."""
+
+
+class Buffer(ABC):
+    """A device allocation. Freed when garbage collected; callers keep it alive while in use."""
+
+    nbytes: int
+
+    @property
+    @abstractmethod
+    def address(self) -> int:
+        """The address a kernel parameter carries (at least 256-byte aligned)."""
+
+
+@dataclass(frozen=True)
+class ParamValue:
+    """One kernel parameter as `.param` declares it: PTX type (`u64`, `s32`, `f32`...) and value."""
+
+    ptype: str
+    value: int | float
+
+
+class Completion(ABC):
+    """The end of a piece of device work: poll it, or block until it has happened."""
+
+    @abstractmethod
+    def done(self) -> bool: ...
+
+    @abstractmethod
+    def wait(self) -> None:
+        """Block until the work has finished; raise LaunchFailure if it faulted."""
+
+
+class Finished(Completion):
+    """Work that completed synchronously (the CPU backends)."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+class LoadedKernel(ABC):
+    """A kernel function of a loaded module, ready to launch."""
+
+    name: str
+
+
+class Backend(ABC):
+    name: str
+    #: True where kernels run as PTX (cuda, sim); False where the kernel's Python runs (interpret).
+    runs_ptx: bool
+
+    @property
+    @abstractmethod
+    def target(self) -> Target:
+        """The architecture code is compiled for."""
+
+    @abstractmethod
+    def alloc(self, nbytes: int) -> Buffer: ...
+
+    @abstractmethod
+    def upload(self, buf: Buffer, data: np.ndarray) -> None:
+        """Copy the bytes of the contiguous array `data` to the start of `buf`."""
+
+    @abstractmethod
+    def download(self, buf: Buffer, nbytes: int) -> np.ndarray:
+        """The first `nbytes` of `buf`, as a new uint8 host array (waits for pending work)."""
+
+    def load_kernel(self, ptx: str, name: str) -> LoadedKernel:
+        raise RuntimeFailure(f"the {self.name} backend does not run PTX")
+
+    def launch(
+        self,
+        kernel: LoadedKernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        params: Sequence[ParamValue],
+    ) -> Completion:
+        raise RuntimeFailure(f"the {self.name} backend does not run PTX")
+
+
+class HostBuffer(Buffer):
+    """Memory of the CPU backends: a NumPy byte array, 256-byte aligned like a device allocation."""
+
+    ALIGN = 256
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        raw = np.zeros(nbytes + self.ALIGN, dtype=np.uint8)
+        start = (-raw.ctypes.data) % self.ALIGN
+        self.bytes = raw[start : start + nbytes]
+
+    @property
+    def address(self) -> int:
+        return int(self.bytes.ctypes.data)
+
+    def view(self, dtype: np.dtype[np.generic], count: int) -> np.ndarray:
+        return self.bytes[: count * dtype.itemsize].view(dtype)
+
+
+class InterpretBackend(Backend):
+    """Runs the kernel's own Python on NumPy tiles (the host package drives the blocks)."""
+
+    name = "interpret"
+    runs_ptx = False
+
+    @property
+    def target(self) -> Target:
+        return Target(80)
+
+    def alloc(self, nbytes: int) -> Buffer:
+        return HostBuffer(nbytes)
+
+    def upload(self, buf: Buffer, data: np.ndarray) -> None:
+        assert isinstance(buf, HostBuffer)
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        buf.bytes[: raw.size] = raw
+
+    def download(self, buf: Buffer, nbytes: int) -> np.ndarray:
+        assert isinstance(buf, HostBuffer)
+        return buf.bytes[:nbytes].copy()

@@ -1,0 +1,337 @@
+"""The CUDA backend: memory, modules and launches on one device through the driver API.
+
+PTX is assembled with nvJitLink for the device's architecture where it is installed, and
+otherwise compiled by the driver's JIT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cutile_py.ptx.target import Target
+from cutile_py.runtime import cuda_driver as cu
+from cutile_py.runtime.backend import (
+    Backend,
+    Buffer,
+    Completion,
+    LaunchFailure,
+    LoadedKernel,
+    ParamValue,
+    RuntimeFailure,
+)
+from cutile_py.runtime.nvjitlink import (
+    AssemblyReport,
+    PtxAssemblyError,
+    assemble,
+    nvjitlink_available,
+)
+
+
+def _quietly(release: Callable[[], None]) -> None:
+    # Finalizers run late (garbage collection in any thread, a context poisoned by a fault,
+    # interpreter shutdown): a handle that cannot be released is simply leaked.
+    with contextlib.suppress(Exception):
+        release()
+
+
+def _free(ctx: cu.Context, address: int) -> None:
+    def release() -> None:
+        cu.set_current(ctx)
+        cu.mem_free(address)
+
+    _quietly(release)
+
+
+def _destroy_event(ctx: cu.Context, event: cu.Event) -> None:
+    def release() -> None:
+        cu.set_current(ctx)
+        cu.event_destroy(event)
+
+    _quietly(release)
+
+
+def _destroy_stream(ctx: cu.Context, stream: cu.Stream) -> None:
+    def release() -> None:
+        cu.set_current(ctx)
+        cu.stream_destroy(stream)
+
+    _quietly(release)
+
+
+class CudaBuffer(Buffer):
+    """A `cuMemAlloc` allocation, freed when garbage collected or by `free()`."""
+
+    def __init__(self, ctx: cu.Context, address: int, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self._address = address
+        self._finalizer = weakref.finalize(self, _free, ctx, address)
+        # At exit the driver may already be torn down; the process's memory goes with it.
+        self._finalizer.atexit = False
+
+    @property
+    def address(self) -> int:
+        return self._address
+
+    def free(self) -> None:
+        """Release the memory now (no kernel may still be using it)."""
+        self._finalizer()
+
+
+@dataclass(eq=False)
+class CudaKernel(LoadedKernel):
+    """A kernel function of a loaded module; `report` is nvJitLink's, None after a driver JIT."""
+
+    name: str
+    function: cu.Function
+    module: cu.Module
+    report: AssemblyReport | None
+    max_dynamic_shared: int
+
+
+class CudaCompletion(Completion):
+    """An event recorded after a launch on the backend stream."""
+
+    def __init__(self, backend: CudaBackend, event: cu.Event, kernel_name: str) -> None:
+        self._backend = backend
+        self._event = event
+        self.kernel_name = kernel_name
+        weakref.finalize(self, _destroy_event, backend.context, event).atexit = False
+
+    def done(self) -> bool:
+        self._backend.activate()
+        try:
+            return cu.event_query(self._event)
+        except cu.CudaDriverError:
+            return True  # finished, by failing; wait() reports it
+
+    def wait(self) -> None:
+        self._backend.activate()
+        try:
+            cu.event_synchronize(self._event)
+        except cu.CudaDriverError as e:
+            raise LaunchFailure(f"kernel {self.kernel_name!r} failed on the device: {e}") from e
+
+
+@dataclass(frozen=True)
+class _Device:
+    ctx: cu.Context
+    stream: cu.Stream
+    target: Target
+    name: str
+
+
+class CudaBackend(Backend):
+    """Runs PTX on a CUDA device (device 0 unless told), initialized at first use."""
+
+    name = "cuda"
+    runs_ptx = True
+
+    def __init__(self, ordinal: int = 0) -> None:
+        self.ordinal = ordinal
+        self._lock = threading.Lock()
+        self._thread = threading.local()
+        self._device: _Device | None = None
+        self._modules: dict[str, tuple[cu.Module, AssemblyReport | None]] = {}
+        self._kernels: dict[tuple[str, str], CudaKernel] = {}
+
+    # --- context ----------------------------------------------------------------------------
+
+    def _init(self) -> _Device:
+        with self._lock:
+            if self._device is not None:
+                return self._device
+            try:
+                ctx = cu.retain_primary_context(self.ordinal)
+                cu.set_current(ctx)
+                major, minor = cu.compute_capability(self.ordinal)
+                name = cu.device_name(self.ordinal)
+                stream = cu.stream_create(non_blocking=True)
+            except RuntimeError as e:  # CudaDriverError, or the bindings' "no driver library"
+                raise RuntimeFailure(f"the CUDA backend cannot start: {e}") from e
+            try:
+                target = Target(major * 10 + minor)
+            except ValueError as e:
+                raise RuntimeFailure(f"{name}: {e}") from e
+            weakref.finalize(self, _destroy_stream, ctx, stream).atexit = False
+            self._device = _Device(ctx, stream, target, name)
+            return self._device
+
+    def activate(self) -> _Device:
+        """The device, initialized and its context current in the calling thread."""
+        dev = self._device or self._init()
+        # The driver keeps the current context per thread.
+        if getattr(self._thread, "ctx", None) is not dev.ctx:
+            try:
+                cu.set_current(dev.ctx)
+            except cu.CudaDriverError as e:
+                raise RuntimeFailure(str(e)) from e
+            self._thread.ctx = dev.ctx
+        return dev
+
+    @property
+    def context(self) -> cu.Context:
+        return self.activate().ctx
+
+    @property
+    def target(self) -> Target:
+        return self.activate().target
+
+    @property
+    def device_name(self) -> str:
+        return self.activate().name
+
+    @staticmethod
+    def _failure(what: str, e: cu.CudaDriverError) -> RuntimeFailure:
+        if e.is_device_fault:
+            return LaunchFailure(f"{what}: a kernel launched earlier faulted: {e}")
+        return RuntimeFailure(f"{what}: {e}")
+
+    # --- memory -----------------------------------------------------------------------------
+
+    def alloc(self, nbytes: int) -> CudaBuffer:
+        dev = self.activate()
+        try:
+            address = cu.mem_alloc(nbytes)
+        except cu.CudaDriverError as e:
+            if e.name != "CUDA_ERROR_OUT_OF_MEMORY":
+                raise self._failure(f"allocating {nbytes} bytes", e) from e
+            # Buffers that are garbage but not yet collected still hold device memory.
+            gc.collect()
+            try:
+                address = cu.mem_alloc(nbytes)
+            except cu.CudaDriverError as e2:
+                raise self._failure(f"allocating {nbytes} bytes", e2) from e2
+        return CudaBuffer(dev.ctx, address, nbytes)
+
+    def upload(self, buf: Buffer, data: np.ndarray) -> None:
+        if not isinstance(buf, CudaBuffer):
+            raise TypeError(f"the cuda backend cannot write to a {type(buf).__name__}")
+        src = np.ascontiguousarray(data)
+        if src.nbytes > buf.nbytes:
+            raise ValueError(f"{src.nbytes} bytes do not fit a {buf.nbytes}-byte buffer")
+        dev = self.activate()
+        try:
+            cu.memcpy_htod(buf.address, src, dev.stream)
+        except cu.CudaDriverError as e:
+            raise self._failure("uploading to the device", e) from e
+
+    def download(self, buf: Buffer, nbytes: int) -> np.ndarray:
+        if not isinstance(buf, CudaBuffer):
+            raise TypeError(f"the cuda backend cannot read from a {type(buf).__name__}")
+        if nbytes > buf.nbytes:
+            raise ValueError(f"cannot read {nbytes} bytes from a {buf.nbytes}-byte buffer")
+        dev = self.activate()
+        out = np.empty(nbytes, dtype=np.uint8)
+        try:
+            cu.memcpy_dtoh(out, buf.address, dev.stream)
+        except cu.CudaDriverError as e:
+            raise self._failure("downloading from the device", e) from e
+        return out
+
+    def synchronize(self) -> None:
+        """Wait for all work queued on the backend stream."""
+        dev = self.activate()
+        try:
+            cu.stream_synchronize(dev.stream)
+        except cu.CudaDriverError as e:
+            raise self._failure("synchronizing", e) from e
+
+    # --- modules ----------------------------------------------------------------------------
+
+    def _load_module(self, ptx: str, dev: _Device) -> tuple[cu.Module, AssemblyReport | None]:
+        cubin_error: cu.CudaDriverError | None = None
+        if nvjitlink_available():
+            try:
+                report = assemble(ptx, dev.target)
+            except PtxAssemblyError as e:
+                raise RuntimeFailure(f"PTX assembly for {dev.target.name} failed:\n{e.log}") from e
+            try:
+                return cu.module_load_data(report.cubin), report
+            except cu.CudaDriverError as e:
+                if e.is_device_fault:
+                    raise self._failure("loading a module", e) from e
+                # A cubin from an nvJitLink newer than the driver can be refused; its JIT
+                # may still take the PTX.
+                cubin_error = e
+        try:
+            return cu.module_load_ptx(ptx), None
+        except cu.CudaDriverError as e:
+            note = f"\n(the nvJitLink cubin was refused too: {cubin_error})" if cubin_error else ""
+            if e.is_device_fault:
+                raise self._failure("loading a module", e) from e
+            raise RuntimeFailure(f"the driver JIT refused the PTX: {e}{note}") from e
+
+    def load_kernel(self, ptx: str, name: str) -> CudaKernel:
+        key = hashlib.sha256(ptx.encode()).hexdigest()
+        cached = self._kernels.get((key, name))
+        if cached is not None:
+            return cached
+        dev = self.activate()
+        with self._lock:
+            cached = self._kernels.get((key, name))
+            if cached is not None:
+                return cached
+            loaded = self._modules.get(key)
+            if loaded is None:
+                loaded = self._modules[key] = self._load_module(ptx, dev)
+            module, report = loaded
+            try:
+                function = cu.module_get_function(module, name)
+                max_shared = cu.max_dynamic_shared(function)
+            except cu.CudaDriverError as e:
+                raise self._failure(f"kernel {name!r}", e) from e
+            kernel = CudaKernel(name, function, module, report, max_shared)
+            self._kernels[(key, name)] = kernel
+            return kernel
+
+    # --- launches ---------------------------------------------------------------------------
+
+    def launch(
+        self,
+        kernel: LoadedKernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        params: Sequence[ParamValue],
+    ) -> Completion:
+        if not isinstance(kernel, CudaKernel):
+            raise TypeError(f"the cuda backend cannot launch a {type(kernel).__name__}")
+        dev = self.activate()
+        try:
+            packed = cu.pack_params([(p.ptype, p.value) for p in params])
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"kernel {kernel.name!r}: {e}") from e
+        what = (
+            f"launching kernel {kernel.name!r} (grid {grid}, block {block}, {shared_mem} B shared)"
+        )
+        try:
+            if shared_mem > kernel.max_dynamic_shared:
+                cu.set_max_dynamic_shared(kernel.function, shared_mem)
+                kernel.max_dynamic_shared = shared_mem
+            # Made before the launch, so that a fault of this kernel cannot surface here.
+            event = cu.event_create()
+        except cu.CudaDriverError as e:
+            raise self._failure(what, e) from e
+        try:
+            cu.launch_kernel(kernel.function, grid, block, shared_mem, dev.stream, packed)
+        except cu.CudaDriverError as e:
+            _destroy_event(dev.ctx, event)
+            raise self._failure(what, e) from e
+        try:
+            cu.event_record(event, dev.stream)
+        except cu.CudaDriverError as e:
+            _destroy_event(dev.ctx, event)
+            if e.is_device_fault:
+                raise LaunchFailure(
+                    f"kernel {kernel.name!r} (or work queued before it) failed on the device: {e}"
+                ) from e
+            raise self._failure(what, e) from e
+        return CudaCompletion(self, event, kernel.name)

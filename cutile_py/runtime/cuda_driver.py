@@ -1,0 +1,443 @@
+"""The one module that calls the CUDA driver (`cuda.bindings.driver`), as small typed functions.
+
+A failing call raises CudaDriverError naming the call, the error and the driver's description.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: Results that mean a kernel faulted on the device; they poison the context for good.
+DEVICE_FAULTS = frozenset(
+    {
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_LAUNCH_TIMEOUT",
+        "CUDA_ERROR_ASSERT",
+        "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        "CUDA_ERROR_MISALIGNED_ADDRESS",
+        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        "CUDA_ERROR_INVALID_PC",
+        "CUDA_ERROR_LAUNCH_FAILED",
+        "CUDA_ERROR_ECC_UNCORRECTABLE",
+    }
+)
+
+_SUCCESS = 0
+_NOT_READY = 600
+
+
+def _cu() -> Any:
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _doc_summary(doc: str | None) -> str:
+    if not doc:
+        return ""
+    text = re.sub(r":py:obj:`~?\.?([^`]+)`", r"\1", " ".join(doc.split()))
+    first = re.split(r"(?<=[a-z0-9)])\. ", text, maxsplit=1)[0]
+    return first.rstrip(".")
+
+
+def describe_result(code: int) -> tuple[str, str]:
+    """(name, description) of a CUresult code.
+
+    The driver's own text when it answers; otherwise (no driver here, or a poisoned context)
+    the name and documentation that the bindings carry.
+    """
+    cu = _cu()
+    try:
+        enum: Any = cu.CUresult(code)
+    except ValueError:
+        return f"CUresult {code}", "unknown error code"
+    name = str(enum.name)
+    description = ""
+    try:
+        err, raw = cu.cuGetErrorName(enum)
+        if int(err) == _SUCCESS and raw:
+            name = bytes(raw).decode()
+        err, raw = cu.cuGetErrorString(enum)
+        if int(err) == _SUCCESS and raw:
+            description = bytes(raw).decode()
+    except Exception:
+        pass
+    return name, description or _doc_summary(enum.__doc__) or "no description"
+
+
+def format_driver_error(call: str, code: int) -> str:
+    """`cuFoo failed: CUDA_ERROR_X (n): description`."""
+    name, description = describe_result(code)
+    return f"{call} failed: {name} ({code}): {description}"
+
+
+class CudaDriverError(RuntimeError):
+    """A driver call returned an error; `.log` holds the JIT's log where there is one."""
+
+    def __init__(self, call: str, code: int, log: str = "") -> None:
+        self.call = call
+        self.code = code
+        self.name, self.description = describe_result(code)
+        self.log = log
+        message = f"{call} failed: {self.name} ({code}): {self.description}"
+        super().__init__(f"{message}\n{log}" if log else message)
+
+    @property
+    def is_device_fault(self) -> bool:
+        return self.name in DEVICE_FAULTS
+
+
+def _check(call: str, result: Any) -> Any:
+    """The values a binding returned after its CUresult; raise if that result is an error."""
+    if int(result[0]) != _SUCCESS:
+        raise CudaDriverError(call, int(result[0]))
+    rest = result[1:]
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else rest
+
+
+# Opaque handles, typed apart so that a stream cannot be passed where an event is wanted.
+@dataclass(frozen=True, eq=False)
+class Context:
+    raw: object
+
+
+@dataclass(frozen=True, eq=False)
+class Stream:
+    raw: object
+
+
+@dataclass(frozen=True, eq=False)
+class Event:
+    raw: object
+
+
+@dataclass(frozen=True, eq=False)
+class Module:
+    raw: object
+
+
+@dataclass(frozen=True, eq=False)
+class Function:
+    raw: object
+
+
+# --- devices and contexts ---------------------------------------------------------------------
+
+
+def init() -> None:
+    _check("cuInit", _cu().cuInit(0))
+
+
+def driver_version() -> int:
+    """The CUDA version the driver supports, e.g. 13000 for 13.0."""
+    return int(_check("cuDriverGetVersion", _cu().cuDriverGetVersion()))
+
+
+def device_count() -> int:
+    init()
+    return int(_check("cuDeviceGetCount", _cu().cuDeviceGetCount()))
+
+
+@functools.cache
+def driver_available() -> bool:
+    """Whether a driver and at least one device are present. Never raises."""
+    try:
+        return device_count() > 0
+    except Exception:
+        return False
+
+
+def _device(ordinal: int) -> Any:
+    return _check("cuDeviceGet", _cu().cuDeviceGet(ordinal))
+
+
+def retain_primary_context(ordinal: int = 0) -> Context:
+    init()
+    dev = _device(ordinal)
+    return Context(_check("cuDevicePrimaryCtxRetain", _cu().cuDevicePrimaryCtxRetain(dev)))
+
+
+def set_current(ctx: Context) -> None:
+    """Make `ctx` current for the calling thread (the driver keeps one per thread)."""
+    _check("cuCtxSetCurrent", _cu().cuCtxSetCurrent(ctx.raw))
+
+
+def compute_capability(ordinal: int = 0) -> tuple[int, int]:
+    cu = _cu()
+    dev = _device(ordinal)
+    attr = cu.CUdevice_attribute
+    major = _check(
+        "cuDeviceGetAttribute",
+        cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+    )
+    minor = _check(
+        "cuDeviceGetAttribute",
+        cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+    )
+    return int(major), int(minor)
+
+
+def device_name(ordinal: int = 0) -> str:
+    raw = _check("cuDeviceGetName", _cu().cuDeviceGetName(256, _device(ordinal)))
+    return bytes(raw).split(b"\x00", 1)[0].decode(errors="replace")
+
+
+def context_synchronize() -> None:
+    _check("cuCtxSynchronize", _cu().cuCtxSynchronize())
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+
+def mem_alloc(nbytes: int) -> int:
+    """A device allocation of `nbytes` (at least 1), as its address."""
+    return int(_check("cuMemAlloc", _cu().cuMemAlloc(max(nbytes, 1))))
+
+
+def mem_free(address: int) -> None:
+    _check("cuMemFree", _cu().cuMemFree(address))
+
+
+def _contiguous(arr: np.ndarray, what: str) -> None:
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"{what} must be a C-contiguous array")
+
+
+def memcpy_htod(dst: int, src: np.ndarray, stream: Stream | None = None) -> None:
+    """Copy all bytes of `src` to device address `dst`, ordered on `stream` when one is given.
+
+    From pageable memory the driver stages the bytes before returning, so `src` may be
+    reused at once.
+    """
+    _contiguous(src, "the source")
+    if src.nbytes == 0:
+        return
+    cu = _cu()
+    if stream is None:
+        _check("cuMemcpyHtoD", cu.cuMemcpyHtoD(dst, src.ctypes.data, src.nbytes))
+    else:
+        _check(
+            "cuMemcpyHtoDAsync",
+            cu.cuMemcpyHtoDAsync(dst, src.ctypes.data, src.nbytes, stream.raw),
+        )
+
+
+def memcpy_dtoh(dst: np.ndarray, src: int, stream: Stream | None = None) -> None:
+    """Fill `dst` from device address `src`; returns once the bytes are in `dst`.
+
+    With `stream`, the copy waits for the work queued there before it, then the stream is
+    synchronized. Without one the copy runs on the legacy default stream, which does not wait
+    for non-blocking streams.
+    """
+    _contiguous(dst, "the destination")
+    if not dst.flags.writeable:
+        raise ValueError("the destination must be writeable")
+    if dst.nbytes == 0:
+        return
+    cu = _cu()
+    if stream is None:
+        _check("cuMemcpyDtoH", cu.cuMemcpyDtoH(dst.ctypes.data, src, dst.nbytes))
+    else:
+        _check(
+            "cuMemcpyDtoHAsync",
+            cu.cuMemcpyDtoHAsync(dst.ctypes.data, src, dst.nbytes, stream.raw),
+        )
+        stream_synchronize(stream)
+
+
+# --- streams and events -----------------------------------------------------------------------
+
+
+def stream_create(non_blocking: bool = True) -> Stream:
+    cu = _cu()
+    flags = int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING) if non_blocking else 0
+    return Stream(_check("cuStreamCreate", cu.cuStreamCreate(flags)))
+
+
+def stream_synchronize(stream: Stream) -> None:
+    _check("cuStreamSynchronize", _cu().cuStreamSynchronize(stream.raw))
+
+
+def stream_destroy(stream: Stream) -> None:
+    _check("cuStreamDestroy", _cu().cuStreamDestroy(stream.raw))
+
+
+def event_create(timing: bool = False) -> Event:
+    cu = _cu()
+    flags = 0 if timing else int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+    return Event(_check("cuEventCreate", cu.cuEventCreate(flags)))
+
+
+def event_record(event: Event, stream: Stream) -> None:
+    _check("cuEventRecord", _cu().cuEventRecord(event.raw, stream.raw))
+
+
+def event_query(event: Event) -> bool:
+    """True once the work before the event has finished; raises if that work failed."""
+    (err,) = _cu().cuEventQuery(event.raw)
+    if int(err) == _NOT_READY:
+        return False
+    if int(err) != _SUCCESS:
+        raise CudaDriverError("cuEventQuery", int(err))
+    return True
+
+
+def event_synchronize(event: Event) -> None:
+    _check("cuEventSynchronize", _cu().cuEventSynchronize(event.raw))
+
+
+def event_elapsed_ms(start: Event, end: Event) -> float:
+    """Milliseconds between two recorded events (both created with `timing=True`)."""
+    return float(_check("cuEventElapsedTime", _cu().cuEventElapsedTime(start.raw, end.raw)))
+
+
+def event_destroy(event: Event) -> None:
+    _check("cuEventDestroy", _cu().cuEventDestroy(event.raw))
+
+
+# --- modules and launches ---------------------------------------------------------------------
+
+
+def module_load_data(image: bytes) -> Module:
+    """Load a cubin or fatbin into the current context."""
+    return Module(_check("cuModuleLoadData", _cu().cuModuleLoadData(image)))
+
+
+def module_load_ptx(ptx: str, log_size: int = 1 << 16) -> Module:
+    """JIT-compile PTX with the driver; on failure the JIT's error log goes into the error."""
+    cu = _cu()
+    opt = cu.CUjit_option
+    error_log = bytearray(log_size)
+    info_log = bytearray(log_size)
+    keys = [
+        opt.CU_JIT_ERROR_LOG_BUFFER,
+        opt.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        opt.CU_JIT_INFO_LOG_BUFFER,
+        opt.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+    ]
+    values = [error_log, log_size, info_log, log_size]
+    # The driver reads the image as a NUL-terminated string.
+    image = ptx.encode() + b"\x00"
+    result = cu.cuModuleLoadDataEx(image, len(keys), keys, values)
+    if int(result[0]) != _SUCCESS:
+        log = bytes(error_log).split(b"\x00", 1)[0].decode(errors="replace").strip()
+        raise CudaDriverError("cuModuleLoadDataEx", int(result[0]), log)
+    return Module(result[1])
+
+
+def module_unload(module: Module) -> None:
+    _check("cuModuleUnload", _cu().cuModuleUnload(module.raw))
+
+
+def module_get_function(module: Module, name: str) -> Function:
+    return Function(
+        _check(
+            f"cuModuleGetFunction({name!r})", _cu().cuModuleGetFunction(module.raw, name.encode())
+        )
+    )
+
+
+def max_dynamic_shared(function: Function) -> int:
+    """The dynamic shared memory per block that `function` may be launched with now."""
+    cu = _cu()
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    return int(_check("cuFuncGetAttribute", cu.cuFuncGetAttribute(attr, function.raw)))
+
+
+def set_max_dynamic_shared(function: Function, nbytes: int) -> None:
+    """Allow `nbytes` of dynamic shared memory per block (needed above 48 KiB)."""
+    cu = _cu()
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    _check("cuFuncSetAttribute", cu.cuFuncSetAttribute(function.raw, attr, nbytes))
+
+
+_INT_PARAMS: dict[str, tuple[type[ctypes._SimpleCData[Any]], int, int]] = {
+    "u8": (ctypes.c_uint8, 0, 1 << 8),
+    "s8": (ctypes.c_int8, -(1 << 7), 1 << 7),
+    "b8": (ctypes.c_uint8, -(1 << 7), 1 << 8),
+    "u16": (ctypes.c_uint16, 0, 1 << 16),
+    "s16": (ctypes.c_int16, -(1 << 15), 1 << 15),
+    "b16": (ctypes.c_uint16, -(1 << 15), 1 << 16),
+    "u32": (ctypes.c_uint32, 0, 1 << 32),
+    "s32": (ctypes.c_int32, -(1 << 31), 1 << 31),
+    "b32": (ctypes.c_uint32, -(1 << 31), 1 << 32),
+    "u64": (ctypes.c_uint64, 0, 1 << 64),
+    "s64": (ctypes.c_int64, -(1 << 63), 1 << 63),
+    "b64": (ctypes.c_uint64, -(1 << 63), 1 << 64),
+}
+
+
+def _bf16_bits(value: float) -> int:
+    bits = int(np.array(value, dtype=np.float32).view(np.uint32))
+    if (bits & 0x7F800000) == 0x7F800000 and (bits & 0x007FFFFF):
+        return 0x7FC0  # a quiet NaN; rounding could carry a NaN's payload into infinity
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def param_ctype(ptype: str, value: int | float) -> ctypes._SimpleCData[Any]:
+    """`value` as the ctypes scalar whose bytes a `.param .<ptype>` parameter expects."""
+    t = ptype.lstrip(".")
+    if t in _INT_PARAMS:
+        ctype, lo, hi = _INT_PARAMS[t]
+        if isinstance(value, float) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"a .{t} parameter needs an integer, not {value!r}")
+        if not lo <= int(value) < hi:
+            raise ValueError(f"{value} does not fit a .{t} parameter")
+        # ctypes wraps a negative `.bN` bit pattern into the unsigned type on its own.
+        return ctype(int(value))
+    if t == "f32":
+        return ctypes.c_float(float(value))
+    if t == "f64":
+        return ctypes.c_double(float(value))
+    if t == "f16":
+        return ctypes.c_uint16(int(np.array(value, dtype=np.float16).view(np.uint16)))
+    if t == "bf16":
+        return ctypes.c_uint16(_bf16_bits(float(value)))
+    raise ValueError(f"unsupported kernel parameter type .{t}")
+
+
+@dataclass(frozen=True, eq=False)
+class KernelParams:
+    """Kernel parameters packed for `cuLaunchKernel`: each value typed by its ctypes class."""
+
+    values: tuple[ctypes._SimpleCData[Any], ...]
+
+
+def pack_params(params: Sequence[tuple[str, int | float]]) -> KernelParams:
+    """Pack `(PTX type, value)` pairs in declared order; TypeError/ValueError name the index."""
+    values = []
+    for i, (ptype, value) in enumerate(params):
+        try:
+            values.append(param_ctype(ptype, value))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"parameter {i}: {e}") from e
+    return KernelParams(tuple(values))
+
+
+def launch_kernel(
+    function: Function,
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    shared_mem: int,
+    stream: Stream,
+    params: KernelParams,
+) -> None:
+    """Queue `function` on `stream` with `shared_mem` bytes of dynamic shared memory."""
+    values = params.values
+    # The bindings' (values, ctypes classes) form: each value is copied into a buffer and
+    # pointed to from the void** array the driver reads.
+    kernel_params = (values, tuple(type(v) for v in values)) if values else None
+    _check(
+        "cuLaunchKernel",
+        _cu().cuLaunchKernel(function.raw, *grid, *block, shared_mem, stream.raw, kernel_params, 0),
+    )

@@ -1,0 +1,127 @@
+"""PTX to cubin with nvJitLink (no GPU or driver needed), with ptxas's resource report.
+
+The untyped `cuda.bindings.nvjitlink` stays inside this module; callers see typed functions.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from cutile_py.ptx.target import Target
+
+
+class PtxAssemblyError(RuntimeError):
+    """nvJitLink refused the PTX; `.log` holds ptxas's line-numbered messages."""
+
+    def __init__(self, message: str, log: str) -> None:
+        super().__init__(f"{message}\n{log}" if log else message)
+        self.log = log
+
+
+@dataclass(frozen=True)
+class AssemblyReport:
+    """A cubin and what ptxas said about it (maxima over the module's functions)."""
+
+    cubin: bytes
+    info_log: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    shared_bytes: int
+
+
+_REGISTERS = re.compile(r"\bused\s+(\d+)\s+registers\b", re.IGNORECASE)
+_SPILL_STORES = re.compile(r"\b(\d+)\s+bytes\s+spill\s+stores\b", re.IGNORECASE)
+_SPILL_LOADS = re.compile(r"\b(\d+)\s+bytes\s+spill\s+loads\b", re.IGNORECASE)
+_SHARED = re.compile(r"\b(\d+)\s+bytes\s+smem\b", re.IGNORECASE)
+_TARGET = re.compile(r"^\s*\.target\s+([A-Za-z0-9_]+)", re.MULTILINE)
+
+
+def _max_match(pattern: re.Pattern[str], lines: list[str]) -> int:
+    return max((int(m.group(1)) for line in lines for m in pattern.finditer(line)), default=0)
+
+
+def parse_info_log(info_log: str) -> tuple[int, int, int, int]:
+    """(registers, spill stores, spill loads, shared bytes) from a `-verbose` info log."""
+    lines = info_log.splitlines()
+    # nvJitLink appends its own per-function summary after ptxas's, and on sm_90+ that summary
+    # counts the 1 KiB the system reserves in shared memory; ptxas's lines give the kernel's own.
+    ptxas = [line for line in lines if line.lstrip().startswith("ptxas")]
+    chosen = ptxas or lines
+    return (
+        _max_match(_REGISTERS, chosen),
+        _max_match(_SPILL_STORES, chosen),
+        _max_match(_SPILL_LOADS, chosen),
+        _max_match(_SHARED, chosen),
+    )
+
+
+def _arch_option(ptx: str, target: Target) -> str:
+    # Arch-specific PTX (`.target sm_90a`) can only be compiled for exactly that variant.
+    m = _TARGET.search(ptx)
+    if m is not None and m.group(1) in (f"{target.name}a", f"{target.name}f"):
+        return m.group(1)
+    return target.name
+
+
+def _load() -> Any:
+    from cuda.bindings import nvjitlink
+
+    nvjitlink.version()  # loads the shared library, which the import alone does not
+    return nvjitlink
+
+
+def nvjitlink_available() -> bool:
+    """Whether the nvJitLink library can be loaded here."""
+    try:
+        _load()
+    except Exception:
+        return False
+    return True
+
+
+def _read_log(lib: Any, handle: int, which: str) -> str:
+    try:
+        size = int(getattr(lib, f"get_{which}_log_size")(handle))
+        if size <= 0:
+            return ""
+        buf = bytearray(size)
+        getattr(lib, f"get_{which}_log")(handle, buf)
+    except Exception:
+        return ""
+    return bytes(buf).rstrip(b"\x00").decode("utf-8", errors="replace").strip()
+
+
+def assemble(ptx: str, target: Target, *, verbose: bool = True) -> AssemblyReport:
+    """Compile `ptx` to a cubin for `target`; raise PtxAssemblyError with ptxas's log."""
+    lib = _load()
+    arch = _arch_option(ptx, target)
+    options = [f"-arch={arch}"] + (["-verbose"] if verbose else [])
+    try:
+        handle = int(lib.create(len(options), options))
+    except lib.nvJitLinkError as e:
+        raise PtxAssemblyError(f"nvJitLink rejected the options {options}: {e}", "") from e
+    try:
+        data = ptx.encode()
+        try:
+            lib.add_data(handle, lib.InputType.PTX, data, len(data), "kernel.ptx")
+            lib.complete(handle)
+        except lib.nvJitLinkError as e:
+            log = _read_log(lib, handle, "error")
+            raise PtxAssemblyError(f"PTX assembly for {arch} failed ({e})", log) from e
+        info_log = _read_log(lib, handle, "info")
+        cubin = bytearray(int(lib.get_linked_cubin_size(handle)))
+        lib.get_linked_cubin(handle, cubin)
+    finally:
+        lib.destroy(handle)
+    registers, spill_stores, spill_loads, shared_bytes = parse_info_log(info_log)
+    return AssemblyReport(
+        cubin=bytes(cubin),
+        info_log=info_log,
+        registers=registers,
+        spill_stores=spill_stores,
+        spill_loads=spill_loads,
+        shared_bytes=shared_bytes,
+    )

@@ -1,0 +1,529 @@
+"""The CUDA driver layer and backend: error text and packing anywhere, launches on a GPU.
+
+Tests marked `gpu` are skipped where no driver and device are found.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cutile_py.ptx.target import Target
+from cutile_py.runtime import cuda_backend
+from cutile_py.runtime import cuda_driver as cu
+from cutile_py.runtime.backend import LaunchFailure, ParamValue, RuntimeFailure
+from cutile_py.runtime.cuda_backend import CudaBackend, CudaBuffer, CudaKernel
+
+HAVE_GPU = cu.driver_available()
+requires_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no CUDA driver or device")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def vector_add_ptx(target: Target) -> str:
+    """c[i] = a[i] + b[i] for i < n."""
+    major, minor = target.ptx_version()
+    return f"""\
+.version {major}.{minor}
+.target {target.name}
+.address_size 64
+
+.visible .entry vadd(.param .u64 pa, .param .u64 pb, .param .u64 pc, .param .u32 pn)
+{{
+    .reg .pred %p<2>;
+    .reg .b32 %r<6>;
+    .reg .b64 %rd<8>;
+    .reg .f32 %f<4>;
+
+    ld.param.u64 %rd1, [pa];
+    ld.param.u64 %rd2, [pb];
+    ld.param.u64 %rd3, [pc];
+    ld.param.u32 %r1, [pn];
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.s32 %r5, %r2, %r3, %r4;
+    setp.ge.u32 %p1, %r5, %r1;
+    @%p1 bra DONE;
+    mul.wide.u32 %rd4, %r5, 4;
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd2, %rd2;
+    cvta.to.global.u64 %rd3, %rd3;
+    add.s64 %rd5, %rd1, %rd4;
+    add.s64 %rd6, %rd2, %rd4;
+    add.s64 %rd7, %rd3, %rd4;
+    ld.global.f32 %f1, [%rd5];
+    ld.global.f32 %f2, [%rd6];
+    add.f32 %f3, %f1, %f2;
+    st.global.f32 [%rd7], %f3;
+DONE:
+    ret;
+}}
+"""
+
+
+def faulting_ptx(target: Target, name: str, body: str) -> str:
+    major, minor = target.ptx_version()
+    return (
+        f".version {major}.{minor}\n.target {target.name}\n.address_size 64\n\n"
+        f".visible .entry {name}(.param .u64 p)\n{{\n{body}\n    ret;\n}}\n"
+    )
+
+
+# --- without a GPU ------------------------------------------------------------------------
+
+
+def test_driver_available_is_a_bool() -> None:
+    assert isinstance(cu.driver_available(), bool)
+
+
+def test_error_message_names_call_error_and_description() -> None:
+    message = cu.format_driver_error("cuLaunchKernel", 700)
+    assert message.startswith("cuLaunchKernel failed: CUDA_ERROR_ILLEGAL_ADDRESS (700): ")
+    description = message.split(": ", 2)[2]
+    assert "memory" in description.lower()
+    assert ":py:obj:" not in description
+
+
+def test_driver_error_carries_its_parts() -> None:
+    err = cu.CudaDriverError("cuEventSynchronize", 719)
+    assert err.name == "CUDA_ERROR_LAUNCH_FAILED"
+    assert err.is_device_fault
+    assert "cuEventSynchronize" in str(err) and "CUDA_ERROR_LAUNCH_FAILED" in str(err)
+    assert err.description and err.description in str(err)
+    oom = cu.CudaDriverError("cuMemAlloc", 2)
+    assert oom.name == "CUDA_ERROR_OUT_OF_MEMORY" and not oom.is_device_fault
+
+
+def test_jit_log_is_part_of_the_message() -> None:
+    err = cu.CudaDriverError("cuModuleLoadDataEx", 218, "ptxas application ptx input, line 7")
+    assert err.name == "CUDA_ERROR_INVALID_PTX"
+    assert str(err).endswith("line 7")
+    assert err.log == "ptxas application ptx input, line 7"
+
+
+def test_unknown_result_code() -> None:
+    assert "12345" in cu.format_driver_error("cuInit", 12345)
+
+
+@pytest.mark.parametrize(
+    ("ptype", "value", "ctype", "raw"),
+    [
+        ("u64", 2**64 - 1, ctypes.c_uint64, 2**64 - 1),
+        ("s64", -(2**63), ctypes.c_int64, -(2**63)),
+        ("u32", 7, ctypes.c_uint32, 7),
+        ("s32", -5, ctypes.c_int32, -5),
+        ("b32", -1, ctypes.c_uint32, 2**32 - 1),
+        ("u16", 65535, ctypes.c_uint16, 65535),
+        ("s8", -128, ctypes.c_int8, -128),
+        ("u8", 255, ctypes.c_uint8, 255),
+        ("f32", 1.5, ctypes.c_float, 1.5),
+        ("f32", 3, ctypes.c_float, 3.0),
+        ("f64", 0.1, ctypes.c_double, 0.1),
+        ("f16", 1.0, ctypes.c_uint16, 0x3C00),
+        ("bf16", 1.0, ctypes.c_uint16, 0x3F80),
+        ("bf16", -2.5, ctypes.c_uint16, 0xC020),
+    ],
+)
+def test_param_packing(ptype: str, value: float, ctype: type, raw: float) -> None:
+    packed = cu.param_ctype(ptype, value)
+    assert type(packed) is ctype
+    assert packed.value == raw
+
+
+def test_bf16_rounds_to_nearest_even_and_keeps_nan() -> None:
+    # 1 + 2^-8 lies halfway between two bf16 values; the even one is 1.0.
+    assert cu.param_ctype("bf16", 1.0 + 2.0**-8).value == 0x3F80
+    assert cu.param_ctype("bf16", 1.0 + 3 * 2.0**-8).value == 0x3F82
+    assert cu.param_ctype("bf16", float("nan")).value == 0x7FC0
+
+
+@pytest.mark.parametrize(
+    ("ptype", "value", "error"),
+    [
+        ("u32", -1, ValueError),
+        ("s32", 2**31, ValueError),
+        ("u64", 2**64, ValueError),
+        ("u32", 1.0, TypeError),
+        ("pred", 1, ValueError),
+    ],
+)
+def test_param_packing_rejects(ptype: str, value: float, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        cu.param_ctype(ptype, value)
+
+
+def test_pack_params_names_the_parameter() -> None:
+    packed = cu.pack_params([("u64", 1), ("f32", 2.0)])
+    assert [type(v) for v in packed.values] == [ctypes.c_uint64, ctypes.c_float]
+    with pytest.raises(ValueError, match="parameter 1"):
+        cu.pack_params([("u64", 1), ("u32", -3)])
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="checks the failure where there is no driver")
+def test_backend_without_a_driver_fails_cleanly() -> None:
+    backend = CudaBackend()  # touches nothing yet
+    assert backend.name == "cuda" and backend.runs_ptx
+    with pytest.raises(RuntimeFailure, match="CUDA backend cannot start"):
+        backend.alloc(16)
+    with pytest.raises(RuntimeFailure):
+        _ = backend.target
+
+
+# --- the backend's logic against a stand-in driver ------------------------------------------
+
+
+class FakeDriver:
+    """Host memory behind the bindings' call shapes; runs `vadd` in NumPy, faults on `trapper`.
+
+    It checks the backend's wiring (what is called with what, how results and logs are read),
+    not the real driver's behaviour, which only the `gpu` tests check.
+    """
+
+    def __init__(self) -> None:
+        from cuda.bindings import driver
+
+        self.real = driver
+        self.memory: dict[int, ctypes.Array[ctypes.c_char]] = {}
+        self.next_address = 1 << 20
+        self.sticky = 0
+        self.calls: list[str] = []
+        self.functions: dict[int, str] = {}
+        self.max_shared: dict[int, int] = {}
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)  # enums
+
+    def _ok(self, call: str, *values: object) -> tuple[object, ...]:
+        self.calls.append(call)
+        return (self.real.CUresult(self.sticky), *values)
+
+    def cuGetErrorName(self, err: object) -> tuple[object, ...]:
+        raise RuntimeError("no driver library")
+
+    cuGetErrorString = cuGetErrorName
+
+    def cuInit(self, flags: int) -> tuple[object, ...]:
+        return self._ok("cuInit")
+
+    def cuDeviceGet(self, ordinal: int) -> tuple[object, ...]:
+        return self._ok("cuDeviceGet", ordinal)
+
+    def cuDevicePrimaryCtxRetain(self, dev: int) -> tuple[object, ...]:
+        return self._ok("cuDevicePrimaryCtxRetain", object())
+
+    def cuCtxSetCurrent(self, ctx: object) -> tuple[object, ...]:
+        return self._ok("cuCtxSetCurrent")
+
+    def cuDeviceGetAttribute(self, attr: object, dev: int) -> tuple[object, ...]:
+        major = attr == self.real.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+        return self._ok("cuDeviceGetAttribute", 9 if major else 0)
+
+    def cuDeviceGetName(self, length: int, dev: int) -> tuple[object, ...]:
+        return self._ok("cuDeviceGetName", b"Fake H200\x00\x00")
+
+    def cuStreamCreate(self, flags: int) -> tuple[object, ...]:
+        assert flags == int(self.real.CUstream_flags.CU_STREAM_NON_BLOCKING)
+        return self._ok("cuStreamCreate", "stream")
+
+    def cuStreamSynchronize(self, stream: object) -> tuple[object, ...]:
+        assert stream == "stream"
+        return self._ok("cuStreamSynchronize")
+
+    def cuMemAlloc(self, nbytes: int) -> tuple[object, ...]:
+        address = self.next_address
+        self.next_address += (nbytes + 255) // 256 * 256
+        self.memory[address] = ctypes.create_string_buffer(nbytes)
+        return self._ok("cuMemAlloc", self.real.CUdeviceptr(address))
+
+    def cuMemFree(self, address: int) -> tuple[object, ...]:
+        del self.memory[address]
+        return self._ok("cuMemFree")
+
+    def cuMemcpyHtoDAsync(self, dst: int, src: int, n: int, stream: object) -> tuple[object, ...]:
+        ctypes.memmove(self.memory[dst], src, n)
+        return self._ok("cuMemcpyHtoDAsync")
+
+    def cuMemcpyDtoHAsync(self, dst: int, src: int, n: int, stream: object) -> tuple[object, ...]:
+        ctypes.memmove(dst, self.memory[src], n)
+        return self._ok("cuMemcpyDtoHAsync")
+
+    def cuModuleLoadData(self, image: bytes) -> tuple[object, ...]:
+        assert image[:4] == b"\x7fELF"
+        return self._ok("cuModuleLoadData", "module")
+
+    def cuModuleLoadDataEx(
+        self, image: bytes, n: int, keys: list[object], values: list[object]
+    ) -> tuple[object, ...]:
+        assert image.endswith(b"\x00") and n == len(keys) == len(values)
+        self.calls.append("cuModuleLoadDataEx")
+        if b"frobnicate" in image:
+            log = values[keys.index(self.real.CUjit_option.CU_JIT_ERROR_LOG_BUFFER)]
+            assert isinstance(log, bytearray)
+            message = b"ptxas application ptx input, line 3; error : frobnicate\x00"
+            log[: len(message)] = message
+            return (self.real.CUresult.CUDA_ERROR_INVALID_PTX, None)
+        return (self.real.CUresult.CUDA_SUCCESS, "module")
+
+    def cuModuleGetFunction(self, module: object, name: bytes) -> tuple[object, ...]:
+        handle = len(self.functions) + 1
+        self.functions[handle] = name.decode()
+        self.max_shared[handle] = 48 * 1024
+        return self._ok("cuModuleGetFunction", handle)
+
+    def cuFuncGetAttribute(self, attr: object, fn: int) -> tuple[object, ...]:
+        return self._ok("cuFuncGetAttribute", self.max_shared[fn])
+
+    def cuFuncSetAttribute(self, fn: int, attr: object, value: int) -> tuple[object, ...]:
+        self.max_shared[fn] = value
+        return self._ok("cuFuncSetAttribute")
+
+    def cuLaunchKernel(self, fn: int, *args: object) -> tuple[object, ...]:
+        shared, stream, kernel_params, extra = args[6:]
+        assert isinstance(shared, int) and shared <= self.max_shared[fn]
+        assert stream == "stream" and extra == 0
+        result = self._ok("cuLaunchKernel")
+        if self.functions[fn] == "trapper":
+            assert kernel_params is None
+            self.sticky = 719  # reported by later calls, like a real fault
+            return result
+        assert isinstance(kernel_params, tuple)
+        values, types = kernel_params
+        assert [type(v) for v in values] == list(types)
+        pa, pb, pc, n = (v.value for v in values)
+        f32 = [np.frombuffer(self.memory[p].raw, dtype=np.float32, count=n) for p in (pa, pb)]
+        ctypes.memmove(self.memory[pc], (f32[0] + f32[1]).tobytes(), 4 * n)
+        return result
+
+    def cuEventCreate(self, flags: int) -> tuple[object, ...]:
+        return self._ok("cuEventCreate", "event")
+
+    def cuEventRecord(self, event: object, stream: object) -> tuple[object, ...]:
+        return (self.real.CUresult.CUDA_SUCCESS,)  # the fault shows at the event, not here
+
+    cuEventSynchronize = cuEventQuery = cuEventDestroy = cuStreamDestroy = lambda self, handle: (
+        self._ok("event or stream")
+    )
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
+    driver = FakeDriver()
+    monkeypatch.setattr(cu, "_cu", lambda: driver)
+    return driver
+
+
+def test_backend_wiring_on_a_stand_in_driver(fake: FakeDriver) -> None:
+    backend = CudaBackend()
+    assert fake.calls == []  # nothing happens before first use
+    assert backend.target == Target(90)
+    assert backend.device_name == "Fake H200"
+    n = 1000
+    rng = np.random.default_rng(2)
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    bufs = [backend.alloc(4 * n) for _ in range(3)]
+    backend.upload(bufs[0], a)
+    backend.upload(bufs[1], b)
+    kernel = backend.load_kernel(vector_add_ptx(Target(90)), "vadd")
+    assert backend.load_kernel(vector_add_ptx(Target(90)), "vadd") is kernel
+    assert fake.calls.count("cuModuleLoadData") == 1
+    params = [ParamValue("u64", buf.address) for buf in bufs] + [ParamValue("u32", n)]
+    done = backend.launch(kernel, (8, 1, 1), (128, 1, 1), 64 * 1024, params)
+    assert "cuFuncSetAttribute" in fake.calls
+    done.wait()
+    assert done.done()
+    c = backend.download(bufs[2], 4 * n).view(np.float32)
+    np.testing.assert_array_equal(c, a + b)
+    address = bufs[0].address
+    del bufs[0]  # the finalizer frees it
+    assert address not in fake.memory
+
+
+def test_backend_fault_names_the_kernel(fake: FakeDriver) -> None:
+    backend = CudaBackend()
+    ptx = faulting_ptx(Target(90), "trapper", "    trap;")
+    done = backend.launch(backend.load_kernel(ptx, "trapper"), (1, 1, 1), (32, 1, 1), 0, [])
+    assert done.done()  # finished by failing
+    with pytest.raises(LaunchFailure, match=r"'trapper'.*CUDA_ERROR_LAUNCH_FAILED"):
+        done.wait()
+    with pytest.raises(LaunchFailure):
+        backend.download(backend.alloc(4), 4)
+
+
+def test_backend_driver_jit_error_log(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda_backend, "nvjitlink_available", lambda: False)
+    backend = CudaBackend()
+    kernel = backend.load_kernel(vector_add_ptx(Target(90)), "vadd")
+    assert kernel.report is None and "cuModuleLoadDataEx" in fake.calls
+    with pytest.raises(RuntimeFailure, match=r"CUDA_ERROR_INVALID_PTX(.|\n)*line 3; error"):
+        backend.load_kernel("frobnicate", "vadd")
+
+
+def test_backend_launch_rejects_bad_params(fake: FakeDriver) -> None:
+    backend = CudaBackend()
+    kernel = backend.load_kernel(vector_add_ptx(Target(90)), "vadd")
+    with pytest.raises(ValueError, match=r"'vadd'.*parameter 3"):
+        backend.launch(
+            kernel, (1, 1, 1), (1, 1, 1), 0, [ParamValue("u64", 0)] * 3 + [ParamValue("u32", -1)]
+        )
+
+
+# --- on a GPU -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def backend() -> CudaBackend:
+    return CudaBackend()
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_device_facts(backend: CudaBackend) -> None:
+    major, minor = cu.compute_capability()
+    assert backend.target == Target(major * 10 + minor)
+    assert backend.device_name
+    assert cu.device_count() >= 1
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_round_trip(backend: CudaBackend) -> None:
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, size=12345, dtype=np.uint8)
+    buf = backend.alloc(data.nbytes)
+    assert isinstance(buf, CudaBuffer)
+    assert buf.address % 256 == 0
+    backend.upload(buf, data)
+    np.testing.assert_array_equal(backend.download(buf, data.nbytes), data)
+    np.testing.assert_array_equal(backend.download(buf, 100), data[:100])
+    buf.free()
+    buf.free()  # a second free does nothing
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_vector_add(backend: CudaBackend) -> None:
+    rng = np.random.default_rng(1)
+    n, block = 1000, 128  # n is not a multiple of the block
+    a = rng.standard_normal(n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    bufs = [backend.alloc(4 * n) for _ in range(3)]
+    backend.upload(bufs[0], a)
+    backend.upload(bufs[1], b)
+    backend.upload(bufs[2], np.full(n, np.nan, dtype=np.float32))
+    ptx = vector_add_ptx(backend.target)
+    kernel = backend.load_kernel(ptx, "vadd")
+    assert backend.load_kernel(ptx, "vadd") is kernel
+    assert isinstance(kernel, CudaKernel)
+    if kernel.report is not None:
+        assert kernel.report.registers > 0
+    params = [ParamValue("u64", buf.address) for buf in bufs] + [ParamValue("u32", n)]
+    done = backend.launch(kernel, ((n + block - 1) // block, 1, 1), (block, 1, 1), 0, params)
+    done.wait()
+    assert done.done()
+    c = backend.download(bufs[2], 4 * n).view(np.float32)
+    np.testing.assert_array_equal(c, a + b)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_large_dynamic_shared_memory(backend: CudaBackend) -> None:
+    # Above 48 KiB a launch needs the function's limit raised first.
+    shared = 100 * 1024
+    major, minor = backend.target.ptx_version()
+    ptx = f"""\
+.version {major}.{minor}
+.target {backend.target.name}
+.address_size 64
+.extern .shared .align 16 .b8 dyn[];
+
+.visible .entry shuffle(.param .u64 out, .param .u32 top)
+{{
+    .reg .b32 %r<6>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [out];
+    ld.param.u32 %r1, [top];
+    mov.u32 %r2, %tid.x;
+    mov.u32 %r3, dyn;
+    shl.b32 %r4, %r2, 2;
+    sub.u32 %r5, %r1, %r4;
+    add.u32 %r5, %r5, %r3;
+    st.shared.u32 [%r5], %r2;
+    bar.sync 0;
+    ld.shared.u32 %r2, [%r5];
+    cvta.to.global.u64 %rd1, %rd1;
+    mul.wide.u32 %rd2, %r2, 4;
+    add.s64 %rd3, %rd1, %rd2;
+    st.global.u32 [%rd3], %r2;
+    ret;
+}}
+"""
+    kernel = backend.load_kernel(ptx, "shuffle")
+    out = backend.alloc(4 * 256)
+    params = [ParamValue("u64", out.address), ParamValue("u32", shared - 4)]
+    backend.launch(kernel, (1, 1, 1), (256, 1, 1), shared, params).wait()
+    got = backend.download(out, 4 * 256).view(np.uint32)
+    np.testing.assert_array_equal(got, np.arange(256, dtype=np.uint32))
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_bad_ptx_reports_the_log(backend: CudaBackend) -> None:
+    ptx = vector_add_ptx(backend.target).replace("add.f32", "frobnicate.f32")
+    line = next(i for i, s in enumerate(ptx.splitlines(), 1) if "frobnicate" in s)
+    with pytest.raises(RuntimeFailure, match=f"line {line}"):
+        backend.load_kernel(ptx, "vadd")
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_missing_kernel_name(backend: CudaBackend) -> None:
+    with pytest.raises(RuntimeFailure, match="CUDA_ERROR_NOT_FOUND"):
+        backend.load_kernel(vector_add_ptx(backend.target), "no_such_kernel")
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize(
+    ("name", "body"),
+    [
+        ("trapper", "    trap;"),
+        (
+            "wild_store",
+            "    .reg .b64 %rd1;\n    mov.u64 %rd1, 8;\n    st.global.u32 [%rd1], 1;",
+        ),
+    ],
+)
+def test_device_fault_is_a_launch_failure(backend: CudaBackend, name: str, body: str) -> None:
+    # A fault poisons the context for the rest of the process, so it happens in a child.
+    ptx = faulting_ptx(backend.target, name, body)
+    script = textwrap.dedent(
+        f"""
+        from cutile_py.runtime.backend import LaunchFailure, ParamValue
+        from cutile_py.runtime.cuda_backend import CudaBackend
+
+        backend = CudaBackend()
+        kernel = backend.load_kernel({ptx!r}, {name!r})
+        done = backend.launch(kernel, (4, 1, 1), (32, 1, 1), 0, [ParamValue("u64", 0)])
+        try:
+            done.wait()
+        except LaunchFailure as e:
+            print("LaunchFailure:", e)
+        else:
+            print("no failure")
+        """
+    )
+    path = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("LaunchFailure:"), result.stdout + result.stderr
+    assert repr(name) in result.stdout
