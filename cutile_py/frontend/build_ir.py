@@ -123,7 +123,7 @@ class KernelBuilder:
                 self.env[spec.name] = v
             else:
                 self.env[spec.name] = bp.value
-                params.append(ir.ScalarParam(spec.name, bp.dtype))
+                params.append(ir.ScalarParam(spec.name, bp.dtype, bp.value))
                 values.append(None)
         body = self.cap.tree.body
         self.block(body, top=True)

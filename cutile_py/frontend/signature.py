@@ -181,10 +181,11 @@ def _bind_one(kernel: str, spec: ParamSpec, arg: Any, typevars: dict[str, int]) 
         raise _fail(kernel, name, f"expected a {'Partition' if spec.kind == 'partition' else 'Tensor'}, "
                     f"got {type(arg).__name__}")
     if spec.kind == "partition" and arg.tile_shape is None:
-        raise _fail(kernel, name, "is Mut: pass a Partition (t.partition(tile_shape)), not a Tensor")
+        raise _fail(kernel, name, "a Mut parameter takes a Partition "
+                    "(t.partition(tile_shape)), not a Tensor")
     if spec.kind == "tensor" and arg.tile_shape is not None:
-        raise _fail(kernel, name, "is a shared Tensor: pass the tensor itself, not a Partition "
-                    "(p.unpartition() gives it back)")
+        raise _fail(kernel, name, "a shared Tensor parameter takes the tensor itself, not a "
+                    "Partition (p.unpartition() gives it back)")
     if arg.dtype is not spec.dtype:
         raise _fail(kernel, name, f"expected dtype {spec.dtype.name}, got {arg.dtype.name}")
     if len(arg.shape) != len(spec.dims):

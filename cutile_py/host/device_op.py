@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
@@ -50,12 +51,13 @@ class DeviceOp:
         return op
 
     def _acquire(self) -> None:
+        me = weakref.ref(self)
         for a in self.args:
             if isinstance(a, Partition):
-                a._exclusive = self
+                a._exclusive = me
                 self._held.append((a, True))
             elif isinstance(a, Tensor) and not any(h is a for h, _ in self._held):
-                a._shared.append(self)
+                a._shared.append(me)
                 self._held.append((a, False))
 
     def _release(self) -> None:
@@ -63,7 +65,7 @@ class DeviceOp:
             if exclusive:
                 obj._exclusive = None
             else:
-                obj._shared.remove(self)
+                obj._shared = [r for r in obj._shared if r() is not self and r() is not None]
         self._held = []
 
     def _launch(self) -> None:
@@ -128,12 +130,12 @@ def _check_ownership(kernel: str, names: list[str], args: tuple[Any, ...]) -> An
     for name, a in zip(names, args):
         if isinstance(a, (Tensor, Partition)):
             try:
-                a._check_usable(f"pass it as '{name}'")
+                a._check_usable("pass it to a launch")
             except MovedError as e:
                 raise MovedError(f"kernel {kernel}, parameter '{name}': {e}") from None
             except BorrowError as e:
                 # Shared holds allow more shared use; exclusive ones allow none.
-                if not (isinstance(a, Tensor) and a._exclusive is None and a._moved_at is None):
+                if not (isinstance(a, Tensor) and not a.held_exclusively and not a.is_moved):
                     raise BorrowError(f"kernel {kernel}, parameter '{name}': {e}") from None
             t = _storage(a)
             assert t is not None

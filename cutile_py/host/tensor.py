@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Sequence
 from math import prod
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -39,15 +40,30 @@ class Owned:
     def __init__(self) -> None:
         self._moved_at: str | None = None
         self._moved_by = ""
-        self._exclusive: DeviceOp | None = None
-        self._shared: list[DeviceOp] = []
+        # Weak, so that dropping a pending op runs its finalizer, which releases these holds.
+        self._exclusive: weakref.ref[DeviceOp] | None = None
+        self._shared: list[weakref.ref[DeviceOp]] = []
+
+    def _holder(self) -> DeviceOp | None:
+        """The pending op holding this value, if any."""
+        if self._exclusive is not None:
+            return self._exclusive()
+        for ref in self._shared:
+            op = ref()
+            if op is not None:
+                return op
+        return None
+
+    @property
+    def held_exclusively(self) -> bool:
+        return self._exclusive is not None and self._exclusive() is not None
 
     def _check_usable(self, action: str) -> None:
         """Raise unless the host may touch this value now."""
         if self._moved_at is not None:
             raise MovedError(f"cannot {action}: this {self._kind} was moved by {self._moved_by} "
                              f"at {self._moved_at}")
-        holder = self._exclusive or (self._shared[0] if self._shared else None)
+        holder = self._holder()
         if holder is not None:
             raise BorrowError(f"cannot {action}: this {self._kind} is held by pending "
                               f"{holder.describe()}; call .sync() on that op first")

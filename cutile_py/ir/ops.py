@@ -55,6 +55,8 @@ class TensorParam:
 class ScalarParam:
     name: str
     dtype: type[DType]
+    #: The compiled-in value of a `ct.Constant` parameter (None for run-time scalars).
+    constant: int | float | bool | None = None
 
 
 Param = TensorParam | ScalarParam

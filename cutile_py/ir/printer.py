@@ -16,7 +16,8 @@ def print_kernel(kernel: o.Kernel) -> str:
     def param(i: int, p: o.Param) -> str:
         if isinstance(p, o.ScalarParam):
             v = kernel.param_values[i]
-            assert v is not None
+            if v is None:
+                return f"const {p.name}: {p.dtype.name} = {p.constant!r}"
             return f"{name(v)}: {p.dtype.name} {p.name}"
         dims = ", ".join("?" if d is None else str(d) for d in p.dims)
         kind = "partition" if p.mut else "tensor"

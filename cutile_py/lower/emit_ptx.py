@@ -68,6 +68,8 @@ class Emitter:
     values: dict[int, list[Reg]] = field(default_factory=dict)
     tensors: dict[int, TensorRegs] = field(default_factory=dict)
     chunks: dict[tuple[tuple[int, ...], int], ChunkCoords] = field(default_factory=dict)
+    #: Instruction families used that need more than the target's base PTX version.
+    features: set[str] = field(default_factory=set)
 
     # -- registers ------------------------------------------------------------------------
     def regs(self, v: o.Value) -> list[Reg]:
@@ -369,6 +371,8 @@ class Emitter:
         if dt is f32:
             return x
         r = self.fb.reg("f32")
+        if dt is bf16:
+            self.features.add("cvt.f32.bf16")
         self.fb.ins(f"cvt.f32.{FLOAT_NAME[dt]}", r, x)
         return r
 

@@ -34,6 +34,6 @@ def lower_kernel(kernel: Kernel, target: Target) -> LoweredKernel:
     em.preamble()
     em.region(kernel.body)
     fb.ins("ret")
-    module = ModuleBuilder(target)
+    module = ModuleBuilder(target, em.features)
     module.functions.append(fb)
     return LoweredKernel(module.render(), fb.name, plan.threads, tuple(em.params), target)

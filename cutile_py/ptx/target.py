@@ -14,7 +14,9 @@ MIN_PTX_FOR_SM: dict[int, tuple[int, int]] = {
     120: (8, 7),
 }
 #: The lowest `.version` for an instruction family, where it is higher than 7.0.
-MIN_PTX_FOR_FEATURE: dict[str, tuple[int, int]] = {}
+MIN_PTX_FOR_FEATURE: dict[str, tuple[int, int]] = {
+    "cvt.f32.bf16": (7, 1),  # widening bf16 with cvt (narrowing is 7.0)
+}
 
 
 @dataclass(frozen=True)

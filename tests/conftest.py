@@ -1,0 +1,36 @@
+"""Shared fixtures: the CPU backend by default, GPU tests skipped where no GPU is found."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import cutile_py as ct
+from cutile_py.runtime.cuda_driver import driver_available
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if driver_available():
+        return
+    skip = pytest.mark.skip(reason="no NVIDIA GPU and driver found")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def cpu_backend() -> Iterator[None]:
+    """Tests run on the interpreter unless they ask for another backend."""
+    ct.set_backend("interpret")
+    yield
+    ct.set_backend("interpret")
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """Fresh random inputs every run (the seed is printed on failure by pytest's -ra output)."""
+    seed = int(np.random.SeedSequence().entropy % (2**32))  # type: ignore[operator]
+    print(f"rng seed {seed}")
+    return np.random.default_rng(seed)
