@@ -13,6 +13,13 @@ from cutile_py.runtime.nvjitlink import assemble
 from tests import elementwise_kernels as K
 
 
+@pytest.fixture(params=["interpret", pytest.param("cuda", marks=pytest.mark.gpu)])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each kernel test runs on the interpreter and, where a GPU is found, on cuda."""
+    ct.set_backend(request.param)
+    return str(request.param)
+
+
 def run(kernel: Any, out_shape: tuple[int, ...], tile: tuple[int, ...], dtype: Any, *args: Any) -> np.ndarray:
     """Launch with a fresh (poisoned) output partition and return the output as NumPy."""
     poison = ct.full(out_shape, 12345 if not dtype.is_float() else np.nan, dtype)
@@ -25,33 +32,33 @@ def f32s(rng: np.random.Generator, *shape: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("n,tile", [(1, 128), (1000, 128), (4099, 1024), (777, 96)])
-def test_add(rng: np.random.Generator, n: int, tile: int) -> None:
+def test_add(backend: str, rng: np.random.Generator, n: int, tile: int) -> None:
     x, y = f32s(rng, n), f32s(rng, n)
     out = run(K.add, (n,), (tile,), ct.f32, ct.from_numpy(x), ct.from_numpy(y))
     np.testing.assert_array_equal(out, x + y)
 
 
-def test_saxpy_scalar_non_divisible(rng: np.random.Generator) -> None:
+def test_saxpy_scalar_non_divisible(backend: str, rng: np.random.Generator) -> None:
     n, a = 10_007, float(rng.uniform(-3, 3))
     x, y = f32s(rng, n), f32s(rng, n)
     out = run(K.saxpy, (n,), (1024,), ct.f32, a, ct.from_numpy(x), ct.from_numpy(y))
     np.testing.assert_array_equal(out, np.float32(a) * x + y)
 
 
-def test_gelu_tanh(rng: np.random.Generator) -> None:
+def test_gelu_tanh(backend: str, rng: np.random.Generator) -> None:
     x = f32s(rng, 5003) * 3
     out = run(K.gelu_tanh, (5003,), (512,), ct.f32, ct.from_numpy(x))
     np.testing.assert_allclose(out, K.gelu_tanh_ref(x), rtol=2e-6, atol=1e-6)
 
 
-def test_2d_tiles_over_non_divisible_tensor(rng: np.random.Generator) -> None:
+def test_2d_tiles_over_non_divisible_tensor(backend: str, rng: np.random.Generator) -> None:
     x, y = f32s(rng, 200, 130), f32s(rng, 200, 130)
     out = run(K.scale_add_2d, (200, 130), (64, 48), ct.f32, ct.from_numpy(x), ct.from_numpy(y))
     ref = np.maximum(x * np.float32(2) - y, np.exp(y.astype(np.float64)).astype(np.float32) * np.float32(0.5))
     np.testing.assert_allclose(out, ref, rtol=1e-6)
 
 
-def test_f16_and_bf16_inputs_with_f32_math(rng: np.random.Generator) -> None:
+def test_f16_and_bf16_inputs_with_f32_math(backend: str, rng: np.random.Generator) -> None:
     n = 3001
     x = round_to(f32s(rng, n) * 4, ct.f16)
     w = round_to(f32s(rng, n), ct.bf16)
@@ -61,7 +68,7 @@ def test_f16_and_bf16_inputs_with_f32_math(rng: np.random.Generator) -> None:
     np.testing.assert_allclose(out, ref.astype(np.float16).astype(np.float32), rtol=2e-3, atol=1e-3)
 
 
-def test_bf16_output(rng: np.random.Generator) -> None:
+def test_bf16_output(backend: str, rng: np.random.Generator) -> None:
     n = 2050
     x = round_to(f32s(rng, n), ct.bf16)
     y = round_to(f32s(rng, n), ct.f16)
@@ -70,7 +77,7 @@ def test_bf16_output(rng: np.random.Generator) -> None:
     np.testing.assert_allclose(out, round_to(ref, ct.bf16), rtol=1e-2, atol=1e-2)
 
 
-def test_integer_floor_semantics(rng: np.random.Generator) -> None:
+def test_integer_floor_semantics(backend: str, rng: np.random.Generator) -> None:
     n = 999
     x = rng.integers(-1000, 1000, n).astype(np.int32)
     y = rng.integers(-50, 50, n).astype(np.int32)
@@ -80,7 +87,7 @@ def test_integer_floor_semantics(rng: np.random.Generator) -> None:
 
 
 @pytest.mark.parametrize("rows", [0, 2, 5])
-def test_loop_carried_tile_and_branch(rng: np.random.Generator, rows: int) -> None:
+def test_loop_carried_tile_and_branch(backend: str, rng: np.random.Generator, rows: int) -> None:
     x = f32s(rng, 6, 300)
     scale = float(rng.uniform(0.5, 2))
     out = run(K.column_sum, (1, 300), (1, 128), ct.f32, ct.from_numpy(x), rows, scale)

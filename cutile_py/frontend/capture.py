@@ -23,6 +23,9 @@ class CapturedFunction:
     lines: tuple[str, ...]  # the file's lines of the function, undedented
     tree: ast.FunctionDef
     source_hash: str
+    #: Local names of the scope the kernel was defined in (for string annotations and TypeVars
+    #: defined in a function); module globals are read live from `fn.__globals__`.
+    scope: dict[str, Any]
 
     def location(self, node: ast.AST) -> SourceLocation:
         rel = getattr(node, "lineno", 1)
@@ -35,8 +38,9 @@ class CapturedFunction:
         return CompileError(message, self.location(node), self.name)
 
     def visible_names(self) -> dict[str, Any]:
-        """Module globals, shadowed by the closure's free variables."""
+        """Module globals, shadowed by the defining scope's locals and the closure's variables."""
         names = dict(self.fn.__globals__)
+        names.update(self.scope)
         code = self.fn.__code__
         for name, cell in zip(code.co_freevars, self.fn.__closure__ or ()):
             try:
@@ -46,8 +50,11 @@ class CapturedFunction:
         return names
 
 
-def capture(fn: Callable[..., Any]) -> CapturedFunction:
-    """Read and parse `fn`'s source; raise CompileError if it cannot be found."""
+def capture(fn: Callable[..., Any], scope: dict[str, Any] | None = None) -> CapturedFunction:
+    """Read and parse `fn`'s source; raise CompileError if it cannot be found.
+
+    `scope` holds the local names where `fn` was defined, when that was inside a function.
+    """
     name = getattr(fn, "__qualname__", getattr(fn, "__name__", "kernel"))
     try:
         lines, start = inspect.getsourcelines(fn)
@@ -58,9 +65,7 @@ def capture(fn: Callable[..., Any]) -> CapturedFunction:
         ) from e
     source = "".join(lines)
     dedented = textwrap.dedent(source)
-    first = dedented.splitlines()[0] if dedented else ""
     indent = len(lines[0]) - len(lines[0].lstrip()) if lines else 0
-    del first
     module = ast.parse(dedented)
     fdef = next((n for n in module.body if isinstance(n, ast.FunctionDef)), None)
     if fdef is None:
@@ -84,4 +89,5 @@ def capture(fn: Callable[..., Any]) -> CapturedFunction:
         lines=body_lines,
         tree=fdef,
         source_hash=digest,
+        scope=dict(scope or {}),
     )

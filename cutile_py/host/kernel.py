@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, overload
@@ -64,10 +65,11 @@ def parse_target(target: Target | str | int | None) -> Target | None:
 class Kernel:
     """A captured kernel; calling it with arguments builds a `DeviceOp`."""
 
-    def __init__(self, fn: Callable[..., Any], *, fast_math: bool = False) -> None:
+    def __init__(self, fn: Callable[..., Any], *, fast_math: bool = False,
+                 scope: dict[str, Any] | None = None) -> None:
         self.fn = fn
         self.fast_math = fast_math
-        self.captured: CapturedFunction = capture(fn)
+        self.captured: CapturedFunction = capture(fn, scope)
         self.name = self.captured.name
         self._signature = inspect.signature(fn)
         self._params: tuple[ParamSpec, ...] | None = None
@@ -161,8 +163,16 @@ def kernel(
 ) -> Kernel | Callable[[Callable[..., Any]], Kernel]:
     """Capture a kernel function: `@ct.kernel` or `@ct.kernel(fast_math=True)`."""
     if fn is not None:
-        return Kernel(fn, fast_math=fast_math)
-    return lambda f: Kernel(f, fast_math=fast_math)
+        return Kernel(fn, fast_math=fast_math, scope=_defining_scope(fn))
+    return lambda f: Kernel(f, fast_math=fast_math, scope=_defining_scope(f))
+
+
+def _defining_scope(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The locals of the function in which `fn` is being decorated ({} at module level)."""
+    frame = sys._getframe(2)
+    if frame.f_locals is getattr(fn, "__globals__", None):
+        return {}
+    return dict(frame.f_locals)
 
 
 def cache_info() -> CacheStats:
