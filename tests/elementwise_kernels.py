@@ -33,11 +33,15 @@ def gelu_tanh(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn]) -> None:
 
 def gelu_tanh_ref(x: np.ndarray) -> np.ndarray:
     x64 = x.astype(np.float64)
-    return (0.5 * x64 * (1.0 + np.tanh(0.7978845608028654 * (x64 + 0.044715 * x64**3)))).astype(np.float32)
+    return (0.5 * x64 * (1.0 + np.tanh(0.7978845608028654 * (x64 + 0.044715 * x64**3)))).astype(
+        np.float32
+    )
 
 
 @ct.kernel
-def scale_add_2d(z: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn], y: Tensor[f32, Dyn, Dyn]) -> None:
+def scale_add_2d(
+    z: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn], y: Tensor[f32, Dyn, Dyn]
+) -> None:
     tx = ct.load_tile_like(x, z)
     ty = ct.load_tile_like(y, z)
     z.store(ct.maximum(tx * 2.0 - ty, ct.exp(ty) * 0.5))
@@ -65,7 +69,9 @@ def int_ops(z: Mut[Tensor[ct.i32, B]], x: Tensor[ct.i32, Dyn], y: Tensor[ct.i32,
 
 
 @ct.kernel
-def column_sum(z: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn], rows: int, scale: float) -> None:
+def column_sum(
+    z: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn], rows: int, scale: float
+) -> None:
     """z[0, j] = scale * sum(x[:rows, j]) if rows > 2 else the plain sum (a loop carrying a tile,
     a branch on a run-time scalar)."""
     acc = ct.zeros(z.shape, ct.f32)

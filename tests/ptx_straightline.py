@@ -304,7 +304,9 @@ class StraightLine:
         return np.asarray(tests[op], dtype=np.bool_)
 
     def _cvt(self, parts: list[str], src: str) -> Bits:
-        rnd = next((p for p in parts if p in ("rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi")), "")
+        rnd = next(
+            (p for p in parts if p in ("rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi")), ""
+        )
         dtype, stype = parts[-2], parts[-1]
         if dtype == "f32" and stype == "f32":
             x = self.f(src)

@@ -84,10 +84,16 @@ def k_loop_type_change(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn]) -> None:
         (k_store_dtype, "z.store(", "cannot store a f16 tile into 'z' (f32)"),
         (k_undefined, "not_defined_anywhere", "name 'not_defined_anywhere' is not defined"),
         (k_store_shared, "x.store(", "'x' is a shared, read-only Tensor"),
-        (k_loop_type_change, "for _ in range(3)", "variable 'acc' is carried through the loop as f32"),
+        (
+            k_loop_type_change,
+            "for _ in range(3)",
+            "variable 'acc' is carried through the loop as f32",
+        ),
     ],
 )
-def test_error_names_file_line_and_column(fn: Callable[..., Any], needle: str, message: str) -> None:
+def test_error_names_file_line_and_column(
+    fn: Callable[..., Any], needle: str, message: str
+) -> None:
     err = compile_error(ct.kernel(fn))
     assert message in err.message
     assert err.where is not None

@@ -20,7 +20,9 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def run(kernel: Any, out_shape: tuple[int, ...], tile: tuple[int, ...], dtype: Any, *args: Any) -> np.ndarray:
+def run(
+    kernel: Any, out_shape: tuple[int, ...], tile: tuple[int, ...], dtype: Any, *args: Any
+) -> np.ndarray:
     """Launch with a fresh (poisoned) output partition and return the output as NumPy."""
     poison = ct.full(out_shape, 12345 if not dtype.is_float() else np.nan, dtype)
     result = kernel(poison.partition(tile), *args).sync()
@@ -54,7 +56,9 @@ def test_gelu_tanh(backend: str, rng: np.random.Generator) -> None:
 def test_2d_tiles_over_non_divisible_tensor(backend: str, rng: np.random.Generator) -> None:
     x, y = f32s(rng, 200, 130), f32s(rng, 200, 130)
     out = run(K.scale_add_2d, (200, 130), (64, 48), ct.f32, ct.from_numpy(x), ct.from_numpy(y))
-    ref = np.maximum(x * np.float32(2) - y, np.exp(y.astype(np.float64)).astype(np.float32) * np.float32(0.5))
+    ref = np.maximum(
+        x * np.float32(2) - y, np.exp(y.astype(np.float64)).astype(np.float32) * np.float32(0.5)
+    )
     np.testing.assert_allclose(out, ref, rtol=1e-6)
 
 
@@ -62,7 +66,9 @@ def test_f16_and_bf16_inputs_with_f32_math(backend: str, rng: np.random.Generato
     n = 3001
     x = round_to(f32s(rng, n) * 4, ct.f16)
     w = round_to(f32s(rng, n), ct.bf16)
-    out = run(K.mixed_f16, (n,), (256,), ct.f16, ct.from_numpy(x, ct.f16), ct.from_numpy(w, ct.bf16))
+    out = run(
+        K.mixed_f16, (n,), (256,), ct.f16, ct.from_numpy(x, ct.f16), ct.from_numpy(w, ct.bf16)
+    )
     x64 = x.astype(np.float64)
     ref = (1 / (1 + np.exp(-x64))) * w + np.sqrt(np.abs(x64))
     np.testing.assert_allclose(out, ref.astype(np.float16).astype(np.float32), rtol=2e-3, atol=1e-3)
@@ -72,7 +78,9 @@ def test_bf16_output(backend: str, rng: np.random.Generator) -> None:
     n = 2050
     x = round_to(f32s(rng, n), ct.bf16)
     y = round_to(f32s(rng, n), ct.f16)
-    out = run(K.mixed_bf16, (n,), (512,), ct.bf16, ct.from_numpy(x, ct.bf16), ct.from_numpy(y, ct.f16))
+    out = run(
+        K.mixed_bf16, (n,), (512,), ct.bf16, ct.from_numpy(x, ct.bf16), ct.from_numpy(y, ct.f16)
+    )
     ref = np.where(x > y, x * y, np.log(np.abs(y.astype(np.float64)) + 1.0)).astype(np.float32)
     np.testing.assert_allclose(out, round_to(ref, ct.bf16), rtol=1e-2, atol=1e-2)
 
@@ -97,12 +105,43 @@ def test_loop_carried_tile_and_branch(backend: str, rng: np.random.Generator, ro
 CASES: list[tuple[Any, tuple[Any, ...]]] = [
     (K.add, (ct.PartitionSpec((1000,), (128,)), ct.TensorSpec((1000,)), ct.TensorSpec((1000,)))),
     (K.add, (ct.PartitionSpec((1001,), (1024,)), ct.TensorSpec((1001,)), ct.TensorSpec((1001,)))),
-    (K.saxpy, (ct.PartitionSpec((4096,), (1024,)), 2.0, ct.TensorSpec((4096,)), ct.TensorSpec((4096,)))),
+    (
+        K.saxpy,
+        (ct.PartitionSpec((4096,), (1024,)), 2.0, ct.TensorSpec((4096,)), ct.TensorSpec((4096,))),
+    ),
     (K.gelu_tanh, (ct.PartitionSpec((4096,), (512,)), ct.TensorSpec((4096,)))),
-    (K.scale_add_2d, (ct.PartitionSpec((200, 130), (64, 48)), ct.TensorSpec((200, 130)), ct.TensorSpec((200, 130)))),
-    (K.mixed_f16, (ct.PartitionSpec((3001,), (256,), ct.f16), ct.TensorSpec((3001,), ct.f16), ct.TensorSpec((3001,), ct.bf16))),
-    (K.mixed_bf16, (ct.PartitionSpec((4096,), (512,), ct.bf16), ct.TensorSpec((4096,), ct.bf16), ct.TensorSpec((4096,), ct.f16))),
-    (K.int_ops, (ct.PartitionSpec((999,), (128,), ct.i32), ct.TensorSpec((999,), ct.i32), ct.TensorSpec((999,), ct.i32))),
+    (
+        K.scale_add_2d,
+        (
+            ct.PartitionSpec((200, 130), (64, 48)),
+            ct.TensorSpec((200, 130)),
+            ct.TensorSpec((200, 130)),
+        ),
+    ),
+    (
+        K.mixed_f16,
+        (
+            ct.PartitionSpec((3001,), (256,), ct.f16),
+            ct.TensorSpec((3001,), ct.f16),
+            ct.TensorSpec((3001,), ct.bf16),
+        ),
+    ),
+    (
+        K.mixed_bf16,
+        (
+            ct.PartitionSpec((4096,), (512,), ct.bf16),
+            ct.TensorSpec((4096,), ct.bf16),
+            ct.TensorSpec((4096,), ct.f16),
+        ),
+    ),
+    (
+        K.int_ops,
+        (
+            ct.PartitionSpec((999,), (128,), ct.i32),
+            ct.TensorSpec((999,), ct.i32),
+            ct.TensorSpec((999,), ct.i32),
+        ),
+    ),
     (K.column_sum, (ct.PartitionSpec((1, 300), (1, 128)), ct.TensorSpec((6, 300)), 3, 1.5)),
 ]
 
@@ -121,16 +160,26 @@ def test_ptx_version_is_the_lowest_the_target_allows() -> None:
     args = (ct.PartitionSpec((64,), (64,)), ct.TensorSpec((64,)), ct.TensorSpec((64,)))
     assert ".version 7.0\n.target sm_80" in K.add.ptx(*args, target="sm_80")
     assert ".version 7.8\n.target sm_90" in K.add.ptx(*args, target="sm_90")
-    bf16_args = (ct.PartitionSpec((64,), (64,), ct.bf16), ct.TensorSpec((64,), ct.bf16),
-                 ct.TensorSpec((64,), ct.f16))
+    bf16_args = (
+        ct.PartitionSpec((64,), (64,), ct.bf16),
+        ct.TensorSpec((64,), ct.bf16),
+        ct.TensorSpec((64,), ct.f16),
+    )
     assert ".version 7.1\n" in K.mixed_bf16.ptx(*bf16_args, target="sm_80")  # cvt.f32.bf16
 
 
 def test_vectorized_access_where_aligned() -> None:
-    aligned = K.add.ptx(ct.PartitionSpec((4096,), (1024,)), ct.TensorSpec((4096,)), ct.TensorSpec((4096,)))
+    aligned = K.add.ptx(
+        ct.PartitionSpec((4096,), (1024,)), ct.TensorSpec((4096,)), ct.TensorSpec((4096,))
+    )
     assert "ld.global.nc.v4.f32" in aligned and "st.global.v4.f32" in aligned
-    odd = K.add.ptx(ct.PartitionSpec((4097,), (1024,)), ct.TensorSpec((4097,)), ct.TensorSpec((4097,)))
+    odd = K.add.ptx(
+        ct.PartitionSpec((4097,), (1024,)), ct.TensorSpec((4097,)), ct.TensorSpec((4097,))
+    )
     assert "ld.global.nc.v4.f32" not in odd and "ld.global.nc.f32" in odd
-    half = K.mixed_f16.ptx(ct.PartitionSpec((4096,), (256,), ct.f16), ct.TensorSpec((4096,), ct.f16),
-                           ct.TensorSpec((4096,), ct.bf16))
+    half = K.mixed_f16.ptx(
+        ct.PartitionSpec((4096,), (256,), ct.f16),
+        ct.TensorSpec((4096,), ct.f16),
+        ct.TensorSpec((4096,), ct.bf16),
+    )
     assert "ld.global.nc.v4.b32" in half  # 8 halves in one 16-byte load

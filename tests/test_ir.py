@@ -45,7 +45,7 @@ def test_builder_rejects_mismatched_operands() -> None:
 
 
 def test_verifier_catches_use_before_definition() -> None:
-    b, k = tiny_kernel()
+    _, k = tiny_kernel()
     stray = o.Value(scalar(ir.i32))
     k.body.ops.insert(0, o.UnaryOp((stray,), (o.Value(scalar(ir.i32)),), kind="neg"))
     with pytest.raises(ir.VerifyError, match="not defined before"):

@@ -12,7 +12,7 @@ import numpy as np
 import cutile_py as ct
 from tests import elementwise_kernels as K
 
-KERNEL_SOURCE = '''
+KERNEL_SOURCE = """
 from typing import TypeVar
 import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, f32
@@ -23,7 +23,7 @@ B = TypeVar("B")
 @ct.kernel
 def scaled(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn]) -> None:
     z.store(ct.load_tile_like(x, z) * {factor})
-'''
+"""
 
 
 def load_module(path: Path, name: str) -> ModuleType:
@@ -78,7 +78,11 @@ def test_changed_source_recompiles(tmp_path: Path, rng: np.random.Generator) -> 
 
 
 def test_ir_printer_is_deterministic_and_readable() -> None:
-    args = (ct.PartitionSpec((200, 130), (64, 48)), ct.TensorSpec((200, 130)), ct.TensorSpec((200, 130)))
+    args = (
+        ct.PartitionSpec((200, 130), (64, 48)),
+        ct.TensorSpec((200, 130)),
+        ct.TensorSpec((200, 130)),
+    )
     text = K.scale_add_2d.ir(*args)
     assert text == K.scale_add_2d.ir(*args)
     assert text.startswith("kernel scale_add_2d(@0: partition<f32; 64, 48; align 2> z,")

@@ -29,7 +29,9 @@ def with_constant(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], k: ct.Constant[in
 def test_use_after_partition_is_moved_error_naming_the_line() -> None:
     t = ct.zeros(10)
     t.partition(4)
-    with pytest.raises(ct.MovedError, match=r"moved by \.partition\(\) at .*test_ownership\.py:\d+"):
+    with pytest.raises(
+        ct.MovedError, match=r"moved by \.partition\(\) at .*test_ownership\.py:\d+"
+    ):
         t.to_numpy()
     with pytest.raises(ct.MovedError):
         t.partition(2)
@@ -116,14 +118,36 @@ def test_dropping_an_unlaunched_op_releases_its_arguments() -> None:
 @pytest.mark.parametrize(
     "args,error,pattern",
     [
-        (lambda: (ct.zeros(8, ct.f16).partition(4), ct.zeros(8), ct.zeros(8)), TypeError, "'z': expected dtype f32, got f16"),
-        (lambda: (ct.zeros(8).partition(4), ct.zeros((2, 4)), ct.zeros(8)), ValueError, "'x': expected rank 1, got rank 2"),
-        (lambda: (ct.zeros(8), ct.zeros(8), ct.zeros(8)), TypeError, "'z': a Mut parameter takes a Partition"),
-        (lambda: (ct.zeros(8).partition(4), ct.zeros(8).partition(4), ct.zeros(8)), TypeError, "'x': a shared Tensor parameter takes the tensor itself"),
-        (lambda: (ct.zeros(8).partition(4), 1.0, ct.zeros(8)), TypeError, "'x': expected a Tensor, got float"),
+        (
+            lambda: (ct.zeros(8, ct.f16).partition(4), ct.zeros(8), ct.zeros(8)),
+            TypeError,
+            "'z': expected dtype f32, got f16",
+        ),
+        (
+            lambda: (ct.zeros(8).partition(4), ct.zeros((2, 4)), ct.zeros(8)),
+            ValueError,
+            "'x': expected rank 1, got rank 2",
+        ),
+        (
+            lambda: (ct.zeros(8), ct.zeros(8), ct.zeros(8)),
+            TypeError,
+            "'z': a Mut parameter takes a Partition",
+        ),
+        (
+            lambda: (ct.zeros(8).partition(4), ct.zeros(8).partition(4), ct.zeros(8)),
+            TypeError,
+            "'x': a shared Tensor parameter takes the tensor itself",
+        ),
+        (
+            lambda: (ct.zeros(8).partition(4), 1.0, ct.zeros(8)),
+            TypeError,
+            "'x': expected a Tensor, got float",
+        ),
     ],
 )
-def test_wrong_arguments_name_the_parameter(args: object, error: type[Exception], pattern: str) -> None:
+def test_wrong_arguments_name_the_parameter(
+    args: object, error: type[Exception], pattern: str
+) -> None:
     built = args()  # type: ignore[operator]
     with pytest.raises(error, match=pattern):
         K.add(*built)

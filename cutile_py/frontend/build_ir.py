@@ -22,7 +22,6 @@ from cutile_py.frontend.values import BoundMethod, ParamRef, ShapeRef
 from cutile_py.ir import TileType, Value
 from cutile_py.ir.dtypes import DType, bool_, f32, i32, is_dtype, promote, promote_weak
 from cutile_py.ir.types import scalar
-from cutile_py.language.functions import builtin_name
 
 BINOPS: dict[type[ast.operator], str] = {
     ast.Add: "add",
@@ -73,18 +72,18 @@ UNSUPPORTED_EXPRESSIONS: dict[type[ast.expr], str] = {
     ast.JoinedStr: "f-strings are only supported as arguments of print()",
 }
 #: Python builtins a kernel may name; calls are handled in `call_builtin`.
-PY_BUILTINS = frozenset({"range", "print", "breakpoint", "int", "float", "bool", "min", "max", "abs", "len"})
+PY_BUILTINS = frozenset(
+    {"range", "print", "breakpoint", "int", "float", "bool", "min", "max", "abs", "len"}
+)
 
 
 class KernelBuilder:
-    def __init__(
-        self, cap: CapturedFunction, spec: Specialization, fast_math: bool
-    ) -> None:
+    def __init__(self, cap: CapturedFunction, spec: Specialization, fast_math: bool) -> None:
         self.cap = cap
         self.spec = spec
         self.fast_math = fast_math
         self.globals = cap.visible_names()
-        self.b = ir.Builder()
+        self.b: ir.Builder = ir.Builder()
         self.env: dict[str, Any] = {}
         self.node: ast.AST = cap.tree
 
@@ -112,8 +111,16 @@ class KernelBuilder:
         for i, bp in enumerate(self.spec.params):
             spec = bp.spec
             if spec.kind in ("tensor", "partition"):
-                params.append(ir.TensorParam(spec.name, bp.dtype, bp.rank, spec.kind == "partition",
-                                             bp.static_dims, bp.align))
+                params.append(
+                    ir.TensorParam(
+                        spec.name,
+                        bp.dtype,
+                        bp.rank,
+                        spec.kind == "partition",
+                        bp.static_dims,
+                        bp.align,
+                    )
+                )
                 values.append(None)
                 self.env[spec.name] = ParamRef(i, bp)
             elif spec.kind == "scalar":
@@ -130,8 +137,14 @@ class KernelBuilder:
         ranks = {bp.rank for bp in self.spec.params if bp.tile_shape is not None}
         if len(ranks) > 1:
             self.fail("all Mut parameters must have the same rank (they share the launch grid)")
-        kernel = ir.Kernel(self.cap.name, tuple(params), tuple(values), self.b.region,
-                           grid_rank=max(ranks, default=1), fast_math=self.fast_math)
+        kernel = ir.Kernel(
+            self.cap.name,
+            tuple(params),
+            tuple(values),
+            self.b.region,
+            grid_rank=max(ranks, default=1),
+            fast_math=self.fast_math,
+        )
         ir.verify(kernel)
         return kernel
 
@@ -164,7 +177,9 @@ class KernelBuilder:
             op = BINOPS.get(type(s.op))
             if op is None:
                 self.fail(f"operator {type(s.op).__name__} is not supported in kernels")
-            self.assign(s.target, self.binary(op, self.lookup(s.target.id, s.target), self.expr(s.value)))
+            self.assign(
+                s.target, self.binary(op, self.lookup(s.target.id, s.target), self.expr(s.value))
+            )
         elif isinstance(s, ast.Expr):
             self.expr(s.value)
         elif isinstance(s, ast.Pass):
@@ -174,7 +189,9 @@ class KernelBuilder:
         elif isinstance(s, ast.If):
             self.if_(s)
         else:
-            msg = UNSUPPORTED_STATEMENTS.get(type(s), f"{type(s).__name__} statements are not supported in kernels")
+            msg = UNSUPPORTED_STATEMENTS.get(
+                type(s), f"{type(s).__name__} statements are not supported in kernels"
+            )
             self.fail(msg)
 
     def assign(self, target: ast.expr, value: Any) -> None:
@@ -186,21 +203,29 @@ class KernelBuilder:
             for t, v in zip(target.elts, value):
                 self.assign(t, v)
         else:
-            self.fail("only names can be assigned in kernels; write results with z.store(tile)", target)
+            self.fail(
+                "only names can be assigned in kernels; write results with z.store(tile)", target
+            )
 
     def for_(self, s: ast.For) -> None:
         if s.orelse:
             self.fail("for/else is not supported in kernels")
         it = s.iter
-        if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
-                and self.lookup_global("range") is builtins.range):
+        if not (
+            isinstance(it, ast.Call)
+            and isinstance(it.func, ast.Name)
+            and it.func.id == "range"
+            and self.lookup_global("range") is builtins.range
+        ):
             self.fail("kernels loop only over range(...)", it)
         if not isinstance(s.target, ast.Name):
             self.fail("the loop variable must be a single name", s.target)
         if it.keywords or not 1 <= len(it.args) <= 3:
             self.fail("range() takes 1 to 3 positional arguments", it)
         bounds = [self.expr(a) for a in it.args]
-        lo, hi, step = ([0, *bounds, 1] if len(bounds) == 1 else [*bounds, 1] if len(bounds) == 2 else bounds)[:3]
+        lo, hi, step = (
+            [0, *bounds, 1] if len(bounds) == 1 else [*bounds, 1] if len(bounds) == 2 else bounds
+        )[:3]
         if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
             self.fail("the step of range() must be a positive compile-time integer", it)
         lo_v, hi_v, step_v = (self.scalar_i32(v, it) for v in (lo, hi, step))
@@ -218,9 +243,11 @@ class KernelBuilder:
             for n, init in zip(carried, inits):
                 v = self.materialize(self.env[n], init.type, n)
                 if v.type != init.type:
-                    self.fail(f"variable '{n}' is carried through the loop as {init.type} but "
-                              f"becomes {v.type} in the body; give it its final type before the "
-                              "loop (e.g. ct.zeros(shape, dtype))")
+                    self.fail(
+                        f"variable '{n}' is carried through the loop as {init.type} but "
+                        f"becomes {v.type} in the body; give it its final type before the "
+                        "loop (e.g. ct.zeros(shape, dtype))"
+                    )
                 outs.append(v)
             self.b.yield_(outs)
         self.env = before
@@ -235,8 +262,10 @@ class KernelBuilder:
                 return
             self.fail("an if condition must be a scalar", s.test)
         if not cond.type.is_scalar or cond.type.dtype is not bool_:
-            self.fail(f"an if condition must be a bool scalar, not {cond.type}; for tiles use ct.where",
-                      s.test)
+            self.fail(
+                f"an if condition must be a bool scalar, not {cond.type}; for tiles use ct.where",
+                s.test,
+            )
         before = dict(self.env)
         op = self.b.if_(cond, [])
         envs = []
@@ -253,8 +282,12 @@ class KernelBuilder:
             if n not in then_env or n not in else_env:
                 continue  # defined on one path only: not visible after the if
             a, b = then_env[n], else_env[n]
-            if a is b or (not isinstance(a, Value) and not isinstance(b, Value) and a == b
-                          and type(a) is type(b)):
+            if a is b or (
+                not isinstance(a, Value)
+                and not isinstance(b, Value)
+                and a == b
+                and type(a) is type(b)
+            ):
                 merged[n] = a
                 continue
             t = a.type if isinstance(a, Value) else b.type if isinstance(b, Value) else None
@@ -263,8 +296,10 @@ class KernelBuilder:
             with self.b.inside(op.orelse):
                 vb = self.materialize(b, va.type, n)
             if va.type != vb.type:
-                self.fail(f"variable '{n}' is {va.type} after the if branch but {vb.type} after "
-                          "the else branch")
+                self.fail(
+                    f"variable '{n}' is {va.type} after the if branch but {vb.type} after "
+                    "the else branch"
+                )
             results.append((n, va, vb))
         with self.b.inside(op.then):
             self.b.yield_([va for _, va, _ in results])
@@ -317,16 +352,19 @@ class KernelBuilder:
                 for x in (acc, v):
                     if isinstance(x, Value) and x.type != scalar(bool_):
                         self.fail(f"`{kind}` needs bool scalars; for bool tiles use & and |")
-                acc = self.binary(kind, acc, v) if isinstance(acc, Value) or isinstance(v, Value) else (
-                    (acc and v) if kind == "and" else (acc or v))
+                acc = (
+                    self.binary(kind, acc, v)
+                    if isinstance(acc, Value) or isinstance(v, Value)
+                    else ((acc and v) if kind == "and" else (acc or v))
+                )
             return acc
         if isinstance(e, ast.Compare):
             if len(e.ops) != 1:
                 self.fail("chained comparisons are not supported in kernels; combine with &")
-            kind = CMPOPS.get(type(e.ops[0]))
-            if kind is None:
+            cmp = CMPOPS.get(type(e.ops[0]))
+            if cmp is None:
                 self.fail(f"comparison {type(e.ops[0]).__name__} is not supported in kernels")
-            return self.compare(kind, self.expr(e.left), self.expr(e.comparators[0]))
+            return self.compare(cmp, self.expr(e.left), self.expr(e.comparators[0]))
         if isinstance(e, ast.Attribute):
             return self.attribute(self.expr(e.value), e.attr, e)
         if isinstance(e, ast.Subscript):
@@ -340,7 +378,9 @@ class KernelBuilder:
                     self.fail("**kwargs is not supported in kernels", kw)
                 kwargs[kw.arg] = self.expr(kw.value)
             return call_builtin.call(self, fn, args, kwargs, e)
-        msg = UNSUPPORTED_EXPRESSIONS.get(type(e), f"{type(e).__name__} expressions are not supported in kernels")
+        msg = UNSUPPORTED_EXPRESSIONS.get(
+            type(e), f"{type(e).__name__} expressions are not supported in kernels"
+        )
         self.fail(msg)
 
     def lookup(self, name: str, node: ast.AST) -> Any:
@@ -366,13 +406,20 @@ class KernelBuilder:
     def attribute(self, obj: Any, attr: str, node: ast.AST) -> Any:
         if isinstance(obj, ParamRef):
             if attr == "shape":
-                return tuple(obj.bound.tile_shape) if obj.is_partition and obj.bound.tile_shape else ShapeRef(obj)
+                return (
+                    tuple(obj.bound.tile_shape)
+                    if obj.is_partition and obj.bound.tile_shape
+                    else ShapeRef(obj)
+                )
             if attr == "dtype":
                 return obj.bound.dtype
             if attr in ("store", "load"):
                 if not obj.is_partition:
-                    self.fail(f"'{obj.name}' is a shared, read-only Tensor: only Mut parameters "
-                              f"have .{attr}(); use ct.load(...) to read it", node)
+                    self.fail(
+                        f"'{obj.name}' is a shared, read-only Tensor: only Mut parameters "
+                        f"have .{attr}(); use ct.load(...) to read it",
+                        node,
+                    )
                 return BoundMethod(obj, attr)
             self.fail(f"tensor parameter '{obj.name}' has no attribute '{attr}' in kernels", node)
         if isinstance(obj, Value):
@@ -399,7 +446,9 @@ class KernelBuilder:
                 self.fail("shape indices must be integer constants", node)
             bp = obj.param.bound
             if not -bp.rank <= index < bp.rank:
-                self.fail(f"'{obj.param.name}' has rank {bp.rank}; shape[{index}] is out of range", node)
+                self.fail(
+                    f"'{obj.param.name}' has rank {bp.rank}; shape[{index}] is out of range", node
+                )
             axis = index % bp.rank
             static = bp.static_dims[axis]
             if static is not None:
@@ -432,7 +481,9 @@ class KernelBuilder:
             dtype = like.dtype if like is not None else _py_dtype(v)
             c = self.constant(v, dtype)
             return self.b.broadcast(c, like.shape) if like is not None and like.shape else c
-        self.fail(f"variable '{name}' holds {type(v).__name__}, which cannot change in a loop or branch")
+        self.fail(
+            f"variable '{name}' holds {type(v).__name__}, which cannot change in a loop or branch"
+        )
 
     def scalar_i32(self, v: Any, node: ast.AST) -> Value:
         if isinstance(v, Value):
@@ -453,8 +504,10 @@ class KernelBuilder:
                 dtype = x.type.dtype if dtype is None else promote(dtype, x.type.dtype)
                 if x.type.shape:
                     if shape and x.type.shape != shape:
-                        self.fail(f"tiles of shapes {shape} and {x.type.shape} cannot be combined "
-                                  "(broadcasting between tiles is not supported yet)")
+                        self.fail(
+                            f"tiles of shapes {shape} and {x.type.shape} cannot be combined "
+                            "(broadcasting between tiles is not supported yet)"
+                        )
                     shape = x.type.shape
             elif isinstance(x, (bool, int, float)):
                 weak.append(type(x))

@@ -17,7 +17,9 @@ if TYPE_CHECKING:
     from cutile_py.frontend.build_ir import KernelBuilder
 
 Handler = Callable[["KernelBuilder", ast.Call, Any], Any]
-UNARY_BUILTINS = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "abs"})
+UNARY_BUILTINS = frozenset(
+    {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "abs"}
+)
 #: Signatures used to bind the arguments of each builtin (positional or keyword, as in Python).
 SIGNATURES: dict[str, inspect.Signature] = {}
 
@@ -28,7 +30,9 @@ def _sig(name: str, fn: Callable[..., Any]) -> inspect.Signature:
     return SIGNATURES[name]
 
 
-def call(kb: KernelBuilder, fn: Any, args: list[Any], kwargs: dict[str, Any], node: ast.Call) -> Any:
+def call(
+    kb: KernelBuilder, fn: Any, args: list[Any], kwargs: dict[str, Any], node: ast.Call
+) -> Any:
     if isinstance(fn, BoundMethod):
         return _method(kb, fn, args, kwargs, node)
     name = builtin_name(fn)
@@ -54,7 +58,9 @@ def call(kb: KernelBuilder, fn: Any, args: list[Any], kwargs: dict[str, Any], no
             if isinstance(acc, Value) or isinstance(x, Value):
                 (a, b), _, shape = kb.operands(acc, x)
                 if shape:
-                    kb.fail(f"{fn.__name__}() takes scalars; for tiles use ct.{fn.__name__}imum", node)
+                    kb.fail(
+                        f"{fn.__name__}() takes scalars; for tiles use ct.{fn.__name__}imum", node
+                    )
                 acc = kb.b.binary(fn.__name__, a, b)
             else:
                 acc = fn(acc, x)
@@ -64,11 +70,16 @@ def call(kb: KernelBuilder, fn: Any, args: list[Any], kwargs: dict[str, Any], no
     if fn is builtins.range:
         kb.fail("range() is only supported as the iterable of a for loop", node)
     what = getattr(fn, "__qualname__", None) or type(fn).__name__
-    kb.fail(f"call to unsupported function '{what}': kernels may call ct builtins "
-            "(see the API) and int/float/min/max/abs/print", node)
+    kb.fail(
+        f"call to unsupported function '{what}': kernels may call ct builtins "
+        "(see the API) and int/float/min/max/abs/print",
+        node,
+    )
 
 
-def _method(kb: KernelBuilder, m: BoundMethod, args: list[Any], kwargs: dict[str, Any], node: ast.Call) -> Any:
+def _method(
+    kb: KernelBuilder, m: BoundMethod, args: list[Any], kwargs: dict[str, Any], node: ast.Call
+) -> Any:
     recv = m.receiver
     if m.name == "astype":
         if len(args) != 1 or kwargs or not is_dtype(args[0]):
@@ -87,11 +98,17 @@ def _method(kb: KernelBuilder, m: BoundMethod, args: list[Any], kwargs: dict[str
     value = args[0]
     if isinstance(value, Value):
         if value.type.shape and value.type.shape != tile_shape:
-            kb.fail(f"cannot store a tile of shape {value.type.shape} into '{recv.name}', whose "
-                    f"tiles are {tile_shape}", node)
+            kb.fail(
+                f"cannot store a tile of shape {value.type.shape} into '{recv.name}', whose "
+                f"tiles are {tile_shape}",
+                node,
+            )
         if value.type.dtype is not recv.bound.dtype:
-            kb.fail(f"cannot store a {value.type.dtype.name} tile into '{recv.name}' "
-                    f"({recv.bound.dtype.name}); convert with .astype(ct.{recv.bound.dtype.name})", node)
+            kb.fail(
+                f"cannot store a {value.type.dtype.name} tile into '{recv.name}' "
+                f"({recv.bound.dtype.name}); convert with .astype(ct.{recv.bound.dtype.name})",
+                node,
+            )
         value = kb.b.broadcast(value, tile_shape)
     elif isinstance(value, (bool, int, float)):
         value = kb.b.broadcast(kb.constant(value, recv.bound.dtype), tile_shape)
@@ -114,9 +131,12 @@ def _static_shape(kb: KernelBuilder, shape: Any, node: ast.AST) -> tuple[int, ..
         kb.fail("a tile shape must be a tuple of integers", node)
     for d in shape:
         if isinstance(d, Value):
-            kb.fail("tile shapes must be compile-time constants: this dim is a run-time size "
-                    "(a Dyn dim or a run-time scalar); use a Mut tile's shape, a TypeVar "
-                    "or a ct.Constant parameter", node)
+            kb.fail(
+                "tile shapes must be compile-time constants: this dim is a run-time size "
+                "(a Dyn dim or a run-time scalar); use a Mut tile's shape, a TypeVar "
+                "or a ct.Constant parameter",
+                node,
+            )
         if not isinstance(d, int) or isinstance(d, bool) or d <= 0:
             kb.fail(f"tile dims must be positive integers, got {d!r}", node)
     if not 1 <= len(shape) <= 3:
@@ -168,7 +188,9 @@ def _load(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     if not isinstance(index, tuple):
         index = (index,)
     if len(index) != src.bound.rank or len(shape) != src.bound.rank:
-        kb.fail(f"'{src.name}' has rank {src.bound.rank}: give an index and a shape of that rank", node)
+        kb.fail(
+            f"'{src.name}' has rank {src.bound.rank}: give an index and a shape of that rank", node
+        )
     pad = a["padding"]
     if not isinstance(pad, (int, float)) or isinstance(pad, bool):
         kb.fail("padding must be a number", node)
@@ -180,12 +202,18 @@ def _load_tile_like(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Valu
     src = _param(kb, a["src"], "the source of ct.load_tile_like", node)
     like = _param(kb, a["like"], "the second argument of ct.load_tile_like", node)
     if like.bound.tile_shape is None:
-        kb.fail(f"'{like.name}' is not a Mut parameter; load_tile_like needs one to take the "
-                "tile position and shape from", node)
+        kb.fail(
+            f"'{like.name}' is not a Mut parameter; load_tile_like needs one to take the "
+            "tile position and shape from",
+            node,
+        )
     shape = like.bound.tile_shape
     if src.bound.rank != len(shape):
-        kb.fail(f"'{src.name}' has rank {src.bound.rank} but the tiles of '{like.name}' have rank "
-                f"{len(shape)}", node)
+        kb.fail(
+            f"'{src.name}' has rank {src.bound.rank} but the tiles of '{like.name}' have rank "
+            f"{len(shape)}",
+            node,
+        )
     index = [kb.b.grid("bid", axis) for axis in range(len(shape))]
     return kb.b.load(src.index, src.bound.dtype, index, shape, 0)
 
@@ -198,7 +226,9 @@ def _where(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     shape = shape or cond.type.shape
     if cond.type.shape and shape != cond.type.shape:
         kb.fail(f"condition shape {cond.type.shape} differs from {shape}", node)
-    return kb.b.select(kb.b.broadcast(cond, shape), kb.b.broadcast(xv, shape), kb.b.broadcast(yv, shape))
+    return kb.b.select(
+        kb.b.broadcast(cond, shape), kb.b.broadcast(xv, shape), kb.b.broadcast(yv, shape)
+    )
 
 
 def _fma(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
@@ -240,4 +270,3 @@ _BUILTINS: dict[str, Callable[[KernelBuilder, ast.AST, dict[str, Any]], Any]] = 
     "fma": _fma,
     **{k: (lambda kind: lambda kb, n, a: _unary(kb, kind, a["x"]))(k) for k in UNARY_BUILTINS},
 }
-

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import inspect
 import textwrap
@@ -43,10 +44,8 @@ class CapturedFunction:
         names.update(self.scope)
         code = self.fn.__code__
         for name, cell in zip(code.co_freevars, self.fn.__closure__ or ()):
-            try:
+            with contextlib.suppress(ValueError):  # a free variable not yet bound
                 names[name] = cell.cell_contents
-            except ValueError:  # a free variable not yet bound
-                pass
         return names
 
 
@@ -73,11 +72,10 @@ def capture(fn: Callable[..., Any], scope: dict[str, Any] | None = None) -> Capt
     # Report lines relative to the `def`, not the first decorator.
     offset = fdef.lineno - 1
     for node in ast.walk(fdef):
-        if hasattr(node, "lineno"):
+        if isinstance(node, (ast.expr, ast.stmt, ast.arg, ast.keyword)):
             node.lineno -= offset
-            end = getattr(node, "end_lineno", None)
-            if end is not None:
-                node.end_lineno = end - offset
+            if node.end_lineno is not None:
+                node.end_lineno -= offset
     body_lines = tuple(line.rstrip("\n") for line in lines[offset:])
     digest = hashlib.sha256(source.encode()).hexdigest()
     return CapturedFunction(

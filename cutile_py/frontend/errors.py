@@ -23,9 +23,7 @@ class CompileError(Exception):
     then `in <helper>` lines for inlined helpers it passed through.
     """
 
-    def __init__(
-        self, message: str, where: SourceLocation | None = None, kernel: str = ""
-    ) -> None:
+    def __init__(self, message: str, where: SourceLocation | None = None, kernel: str = "") -> None:
         self.message = message
         self.where = where
         self.kernel = kernel

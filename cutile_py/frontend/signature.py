@@ -75,12 +75,18 @@ def parse_signature(cap: CapturedFunction) -> tuple[ParamSpec, ...]:
     for p in sig.parameters.values():
         node = next((a for a in cap.tree.args.args if a.arg == p.name), cap.tree)
         if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            raise cap.error(node, f"parameter '{p.name}': *args, **kwargs and keyword-only "
-                            "parameters are not supported in kernels")
+            raise cap.error(
+                node,
+                f"parameter '{p.name}': *args, **kwargs and keyword-only "
+                "parameters are not supported in kernels",
+            )
         ann = p.annotation
         if ann is inspect.Parameter.empty:
-            raise cap.error(node, f"parameter '{p.name}' needs a type annotation "
-                            "(Mut[Tensor[...]], Tensor[...], int, float, bool or ct.Constant[...])")
+            raise cap.error(
+                node,
+                f"parameter '{p.name}' needs a type annotation "
+                "(Mut[Tensor[...]], Tensor[...], int, float, bool or ct.Constant[...])",
+            )
         if isinstance(ann, str):
             try:
                 ann = eval(ann, names)  # annotations are the kernel author's own code
@@ -96,8 +102,11 @@ def _param_spec(cap: CapturedFunction, node: Any, name: str, ann: Any) -> ParamS
         (inner,) = typing.get_args(ann)
         dtype, dims = _tensor_dims(cap, node, name, inner)
         if any(k == "dyn" for k, _ in dims):
-            raise cap.error(node, f"parameter '{name}': the dims of a Mut tile must be static "
-                            "(a TypeVar or Literal[n]), not Dyn")
+            raise cap.error(
+                node,
+                f"parameter '{name}': the dims of a Mut tile must be static "
+                "(a TypeVar or Literal[n]), not Dyn",
+            )
         return ParamSpec(name, "partition", dtype, dims)
     if is_tensor_class(origin) or is_tensor_class(ann):
         dtype, dims = _tensor_dims(cap, node, name, ann)
@@ -112,10 +121,14 @@ def _param_spec(cap: CapturedFunction, node: Any, name: str, ann: Any) -> ParamS
     raise cap.error(node, f"parameter '{name}': unsupported annotation {ann!r}")
 
 
-def _tensor_dims(cap: CapturedFunction, node: Any, name: str, ann: Any) -> tuple[type[DType], tuple[Dim, ...]]:
+def _tensor_dims(
+    cap: CapturedFunction, node: Any, name: str, ann: Any
+) -> tuple[type[DType], tuple[Dim, ...]]:
     args = typing.get_args(ann)
     if not args or not is_dtype(args[0]):
-        raise cap.error(node, f"parameter '{name}': write Tensor[dtype, dim, ...], e.g. Tensor[f32, Dyn]")
+        raise cap.error(
+            node, f"parameter '{name}': write Tensor[dtype, dim, ...], e.g. Tensor[f32, Dyn]"
+        )
     dims: list[Dim] = []
     for d in args[1:]:
         if d is Dyn:
@@ -125,10 +138,13 @@ def _tensor_dims(cap: CapturedFunction, node: Any, name: str, ann: Any) -> tuple
         elif typing.get_origin(d) is Literal and isinstance(typing.get_args(d)[0], int):
             dims.append(("lit", int(typing.get_args(d)[0])))
         else:
-            raise cap.error(node, f"parameter '{name}': a dim must be Dyn, a TypeVar or Literal[n], "
-                            f"not {d!r}")
+            raise cap.error(
+                node, f"parameter '{name}': a dim must be Dyn, a TypeVar or Literal[n], not {d!r}"
+            )
     if not 1 <= len(dims) <= 3:
-        raise cap.error(node, f"parameter '{name}': tensors of rank 1 to 3 are supported, not {len(dims)}")
+        raise cap.error(
+            node, f"parameter '{name}': tensors of rank 1 to 3 are supported, not {len(dims)}"
+        )
     return args[0], tuple(dims)
 
 
@@ -149,8 +165,13 @@ def bind(kernel: str, specs: tuple[ParamSpec, ...], args: tuple[Any, ...]) -> Sp
 
     def bind_var(var: str, value: int, param: str) -> None:
         if var in typevars and typevars[var] != value:
-            raise _fail(kernel, param, f"dim {var} = {value} disagrees with {var} = "
-                        f"{typevars[var]} bound by '{where[var]}'", ValueError)
+            raise _fail(
+                kernel,
+                param,
+                f"dim {var} = {value} disagrees with {var} = "
+                f"{typevars[var]} bound by '{where[var]}'",
+                ValueError,
+            )
         typevars.setdefault(var, value)
         where.setdefault(var, param)
 
@@ -173,39 +194,68 @@ def _bind_one(kernel: str, spec: ParamSpec, arg: Any, typevars: dict[str, int]) 
     name = spec.name
     if spec.kind in ("scalar", "constant"):
         if isinstance(arg, TensorArg):
-            raise _fail(kernel, name, f"expected a {spec.py_type.__name__ if spec.py_type else ''} "
-                        "scalar, got a tensor")
+            raise _fail(
+                kernel,
+                name,
+                f"expected a {spec.py_type.__name__ if spec.py_type else ''} scalar, got a tensor",
+            )
         value = _scalar(kernel, spec, arg)
         return BoundParam(spec, spec.dtype, value=value if spec.kind == "constant" else None)
     if not isinstance(arg, TensorArg):
-        raise _fail(kernel, name, f"expected a {'Partition' if spec.kind == 'partition' else 'Tensor'}, "
-                    f"got {type(arg).__name__}")
+        raise _fail(
+            kernel,
+            name,
+            f"expected a {'Partition' if spec.kind == 'partition' else 'Tensor'}, "
+            f"got {type(arg).__name__}",
+        )
     if spec.kind == "partition" and arg.tile_shape is None:
-        raise _fail(kernel, name, "a Mut parameter takes a Partition "
-                    "(t.partition(tile_shape)), not a Tensor")
+        raise _fail(
+            kernel,
+            name,
+            "a Mut parameter takes a Partition (t.partition(tile_shape)), not a Tensor",
+        )
     if spec.kind == "tensor" and arg.tile_shape is not None:
-        raise _fail(kernel, name, "a shared Tensor parameter takes the tensor itself, not a "
-                    "Partition (p.unpartition() gives it back)")
+        raise _fail(
+            kernel,
+            name,
+            "a shared Tensor parameter takes the tensor itself, not a "
+            "Partition (p.unpartition() gives it back)",
+        )
     if arg.dtype is not spec.dtype:
         raise _fail(kernel, name, f"expected dtype {spec.dtype.name}, got {arg.dtype.name}")
     if len(arg.shape) != len(spec.dims):
-        raise _fail(kernel, name, f"expected rank {len(spec.dims)}, got rank {len(arg.shape)} "
-                    f"(shape {arg.shape})", ValueError)
+        raise _fail(
+            kernel,
+            name,
+            f"expected rank {len(spec.dims)}, got rank {len(arg.shape)} (shape {arg.shape})",
+            ValueError,
+        )
     actual = arg.tile_shape if arg.tile_shape is not None else arg.shape
     static: list[int | None] = []
     for axis, ((k, v), n) in enumerate(zip(spec.dims, actual)):
         want = v if k == "lit" else typevars.get(v) if k == "var" else None
         if k == "var" and want is None:
-            raise _fail(kernel, name, f"TypeVar {v} (dim {axis}) is not bound: a Partition's tile "
-                        f"shape or a Constant parameter named {v} must give it", ValueError)
+            raise _fail(
+                kernel,
+                name,
+                f"TypeVar {v} (dim {axis}) is not bound: a Partition's tile "
+                f"shape or a Constant parameter named {v} must give it",
+                ValueError,
+            )
         if want is not None and want != n:
             what = "tile dim" if arg.tile_shape is not None else "dim"
-            raise _fail(kernel, name, f"{what} {axis} is {n}, expected {want}"
-                        + (f" (= {v})" if k == "var" else ""), ValueError)
+            raise _fail(
+                kernel,
+                name,
+                f"{what} {axis} is {n}, expected {want}" + (f" (= {v})" if k == "var" else ""),
+                ValueError,
+            )
         static.append(want)
     if arg.tile_shape is not None:
         static = list(arg.tile_shape)
-    return BoundParam(spec, arg.dtype, len(arg.shape), arg.tile_shape, tuple(static), _align(arg.shape[-1]))
+    return BoundParam(
+        spec, arg.dtype, len(arg.shape), arg.tile_shape, tuple(static), _align(arg.shape[-1])
+    )
 
 
 def _scalar(kernel: str, spec: ParamSpec, arg: Any) -> int | float | bool:
@@ -219,7 +269,9 @@ def _scalar(kernel: str, spec: ParamSpec, arg: Any) -> int | float | bool:
     else:
         ok = isinstance(arg, (int, float)) and not isinstance(arg, bool)
     if not ok:
-        raise _fail(kernel, spec.name, f"expected {t.__name__ if t else '?'}, got {type(arg).__name__}")
+        raise _fail(
+            kernel, spec.name, f"expected {t.__name__ if t else '?'}, got {type(arg).__name__}"
+        )
     if t is int and not -(2**31) <= arg < 2**31:
         raise _fail(kernel, spec.name, f"{arg} does not fit in i32", ValueError)
     return float(arg) if t is float else arg

@@ -22,7 +22,7 @@ from cutile_py.runtime.select import active_backend
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    class TensorOrTile(Tensor[Any, Unpack[tuple[Any, ...]]], Tile):  # type: ignore[misc]
+    class TensorOrTile(Tensor[Any, Unpack[tuple[Any, ...]]], Tile):
         """For mypy only: host code gets a Tensor, kernel code a Tile."""
 else:
     TensorOrTile = Any
@@ -40,8 +40,10 @@ def _shape(shape: Sequence[int] | int) -> tuple[int, ...]:
 
 def _dtype(dtype: Any) -> type[DType]:
     if not is_dtype(dtype):
-        raise TypeError(f"dtype must be a cutile_py dtype (ct.f32, ct.f16, ct.bf16, ct.i32, ct.i64, "
-                        f"ct.bool_), got {dtype!r}")
+        raise TypeError(
+            f"dtype must be a cutile_py dtype (ct.f32, ct.f16, ct.bf16, ct.i32, ct.i64, "
+            f"ct.bool_), got {dtype!r}"
+        )
     return dtype  # type: ignore[no-any-return]
 
 
@@ -61,7 +63,9 @@ def full(shape: Sequence[int] | int, value: Any, dtype: Any = f32) -> TensorOrTi
     if CURRENT_BLOCK.get() is not None:
         return tile_full(_shape(shape), value, _dtype(dtype))  # type: ignore[return-value]
     dt = _dtype(dtype)
-    return _upload(np.full(_shape(shape), value, dtype=np.float64 if dt.is_float() else dt.compute), dt)  # type: ignore[return-value]
+    return _upload(
+        np.full(_shape(shape), value, dtype=np.float64 if dt.is_float() else dt.compute), dt
+    )  # type: ignore[return-value]
 
 
 @builtin("zeros")
@@ -96,8 +100,10 @@ def from_numpy(array: np.ndarray, dtype: Any = None) -> AnyTensor:
     arr = np.asarray(array)
     if dtype is None:
         if arr.dtype == np.float64:
-            raise TypeError("float64 arrays are not supported; pass dtype=ct.f32 to convert, or "
-                            "convert with array.astype(np.float32)")
+            raise TypeError(
+                "float64 arrays are not supported; pass dtype=ct.f32 to convert, or "
+                "convert with array.astype(np.float32)"
+            )
         dt = from_numpy_dtype(arr.dtype)
     else:
         dt = _dtype(dtype)

@@ -12,19 +12,25 @@ from cutile_py.runtime.backend import Completion, RuntimeFailure
 from cutile_py.runtime.select import active_backend
 
 if TYPE_CHECKING:
-    from cutile_py.host.kernel import CompiledKernel, Kernel
     from cutile_py.frontend.signature import Specialization
+    from cutile_py.host.kernel import CompiledKernel, Kernel
 
 
 class DeviceOp:
     """A launch of a kernel on checked arguments; run it with `.sync()`.
 
     From construction until it completes, the op holds its `Partition` arguments exclusively
-    and its `Tensor` arguments shared: the host cannot touch them (API.md §2, rules 1–5).
+    and its `Tensor` arguments shared: the host cannot touch them (API.md §2, rules 1 to 5).
     """
 
-    def __init__(self, kernel: Kernel, args: tuple[Any, ...], spec: Specialization,
-                 compiled: CompiledKernel, grid: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        kernel: Kernel,
+        args: tuple[Any, ...],
+        spec: Specialization,
+        compiled: CompiledKernel,
+        grid: tuple[int, ...],
+    ) -> None:
         self.kernel = kernel
         self.args = args
         self.spec = spec
@@ -89,8 +95,9 @@ class DeviceOp:
     def sync(self) -> tuple[Any, ...]:
         """Run (if not yet run), wait for completion and hand back the arguments, in order."""
         if self._finished:
-            raise BorrowError(f"this {self.describe()} has already completed and returned its "
-                              "arguments")
+            raise BorrowError(
+                f"this {self.describe()} has already completed and returned its arguments"
+            )
         if self._completion is None:
             self._launch()
         assert self._completion is not None
@@ -140,19 +147,25 @@ def _check_ownership(kernel: str, names: list[str], args: tuple[Any, ...]) -> An
             t = _storage(a)
             assert t is not None
             if t.backend is not backend:
-                raise ValueError(f"kernel {kernel}, parameter '{name}': the tensor lives on the "
-                                 f"{t.device} backend but the active backend is {backend.name}")
+                raise ValueError(
+                    f"kernel {kernel}, parameter '{name}': the tensor lives on the "
+                    f"{t.device} backend but the active backend is {backend.name}"
+                )
     spans = []
     for name, a in zip(names, args):
         t = _storage(a)
         if t is not None:
-            spans.append((name, isinstance(a, Partition), a, t.buffer.address, t.buffer.address + t.nbytes))
+            spans.append(
+                (name, isinstance(a, Partition), a, t.buffer.address, t.buffer.address + t.nbytes)
+            )
     for i, (n1, mut1, a1, lo1, hi1) in enumerate(spans):
-        for n2, mut2, a2, lo2, hi2 in spans[i + 1:]:
+        for n2, mut2, a2, lo2, hi2 in spans[i + 1 :]:
             if (mut1 or mut2) and lo1 < hi2 and lo2 < hi1:
                 same = "the same partition" if a1 is a2 else "overlapping memory"
-                raise AliasError(f"kernel {kernel}: parameters '{n1}' and '{n2}' receive {same}, "
-                                 "and at least one is Mut (exclusive)")
+                raise AliasError(
+                    f"kernel {kernel}: parameters '{n1}' and '{n2}' receive {same}, "
+                    "and at least one is Mut (exclusive)"
+                )
     return backend
 
 
@@ -164,8 +177,10 @@ def _grid(kernel: str, names: list[str], args: tuple[Any, ...]) -> tuple[int, ..
             if grid is None:
                 grid, first = a.grid, name
             elif a.grid != grid:
-                raise ValueError(f"kernel {kernel}: Mut parameters '{first}' (grid {grid}) and "
-                                 f"'{name}' (grid {a.grid}) must have the same grid of tiles")
+                raise ValueError(
+                    f"kernel {kernel}: Mut parameters '{first}' (grid {grid}) and "
+                    f"'{name}' (grid {a.grid}) must have the same grid of tiles"
+                )
     if grid is None:
         raise ValueError(f"kernel {kernel} has no Mut parameter to take the launch grid from")
     if any(n == 0 for n in grid):

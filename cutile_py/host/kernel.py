@@ -65,8 +65,13 @@ def parse_target(target: Target | str | int | None) -> Target | None:
 class Kernel:
     """A captured kernel; calling it with arguments builds a `DeviceOp`."""
 
-    def __init__(self, fn: Callable[..., Any], *, fast_math: bool = False,
-                 scope: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        fast_math: bool = False,
+        scope: dict[str, Any] | None = None,
+    ) -> None:
         self.fn = fn
         self.fast_math = fast_math
         self.captured: CapturedFunction = capture(fn, scope)
@@ -109,12 +114,18 @@ class Kernel:
             kir = build_kernel(self.captured, spec, self.fast_math)
             base = CompiledKernel(kir, print_kernel(kir), None)
             _CACHE[ir_key] = base
-        result = base if target is None else CompiledKernel(base.ir, base.ir_text, lower_kernel(base.ir, target))
+        result = (
+            base
+            if target is None
+            else CompiledKernel(base.ir, base.ir_text, lower_kernel(base.ir, target))
+        )
         _CACHE[key] = result
         return result
 
     # -- inspection (launches nothing) ---------------------------------------------------------
-    def compile(self, *args: Any, target: Target | str | int | None = "sm_80", **kwargs: Any) -> CompiledKernel:
+    def compile(
+        self, *args: Any, target: Target | str | int | None = "sm_80", **kwargs: Any
+    ) -> CompiledKernel:
         """Compile for `target` with these arguments (or TensorSpec / PartitionSpec)."""
         spec = self.specialize(self.bind_arguments(args, kwargs))
         return self.compiled(spec, parse_target(target))

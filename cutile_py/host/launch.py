@@ -28,16 +28,20 @@ def pack_params(lowered: LoweredKernel, args: tuple[Any, ...]) -> list[ParamValu
         elif p.what == "dim":
             out.append(ParamValue("u32", t.shape[p.axis]))
         else:
-            out.append(ParamValue(p.ptype, int(a) if p.ptype in ("s32", "u32", "s64") else float(a)))
+            out.append(
+                ParamValue(p.ptype, int(a) if p.ptype in ("s32", "u32", "s64") else float(a))
+            )
     return out
 
 
-def launch_ptx(backend: Backend, lowered: LoweredKernel, grid: tuple[int, ...],
-               args: tuple[Any, ...]) -> Completion:
+def launch_ptx(
+    backend: Backend, lowered: LoweredKernel, grid: tuple[int, ...], args: tuple[Any, ...]
+) -> Completion:
     kern = backend.load_kernel(lowered.ptx, lowered.entry)
     g = (*grid, 1, 1, 1)[:3]
-    return backend.launch(kern, (g[0], g[1], g[2]), (lowered.block_threads, 1, 1), 0,
-                          pack_params(lowered, args))
+    return backend.launch(
+        kern, (g[0], g[1], g[2]), (lowered.block_threads, 1, 1), 0, pack_params(lowered, args)
+    )
 
 
 def _with_typevars(fn: Any, spec: Specialization) -> Any:
@@ -46,10 +50,13 @@ def _with_typevars(fn: Any, spec: Specialization) -> Any:
         return fn
     values = dict(spec.typevars)
     glob = fn.__globals__
-    overrides = {k: values[v.__name__] for k, v in glob.items()
-                 if isinstance(v, typing.TypeVar) and v.__name__ in values}
+    overrides = {
+        k: values[v.__name__]
+        for k, v in glob.items()
+        if isinstance(v, typing.TypeVar) and v.__name__ in values
+    }
     cells = []
-    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+    for cell in fn.__closure__ or ():
         try:
             v = cell.cell_contents
         except ValueError:
@@ -65,8 +72,9 @@ def _with_typevars(fn: Any, spec: Specialization) -> Any:
     return types.FunctionType(fn.__code__, new_globals, fn.__name__, fn.__defaults__, tuple(cells))
 
 
-def run_interpreted(fn: Any, spec: Specialization, grid: tuple[int, ...],
-                    args: tuple[Any, ...]) -> Completion:
+def run_interpreted(
+    fn: Any, spec: Specialization, grid: tuple[int, ...], args: tuple[Any, ...]
+) -> Completion:
     """Run the kernel's Python once per block, on NumPy tiles, in grid order."""
     arrays: list[np.ndarray | None] = []
     for a in args:
@@ -84,7 +92,7 @@ def run_interpreted(fn: Any, spec: Specialization, grid: tuple[int, ...],
         with np.errstate(all="ignore"):
             for block in itertools.product(*(range(n) for n in grid)):
                 bid = (*block, 0, 0, 0)[:3]
-                call_args = []
+                call_args: list[Any] = []
                 for bp, a, arr in zip(spec.params, args, arrays):
                     if isinstance(a, Partition):
                         assert arr is not None
@@ -94,7 +102,9 @@ def run_interpreted(fn: Any, spec: Specialization, grid: tuple[int, ...],
                         call_args.append(TensorView(arr, bp.dtype))
                     else:
                         call_args.append(a)
-                token = CURRENT_BLOCK.set(BlockContext((bid[0], bid[1], bid[2]), (g[0], g[1], g[2])))
+                token = CURRENT_BLOCK.set(
+                    BlockContext((bid[0], bid[1], bid[2]), (g[0], g[1], g[2]))
+                )
                 try:
                     body(*call_args)
                 finally:

@@ -61,12 +61,16 @@ class Owned:
     def _check_usable(self, action: str) -> None:
         """Raise unless the host may touch this value now."""
         if self._moved_at is not None:
-            raise MovedError(f"cannot {action}: this {self._kind} was moved by {self._moved_by} "
-                             f"at {self._moved_at}")
+            raise MovedError(
+                f"cannot {action}: this {self._kind} was moved by {self._moved_by} "
+                f"at {self._moved_at}"
+            )
         holder = self._holder()
         if holder is not None:
-            raise BorrowError(f"cannot {action}: this {self._kind} is held by pending "
-                              f"{holder.describe()}; call .sync() on that op first")
+            raise BorrowError(
+                f"cannot {action}: this {self._kind} is held by pending "
+                f"{holder.describe()}; call .sync() on that op first"
+            )
 
     def _move(self, by: str) -> None:
         self._check_usable(f"call {by}")
@@ -86,8 +90,15 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
 
     __cutile_tensor__ = True
 
-    def __init__(self, buffer: Buffer, shape: tuple[int, ...], dtype: type[DType], backend: Backend,
-                 *, borrowed_from: object = None) -> None:
+    def __init__(
+        self,
+        buffer: Buffer,
+        shape: tuple[int, ...],
+        dtype: type[DType],
+        backend: Backend,
+        *,
+        borrowed_from: object = None,
+    ) -> None:
         super().__init__()
         self._buffer = buffer
         self._shape = shape
@@ -134,8 +145,9 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
         """Split into disjoint tiles of `tile_shape` for a `Mut` parameter; consumes this tensor."""
         tiles = (tile_shape,) if isinstance(tile_shape, int) else tuple(tile_shape)
         if len(tiles) != len(self._shape):
-            raise ValueError(f"tile_shape {tiles} has rank {len(tiles)}; the tensor has shape "
-                             f"{self._shape}")
+            raise ValueError(
+                f"tile_shape {tiles} has rank {len(tiles)}; the tensor has shape {self._shape}"
+            )
         for d in tiles:
             if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d <= 0:
                 raise ValueError(f"tile_shape dims must be positive integers, got {tiles}")
@@ -153,7 +165,11 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
 
         if not isinstance(self._buffer, HostBuffer):
             raise BufferError("DLPack export of device memory comes with the interop release")
-        return self._buffer.view(self._dtype.storage, self.size).reshape(self._shape).__dlpack__(**kwargs)
+        return (
+            self._buffer.view(self._dtype.storage, self.size)
+            .reshape(self._shape)
+            .__dlpack__(**kwargs)
+        )
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU
@@ -164,7 +180,9 @@ class Partition(Owned):
 
     _kind = "partition"
 
-    def __init__(self, tensor: Tensor[Any, Unpack[tuple[Any, ...]]], tile_shape: tuple[int, ...]) -> None:
+    def __init__(
+        self, tensor: Tensor[Any, Unpack[tuple[Any, ...]]], tile_shape: tuple[int, ...]
+    ) -> None:
         super().__init__()
         self._tensor = tensor
         self._tile_shape = tile_shape
@@ -200,5 +218,7 @@ class Partition(Owned):
 
     def __repr__(self) -> str:
         state = " (moved)" if self._moved_at else ""
-        return (f"Partition(shape={self.shape}, tile_shape={self._tile_shape}, grid={self._grid}, "
-                f"dtype={self.dtype.name}){state}")
+        return (
+            f"Partition(shape={self.shape}, tile_shape={self._tile_shape}, grid={self._grid}, "
+            f"dtype={self.dtype.name}){state}"
+        )

@@ -72,11 +72,17 @@ class Builder:
     ) -> o.Value:
         _check_index(index)
         if not shape or any(d <= 0 for d in shape):
-            raise IRTypeError(f"a loaded tile needs a non-empty shape of positive dims, got {shape}")
+            raise IRTypeError(
+                f"a loaded tile needs a non-empty shape of positive dims, got {shape}"
+            )
         if len(index) != len(shape):
-            raise IRTypeError(f"tile index has {len(index)} coordinates for a rank-{len(shape)} tile")
+            raise IRTypeError(
+                f"tile index has {len(index)} coordinates for a rank-{len(shape)} tile"
+            )
         res = o.Value(TileType(dtype, shape))
-        return self._add(o.LoadOp(tuple(index), (res,), param=param, shape=shape, padding=padding)).result
+        return self._add(
+            o.LoadOp(tuple(index), (res,), param=param, shape=shape, padding=padding)
+        ).result
 
     def store(self, param: int, index: Sequence[o.Value], value: o.Value) -> None:
         _check_index(index)
@@ -176,4 +182,3 @@ def _check_index(index: Sequence[o.Value]) -> None:
 def _same_type(what: str, x: o.Value, y: o.Value) -> None:
     if x.type != y.type:
         raise IRTypeError(f"{what}: operand types differ ({x.type} and {y.type})")
-

@@ -131,18 +131,18 @@ def round_to_bf16(x: np.ndarray) -> np.ndarray:
 
 
 def round_to(x: np.ndarray, dtype: type[DType]) -> np.ndarray:
-    """Values of `x` rounded to `dtype`, held in `dtype.compute` (the reference meaning of a cast)."""
+    """Values of `x` rounded to `dtype`, held in `dtype.compute` (what a cast means)."""
     if dtype is bf16:
         return round_to_bf16(np.asarray(x, dtype=np.float32))
     if dtype is f16:
         return np.asarray(x).astype(np.float16).astype(np.float32)
     if dtype.kind == "int" and np.asarray(x).dtype.kind == "f":
         # PTX cvt.rzi: truncate toward zero; NaN becomes 0; saturate at the type's limits.
-        info = np.iinfo(dtype.compute)
+        info = np.iinfo(np.int64 if dtype.bits == 64 else np.int32)
         xf = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0)
         return np.clip(np.trunc(xf), info.min, info.max).astype(dtype.compute)
     if dtype is bool_:
-        return np.asarray(x) != 0
+        return np.asarray(np.asarray(x) != 0)
     return np.asarray(x).astype(dtype.compute)
 
 

@@ -24,7 +24,9 @@ def print_kernel(kernel: o.Kernel) -> str:
         return f"@{i}: {kind}<{p.dtype.name}; {dims}; align {p.align}> {p.name}"
 
     lines = [f"kernel {kernel.name}(" + ", ".join(param(i, p) for i, p in enumerate(kernel.params))]
-    lines[0] += f") grid_rank={kernel.grid_rank}" + (" fast_math" if kernel.fast_math else "") + " {"
+    lines[0] += (
+        f") grid_rank={kernel.grid_rank}" + (" fast_math" if kernel.fast_math else "") + " {"
+    )
 
     def region(r: o.Region, indent: str) -> None:
         for op in r.ops:

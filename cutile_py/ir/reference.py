@@ -8,6 +8,7 @@ the reference is the correctly rounded value that the compiled code must be with
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 
 import numpy as np
@@ -72,7 +73,7 @@ def unary(kind: str, x: Array, dtype: type[DType]) -> Array:
         if dtype.is_float():
             return round_to(UNARY_FLOAT[kind](x), dtype)
         if kind == "not" and dtype.kind == "bool":
-            return np.logical_not(x)
+            return typing.cast(Array, np.logical_not(x))
         return UNARY_INT[kind](x).astype(dtype.compute)
 
 

@@ -16,7 +16,9 @@ def verify(kernel: o.Kernel) -> None:
     _region(kernel, kernel.body, defined, needs_yield=False)
 
 
-def _region(kernel: o.Kernel, region: o.Region, outer: set[int], needs_yield: bool) -> list[o.Value]:
+def _region(
+    kernel: o.Kernel, region: o.Region, outer: set[int], needs_yield: bool
+) -> list[o.Value]:
     defined = set(outer) | {id(a) for a in region.args}
     yielded: list[o.Value] = []
     for i, op in enumerate(region.ops):
@@ -67,9 +69,9 @@ def _op(kernel: o.Kernel, op: o.Op, defined: set[int]) -> None:
     elif isinstance(op, o.IfOp):
         if op.operands[0].type != scalar(bool_):
             raise VerifyError("if condition must be a bool scalar")
-        a = _region(kernel, op.then, defined, needs_yield=True)
-        b = _region(kernel, op.orelse, defined, needs_yield=True)
-        _same_types("if", a, b, op.results)
+        then_values = _region(kernel, op.then, defined, needs_yield=True)
+        else_values = _region(kernel, op.orelse, defined, needs_yield=True)
+        _same_types("if", then_values, else_values, op.results)
 
 
 def _same_types(what: str, *groups: list[o.Value] | tuple[o.Value, ...]) -> None:

@@ -53,7 +53,7 @@ def cdiv(a: int, b: int) -> int:
 
 @builtin("num_tiles")
 def num_tiles(src: Any, axis: int, tile: int) -> int:
-    """How many tiles of size `tile` cover dimension `axis` of `src`: `cdiv(src.shape[axis], tile)`."""
+    """Tiles of size `tile` covering dim `axis` of `src`: `cdiv(src.shape[axis], tile)`."""
     return cdiv(src.shape[axis], tile)
 
 
@@ -67,7 +67,7 @@ def load_tile_like(src: Any, like: Any) -> Tile:
 
 @builtin("load")
 def load(src: Any, index: Sequence[int], shape: Sequence[int], padding: float = 0) -> Tile:
-    """Tile number `index` (counted in tiles of `shape`) of `src`; elements outside read `padding`."""
+    """Tile `index` (counted in tiles of `shape`) of `src`; elements outside read `padding`."""
     assert isinstance(src, TensorView)
     return src.read_tile(tuple(index), tuple(shape), padding)
 
@@ -115,15 +115,15 @@ sqrt = _unary("sqrt", "Square root (correctly rounded), element-wise.")
 rsqrt = _unary("rsqrt", "`1 / sqrt(x)`, element-wise.")
 tanh = _unary("tanh", "Hyperbolic tangent, element-wise.")
 sigmoid = _unary("sigmoid", "`1 / (1 + exp(-x))`, element-wise.")
-abs = _unary("abs", "Absolute value, element-wise.")  # noqa: A001 (the NumPy name, as API.md says)
+abs = _unary("abs", "Absolute value, element-wise.")
 
 
 @builtin("fma")
 def fma(a: Operand, b: Operand, c: Operand) -> Tile:
     """`a * b + c` rounded once, element-wise."""
     dt = _t.result_dtype(_t.binary("mul", a, b), c)
-    arrays = [_t.as_array(v, dt) for v in (a, b, c)]
-    return Tile(reference.fma(*arrays, dt), dt)
+    x, y, z = (_t.as_array(v, dt) for v in (a, b, c))
+    return Tile(reference.fma(x, y, z, dt), dt)
 
 
 __all__ = [

@@ -62,7 +62,11 @@ class TileView(TensorView):
     """A `Mut` parameter: this block's tile of a partitioned tensor, writable."""
 
     def __init__(
-        self, array: np.ndarray, dtype: type[DType], tile_shape: tuple[int, ...], index: tuple[int, ...]
+        self,
+        array: np.ndarray,
+        dtype: type[DType],
+        tile_shape: tuple[int, ...],
+        index: tuple[int, ...],
     ) -> None:
         super().__init__(array, dtype)
         self.full_shape = self.shape

@@ -16,11 +16,15 @@ Operand = Union["Tile", int, float, bool]
 class Tile:
     """An immutable tile of `dtype` values (compute form: f16 and bf16 held in float32)."""
 
-    __slots__ = ("array", "dtype")
+    __slots__ = ("_dtype", "array")
 
     def __init__(self, array: np.ndarray, dtype: type[DType]) -> None:
         self.array = array
-        self.dtype = dtype
+        self._dtype = dtype
+
+    @property
+    def dtype(self) -> type[DType]:
+        return self._dtype
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -111,7 +111,7 @@ class Emitter:
                 self.define(value, [self.scalar_param(i, p)])
         tid = fb.reg("b32")
         fb.ins("mov.u32", tid, "%tid.x")
-        for shape, layout in self.plan.layouts.items():
+        for layout in self.plan.layouts.values():
             self.chunk_coords(tid, layout)
 
     def scalar_param(self, i: int, p: o.ScalarParam) -> Reg:
@@ -205,8 +205,9 @@ class Emitter:
         self.define(op.result, [r] * self.count(op.result))
 
     # -- memory ---------------------------------------------------------------------------
-    def access(self, param: int, index: list[Reg], layout: BlockedLayout, r: int,
-               dtype: type[DType]) -> tuple[Reg, list[tuple[Reg, int]]]:
+    def access(
+        self, param: int, index: list[Reg], layout: BlockedLayout, r: int, dtype: type[DType]
+    ) -> tuple[Reg, list[tuple[Reg, int]]]:
         """Address of repetition `r`'s chunk, and for each vector of it a predicate and offset."""
         fb, t = self.fb, self.tensors[param]
         p = self.kernel.params[param]
@@ -273,11 +274,21 @@ class Emitter:
             addr, vectors = self.access(op.param, index, layout, r, dt)
             width = self.vector_width(p, layout, dt)
             for pred, j in vectors:
-                out.extend(self.load_vector(addr, j * dt.itemsize(), width, dt, pred, op.padding, cache))
+                out.extend(
+                    self.load_vector(addr, j * dt.itemsize(), width, dt, pred, op.padding, cache)
+                )
         self.define(res, out)
 
-    def load_vector(self, addr: Reg, offset: int, width: int, dt: type[DType], pred: Reg,
-                    padding: float, cache: str) -> list[Reg]:
+    def load_vector(
+        self,
+        addr: Reg,
+        offset: int,
+        width: int,
+        dt: type[DType],
+        pred: Reg,
+        padding: float,
+        cache: str,
+    ) -> list[Reg]:
         fb = self.fb
         where = f"[{addr}+{offset}]" if offset else f"[{addr}]"
         if dt is bool_:

@@ -5,7 +5,14 @@ from __future__ import annotations
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
 
 #: The register class that holds a value of each dtype.
-REG_CLASS: dict[type[DType], str] = {f32: "f32", f16: "b16", bf16: "b16", i32: "b32", i64: "b64", bool_: "pred"}
+REG_CLASS: dict[type[DType], str] = {
+    f32: "f32",
+    f16: "b16",
+    bf16: "b16",
+    i32: "b32",
+    i64: "b64",
+    bool_: "pred",
+}
 #: `mov` suffix per register class.
 MOV: dict[str, str] = {"f32": "f32", "b16": "b16", "b32": "b32", "b64": "b64", "pred": "pred"}
 #: Integer type suffix (signed arithmetic) per integer dtype.
@@ -30,11 +37,30 @@ INT_BINARY: dict[str, str] = {
     "or": "or.{b}",
     "xor": "xor.{b}",
 }
-PRED_BINARY: dict[str, str] = {"and": "and.pred", "or": "or.pred", "xor": "xor.pred",
-                               "max": "or.pred", "min": "and.pred"}
+PRED_BINARY: dict[str, str] = {
+    "and": "and.pred",
+    "or": "or.pred",
+    "xor": "xor.pred",
+    "max": "or.pred",
+    "min": "and.pred",
+}
 #: setp comparison per IR kind; `ne` is unordered so that NaN != x holds, as in NumPy.
-F32_COMPARE: dict[str, str] = {"lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "neu"}
-INT_COMPARE: dict[str, str] = {"lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne"}
+F32_COMPARE: dict[str, str] = {
+    "lt": "lt",
+    "le": "le",
+    "gt": "gt",
+    "ge": "ge",
+    "eq": "eq",
+    "ne": "neu",
+}
+INT_COMPARE: dict[str, str] = {
+    "lt": "lt",
+    "le": "le",
+    "gt": "gt",
+    "ge": "ge",
+    "eq": "eq",
+    "ne": "ne",
+}
 #: Bits of 1.0 for the 16-bit float types (bool → float casts).
 ONE_BITS: dict[type[DType], int] = {f16: 0x3C00, bf16: 0x3F80}
 #: cvt suffix naming each float dtype.

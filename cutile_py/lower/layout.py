@@ -67,14 +67,14 @@ def plan_layouts(kernel: o.Kernel) -> LayoutPlan:
     min_item: dict[tuple[int, ...], int] = {}
     shapes: set[tuple[int, ...]] = set()
     for op in walk(kernel.body):
-        for v in (*op.operands, *op.results):
-            if v.type.shape:
-                shapes.add(v.type.shape)
+        for value in (*op.operands, *op.results):
+            if value.type.shape:
+                shapes.add(value.type.shape)
         if isinstance(op, (o.LoadOp, o.StoreOp)):
             t = op.result.type if isinstance(op, o.LoadOp) else op.operands[-1].type
             size = t.dtype.itemsize()
             min_item[t.shape] = min(min_item.get(t.shape, size), size)
-    vecs = {}
+    vecs: dict[tuple[int, ...], int] = {}
     for s in shapes:
         limit = VECTOR_BYTES // min_item[s] if s in min_item else DEFAULT_VEC
         v = 1

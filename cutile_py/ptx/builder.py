@@ -94,9 +94,7 @@ class FunctionBuilder:
 
     def render(self) -> str:
         params = ",\n".join(f"\t.param .{t} {n}" for n, t in self.params)
-        decls = [
-            f"\t.reg .{t} %{REG_PREFIX[t]}<{n + 1}>;" for t, n in self.counts.items() if n
-        ]
+        decls = [f"\t.reg .{t} %{REG_PREFIX[t]}<{n + 1}>;" for t, n in self.counts.items() if n]
         return (
             f".visible .entry {self.name}(\n{params}\n)\n{{\n"
             + "\n".join(decls + self.body)

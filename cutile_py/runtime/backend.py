@@ -113,7 +113,7 @@ class HostBuffer(Buffer):
         self.nbytes = nbytes
         raw = np.zeros(nbytes + self.ALIGN, dtype=np.uint8)
         start = (-raw.ctypes.data) % self.ALIGN
-        self.bytes = raw[start : start + nbytes]
+        self.bytes: np.ndarray = raw[start : start + nbytes]
 
     @property
     def address(self) -> int:
@@ -143,4 +143,5 @@ class InterpretBackend(Backend):
 
     def download(self, buf: Buffer, nbytes: int) -> np.ndarray:
         assert isinstance(buf, HostBuffer)
-        return buf.bytes[:nbytes].copy()
+        out: np.ndarray = np.array(buf.bytes[:nbytes], dtype=np.uint8)
+        return out

@@ -17,12 +17,16 @@ def _create(name: str) -> Backend:
         from cutile_py.runtime.cuda_driver import driver_available
 
         if not driver_available():
-            raise ValueError("the cuda backend needs an NVIDIA GPU and driver; none was found "
-                             "(use 'interpret' on this machine)")
+            raise ValueError(
+                "the cuda backend needs an NVIDIA GPU and driver; none was found "
+                "(use 'interpret' on this machine)"
+            )
         return CudaBackend()
     if name == "sim":
-        raise ValueError("the sim backend (compiled PTX on the CPU) is not available in this "
-                         "version; use 'interpret' or 'cuda'")
+        raise ValueError(
+            "the sim backend (compiled PTX on the CPU) is not available in this "
+            "version; use 'interpret' or 'cuda'"
+        )
     if name == "interpret":
         return InterpretBackend()
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
