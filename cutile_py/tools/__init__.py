@@ -1,0 +1,1 @@
+"""Developer tools run as `python -m cutile_py.tools.<name>`."""
