@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
 from cutile_py.host.launch import launch_ptx, run_interpreted
 from cutile_py.host.tensor import Owned, Partition, Tensor
-from cutile_py.runtime.backend import Completion, RuntimeFailure
+from cutile_py.runtime.backend import Backend, Completion, RuntimeFailure
 from cutile_py.runtime.select import active_backend
 
 if TYPE_CHECKING:
@@ -25,12 +25,14 @@ class DeviceOp:
 
     def __init__(
         self,
+        backend: Backend,
         kernel: Kernel,
         args: tuple[Any, ...],
         spec: Specialization,
         compiled: CompiledKernel,
         grid: tuple[int, ...],
     ) -> None:
+        self.backend = backend
         self.kernel = kernel
         self.args = args
         self.spec = spec
@@ -52,7 +54,7 @@ class DeviceOp:
         grid = _grid(kernel.name, names, args)
         target = backend.target if backend.runs_ptx else None
         compiled = kernel.compiled(spec, target)  # CompileError, before anything is held
-        op = cls(kernel, args, spec, compiled, grid)
+        op = cls(backend, kernel, args, spec, compiled, grid)
         op._acquire()
         return op
 
@@ -75,7 +77,7 @@ class DeviceOp:
         self._held = []
 
     def _launch(self) -> None:
-        backend = active_backend()
+        backend = self.backend
         try:
             if self.compiled.lowered is not None and backend.runs_ptx:
                 self._completion = launch_ptx(backend, self.compiled.lowered, self.grid, self.args)
@@ -131,7 +133,7 @@ def _storage(a: Any) -> Tensor[Any] | None:
     return a if isinstance(a, Tensor) else None
 
 
-def _check_ownership(kernel: str, names: list[str], args: tuple[Any, ...]) -> Any:
+def _check_ownership(kernel: str, names: list[str], args: tuple[Any, ...]) -> Backend:
     """Moved, borrowed and aliased arguments; returns the backend the tensors live on."""
     backend = active_backend()
     for name, a in zip(names, args):
