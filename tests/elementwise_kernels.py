@@ -87,3 +87,22 @@ def column_sum_ref(x: np.ndarray, rows: int, scale: float) -> np.ndarray:
     for i in range(rows):
         acc = acc + x[i]
     return (acc * np.float32(scale) if rows > 2 else acc)[None, :]
+
+
+@ct.kernel
+def reverse_tiles(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], fill: float) -> None:
+    """Tile i of z is tile (n - 1 - i) of x, with elements past the end of x read as `fill`."""
+    n = ct.num_tiles(x, 0, z.shape[0])
+    assert_same = ct.cdiv(x.shape[0], z.shape[0])
+    t = ct.load(x, (n - 1 - ct.bid(0),), z.shape, padding=-1.0)
+    if n == assert_same:
+        z.store(ct.where(t == -1.0, fill, t))
+    else:
+        z.store(ct.full(z.shape, 0.0, ct.f32))
+
+
+def reverse_tiles_ref(x: np.ndarray, tile: int, fill: float) -> np.ndarray:
+    n = -(-x.size // tile)
+    padded = np.full(n * tile, np.float32(fill), dtype=np.float32)
+    padded[: x.size] = x
+    return padded.reshape(n, tile)[::-1].reshape(-1)[: x.size]

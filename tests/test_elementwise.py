@@ -143,6 +143,7 @@ CASES: list[tuple[Any, tuple[Any, ...]]] = [
         ),
     ),
     (K.column_sum, (ct.PartitionSpec((1, 300), (1, 128)), ct.TensorSpec((6, 300)), 3, 1.5)),
+    (K.reverse_tiles, (ct.PartitionSpec((1000,), (96,)), ct.TensorSpec((1000,)), 2.0)),
 ]
 
 
@@ -183,3 +184,13 @@ def test_vectorized_access_where_aligned() -> None:
         ct.TensorSpec((4096,), ct.bf16),
     )
     assert "ld.global.nc.v4.b32" in half  # 8 halves in one 16-byte load
+
+
+def test_explicit_tile_index_padding_and_grid_queries(
+    backend: str, rng: np.random.Generator
+) -> None:
+    n, tile = 1000, 96
+    x = rng.uniform(0, 1, n).astype(np.float32)
+    fill = float(rng.uniform(2, 3))
+    out = run(K.reverse_tiles, (n,), (tile,), ct.f32, ct.from_numpy(x), fill)
+    np.testing.assert_array_equal(out, K.reverse_tiles_ref(x, tile, fill))

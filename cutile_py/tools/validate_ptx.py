@@ -42,7 +42,8 @@ def cases() -> Iterator[tuple[str, ct.Kernel, tuple[Any, ...]]]:
         yield f"kernels.saxpy n={tail}", lib.saxpy_kernel, (out, 2.0, v, v)
     if (ROOT / "examples").is_dir():
         hello = _load_example("hello_world")
-        yield "examples.hello_world", hello.write_block_ids, (ct.PartitionSpec((20,), (8,), ct.i32),)
+        ids = ct.PartitionSpec((20,), (8,), ct.i32)
+        yield "examples.hello_world", hello.write_block_ids, (ids,)
         saxpy = _load_example("saxpy")
         v = ct.TensorSpec((10_007,))
         yield "examples.saxpy", saxpy.saxpy, (ct.PartitionSpec((10_007,), (1024,)), 2.5, v, v)
@@ -66,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
             spills = report.spill_stores + report.spill_loads
             status = "ok  " if spills == 0 else "FAIL"
             failures += spills != 0
-            print(f"{status} {label:32} {target.name}: {report.registers:3} registers, "
-                  f"{report.spill_stores} spill stores, {report.spill_loads} spill loads")
+            print(
+                f"{status} {label:32} {target.name}: {report.registers:3} registers, "
+                f"{report.spill_stores} spill stores, {report.spill_loads} spill loads"
+            )
     print(f"{failures} failure(s)")
     return 1 if failures else 0
 
