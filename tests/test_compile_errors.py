@@ -67,6 +67,10 @@ def k_store_shared(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn]) -> None:
     x.store(ct.load_tile_like(x, z))  # type: ignore[attr-defined]
 
 
+def k_float_mod(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn]) -> None:
+    z.store(ct.load_tile_like(x, z) % 2.0)
+
+
 def k_loop_type_change(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn]) -> None:
     acc = 0.0
     for _ in range(3):

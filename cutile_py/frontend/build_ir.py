@@ -527,6 +527,9 @@ class KernelBuilder:
         if not isinstance(a, Value) and not isinstance(b, Value):
             return _fold(self, kind, a, b)
         (x, y), dtype, _ = self.operands(a, b)
+        if kind in ("floordiv", "mod") and dtype.is_float():
+            op = "//" if kind == "floordiv" else "%"
+            self.fail(f"{op} on floating-point values is not supported yet; use integers")
         if kind == "div" and not dtype.is_float():
             x, y = self.b.cast(x, f32), self.b.cast(y, f32)
         return self.b.binary(kind, x, y)
