@@ -240,6 +240,8 @@ class StraightLine:
             ab, bb = f32_bits(a), f32_bits(b)
             zbits = (ab | bb) if base == "min" else (ab & bb)
             out = np.where(both_zero, as_f32(zbits), out)
+            if "NaN" in mods:  # sm_80 `.NaN`: canonical NaN if either input is NaN
+                out = np.where(np.isnan(a) | np.isnan(b), as_f32(np.uint32(0x7FFFFFFF)), out)
         else:
             raise UnsupportedInstruction(f"{base}.{'.'.join(sorted(mods))}.f32")
         out = np.asarray(out, dtype=np.float32)

@@ -50,16 +50,20 @@ _ZERO = _k("0x0p+0")
 _HALF = _k("0x1p-1")
 _ONE = _k("0x1p+0")
 _TWO = _k("0x1p+1")
+_MINUS_TWO = _k("-0x1p+1")
 _MIN_NORMAL = _k("0x1p-126")
 _TWO_23 = _k("0x1p+23")
 _FLT_MAX = _k("0x1.fffffep+127")
-_INF = Imm("0f7F800000")
 _NEG_INF = Imm("0fFF800000")
 _NAN = Imm("0f7FFFFFFF")
-#: 2^j is applied as 2^(j>>1) * 2^(j-(j>>1)) so both factors stay normal; j is clamped to
-#: [-151, 129], enough for every f32 result (below 2^-150 rounds to 0, above 2^128 to inf).
-_J_MIN = _k("-0x1.2ep+7")  # -151
-_J_MAX = _k("0x1.02p+7")  # 129
+# Inputs are clamped to where the result has just underflowed to 0 (< 2^-150) or overflowed
+# (> 2^128), which keeps the reduced argument inside the polynomial's interval and the scale
+# exponent j in [-151, 128].
+_EXP_X_MIN = _k("-0x1.a2p+6")  # -104.5: e^x < 2^-150.7
+_EXP_X_MAX = _k("0x1.64p+6")  # 89: e^x > 2^128.4
+_EXP_NEG_X_MAX = _k("0x1.a2p+6")  # 104.5, for e^-x
+_EXP2_X_MIN = _k("-0x1.2ep+7")  # -151
+_EXP2_X_MAX = _k("0x1.02p+7")  # 129
 
 # log: the fdlibm/musl logf kernel. m in [sqrt(1/2), sqrt(2)), f = m - 1, s = f/(2+f);
 # log(1+f) = f - f^2/2 + s*(f^2/2 + R(s^2)), with |R - (log(1+s) - log(1-s))/s| < 2^-34.2.
@@ -69,17 +73,45 @@ _LG3 = _k("0x91e9ee.0p-25")
 _LG4 = _k("0xf89e26.0p-26")
 
 # tanh on |x| < 0.625: tanh(x) = x + x*z*P(z), z = x^2, P a degree-4 relative-error minimax fit
-# of (tanh(x)/x - 1)/z (Remez in float64, coefficients then rounded to f32): the rounded
-# polynomial is within 2^-26.8 of tanh, leaving the f32 evaluation error (< 1 ulp) dominant.
+# of (tanh(x)/x - 1)/z (Lawson iteration in float64, coefficients rounded to f32 one at a time
+# with the rest refitted): within 2^-27.7 of tanh, so the f32 evaluation error dominates.
 _TANH_SMALL = _k("0x1.4p-1")  # 0.625
+_TANH_CLAMP = _k("0x1.3p+3")  # 9.5; above 9.01, tanh rounds to 1
 _TANH_P = tuple(
     _k(h)
     for h in (
         "-0x1.555532p-2",
-        "0x1.110726p-3",
-        "-0x1.b83c5ap-5",
-        "0x1.52269cp-6",
-        "-0x1.75e1cep-8",
+        "0x1.1106f6p-3",
+        "-0x1.b835a4p-5",
+        "0x1.51f8cep-6",
+        "-0x1.750ce2p-8",
+    )
+)
+
+# e^r = 1 + r*Q(r) on |r| <= 0.3467 (ln2/2 plus the rounding slack of the reduction) and
+# 2^f = 1 + f*Q2(f) on |f| <= 1/2: degree-5 relative-error minimax fits made as for tanh's,
+# within 2^-28.2 of the function. Horner with fma then stays within ~1 ulp, with IEEE
+# operations only (no ex2.approx), so the bound does not rest on undocumented hardware error.
+_EXP_Q = tuple(
+    _k(h)
+    for h in (
+        "0x1p+0",
+        "0x1.fffffcp-2",
+        "0x1.555492p-3",
+        "0x1.5558aep-5",
+        "0x1.123986p-7",
+        "0x1.6a4f54p-10",
+    )
+)
+_EXP2_Q = tuple(
+    _k(h)
+    for h in (
+        "0x1.62e430p-1",
+        "0x1.ebfbdcp-3",
+        "0x1.c6af7cp-5",
+        "0x1.3b2de0p-7",
+        "0x1.5f0830p-10",
+        "0x1.416b42p-13",
     )
 )
 
@@ -102,22 +134,23 @@ def _p(fb: FunctionBuilder, opcode: str, *srcs: Operand) -> Reg:
     return _op(fb, "pred", opcode, *srcs)
 
 
-def _round_and_scale(fb: FunctionBuilder, t: Reg, *, clamp_high: bool = True) -> tuple[Reg, Reg]:
-    """j = rint(clamp(t)) as f32, and the magic-add result whose bits encode it.
+def _clamp(fb: FunctionBuilder, x: Reg, lo: Imm | None, hi: Imm | None) -> Reg:
+    """min(max(x, lo), hi); the `.NaN` forms (sm_80, PTX 7.0) keep NaN a NaN."""
+    if lo is not None:
+        x = _f(fb, "max.NaN.f32", x, lo)
+    if hi is not None:
+        x = _f(fb, "min.NaN.f32", x, hi)
+    return x
 
-    Clamping j rather than the input lets NaN reach the reduced argument: `max`/`min` return
-    their non-NaN operand, so j stays a number and the NaN comes through `x - j*c`.
-    """
-    t = _f(fb, "max.f32", t, _J_MIN)
-    if clamp_high:
-        t = _f(fb, "min.f32", t, _J_MAX)
+
+def _rint(fb: FunctionBuilder, t: Reg) -> tuple[Reg, Reg]:
+    """(j, s): j = rint(t), half to even, for |t| < 2^22; s = t + 1.5*2^23 = bits 0x4B400000 + j."""
     s = _f(fb, "add.rn.f32", t, _ROUND_MAGIC)
-    j = _f(fb, "sub.rn.f32", s, _ROUND_MAGIC)
-    return j, s
+    return _f(fb, "sub.rn.f32", s, _ROUND_MAGIC), s
 
 
 def _times_pow2(fb: FunctionBuilder, e: Reg, s: Reg) -> Reg:
-    """e * 2^j where bits(s) = 0x4B400000 + j, j in [-151, 129].
+    """e * 2^j where bits(s) = 0x4B400000 + j, j in [-151, 129] (any f32 result's range).
 
     2^j1 (j1 = j>>1) and 2^j2 (j2 = j - j1) are both normal, so e*2^j1 is exact and the
     second product rounds once, into the subnormal range or to inf where the result does.
@@ -133,50 +166,53 @@ def _times_pow2(fb: FunctionBuilder, e: Reg, s: Reg) -> Reg:
     return _f(fb, "mul.rn.f32", y, _f(fb, "mov.b32", s2))
 
 
-def _exp_precise(fb: FunctionBuilder, x: Reg, *, negate: bool = False) -> Reg:
-    """exp(x), or exp(-x) when `negate` (then only x >= 0 or NaN is expected to need care).
+def _poly_one_plus(fb: FunctionBuilder, r: Reg, q: tuple[Imm, ...]) -> Reg:
+    """1 + r*(q0 + q1*r + ...) by Horner with fma."""
+    acc = _f(fb, "fma.rn.f32", r, q[-1], q[-2])
+    for c in reversed(q[:-2]):
+        acc = _f(fb, "fma.rn.f32", acc, r, c)
+    return _f(fb, "fma.rn.f32", acc, r, _ONE)
 
-    Cody-Waite: j = rint(x*log2e), r = x - j*ln2 in two fma steps (j*ln2_hi is exact inside
-    the fma and the difference is exact, so r carries only the ln2_lo rounding), then
-    exp(r) = 2^(r*log2e) with |r*log2e| <~ 0.5. ex2.approx is documented at 2 ulp; the
-    reduction adds < 0.2 ulp and the scaling by 2^j is exact for normal results.
-    ftz on ex2 is harmless: its result only leaves [0.7, 1.42] when j was clamped, and then
-    the final result is 0 or inf anyway.
+
+def _exp_precise(fb: FunctionBuilder, x: Reg, *, negate: bool = False) -> Reg:
+    """exp(x), or exp(-x) when `negate` (for x >= 0 or NaN).
+
+    Cody-Waite: j = rint(x*log2e), r = x - j*ln2 in two fma steps. j*ln2_hi is exact inside
+    the fma and x - j*ln2_hi is exact (both are multiples of 2^-24 near each other), so r
+    carries only the ln2_lo rounding (< 2^-24 |r|). exp(r) by polynomial (< 1 ulp), then the
+    exact scaling by 2^j: the result is within ~1 ulp, subnormal and overflow cases included.
     """
     if negate:
-        t = _f(fb, "mul.rn.f32", x, _NEG_LOG2E)
-        j, s = _round_and_scale(fb, t, clamp_high=False)
-        # r' = x + j*ln2 = -(reduced argument); fold the sign into the log2e factor.
-        r = _f(fb, "fma.rn.f32", j, _LN2, x)
-        r = _f(fb, "fma.rn.f32", j, _LN2_LO, r)
-        u = _f(fb, "mul.rn.f32", r, _NEG_LOG2E)
+        xc = _clamp(fb, x, None, _EXP_NEG_X_MAX)
+        j, s = _rint(fb, _f(fb, "mul.rn.f32", xc, _NEG_LOG2E))
+        # xc + j*ln2 is minus the reduced argument.
+        r = _f(fb, "fma.rn.f32", j, _LN2, xc)
+        r = _f(fb, "neg.f32", _f(fb, "fma.rn.f32", j, _LN2_LO, r))
     else:
-        t = _f(fb, "mul.rn.f32", x, _LOG2E)
-        j, s = _round_and_scale(fb, t)
-        r = _f(fb, "fma.rn.f32", j, _NEG_LN2, x)
+        xc = _clamp(fb, x, _EXP_X_MIN, _EXP_X_MAX)
+        j, s = _rint(fb, _f(fb, "mul.rn.f32", xc, _LOG2E))
+        r = _f(fb, "fma.rn.f32", j, _NEG_LN2, xc)
         r = _f(fb, "fma.rn.f32", j, _NEG_LN2_LO, r)
-        u = _f(fb, "mul.rn.f32", r, _LOG2E)
-    e = _f(fb, "ex2.approx.ftz.f32", u)
-    return _times_pow2(fb, e, s)
+    return _times_pow2(fb, _poly_one_plus(fb, r, _EXP_Q), s)
 
 
 def emit_exp(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
-    """e^x. Fast: ex2.approx(x*log2e), error 2 ulp + ~1.2|x| ulp from rounding x*log2e."""
+    """e^x. Fast: ex2.approx(x*log2e), as CUDA's __expf (2 + 1.2|x| ulp: x*log2e rounds)."""
     if fast:
         return _f(fb, "ex2.approx.ftz.f32", _f(fb, "mul.ftz.f32", x, _LOG2E))
     return _exp_precise(fb, x)
 
 
 def emit_exp2(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
-    """2^x. Precise: x = j + f with |f| <= 1/2 (exact), ex2.approx(f) * 2^j; within ~2 ulp."""
+    """2^x. Precise: x = j + f with |f| <= 1/2 (exact), 2^f by polynomial, times 2^j."""
     if fast:
         return _f(fb, "ex2.approx.ftz.f32", x)
-    j, s = _round_and_scale(fb, x)
-    # Exact: x and j agree in every bit above 2^-1. For a clamped j it is merely far from 0,
-    # which sends ex2 to 0 or inf as the result needs. A subnormal f flushes to 2^0 = 1.
-    f = _f(fb, "sub.rn.f32", x, j)
-    e = _f(fb, "ex2.approx.ftz.f32", f)
-    return _times_pow2(fb, e, s)
+    xc = _clamp(fb, x, _EXP2_X_MIN, _EXP2_X_MAX)
+    j, s = _rint(fb, xc)
+    # Exact: xc and j agree in every bit above 2^-1. Integer x gives f = 0 and an exact power
+    # of two.
+    f = _f(fb, "sub.rn.f32", xc, j)
+    return _times_pow2(fb, _poly_one_plus(fb, f, _EXP2_Q), s)
 
 
 def _log_core(fb: FunctionBuilder, x: Reg) -> tuple[Reg, Reg, Reg, Reg]:
@@ -217,7 +253,7 @@ def _log_specials(fb: FunctionBuilder, x: Reg, y: Reg) -> Reg:
 
 
 def emit_log(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
-    """ln x. Fast: lg2.approx(x)*ln2 (absolute error ~2^-22, poor relative error near 1)."""
+    """ln x. Fast: lg2.approx(x)*ln2, as CUDA's __logf (~2^-21.4 absolute error near 1)."""
     if fast:
         return _f(fb, "mul.ftz.f32", _f(fb, "lg2.approx.ftz.f32", x), _LN2)
     dk, f, hfsq, v = _log_core(fb, x)
@@ -256,7 +292,7 @@ def emit_tanh(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
     otherwise 1 - 2/(e^(2|x|) + 1) with x's sign. There tanh >= 0.55, so the subtraction
     cancels at most one bit, and the relative error of e^(2|x|) (ex2.approx, 2 ulp, plus the
     rounding of 2|x|*log2e) reaches the result scaled by 2q(1-q) <= 0.35 (q = 1/(e+1)).
-    e overflowing to inf gives q = 0 and exactly +-1, as does every |x| > 9.01.
+    Every |x| > 9.01 gives exactly +-1.
     """
     if fast:
         return _f(fb, "tanh.approx.f32", x)
@@ -266,13 +302,19 @@ def emit_tanh(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
     for c in reversed(_TANH_P[:3]):
         poly = _f(fb, "fma.rn.f32", poly, z, c)
     small = _f(fb, "fma.rn.f32", _f(fb, "mul.rn.f32", poly, z), x, x)
-    e = _f(fb, "ex2.approx.ftz.f32", _f(fb, "mul.rn.f32", a, _TWO_LOG2E))
-    q = _f(fb, "rcp.approx.ftz.f32", _f(fb, "add.rn.f32", e, _ONE))
-    large = _f(fb, "fma.rn.f32", q, _k("-0x1p+1"), _ONE)
-    large = _f(fb, "copysign.f32", x, large)
+    # Beyond 9.5, tanh rounds to +-1; the clamp keeps e and d finite for the Newton step.
+    ac = _f(fb, "min.f32", a, _TANH_CLAMP)
+    e = _f(fb, "ex2.approx.ftz.f32", _f(fb, "mul.rn.f32", ac, _TWO_LOG2E))
+    d = _f(fb, "add.rn.f32", e, _ONE)
+    # q = 1/d: rcp.approx, then one Newton step so that q's error is its rounding alone.
+    q = _f(fb, "rcp.approx.ftz.f32", d)
+    q = _f(fb, "fma.rn.f32", _f(fb, "fma.rn.f32", _f(fb, "neg.f32", d), q, _ONE), q, q)
+    large = _f(fb, "fma.rn.f32", q, _MINUS_TWO, _ONE)
     # NaN fails the compare and takes the polynomial, which propagates it.
     use_large = _p(fb, "setp.ge.f32", a, _TANH_SMALL)
-    return _f(fb, "selp.f32", large, small, use_large)
+    # x's sign for both paths: large is |tanh|, and for x = -0 the polynomial's
+    # fma(x, z*P, x) gives (-0)*(-0) + (-0) = +0.
+    return _f(fb, "copysign.f32", x, _f(fb, "selp.f32", large, small, use_large))
 
 
 def emit_sigmoid(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
@@ -298,7 +340,7 @@ def emit_sigmoid(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
 
 
 def emit_sqrt(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
-    """sqrt x. Precise: sqrt.rn (correctly rounded). Fast: sqrt.approx.ftz (~1 ulp)."""
+    """sqrt x. Precise: sqrt.rn (correctly rounded). Fast: sqrt.approx.ftz (rel. error ~2^-23)."""
     return _f(fb, "sqrt.approx.ftz.f32" if fast else "sqrt.rn.f32", x)
 
 
