@@ -124,21 +124,23 @@ class Kernel:
 
     # -- inspection (launches nothing) ---------------------------------------------------------
     def compile(
-        self, *args: Any, target: Target | str | int | None = "sm_80", **kwargs: Any
+        self, *args: Any, target: Target | str | int | None = None, **kwargs: Any
     ) -> CompiledKernel:
-        """Compile for `target` with these arguments (or TensorSpec / PartitionSpec)."""
+        """Compile for `target` (default: the active GPU's architecture, else sm_80) with these
+        arguments, or TensorSpec / PartitionSpec in their place. Launches nothing."""
         spec = self.specialize(self.bind_arguments(args, kwargs))
-        return self.compiled(spec, parse_target(target))
+        return self.compiled(spec, parse_target(target) or _default_target())
 
-    def ptx(self, *args: Any, target: Target | str | int | None = "sm_80", **kwargs: Any) -> str:
-        """The PTX module text for these arguments."""
+    def ptx(self, *args: Any, target: Target | str | int | None = None, **kwargs: Any) -> str:
+        """The PTX module text for these arguments (see `compile` for `target`)."""
         lowered = self.compile(*args, target=target, **kwargs).lowered
         assert lowered is not None
         return lowered.ptx
 
     def ir(self, *args: Any, **kwargs: Any) -> str:
         """The tile IR for these arguments, printed."""
-        return self.compile(*args, target=None, **kwargs).ir_text
+        spec = self.specialize(self.bind_arguments(args, kwargs))
+        return self.compiled(spec, None).ir_text
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from cutile_py.host.device_op import DeviceOp
@@ -147,6 +149,13 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<cutile_py kernel {self.__qualname__}>"
+
+
+def _default_target() -> Target:
+    from cutile_py.runtime.select import active_backend
+
+    backend = active_backend()
+    return backend.target if backend.runs_ptx else Target(80)
 
 
 def _arg_info(a: Any) -> Any:
