@@ -106,3 +106,20 @@ def reverse_tiles_ref(x: np.ndarray, tile: int, fill: float) -> np.ndarray:
     padded = np.full(n * tile, np.float32(fill), dtype=np.float32)
     padded[: x.size] = x
     return padded.reshape(n, tile)[::-1].reshape(-1)[: x.size]
+
+
+@ct.function
+def cube(t: ct.Tile) -> ct.Tile:
+    return t * t * t
+
+
+@ct.function
+def gelu(t: ct.Tile, k: float = 0.044715) -> ct.Tile:
+    inner = 0.7978845608028654 * (t + k * cube(t))
+    return 0.5 * t * (1.0 + ct.tanh(inner))
+
+
+@ct.kernel
+def gelu_helpers(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn]) -> None:
+    """The fused GELU again, through nested @ct.function helpers."""
+    z.store(gelu(ct.load_tile_like(x, z)))

@@ -149,3 +149,21 @@ def test_unbound_typevar_is_value_error_naming_the_parameter() -> None:
 
     with pytest.raises(ValueError, match="parameter 'x': TypeVar C"):
         ct.kernel(k).ir(*ARGS)
+
+
+@ct.function
+def bad_helper(t: ct.Tile) -> ct.Tile:
+    while True:
+        pass
+    return t
+
+
+def k_calls_bad_helper(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn]) -> None:
+    z.store(bad_helper(ct.load_tile_like(x, z)))
+
+
+def test_error_inside_a_helper_shows_the_call_chain() -> None:
+    err = compile_error(ct.kernel(k_calls_bad_helper))
+    assert err.where is not None and err.where.line == line_of(bad_helper, "while True")
+    call_line = line_of(k_calls_bad_helper, "z.store(bad_helper(")
+    assert f"in bad_helper(), called at {__file__}:{call_line}:" in str(err)

@@ -85,6 +85,8 @@ class KernelBuilder:
         self.globals = cap.visible_names()
         self.b: ir.Builder = ir.Builder()
         self.env: dict[str, Any] = {}
+        #: Names of the `@ct.function` helpers being inlined, outermost first.
+        self.helper_stack: list[str] = []
         self.node: ast.AST = cap.tree
 
     # -- errors -----------------------------------------------------------------------------

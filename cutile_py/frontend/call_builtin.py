@@ -8,10 +8,11 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from cutile_py.frontend.inline import inline_helper
 from cutile_py.frontend.values import BoundMethod, ParamRef
 from cutile_py.ir import Value
 from cutile_py.ir.dtypes import DType, bool_, f32, i32, is_dtype
-from cutile_py.language.functions import builtin_name
+from cutile_py.language.functions import builtin_name, is_helper
 
 if TYPE_CHECKING:
     from cutile_py.frontend.build_ir import KernelBuilder
@@ -35,6 +36,8 @@ def call(
 ) -> Any:
     if isinstance(fn, BoundMethod):
         return _method(kb, fn, args, kwargs, node)
+    if is_helper(fn):
+        return inline_helper(kb, fn, args, kwargs, node)
     name = builtin_name(fn)
     if name is not None:
         try:

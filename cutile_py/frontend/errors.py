@@ -27,7 +27,18 @@ class CompileError(Exception):
         self.message = message
         self.where = where
         self.kernel = kernel
+        #: Call sites of the inlined helpers the error passed through, innermost first.
+        self.called_from: list[tuple[str, SourceLocation]] = []
         super().__init__(self._render())
+
+    def through_helper(self, helper: str, call_site: SourceLocation) -> CompileError:
+        """Record that the error arose inside `helper`, inlined at `call_site`."""
+        self.called_from.append((helper, call_site))
+        self.args = (self._render(),)
+        return self
+
+    def __str__(self) -> str:
+        return self._render()
 
     def _render(self) -> str:
         if self.where is None:
@@ -36,4 +47,5 @@ class CompileError(Exception):
         stripped = w.text.rstrip()
         lead = len(stripped) - len(stripped.lstrip())
         caret = " " * (max(w.col - 1 - lead, 0) + 4) + "^"
-        return f"{w}: {self.message}\n    {stripped.lstrip()}\n{caret}"
+        chain = "".join(f"\n  in {h}(), called at {site}" for h, site in self.called_from)
+        return f"{w}: {self.message}\n    {stripped.lstrip()}\n{caret}{chain}"

@@ -27,6 +27,19 @@ def builtin(name: str) -> Callable[[F], F]:
     return mark
 
 
+def function(fn: F) -> F:
+    """`@ct.function`: a helper that kernels may call; the compiler inlines it at each call.
+
+    It runs as plain Python in the interpreter, and must keep to the kernel subset of Python.
+    """
+    fn.__cutile_helper__ = True  # type: ignore[attr-defined]
+    return fn
+
+
+def is_helper(obj: object) -> bool:
+    return bool(getattr(obj, "__cutile_helper__", False))
+
+
 def builtin_name(obj: object) -> str | None:
     name = getattr(obj, "__cutile_builtin__", None)
     return name if isinstance(name, str) else None
@@ -135,6 +148,8 @@ __all__ = [
     "exp",
     "exp2",
     "fma",
+    "function",
+    "is_helper",
     "load",
     "load_tile_like",
     "log",
