@@ -8,6 +8,7 @@ from cutile_py.host.creation import arange, from_dlpack, from_numpy, full, ones,
 from cutile_py.host.device_op import DeviceOp
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
 from cutile_py.host.kernel import CompiledKernel, Kernel, cache_info, kernel
+from cutile_py.host.raw_kernel import RawKernel
 from cutile_py.host.specs import PartitionSpec, TensorSpec
 from cutile_py.host.tensor import Partition, Tensor
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
@@ -63,6 +64,7 @@ __all__ = [
     "Mut",
     "Partition",
     "PartitionSpec",
+    "RawKernel",
     "Target",
     "Tensor",
     "TensorSpec",

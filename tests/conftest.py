@@ -22,10 +22,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def cpu_backend() -> Iterator[None]:
-    """Tests run on the interpreter unless they ask for another backend."""
-    ct.set_backend("interpret")
+    """Tests run on sim (the compiled PTX on the CPU, the CPU default) unless they ask for
+    another backend."""
+    ct.set_backend("sim")
     yield
-    ct.set_backend("interpret")
+    ct.set_backend("sim")
 
 
 @pytest.fixture

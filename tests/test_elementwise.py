@@ -13,9 +13,10 @@ from cutile_py.runtime.nvjitlink import assemble
 from tests import elementwise_kernels as K
 
 
-@pytest.fixture(params=["interpret", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.fixture(params=["sim", "interpret", pytest.param("cuda", marks=pytest.mark.gpu)])
 def backend(request: pytest.FixtureRequest) -> str:
-    """Each kernel test runs on the interpreter and, where a GPU is found, on cuda."""
+    """Each kernel test runs on the simulator (the compiled PTX), on the interpreter and,
+    where a GPU is found, on cuda."""
     ct.set_backend(request.param)
     return str(request.param)
 
@@ -194,3 +195,11 @@ def test_explicit_tile_index_padding_and_grid_queries(
     fill = float(rng.uniform(2, 3))
     out = run(K.reverse_tiles, (n,), (tile,), ct.f32, ct.from_numpy(x), fill)
     np.testing.assert_array_equal(out, K.reverse_tiles_ref(x, tile, fill))
+
+
+def test_function_helpers_are_inlined(backend: str, rng: np.random.Generator) -> None:
+    x = f32s(rng, 3001) * 3
+    out = run(K.gelu_helpers, (3001,), (256,), ct.f32, ct.from_numpy(x))
+    np.testing.assert_allclose(out, K.gelu_tanh_ref(x), rtol=2e-6, atol=1e-6)
+    ir_text = K.gelu_helpers.ir(ct.PartitionSpec((3001,), (256,)), ct.TensorSpec((3001,)))
+    assert "unary[tanh]" in ir_text and "call" not in ir_text

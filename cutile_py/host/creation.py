@@ -16,7 +16,6 @@ from cutile_py.ir.dtypes import DType, bf16, f32, from_numpy_dtype, i32, is_dtyp
 from cutile_py.language.functions import builtin, tile_full
 from cutile_py.language.interpret import CURRENT_BLOCK
 from cutile_py.language.tile import Tile
-from cutile_py.runtime.backend import HostBuffer
 from cutile_py.runtime.select import active_backend
 
 if TYPE_CHECKING:
@@ -113,9 +112,9 @@ def from_numpy(array: np.ndarray, dtype: Any = None) -> AnyTensor:
 
 
 def from_dlpack(obj: Any) -> AnyTensor:
-    """Borrow `obj`'s memory zero-copy (host memory on the CPU backends); never freed by us."""
+    """Borrow `obj`'s memory zero-copy (host memory, on the CPU backends); never freed by us."""
     backend = active_backend()
-    if backend.runs_ptx:
+    if backend.name == "cuda":
         raise NotImplementedError("from_dlpack of device memory comes with the interop release")
     if isinstance(obj, Tensor):
         obj._check_usable("borrow the tensor")
@@ -123,7 +122,5 @@ def from_dlpack(obj: Any) -> AnyTensor:
     if not arr.flags.c_contiguous:
         raise ValueError("from_dlpack needs a C-contiguous array")
     dt = from_numpy_dtype(arr.dtype)
-    buf = HostBuffer.__new__(HostBuffer)
-    buf.nbytes = arr.nbytes
-    buf.bytes = arr.reshape(-1).view(np.uint8)
+    buf = backend.borrow_host(arr)
     return Tensor(buf, tuple(arr.shape), dt, backend, borrowed_from=obj)

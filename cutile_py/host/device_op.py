@@ -32,18 +32,25 @@ class DeviceOp:
         compiled: CompiledKernel,
         grid: tuple[int, ...],
     ) -> None:
-        self.backend = backend
+        self._setup(backend, kernel.name, args, grid)
         self.kernel = kernel
-        self.args = args
         self.spec = spec
         self.compiled = compiled
+
+    def _setup(
+        self, backend: Backend, name: str, args: tuple[Any, ...], grid: tuple[int, ...]
+    ) -> None:
+        """State every kind of op shares (a subclass launches something else: RawKernel)."""
+        self.backend = backend
+        self.name = name
+        self.args = args
         self.grid = grid
         self._completion: Completion | None = None
         self._held: list[tuple[Owned, bool]] = []
         self._finished = False
 
     def describe(self) -> str:
-        return f"launch of kernel {self.kernel.name}"
+        return f"launch of kernel {self.name}"
 
     @classmethod
     def for_kernel(cls, kernel: Kernel, args: tuple[Any, ...]) -> DeviceOp:
@@ -76,16 +83,18 @@ class DeviceOp:
                 obj._shared = [r for r in obj._shared if r() is not self and r() is not None]
         self._held = []
 
+    def _start(self) -> Completion:
+        """Queue the work on the backend (or run it, on the CPU backends)."""
+        if self.compiled.lowered is not None and self.backend.runs_ptx:
+            return launch_ptx(self.backend, self.compiled.lowered, self.grid, self.args)
+        return run_interpreted(self.kernel.fn, self.spec, self.grid, self.args)
+
     def _launch(self) -> None:
-        backend = self.backend
         try:
-            if self.compiled.lowered is not None and backend.runs_ptx:
-                self._completion = launch_ptx(backend, self.compiled.lowered, self.grid, self.args)
-            else:
-                self._completion = run_interpreted(self.kernel.fn, self.spec, self.grid, self.args)
+            self._completion = self._start()
         except RuntimeFailure as e:
             self._finish()
-            raise LaunchError(f"kernel {self.kernel.name} failed to launch: {e}") from e
+            raise LaunchError(f"kernel {self.name} failed to launch: {e}") from e
         except Exception:
             self._finish()
             raise
@@ -106,7 +115,7 @@ class DeviceOp:
         try:
             self._completion.wait()
         except RuntimeFailure as e:
-            raise LaunchError(f"kernel {self.kernel.name} failed on the device: {e}") from e
+            raise LaunchError(f"kernel {self.name} failed on the device: {e}") from e
         finally:
             self._finish()
         return self.args
@@ -124,7 +133,7 @@ class DeviceOp:
 
     def __repr__(self) -> str:
         state = "done" if self._finished else "launched" if self._completion else "pending"
-        return f"<DeviceOp {self.kernel.name} grid={self.grid} {state}>"
+        return f"<{type(self).__name__} {self.name} grid={self.grid} {state}>"
 
 
 def _storage(a: Any) -> Tensor[Any] | None:

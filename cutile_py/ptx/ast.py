@@ -26,7 +26,11 @@ class Imm:
 
 @dataclass(frozen=True)
 class Vec:
-    """`{a, b, ...}`; an element may be `Sink` (`_`)."""
+    """`{a, b, ...}`; an element may be `Sink` (`_`).
+
+    The paired destination `d|p` of `setp`, `shfl.sync` and `match` parses as the 2-item Vec
+    `(d, p)` too.
+    """
 
     items: tuple[Operand, ...]
 

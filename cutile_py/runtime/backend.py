@@ -90,6 +90,10 @@ class Backend(ABC):
     def download(self, buf: Buffer, nbytes: int) -> np.ndarray:
         """The first `nbytes` of `buf`, as a new uint8 host array (waits for pending work)."""
 
+    def borrow_host(self, data: np.ndarray) -> Buffer:
+        """A buffer over the host array `data` (zero-copy, never freed by us): CPU backends."""
+        raise RuntimeFailure(f"the {self.name} backend cannot use host memory directly")
+
     def load_kernel(self, ptx: str, name: str) -> LoadedKernel:
         raise RuntimeFailure(f"the {self.name} backend does not run PTX")
 
@@ -114,6 +118,14 @@ class HostBuffer(Buffer):
         raw = np.zeros(nbytes + self.ALIGN, dtype=np.uint8)
         start = (-raw.ctypes.data) % self.ALIGN
         self.bytes: np.ndarray = raw[start : start + nbytes]
+
+    @classmethod
+    def over(cls, data: np.ndarray) -> HostBuffer:
+        """A buffer whose memory is the contiguous array `data` (borrowed, not copied)."""
+        buf = cls.__new__(cls)
+        buf.nbytes = data.nbytes
+        buf.bytes = data.reshape(-1).view(np.uint8)
+        return buf
 
     @property
     def address(self) -> int:
@@ -140,6 +152,9 @@ class InterpretBackend(Backend):
         assert isinstance(buf, HostBuffer)
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         buf.bytes[: raw.size] = raw
+
+    def borrow_host(self, data: np.ndarray) -> Buffer:
+        return HostBuffer.over(data)
 
     def download(self, buf: Buffer, nbytes: int) -> np.ndarray:
         assert isinstance(buf, HostBuffer)

@@ -19,14 +19,13 @@ def _create(name: str) -> Backend:
         if not driver_available():
             raise ValueError(
                 "the cuda backend needs an NVIDIA GPU and driver; none was found "
-                "(use 'interpret' on this machine)"
+                "(use 'sim' or 'interpret' on this machine)"
             )
         return CudaBackend()
     if name == "sim":
-        raise ValueError(
-            "the sim backend (compiled PTX on the CPU) is not available in this "
-            "version; use 'interpret' or 'cuda'"
-        )
+        from cutile_py.runtime.sim_backend import SimBackend
+
+        return SimBackend()
     if name == "interpret":
         return InterpretBackend()
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
@@ -39,7 +38,8 @@ def get_backend(name: str) -> Backend:
 
 
 def default_backend_name() -> str:
-    """`CUTILE_PY_BACKEND` if set; else cuda where a GPU is found; else the CPU backend."""
+    """`CUTILE_PY_BACKEND` if set; else cuda where a GPU is found; else sim (the compiled
+    PTX on the CPU; `interpret` stays selectable)."""
     env = os.environ.get("CUTILE_PY_BACKEND", "").strip()
     if env:
         if env not in BACKEND_NAMES:
@@ -47,7 +47,7 @@ def default_backend_name() -> str:
         return env
     from cutile_py.runtime.cuda_driver import driver_available
 
-    return "cuda" if driver_available() else "interpret"
+    return "cuda" if driver_available() else "sim"
 
 
 def active_backend() -> Backend:

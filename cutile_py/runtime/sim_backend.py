@@ -1,0 +1,159 @@
+"""The `sim` backend: the compiled PTX executed on the CPU by `cutile_py.sim`, with its
+memory checks (bounds, alignment, shared-memory races, divergent barriers).
+
+Memory is host memory (HostBuffer) registered with the simulator's global memory, so a kernel
+may touch exactly the live allocations. Launches run synchronously; a fault surfaces when the
+launch is waited on, as a LaunchFailure carrying the simulator's message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from cutile_py.ptx.ast import Module
+from cutile_py.ptx.parser import PtxParseError, parse
+from cutile_py.ptx.target import Target
+from cutile_py.runtime.backend import (
+    Backend,
+    Buffer,
+    Completion,
+    Finished,
+    HostBuffer,
+    LaunchFailure,
+    LoadedKernel,
+    ParamValue,
+    RuntimeFailure,
+)
+from cutile_py.sim.context import SimError
+from cutile_py.sim.executor import Options, Stats, check_launch, run
+from cutile_py.sim.memory import GlobalMemory
+from cutile_py.sim.program import ModuleGlobals, Program, Semantics
+
+
+def race_check_default() -> bool:
+    """On unless `CUTILE_PY_SIM_RACECHECK=0` (the check costs time only on shared memory)."""
+    return os.environ.get("CUTILE_PY_SIM_RACECHECK", "1").strip() not in ("0", "false", "no")
+
+
+class SimKernel(LoadedKernel):
+    def __init__(self, name: str, program: Program) -> None:
+        self.name = name
+        self.program = program
+
+
+class SimBackend(Backend):
+    """Runs PTX on the CPU. `options` tune batching and the race check (see sim.executor)."""
+
+    name = "sim"
+    runs_ptx = True
+
+    def __init__(
+        self,
+        target: Target | None = None,
+        options: Options | None = None,
+        instructions: Mapping[str, Semantics] | None = None,
+    ) -> None:
+        self._target = target or Target(80)
+        self.options = options or Options(race_check=race_check_default())
+        # None: cutile_py.sim.semantics; tests may pass a smaller table.
+        self.instructions = instructions
+        #: What the last launch executed (steps, thread-instructions): for speed reports.
+        self.last_stats: Stats | None = None
+        self.memory = GlobalMemory()
+        self._modules: dict[str, Module] = {}
+        self._kernels: dict[tuple[str, str], SimKernel] = {}
+        self._globals: dict[str, ModuleGlobals] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def target(self) -> Target:
+        # The simulator executes sm_80 and sm_90 PTX alike; this is what the compiler targets.
+        return self._target
+
+    # --- memory -------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> Buffer:
+        buf = HostBuffer(nbytes)
+        if nbytes:
+            address = self.memory.register(buf.bytes, "allocation")
+            weakref.finalize(buf, self.memory.unregister, address)
+        return buf
+
+    def borrow_host(self, data: np.ndarray) -> Buffer:
+        buf = HostBuffer.over(data)
+        # A view of memory the simulator already knows (another tensor's) stays reachable as is.
+        if buf.nbytes and not self.memory.covers(buf.address, buf.nbytes):
+            address = self.memory.register(buf.bytes, "borrowed host array")
+            weakref.finalize(buf, self.memory.unregister, address)
+        return buf
+
+    def upload(self, buf: Buffer, data: np.ndarray) -> None:
+        if not isinstance(buf, HostBuffer):
+            raise TypeError(f"the sim backend cannot write to a {type(buf).__name__}")
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if raw.size > buf.nbytes:
+            raise ValueError(f"{raw.size} bytes do not fit a {buf.nbytes}-byte buffer")
+        buf.bytes[: raw.size] = raw
+
+    def download(self, buf: Buffer, nbytes: int) -> np.ndarray:
+        if not isinstance(buf, HostBuffer):
+            raise TypeError(f"the sim backend cannot read from a {type(buf).__name__}")
+        if nbytes > buf.nbytes:
+            raise ValueError(f"cannot read {nbytes} bytes from a {buf.nbytes}-byte buffer")
+        out: np.ndarray = np.array(buf.bytes[:nbytes], dtype=np.uint8)
+        return out
+
+    # --- kernels ------------------------------------------------------------------------------
+    def load_kernel(self, ptx: str, name: str) -> SimKernel:
+        """Parse once per PTX text; every opcode is checked here (an error names its line)."""
+        key = hashlib.sha256(ptx.encode()).hexdigest()
+        with self._lock:
+            kernel = self._kernels.get((key, name))
+            if kernel is not None:
+                return kernel
+            module = self._modules.get(key)
+            if module is None:
+                try:
+                    module = self._modules[key] = parse(ptx)
+                except PtxParseError as e:
+                    raise RuntimeFailure(f"the simulator cannot parse the PTX: {e}") from e
+            globals_ = self._globals.get(key)
+            if globals_ is None:
+                globals_ = self._globals[key] = ModuleGlobals(module, self.memory)
+            try:
+                program = Program(module, name, self.memory, self.instructions, globals_)
+            except SimError as e:
+                raise RuntimeFailure(f"the simulator cannot load kernel {name!r}: {e}") from e
+            kernel = self._kernels[(key, name)] = SimKernel(name, program)
+            return kernel
+
+    def launch(
+        self,
+        kernel: LoadedKernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        params: Sequence[ParamValue],
+    ) -> Completion:
+        if not isinstance(kernel, SimKernel):
+            raise TypeError(f"the sim backend cannot launch a {type(kernel).__name__}")
+        values = [(p.ptype, p.value) for p in params]
+        try:
+            check_launch(kernel.program, grid, block, shared_mem)
+            kernel.program.pack_params(values)
+        except SimError as e:
+            raise RuntimeFailure(str(e)) from e
+        try:
+            self.last_stats = run(
+                kernel.program, self.memory, grid, block, shared_mem, values, self.options
+            )
+        except SimError as e:
+            failure = LaunchFailure(str(e))
+            failure.__cause__ = e
+            return Finished(failure)
+        return Finished()

@@ -1,0 +1,276 @@
+"""Running a launch: blocks in batches, every lane of a batch in lock-step under masks.
+
+Divergent branches go on a SIMT reconvergence stack: each entry is (pc, lanes, reconvergence
+pc); a divergent branch turns the current entry into the join at the branch's immediate
+post-dominator and pushes one entry per side, so every path runs with its own lanes and the
+lanes meet again where all paths must pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import prod
+
+import numpy as np
+
+from cutile_py.ptx.ast import Imm, Instruction
+from cutile_py.sim.context import WARP, SimError
+from cutile_py.sim.memory import BlockMemory, GlobalMemory, MemoryFault, ParamMemory
+from cutile_py.sim.program import BARRIER, BRANCH, EXIT, NORMAL, Program, Step
+from cutile_py.sim.races import RaceFault
+from cutile_py.sim.spaces import Batch
+
+#: The most dynamic shared memory a block may ask for (sm_90: 227 KB).
+MAX_SHARED = 227 * 1024
+
+
+@dataclass(frozen=True)
+class Options:
+    #: Report shared-memory races (two threads, one writing, no barrier between).
+    race_check: bool = True
+    #: Lanes advanced together: blocks are batched up to this many lanes.
+    max_batch_lanes: int = 1 << 16
+    #: Shared memory of the blocks of one batch, in bytes (the race detector keeps 6 bytes of
+    #: history per byte).
+    max_batch_shared: int = 8 << 20
+    #: Local memory of the lanes of one batch, in bytes.
+    max_batch_local: int = 64 << 20
+    #: Instruction steps one batch may take before it is reported as endless.
+    max_steps: int = 5_000_000
+    #: Time the register semantics apart from the rest (Stats.semantics_seconds).
+    profile: bool = False
+
+
+def check_launch(
+    program: Program, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int
+) -> None:
+    """The checks the driver makes at launch (CUDA_ERROR_INVALID_VALUE there)."""
+    where = f"kernel {program.name}: launch with grid {grid}, block {block}"
+    if len(grid) != 3 or len(block) != 3 or min(*grid, *block) < 1:
+        raise SimError(f"{where}: every grid and block dimension must be at least 1")
+    if grid[0] >= 2**31 or max(grid[1:]) > 65535:
+        raise SimError(f"{where}: the grid exceeds (2**31 - 1, 65535, 65535)")
+    threads = prod(block)
+    if threads > 1024 or block[0] > 1024 or block[1] > 1024 or block[2] > 64:
+        raise SimError(f"{where}: at most 1024 threads per block (and block.z <= 64)")
+    req = program.directives.get("reqntid")
+    if req and prod(req) != threads:
+        raise SimError(f"{where}: the kernel requires {req} threads per block (.reqntid)")
+    most = program.directives.get("maxntid")
+    if most and threads > prod(most):
+        raise SimError(f"{where}: the kernel allows at most {most} threads (.maxntid)")
+    if shared < 0 or program.shared_size(shared) > MAX_SHARED:
+        raise SimError(
+            f"{where}: {program.shared_size(shared)} bytes of shared memory exceed "
+            f"{MAX_SHARED} per block"
+        )
+
+
+@dataclass
+class Stats:
+    """What a launch executed: instruction steps (one per batch) and thread-instructions."""
+
+    steps: int = 0
+    thread_instructions: int = 0
+    batches: int = 0
+    #: With Options.profile: seconds spent in `cutile_py.sim.semantics` handlers.
+    semantics_seconds: float = 0.0
+
+
+def run(
+    program: Program,
+    memory: GlobalMemory,
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    shared_mem: int,
+    params: Sequence[tuple[str, int | float]],
+    options: Options | None = None,
+) -> Stats:
+    """Execute a launch to completion; SimError names kernel, line, block and thread."""
+    opts = options or Options()
+    check_launch(program, grid, block, shared_mem)
+    pmem = ParamMemory(program.pack_params(params))
+    per_block = -(-prod(block) // WARP) * WARP
+    total = prod(grid)
+    stride = BlockMemory("shared", 0, program.shared_size(shared_mem), None).stride
+    local = BlockMemory("local", 0, program.local_size, None).stride * per_block
+    per_batch = max(
+        1,
+        min(
+            total,
+            opts.max_batch_lanes // per_block,
+            opts.max_batch_shared // stride,
+            opts.max_batch_local // local,
+        ),
+    )
+    stats = Stats()
+    for first in range(0, total, per_batch):
+        count = min(per_batch, total - first)
+        b = Batch(program, memory, grid, block, shared_mem, pmem, first, count, opts.race_check)
+        with np.errstate(all="ignore"):
+            execute(b, program.steps, opts.max_steps, stats, opts.profile)
+    return stats
+
+
+def execute(
+    b: Batch, steps: list[Step], max_steps: int, stats: Stats, profile: bool = False
+) -> None:
+    """Run one batch until all of its lanes have exited."""
+    nsteps = len(steps)
+    regs = b.regs
+    stack: list[list[object]] = [[0, b.live, -1]]
+    budget = max_steps
+    work = 0  # thread-instructions
+    st: Step | None = None
+    stats.batches += 1
+    try:
+        while stack:
+            entry = stack[-1]
+            pc, entry_mask, rpc = entry
+            assert isinstance(pc, int) and isinstance(rpc, int)
+            assert isinstance(entry_mask, np.ndarray)
+            mask = entry_mask & b.live
+            cnt = int(np.count_nonzero(mask))
+            if cnt == 0:
+                stack.pop()
+                continue
+            live_cnt = int(np.count_nonzero(b.live))
+            full = cnt == live_cnt
+            dense = cnt == b.n
+            while True:
+                if pc == rpc:
+                    stack.pop()
+                    break
+                if pc >= nsteps:  # falling off the end is an exit
+                    b.live = b.live & ~mask
+                    stack.pop()
+                    break
+                st = steps[pc]
+                budget -= 1
+                if budget < 0:
+                    raise b.error(
+                        f"no exit after {max_steps} instruction steps (an endless loop, or a "
+                        "thread spinning on another that cannot run before it finishes)",
+                        int(np.argmax(mask)),
+                        st.instr,
+                    )
+                g = st.guard
+                if g is None:
+                    m, mc = mask, cnt
+                else:
+                    gv = regs.get(g)
+                    if gv is None:
+                        gv = np.zeros(b.n, dtype=bool)
+                    m = mask & ~gv if st.negated else mask & gv
+                    mc = int(np.count_nonzero(m))
+                kind = st.kind
+                work += mc
+                if kind == NORMAL:
+                    if mc:
+                        b.mask, b.instr, b.steps = m, st.instr, max_steps - budget
+                        b.full = full and mc == cnt
+                        b.dense = dense and mc == cnt
+                        assert st.run is not None
+                        if profile and not st.own:
+                            t0 = time.perf_counter()
+                            st.run(b)
+                            stats.semantics_seconds += time.perf_counter() - t0
+                        else:
+                            st.run(b)
+                    pc += 1
+                elif kind == BRANCH:
+                    if mc == cnt:
+                        pc = st.target
+                    elif mc == 0:
+                        pc += 1
+                    else:
+                        r = st.reconv
+                        if rpc == r:
+                            stack.pop()  # its lanes already wait at r in the entry below
+                        else:
+                            entry[0], entry[1] = r, mask
+                        if pc + 1 != r:
+                            stack.append([pc + 1, mask & ~m, r])
+                        if st.target != r:
+                            stack.append([st.target, m, r])
+                        break
+                elif kind == EXIT:
+                    if mc:
+                        b.live = b.live & ~m
+                        live_cnt -= mc
+                        mask = mask & ~m
+                        cnt -= mc
+                        if cnt == 0:
+                            stack.pop()
+                            break
+                        full = cnt == live_cnt
+                        dense = False
+                    pc += 1
+                else:
+                    assert kind == BARRIER
+                    if mc:
+                        b.mask, b.instr = m, st.instr
+                        b.full, b.dense = full and mc == cnt, dense and mc == cnt
+                        barrier(b, st.instr, m)
+                    pc += 1
+    except (MemoryFault, RaceFault) as e:
+        raise b.error(e.message, e.lane, st.instr if st else None) from None
+    except SimError:
+        raise
+    except Exception as e:
+        # A bug in the simulator, not a fault of the kernel: keep the exception, say where.
+        if st is not None and hasattr(e, "add_note"):
+            e.add_note(f"while simulating kernel {b.kernel}, PTX line {st.instr.line} "
+                       f"`{st.instr.text}`")  # fmt: skip
+        raise
+    finally:
+        stats.steps += max_steps - budget
+        stats.thread_instructions += work
+
+
+def barrier(b: Batch, ins: Instruction, m: np.ndarray) -> None:
+    """`bar.sync` / `barrier.sync` / `bar.red`: every live thread of a block must arrive."""
+    per = b.per_block
+    arrived = m.reshape(-1, per).sum(axis=1)
+    live = b.live.reshape(-1, per).sum(axis=1)
+    partial = (arrived > 0) & (arrived != live)
+    if partial.any():
+        s = int(np.argmax(partial))
+        rows = slice(s * per, (s + 1) * per)
+        missing = s * per + int(np.argmax(b.live[rows] & ~m[rows]))
+        here = s * per + int(np.argmax(m[rows]))
+        raise b.error(
+            f"{ins.opcode} reached by only {arrived[s]} of the {live[s]} live threads of the "
+            f"block; thread {b.thread_of(missing)} did not arrive (a barrier in divergent code)",
+            here,
+            ins,
+        )
+    red = "red" in ins.modifiers
+    ops = ins.operands[1:] if red else ins.operands
+    if len(ops) > (2 if red else 1):
+        count = ops[1]
+        n = int(count.value) if isinstance(count, Imm) else int(b.read(count, "u32")[m][0])
+        if n != -(-b.threads // WARP) * WARP and n != b.threads:
+            b.fail(f"barriers over a thread count ({n}) below the block's are not supported")
+    if red:
+        _reduce(b, ins, m)
+    if b.shared.tracker is not None:
+        b.shared.tracker.barrier(np.flatnonzero(arrived))
+
+
+def _reduce(b: Batch, ins: Instruction, m: np.ndarray) -> None:
+    """`bar.red.{popc,and,or}`: a block-wide reduction of a predicate, given to every thread."""
+    per = b.per_block
+    pred = b.read(ins.operands[-1], "pred") & m
+    counts = pred.reshape(-1, per).sum(axis=1)
+    arrived = m.reshape(-1, per).sum(axis=1)
+    if "popc" in ins.modifiers:
+        b.write(ins.operands[0], "u32", np.repeat(counts, per).astype(np.uint32))
+    elif "and" in ins.modifiers:
+        b.write(ins.operands[0], "pred", np.repeat(counts == arrived, per))
+    elif "or" in ins.modifiers:
+        b.write(ins.operands[0], "pred", np.repeat(counts > 0, per))
+    else:
+        b.fail("bar.red needs .popc, .and or .or")

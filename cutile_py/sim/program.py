@@ -1,0 +1,291 @@
+"""Loading a parsed kernel for execution: steps with their handlers, the CFG's reconvergence
+points, and the layouts of its parameters, shared, local and global variables.
+
+Every instruction gets its handler here, once, so an opcode the simulator lacks is an error
+naming its PTX line at load time, never a silent skip at run time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import struct
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from cutile_py.ptx.ast import Function, Instruction, Module, Symbol, Variable
+from cutile_py.sim.async_copy import make_cp
+from cutile_py.sim.atomics import make_atom, make_red
+from cutile_py.sim.cfg import EXITS, branch_target, build_cfg
+from cutile_py.sim.context import PTYPE_DTYPE, ExecContext, SimError
+from cutile_py.sim.memops import (
+    make_cvta,
+    make_ld,
+    make_ldmatrix,
+    make_mov_symbol,
+    make_nop,
+    make_st,
+    make_trap,
+    make_warp_sync,
+    unsupported,
+)
+from cutile_py.sim.memory import GlobalMemory
+
+if TYPE_CHECKING:
+    from cutile_py.sim.spaces import Batch
+
+Semantics = Callable[[Instruction, ExecContext], None]
+Handler = Callable[["Batch"], None]
+#: Builds the handler of one instruction (may raise SimError for forms it does not support).
+Factory = Callable[[Instruction, "Program"], Handler]
+
+NORMAL, BRANCH, EXIT, BARRIER = range(4)
+
+
+def default_instructions() -> Mapping[str, Semantics]:
+    """`cutile_py.sim.semantics.INSTRUCTIONS`, or nothing where that package is absent."""
+    try:
+        mod = importlib.import_module("cutile_py.sim.semantics")
+    except ModuleNotFoundError as e:
+        if e.name not in ("cutile_py.sim.semantics",):
+            raise
+        return {}
+    # Until its __init__ exists the directory imports as an empty namespace package.
+    return cast(Mapping[str, Semantics], getattr(mod, "INSTRUCTIONS", {}))
+
+
+@dataclass
+class Step:
+    kind: int
+    instr: Instruction
+    run: Handler | None
+    guard: str | None
+    negated: bool
+    own: bool = False  # run by the executor's own handler (not register semantics)
+    target: int = -1  # BRANCH: the body index it jumps to
+    reconv: int = -1  # BRANCH: where divergent lanes meet again (len(body): at the exit)
+
+
+def _type_size(ptype: str) -> int:
+    return 16 if ptype == "b128" else PTYPE_DTYPE[ptype].itemsize
+
+
+def _layout(variables: Sequence[Variable], start: int = 0) -> tuple[dict[str, int], int]:
+    """Offsets of sized variables laid out in order at their alignment; and the end."""
+    offsets: dict[str, int] = {}
+    end = start
+    for v in variables:
+        if v.count == 0:
+            continue
+        align = max(v.align, _type_size(v.ptype))
+        end = -(-end // align) * align
+        offsets[v.name] = end
+        end += v.count * _type_size(v.ptype)
+    return offsets, end
+
+
+class ModuleGlobals:
+    """The `.global` and `.const` variables of one module, placed in a global memory: one
+    copy shared by all the module's entries (as on a GPU), unregistered with this object."""
+
+    def __init__(self, module: Module, memory: GlobalMemory) -> None:
+        self.addresses: dict[str, int] = {}
+        self._keep: list[np.ndarray] = []
+        for v in module.variables:
+            if v.space in ("global", "const"):
+                self._place(v, memory)
+
+    def _place(self, v: Variable, memory: GlobalMemory) -> None:
+        nbytes = max(v.count, 1) * _type_size(v.ptype)
+        raw = np.zeros(nbytes + 256, dtype=np.uint8)
+        start = (-raw.ctypes.data) % 256
+        data = raw[start : start + nbytes]
+        if v.init:
+            init = np.array(v.init, dtype=PTYPE_DTYPE[v.ptype] if v.ptype != "b128" else np.uint64)
+            data[: init.nbytes] = init.view(np.uint8)[:nbytes]
+        kind = "constant" if v.space == "const" else "global"
+        address = memory.register(data, f"{kind} variable {v.name}", readonly=v.space == "const")
+        self.addresses[v.name] = address
+        self._keep.append(raw)
+        weakref.finalize(self, memory.unregister, address)
+
+
+class Program:
+    """One `.entry` of a module, ready to run on the global memory it was loaded into."""
+
+    def __init__(
+        self,
+        module: Module,
+        entry: str,
+        memory: GlobalMemory,
+        instructions: Mapping[str, Semantics] | None = None,
+        globals_: ModuleGlobals | None = None,
+    ) -> None:
+        """`globals_`: the module's variables, when other entries of it are loaded too."""
+        fn = module.functions.get(entry)
+        if fn is None or not fn.is_entry:
+            have = ", ".join(n for n, f in module.functions.items() if f.is_entry) or "none"
+            raise SimError(f"the PTX has no .entry {entry!r} (entries: {have})")
+        self.module = module
+        self.fn: Function = fn
+        self.name = entry
+        self.regs = dict(fn.regs)
+        self.directives = fn.directives
+        self._layout_params(fn)
+        shared = [v for v in (*module.variables, *fn.variables) if v.space == "shared"]
+        self.shared_offsets, self.static_shared = _layout(shared)
+        dyn = [v for v in shared if v.count == 0]
+        align = max([16, *(v.align for v in dyn)])
+        self.dynamic_base = -(-self.static_shared // align) * align
+        self.shared_offsets.update({v.name: self.dynamic_base for v in dyn})
+        self.has_dynamic = bool(dyn)
+        local = [v for v in (*module.variables, *fn.variables) if v.space == "local"]
+        self.local_offsets, self.local_size = _layout(local)
+        self.globals = globals_ if globals_ is not None else ModuleGlobals(module, memory)
+        self.global_addresses = self.globals.addresses
+        self.steps = self._build_steps(fn, instructions)
+
+    # -- layouts --------------------------------------------------------------------------------
+    def _layout_params(self, fn: Function) -> None:
+        self.param_offsets: dict[str, int] = {}
+        self.param_types: list[tuple[str, str, int]] = []  # name, ptype, bytes
+        end = 0
+        for p in fn.params:
+            size = _type_size(p.ptype) * max(p.count, 1)
+            align = max(p.align, _type_size(p.ptype))
+            end = -(-end // align) * align
+            self.param_offsets[p.name] = end
+            self.param_types.append((p.name, p.ptype, size))
+            end += size
+        self.param_size = end
+
+    def shared_size(self, dynamic: int) -> int:
+        return self.dynamic_base + dynamic if (dynamic or self.has_dynamic) else self.static_shared
+
+    def pack_params(self, values: Sequence[tuple[str, int | float]]) -> bytes:
+        """The parameter bytes of a launch; `values` are (ptype, value) in declared order."""
+        if len(values) != len(self.param_types):
+            raise SimError(
+                f"kernel {self.name} declares {len(self.param_types)} parameters; "
+                f"the launch passed {len(values)}"
+            )
+        buf = bytearray(self.param_size)
+        for (name, ptype, size), (given, value) in zip(self.param_types, values):
+            off = self.param_offsets[name]
+            dtype = PTYPE_DTYPE.get(ptype)
+            if dtype is None or size != dtype.itemsize:
+                raise SimError(f"kernel {self.name}: parameter {name} (.{ptype}, {size} bytes) "
+                               "cannot be passed a scalar")  # fmt: skip
+            if _type_size(given) != size:
+                raise SimError(
+                    f"kernel {self.name}: parameter {name} is .{ptype} but was passed as .{given}"
+                )
+            buf[off : off + size] = _scalar_bytes(ptype, value)
+        return bytes(buf)
+
+    # -- steps ----------------------------------------------------------------------------------
+    def _build_steps(
+        self, fn: Function, instructions: Mapping[str, Semantics] | None
+    ) -> list[Step]:
+        table = default_instructions() if instructions is None else instructions
+        _check_labels(fn)
+        cfg, block_of = build_cfg(fn.body, fn.labels)
+        steps = []
+        for pc, ins in enumerate(fn.body):
+            guard = ins.guard.name if ins.guard is not None else None
+            kind = control_kind(ins)
+            step = Step(kind, ins, None, guard, ins.guard_negated)
+            if kind == BRANCH:
+                step.target = branch_target(ins, fn.labels)
+                step.reconv = cfg.ipdom[block_of[pc]]
+            own = own_factory(ins)
+            if own is not None:
+                step.run = own(ins, self)
+                step.own = True
+            elif kind == NORMAL:
+                sem = table.get(ins.opcode)
+                if sem is None:
+                    raise unsupported(ins, f"the simulator does not implement `{ins.opcode}`")
+                step.run = cast(Handler, partial(sem, ins))
+            steps.append(step)
+        return steps
+
+
+#: The instructions the executor implements itself (memory, barriers, fences), by opcode;
+#: everything else is register arithmetic from `cutile_py.sim.semantics`.
+OWN: dict[str, Factory] = {
+    "ld": make_ld,
+    "ldu": make_ld,
+    "st": make_st,
+    "cvta": make_cvta,
+    "mov": make_mov_symbol,  # only `mov d, symbol`; other movs are semantics
+    "ldmatrix": make_ldmatrix,
+    "cp": make_cp,
+    "atom": make_atom,
+    "red": make_red,
+    "prefetch": make_nop,
+    "prefetchu": make_nop,
+    "membar": make_nop,
+    "fence": make_nop,
+    "nanosleep": make_nop,
+    "brkpt": make_nop,
+    "trap": make_trap,
+}
+
+
+def control_kind(ins: Instruction) -> int:
+    """NORMAL, BRANCH, EXIT or BARRIER; SimError for control forms not supported."""
+    op = ins.opcode
+    if op == "bra":
+        return BRANCH
+    if op in EXITS and op != "trap":
+        return EXIT
+    if op in ("bar", "barrier"):
+        mods = ins.modifiers
+        if "warp" in mods:
+            return NORMAL
+        if "cluster" in mods or "arrive" in mods:
+            raise unsupported(ins, f"{op}.{'.'.join(mods)} is not supported")
+        return BARRIER
+    return NORMAL
+
+
+def own_factory(ins: Instruction) -> Factory | None:
+    """The executor's own handler factory for `ins`, or None (semantics or control)."""
+    if ins.opcode == "bar" and "warp" in ins.modifiers:
+        return make_warp_sync
+    if ins.opcode == "mov" and not (len(ins.operands) == 2 and isinstance(ins.operands[1], Symbol)):
+        return None
+    return OWN.get(ins.opcode)
+
+
+def _check_labels(fn: Function) -> None:
+    for ins in fn.body:
+        if ins.opcode == "bra":
+            op = ins.operands[0] if ins.operands else None
+            if not isinstance(op, Symbol) or op.name not in fn.labels:
+                raise unsupported(ins, "branch to an unknown label")
+
+
+def _scalar_bytes(ptype: str, value: Any) -> bytes:
+    if ptype in ("f32", "f64"):
+        return struct.pack("<f" if ptype == "f32" else "<d", float(value))
+    if ptype == "f16":
+        return np.array(value, dtype=np.float16).tobytes()
+    if ptype == "bf16":
+        bits = int(np.array(value, dtype=np.float32).view(np.uint32))
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return struct.pack("<H", bits)
+    if isinstance(value, float):
+        raise SimError(f"a .{ptype} parameter needs an integer, not {value!r}")
+    width = _type_size(ptype) * 8
+    lo = -(1 << (width - 1)) if ptype[0] in "sb" else 0
+    hi = (1 << width) if ptype[0] in "ub" else (1 << (width - 1))
+    v = int(value)
+    if not lo <= v < hi:
+        raise SimError(f"{v} does not fit a .{ptype} parameter")
+    return (v % (1 << width)).to_bytes(width // 8, "little")

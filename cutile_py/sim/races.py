@@ -1,0 +1,137 @@
+"""Shared-memory race detection: two threads of a block touch one byte between barriers,
+at least one of them writing (the hazard `compute-sanitizer --tool racecheck` reports).
+
+Per byte it keeps the last writer and the reader(s) since the block's last `bar.sync`; a
+`bar.warp.sync` forgets what the synced warp did. Atomics are not tracked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+NONE = -1
+MANY = -2
+
+
+class RaceFault(Exception):
+    """A race found at an access by global lane `lane` (turned into a SimError upstream)."""
+
+    def __init__(self, lane: int, message: str) -> None:
+        super().__init__(message)
+        self.lane = lane
+        self.message = message
+
+
+class RaceTracker:
+    """Access history of a batch's shared memory: `slots` blocks of `stride` bytes each."""
+
+    def __init__(
+        self,
+        slots: int,
+        stride: int,
+        lanes_per_block: int,
+        describe_thread: Callable[[int], str],
+    ) -> None:
+        self.stride = stride
+        self.lanes_per_block = lanes_per_block
+        self.describe_thread = describe_thread  # block-local thread index -> "(x, y, z)"
+        size = slots * stride
+        # int16 holds any thread index of a block (at most 1024 threads).
+        self.writer = np.full(size, NONE, dtype=np.int16)
+        self.reader = np.full(size, NONE, dtype=np.int16)
+        self.reader_warp = np.full(size, NONE, dtype=np.int16)
+        self.dirty = False
+
+    def access(self, lanes: np.ndarray, flat: np.ndarray, span: int, write: bool) -> None:
+        """Record accesses of `span` bytes at byte `flat[i]` by global lane `lanes[i]`."""
+        if lanes.size == 0:
+            return
+        self.dirty = True
+        tid = (lanes % self.lanes_per_block).astype(np.int16)
+        if span == 1:
+            idx = flat.astype(np.intp)
+            t = tid
+            owner = np.arange(lanes.size)
+        else:
+            idx = (flat.astype(np.intp)[:, None] + np.arange(span, dtype=np.intp)).ravel()
+            t = np.repeat(tid, span)
+            owner = np.repeat(np.arange(lanes.size), span)
+        w = self.writer[idx]
+        clash = (w >= 0) & (w != t)
+        if clash.any():
+            k = int(np.argmax(clash))
+            verb = "writes" if write else "reads"
+            self._fail(lanes, owner, idx, k, f"{verb} shared memory that thread "
+                       f"{self.describe_thread(int(w[k]))} wrote")  # fmt: skip
+        if write:
+            r = self.reader[idx]
+            clash = (r == MANY) | ((r >= 0) & (r != t))
+            if clash.any():
+                k = int(np.argmax(clash))
+                other = (
+                    "several threads"
+                    if r[k] == MANY
+                    else f"thread {self.describe_thread(int(r[k]))}"
+                )
+                self._fail(lanes, owner, idx, k, f"writes shared memory that {other} read")
+            self.writer[idx] = t
+            got = self.writer[idx]
+            dup = got != t
+            if dup.any():
+                k = int(np.argmax(dup))
+                self._fail(
+                    lanes,
+                    owner,
+                    idx,
+                    k,
+                    f"and thread {self.describe_thread(int(got[k]))} write the same shared "
+                    "memory in one instruction",
+                )
+        else:
+            self._add_readers(self.reader, idx, t)
+            self._add_readers(self.reader_warp, idx, t // 32)
+
+    @staticmethod
+    def _add_readers(table: np.ndarray, idx: np.ndarray, who: np.ndarray) -> None:
+        old = table[idx]
+        new = np.where((old == NONE) | (old == who), who, np.int16(MANY))
+        table[idx] = new
+        # Several lanes of this one instruction reading one byte: the last assignment won.
+        several = table[idx] != new
+        if several.any():
+            table[idx[several]] = MANY
+
+    def _fail(
+        self, lanes: np.ndarray, owner: np.ndarray, idx: np.ndarray, k: int, what: str
+    ) -> None:
+        offset = int(idx[k]) % self.stride
+        raise RaceFault(
+            int(lanes[owner[k]]),
+            f"shared-memory race: this thread {what} at shared address {offset:#x} with no "
+            "barrier (bar.sync) between the two accesses",
+        )
+
+    def barrier(self, slots: np.ndarray) -> None:
+        """`bar.sync` completed by blocks `slots`: their history starts afresh."""
+        if not self.dirty:
+            return
+        for table in (self.writer, self.reader, self.reader_warp):
+            table.reshape(-1, self.stride)[slots] = NONE
+
+    def warp_barrier(self, lanes: np.ndarray) -> None:
+        """`bar.warp.sync` by `lanes`: forget what their warps did, block by block."""
+        if not self.dirty or lanes.size == 0:
+            return
+        slots = lanes // self.lanes_per_block
+        warps = (lanes % self.lanes_per_block) // 32
+        for slot in np.unique(slots):
+            synced = np.unique(warps[slots == slot]).astype(np.int16)
+            rows = slice(int(slot) * self.stride, (int(slot) + 1) * self.stride)
+            w = self.writer[rows]
+            w[(w >= 0) & np.isin(w // 32, synced)] = NONE
+            rw = self.reader_warp[rows]
+            mine = np.isin(rw, synced)
+            self.reader[rows][mine] = NONE
+            rw[mine] = NONE

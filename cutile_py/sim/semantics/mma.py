@@ -1,0 +1,144 @@
+"""mma.sync.aligned (PTX ISA §9.7.14.5): warp-wide D = A @ B + C on register fragments.
+
+Supported: m16n8k16 and m16n8k8 .row.col with f16 or bf16 inputs (f32 or, for f16, f16
+accumulators), m16n8k8 and m16n8k4 with tf32 inputs, m8n8k4 .f64. Fragment layouts (g = lane>>2,
+t = lane&3) are those of NOTES-PTX.md and the ISA's figures. The products are exact in f64 and are
+summed in f64, then rounded once (to nearest) to the accumulator type; the hardware's summation
+order and internal precision differ slightly, so compare results with a tolerance. tf32 operands
+use the f32 bits with the 13 low mantissa bits ignored. All 32 lanes of a warp must execute it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from cutile_py.ptx.ast import Instruction, Operand, Vec
+from cutile_py.sim.context import WARP, ExecContext
+from cutile_py.sim.semantics._common import Mods, read_bits, write_bits
+from cutile_py.sim.semantics.fpcore import BF16, F16, F32, F64, TF32, FloatFormat, decode, round_f64
+
+#: (lane group g, thread t, register r, element e) -> (row, col) of a fragment element.
+Layout = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+_LAYOUTS: dict[str, Layout] = {
+    # m16n8k16, 16-bit A: a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+    "A16x16": lambda g, t, r, e: (g + 8 * (r & 1), 2 * t + e + 8 * (r >> 1)),
+    # B 16x8 ("col"): b0 k = 2t, 2t+1; b1 k = 2t+8, 2t+9; n = g. Returned as (k, n).
+    "B16x8": lambda g, t, r, e: (2 * t + e + 8 * r, g),
+    # m16n8k8, 16-bit A: a0 (g, 2t..), a1 (g+8, 2t..); B: b0 k = 2t, 2t+1.
+    "A16x8": lambda g, t, r, e: (g + 8 * r, 2 * t + e),
+    "B8x8": lambda g, t, r, e: (2 * t + e, g),
+    # tf32 m16n8k8: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); b0 k = t, b1 k = t+4.
+    "A16x8tf32": lambda g, t, r, e: (g + 8 * (r & 1), t + 4 * (r >> 1)),
+    "B8x8tf32": lambda g, t, r, e: (t + 4 * r, g),
+    # tf32 m16n8k4: a0 (g, t), a1 (g+8, t); b0 k = t.
+    "A16x4tf32": lambda g, t, r, e: (g + 8 * r, t),
+    "B4x8tf32": lambda g, t, r, e: (t, g),
+    # C/D 16x8: f32 d0, d1 (g, 2t..2t+1), d2, d3 (g+8, ...); f16x2 d0 (g, ...), d1 (g+8, ...).
+    "C16x8f32": lambda g, t, r, e: (g + 8 * (r >> 1), 2 * t + (r & 1)),
+    "C16x8f16": lambda g, t, r, e: (g + 8 * r, 2 * t + e),
+    # m8n8k4 f64: a0 (g, t); b0 (k = t, n = g); d0, d1 (g, 2t), (g, 2t+1).
+    "A8x4f64": lambda g, t, r, e: (g, t),
+    "B4x8f64": lambda g, t, r, e: (t, g),
+    "C8x8f64": lambda g, t, r, e: (g, 2 * t + r),
+}
+
+
+def fragment_index(layout: str, regs: int, elems: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, cols), each shaped (32 lanes, regs, elems), of a fragment layout."""
+    lane, r, e = np.meshgrid(np.arange(WARP), np.arange(regs), np.arange(elems), indexing="ij")
+    return _LAYOUTS[layout](lane >> 2, lane & 3, r, e)
+
+
+#: (shape, input type) → (M, N, K, A layout, A regs, B layout, B regs, input format).
+CONFIGS: dict[tuple[str, str], tuple[int, int, int, str, int, str, int, FloatFormat]] = {
+    ("m16n8k16", "f16"): (16, 8, 16, "A16x16", 4, "B16x8", 2, F16),
+    ("m16n8k16", "bf16"): (16, 8, 16, "A16x16", 4, "B16x8", 2, BF16),
+    ("m16n8k8", "f16"): (16, 8, 8, "A16x8", 2, "B8x8", 1, F16),
+    ("m16n8k8", "bf16"): (16, 8, 8, "A16x8", 2, "B8x8", 1, BF16),
+    ("m16n8k8", "tf32"): (16, 8, 8, "A16x8tf32", 4, "B8x8tf32", 2, TF32),
+    ("m16n8k4", "tf32"): (16, 8, 4, "A16x4tf32", 2, "B4x8tf32", 1, TF32),
+    ("m8n8k4", "f64"): (8, 8, 4, "A8x4f64", 1, "B4x8f64", 1, F64),
+}
+
+
+def _regs(ctx: ExecContext, op: Operand, count: int, what: str) -> list[Operand]:
+    if not isinstance(op, Vec) or len(op.items) != count:
+        ctx.fail(f"mma: operand {what} must be a vector of {count} registers")
+    return list(op.items)
+
+
+def _load(ctx: ExecContext, ops: list[Operand], fmt: FloatFormat) -> np.ndarray:
+    """Fragment values, shape (warps, 32, regs, elems) as exact f64."""
+    width = 64 if fmt is F64 else 32
+    raw = np.stack([read_bits(ctx, op, width) for op in ops], axis=-1)  # (n, regs)
+    raw = raw.reshape(-1, WARP, len(ops))
+    if fmt in (F16, BF16):
+        halves = np.stack([raw & np.uint32(0xFFFF), raw >> np.uint32(16)], axis=-1)
+        return decode(halves.astype(np.uint16), fmt)
+    return decode(raw, fmt)[..., None]
+
+
+def mma(instr: Instruction, ctx: ExecContext) -> None:
+    m = Mods(instr, ctx)
+    if not (m.flag("sync") and m.flag("aligned")):
+        m.fail("needs .sync.aligned")
+    shape = m.one_of(("m16n8k16", "m16n8k8", "m16n8k4", "m8n8k4"), "shape", required=True)
+    if not (m.flag("row") and m.flag("col")):
+        m.fail("only the .row.col layouts are supported")
+    dtype, atype, btype, ctype = m.types({"f16", "bf16", "tf32", "f32", "f64"}, 4)
+    m.finish()
+    cfg = CONFIGS.get((str(shape), atype))
+    if cfg is None or btype != atype:
+        m.fail(f"mma.{shape} with .{atype}/.{btype} inputs is not supported")
+    big_m, big_n, big_k, a_lay, a_regs, b_lay, b_regs, fmt = cfg
+    acc_ok = {"f16": ("f16", "f32"), "bf16": ("f32",), "tf32": ("f32",), "f64": ("f64",)}
+    if dtype not in acc_ok[atype] or ctype not in acc_ok[atype]:
+        m.fail(f"accumulators .{dtype}/.{ctype} are not defined for .{atype} inputs")
+    if len(instr.operands) != 4:
+        m.fail("expected operands d, a, b, c")
+    d_op, a_op, b_op, c_op = instr.operands
+
+    warps = ctx.mask.reshape(-1, WARP)
+    partial = warps.any(axis=1) & ~warps.all(axis=1)
+    if partial.any():
+        ctx.fail("mma.sync.aligned needs all 32 lanes of the warp", np.repeat(partial, WARP))
+
+    elems = 2 if fmt in (F16, BF16) else 1
+    nw = warps.shape[0]
+    a_mat = np.zeros((nw, big_m, big_k))
+    b_mat = np.zeros((nw, big_k, big_n))
+    rows, cols = fragment_index(a_lay, a_regs, elems)
+    a_mat[:, rows, cols] = _load(ctx, _regs(ctx, a_op, a_regs, "a"), fmt)
+    rows, cols = fragment_index(b_lay, b_regs, elems)
+    b_mat[:, rows, cols] = _load(ctx, _regs(ctx, b_op, b_regs, "b"), fmt)
+
+    c_lay, c_regs, c_fmt, c_el = _acc_layout(str(shape), ctype)
+    c_mat = np.zeros((nw, big_m, big_n))
+    rows, cols = fragment_index(c_lay, c_regs, c_el)
+    c_mat[:, rows, cols] = _load(ctx, _regs(ctx, c_op, c_regs, "c"), c_fmt)
+
+    with np.errstate(all="ignore"):
+        d_mat = a_mat @ b_mat + c_mat
+    d_lay, d_regs, d_fmt, d_el = _acc_layout(str(shape), dtype)
+    rows, cols = fragment_index(d_lay, d_regs, d_el)
+    vals = d_mat[:, rows, cols]  # (warps, 32, regs, elems)
+    for r, op in enumerate(_regs(ctx, d_op, d_regs, "d")):
+        v = vals[:, :, r, :].reshape(-1, d_el)
+        if d_fmt is F64:
+            write_bits(ctx, op, 64, np.ascontiguousarray(v[:, 0]).view(np.uint64))
+        elif d_fmt is F32:
+            write_bits(ctx, op, 32, round_f64(v[:, 0], F32, "rn"))
+        else:
+            h = round_f64(v, F16, "rn").astype(np.uint32)
+            write_bits(ctx, op, 32, h[:, 0] | (h[:, 1] << np.uint32(16)))
+
+
+def _acc_layout(shape: str, acc: str) -> tuple[str, int, FloatFormat, int]:
+    if shape == "m8n8k4":
+        return "C8x8f64", 2, F64, 1
+    if acc == "f16":
+        return "C16x8f16", 2, F16, 2
+    return "C16x8f32", 4, F32, 1
