@@ -1284,3 +1284,67 @@ def test_f64_approx_upper_word() -> None:
     got = ctx.get("d", "f64")
     np.testing.assert_allclose(got[[0, 1, 6, 7]], 1 / x[[0, 1, 6, 7]], rtol=2e-6)
     assert got[2] == np.inf and got[3] == 0 and d[4] == 0x7FFFFFFF00000000 and got[5] == np.inf
+
+
+@pytest.mark.parametrize("shape", ["m8n8k4", "m16n8k8"])
+def test_mma_f64(rng: np.random.Generator, shape: str) -> None:
+    """f64 fragments: m8n8k4 a0 (g, t), b0 (k=t, n=g), d0/d1 (g, 2t+i); m16n8k8 as tf32."""
+    ctx = FakeCtx(32)
+    m, k = (8, 4) if shape == "m8n8k4" else (16, 8)
+    A, B, C = rng.standard_normal((m, k)), rng.standard_normal((k, 8)), rng.standard_normal((m, 8))
+    lane = np.arange(32)
+    g, t = lane >> 2, lane & 3
+    if shape == "m8n8k4":
+        a, b = [A[g, t]], [B[t, g]]
+        cpos = [(g, 2 * t + r) for r in range(2)]
+    else:
+        a = [A[g + 8 * (r & 1), t + 4 * (r >> 1)] for r in range(4)]
+        b = [B[t + 4 * r, g] for r in range(2)]
+        cpos = [(g + 8 * (r >> 1), 2 * t + (r & 1)) for r in range(4)]
+    va = Vec(tuple(ctx.set(f"a{i}", x) for i, x in enumerate(a)))
+    vb = Vec(tuple(ctx.set(f"b{i}", x) for i, x in enumerate(b)))
+    vc = Vec(tuple(ctx.set(f"c{i}", C[p]) for i, p in enumerate(cpos)))
+    vd = Vec(tuple(R(f"d{i}") for i in range(len(cpos))))
+    run(ctx, f"mma.sync.aligned.{shape}.row.col.f64.f64.f64.f64", vd, va, vb, vc)
+    want = A @ B + C
+    for i, p in enumerate(cpos):
+        np.testing.assert_allclose(ctx.get(f"d{i}", "f64"), want[p], rtol=1e-12, atol=1e-12)
+
+
+def test_shfl_and_vote_with_random_membermasks(rng: np.random.Generator) -> None:
+    """Only the lanes of each warp's random membermask execute; sources stay inside it."""
+    nw = 4
+    n = 32 * nw
+    members = rng.integers(1, 2**32, nw, dtype=np.uint64)
+    lane = np.arange(n) % 32
+    mm = np.repeat(members, 32)
+    mask = ((mm >> lane.astype(np.uint64)) & np.uint64(1)) == 1
+    ctx = FakeCtx(n, mask)
+    v = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    src = np.array(
+        [
+            rng.choice(np.flatnonzero((mm[i] >> np.arange(32, dtype=np.uint64)) & 1))
+            for i in range(n)
+        ]
+    )
+    M = ctx.set("mm", mm.astype(np.uint32))
+    run(
+        ctx,
+        "shfl.sync.idx.b32",
+        Vec((R("d"), R("p"))),
+        ctx.set("v", v),
+        ctx.set("b", src.astype(np.uint32)),
+        Imm(0x1F),
+        M,
+    )
+    want = v[np.arange(n) - lane + src]
+    assert (ctx.get("d", "u32")[mask] == want[mask]).all() and ctx.get("p", "pred")[mask].all()
+    a = rng.random(n) < 0.7
+    run(ctx, "vote.sync.ballot.b32", R("d"), ctx.set("a", a), M)
+    got = ctx.get("d", "u32")
+    for w in range(nw):
+        sl = slice(32 * w, 32 * w + 32)
+        want_w = sum(1 << i for i in range(32) if mask[sl][i] and a[sl][i])
+        assert (got[sl][mask[sl]] == want_w).all()
+        run(ctx, "vote.sync.any.pred", R("q"), R("a"), M)
+        assert (ctx.get("q", "pred")[sl][mask[sl]] == bool(want_w)).all()

@@ -11,7 +11,7 @@ from typing import NoReturn
 
 import numpy as np
 
-from cutile_py.ptx.ast import Imm, Instruction, Neg, Operand, Reg, Sink, Vec
+from cutile_py.ptx.ast import Imm, Instruction, Neg, Operand, Sink, Vec
 from cutile_py.sim.context import WARP, ExecContext
 
 #: The signature of every instruction semantic.
@@ -168,7 +168,3 @@ def imm_value(ctx: ExecContext, op: Operand, what: str) -> int:
     if not isinstance(op, Imm) or not isinstance(op.value, int):
         ctx.fail(f"{what} must be an integer immediate")
     return int(op.value)
-
-
-def is_reg_like(op: Operand) -> bool:
-    return isinstance(op, (Reg, Imm))

@@ -32,6 +32,7 @@ from cutile_py.sim.semantics.fpcore import (
     flush_bits,
     fma_rn_f32,
     is_nan_bits,
+    is_subnormal_bits,
     odd_add,
     odd_div,
     odd_fma,
@@ -309,9 +310,7 @@ def testp(instr: Instruction, ctx: ExecContext) -> None:
     fmt = F32 if ftype == "f32" else F64
     bits = read_typed_bits(ctx, a_op, ftype)
     v = decode(bits, fmt)
-    sub = np.asarray(
-        flush_bits(bits, fmt) != bits, dtype=np.bool_
-    )  # subnormal ⇔ flushing changes it
+    sub = is_subnormal_bits(bits, fmt)
     result = {
         "finite": np.isfinite(v),
         "infinite": np.isinf(v),

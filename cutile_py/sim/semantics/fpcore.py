@@ -254,11 +254,6 @@ def odd_add(a: np.ndarray, b: np.ndarray, mode: str) -> np.ndarray:
     return _zero_sign_rm(round_to_odd(s, e), a, b, mode)
 
 
-def odd_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a * b, exact in f64 for f32-format inputs (48-bit product, exponent >= -298)."""
-    return np.asarray(a * b)
-
-
 def odd_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, mode: str) -> np.ndarray:
     """a*b + c with a single rounding: the product is exact, the sum's residual is exact."""
     return odd_add(a * b, c, mode)

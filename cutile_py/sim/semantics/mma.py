@@ -1,11 +1,12 @@
 """mma.sync.aligned (PTX ISA §9.7.14.5): warp-wide D = A @ B + C on register fragments.
 
-Supported: m16n8k16 and m16n8k8 .row.col with f16 or bf16 inputs (f32 or, for f16, f16
-accumulators), m16n8k8 and m16n8k4 with tf32 inputs, m8n8k4 .f64. Fragment layouts (g = lane>>2,
-t = lane&3) are those of NOTES-PTX.md and the ISA's figures. The products are exact in f64 and are
-summed in f64, then rounded once (to nearest) to the accumulator type; the hardware's summation
-order and internal precision differ slightly, so compare results with a tolerance. tf32 operands
-use the f32 bits with the 13 low mantissa bits ignored. All 32 lanes of a warp must execute it.
+Supported (.row.col): m16n8k16 and m16n8k8 with f16 or bf16 inputs (f32 or, for f16, f16
+accumulators), m16n8k8 and m16n8k4 with tf32 inputs, m8n8k4 and m16n8k8 with f64. Fragment
+layouts (g = lane>>2, t = lane&3) are those of NOTES-PTX.md and the ISA's figures. The products
+are exact in f64 and are summed in f64, then rounded once (to nearest) to the accumulator type;
+the hardware's summation order and internal precision differ slightly, so compare results with
+a tolerance. tf32 operands use the f32 bits with the 13 low mantissa bits ignored. All 32 lanes
+of a warp must execute it.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ CONFIGS: dict[tuple[str, str], tuple[int, int, int, str, int, str, int, FloatFor
     ("m16n8k8", "tf32"): (16, 8, 8, "A16x8tf32", 4, "B8x8tf32", 2, TF32),
     ("m16n8k4", "tf32"): (16, 8, 4, "A16x4tf32", 2, "B4x8tf32", 1, TF32),
     ("m8n8k4", "f64"): (8, 8, 4, "A8x4f64", 1, "B4x8f64", 1, F64),
+    # sm_90 f64 m16n8k8: the tf32 A/B layouts with one f64 per register.
+    ("m16n8k8", "f64"): (16, 8, 8, "A16x8tf32", 4, "B8x8tf32", 2, F64),
 }
 
 
@@ -137,8 +140,9 @@ def mma(instr: Instruction, ctx: ExecContext) -> None:
 
 
 def _acc_layout(shape: str, acc: str) -> tuple[str, int, FloatFormat, int]:
+    """Layout, register count, format and elements per register of C/D."""
     if shape == "m8n8k4":
         return "C8x8f64", 2, F64, 1
     if acc == "f16":
         return "C16x8f16", 2, F16, 2
-    return "C16x8f32", 4, F32, 1
+    return "C16x8f32", 4, F64 if acc == "f64" else F32, 1
