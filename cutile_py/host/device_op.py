@@ -86,7 +86,9 @@ class DeviceOp:
     def _start(self) -> Completion:
         """Queue the work on the backend (or run it, on the CPU backends)."""
         if self.compiled.lowered is not None and self.backend.runs_ptx:
-            return launch_ptx(self.backend, self.compiled.lowered, self.grid, self.args)
+            return launch_ptx(
+                self.backend, self.compiled.lowered, self.grid, self.args, self.compiled.loaded
+            )
         return run_interpreted(self.kernel.fn, self.spec, self.grid, self.args)
 
     def _launch(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, overload
 
 from cutile_py.frontend.build_ir import build_kernel
@@ -17,6 +17,7 @@ from cutile_py.ir import Kernel as KernelIR
 from cutile_py.ir import print_kernel
 from cutile_py.lower.pipeline import LoweredKernel, lower_kernel
 from cutile_py.ptx.target import Target
+from cutile_py.runtime.backend import LoadedKernel
 
 #: Changes whenever generated code may change; part of every cache key.
 COMPILER_VERSION = "0.1.0-1"
@@ -39,6 +40,8 @@ class CompiledKernel:
     ir: KernelIR
     ir_text: str
     lowered: LoweredKernel | None
+    #: The module loaded on each backend (by name), so a launch does not look it up again.
+    loaded: dict[str, LoadedKernel] = field(default_factory=dict)
 
 
 @dataclass

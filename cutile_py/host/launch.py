@@ -14,7 +14,14 @@ from cutile_py.host.tensor import Partition, Tensor
 from cutile_py.ir.dtypes import from_storage, to_storage
 from cutile_py.language.interpret import CURRENT_BLOCK, BlockContext, TensorView, TileView
 from cutile_py.lower.pipeline import LoweredKernel
-from cutile_py.runtime.backend import Backend, Completion, Finished, HostBuffer, ParamValue
+from cutile_py.runtime.backend import (
+    Backend,
+    Completion,
+    Finished,
+    HostBuffer,
+    LoadedKernel,
+    ParamValue,
+)
 
 
 def pack_params(lowered: LoweredKernel, args: tuple[Any, ...]) -> list[ParamValue]:
@@ -35,9 +42,16 @@ def pack_params(lowered: LoweredKernel, args: tuple[Any, ...]) -> list[ParamValu
 
 
 def launch_ptx(
-    backend: Backend, lowered: LoweredKernel, grid: tuple[int, ...], args: tuple[Any, ...]
+    backend: Backend,
+    lowered: LoweredKernel,
+    grid: tuple[int, ...],
+    args: tuple[Any, ...],
+    loaded: dict[str, LoadedKernel],
 ) -> Completion:
-    kern = backend.load_kernel(lowered.ptx, lowered.entry)
+    """Launch on `backend`; `loaded` caches the module loaded there across launches."""
+    kern = loaded.get(backend.name)
+    if kern is None:
+        kern = loaded[backend.name] = backend.load_kernel(lowered.ptx, lowered.entry)
     g = (*grid, 1, 1, 1)[:3]
     return backend.launch(
         kern, (g[0], g[1], g[2]), (lowered.block_threads, 1, 1), 0, pack_params(lowered, args)
