@@ -1,14 +1,26 @@
 """The f32 math sequences: they assemble for sm_80/sm_90 without spills, and are accurate.
 
-Accuracy runs on `ptx_straightline` (a NumPy stand-in for the PTX simulator), against float64
-NumPy rounded to f32, with the `.approx` instructions modelled exact (in brackets: each
-`.approx` result moved by up to +-2 ulp). Max ulp error measured here, and the same in a
-one-off sweep of 54M inputs (every 127th f32 bit pattern plus 20M in each domain):
-exp 1 (1), exp2 1 (1), log 1 (1), log2 1 (1), tanh 2 (3), sigmoid 2 (2), rsqrt 1 (1),
-sqrt 0, div 0. exp, exp2 and sigmoid use no `.approx` instruction at all."""
+Every accuracy check runs the emitted PTX (a one-thread-per-element kernel: load f32, apply,
+store) on the `sim` backend through `ct.RawKernel`, against float64 NumPy rounded to f32.
+
+The simulator models each `.approx` instruction as the correctly rounded exact function. The
+hardware is only within the PTX ISA's bounds: rcp.approx.f32 1 ulp, ex2.approx.f32 and
+div.approx.f32 2 ulp (|divisor| in [2^-126, 2^126]), rsqrt.approx.f32 2^-22.9 relative (under
+2 ulp). The precise sequences that contain one are log and log2 (div.approx for s = f/(2+f)),
+tanh (ex2.approx and rcp.approx), sigmoid (rcp.approx) and rsqrt (rsqrt.approx); exp, exp2,
+sqrt and div contain none. So those five also run with every `.approx` result moved by a
+pseudo-random -2..+2 ulp, by PTX that the test inserts after each such instruction
+(`PerturbingBuilder`), and must keep their bounds.
+
+Max ulp error on the sim with exact `.approx` (moved +-2 ulp in brackets), here over about 1M
+inputs per function and the same in a one-off sweep of 21.8M per function (every 255th f32 bit
+pattern, 4M in the domain, and these inputs): exp 1, exp2 1, log 1 (1), log2 1 (1), tanh 2 (3),
+sigmoid 2 (2), rsqrt 1 (1), sqrt 0, div 0 (bit-exact).
+"""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,35 +30,107 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+import cutile_py as ct
 from cutile_py.lower import emit_math
-from cutile_py.ptx.builder import FunctionBuilder, ModuleBuilder, Reg
+from cutile_py.ptx.builder import FunctionBuilder, Imm, ModuleBuilder, Operand, Reg, int_imm
 from cutile_py.ptx.target import Target
-from tests.ptx_straightline import evaluate, f32_bits, ulp_distance
 
 SEED = 20240601
 N_RANDOM = 1_000_000
 MAX_ULP = 4
 UNARY = sorted(emit_math.UNARY)
 ALL = [*UNARY, "div"]
+BLOCK = 256
+#: What the output holds before the launch: a NaN no sequence makes (they give the canonical
+#: 0x7FFFFFFF or pass an input through, and no input has these bits), so an element the kernel
+#: did not write shows up.
+UNWRITTEN = np.uint32(0x7FBADBAD)
+
+
+def f32_bits(x: npt.ArrayLike) -> npt.NDArray[np.uint32]:
+    return np.ascontiguousarray(np.asarray(x, dtype=np.float32)).view(np.uint32)
+
+
+def ulp_distance(got: npt.ArrayLike, want: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """|ordered(got) - ordered(want)| on the sign-magnitude-to-integer map (+0 == -0)."""
+
+    def ordered(x: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        b = f32_bits(x).astype(np.int64)
+        mag = b & 0x7FFFFFFF
+        return np.asarray(np.where(b >> 31 == 1, -mag, mag), dtype=np.int64)
+
+    distance: npt.NDArray[np.int64] = np.abs(ordered(got) - ordered(want))
+    return distance
+
+
+# -- the kernels ------------------------------------------------------------------------------
+
+
+class PerturbingBuilder(FunctionBuilder):
+    """Moves each `.approx` result by delta ulp, delta in -2..2 from a hash of the element index
+    and the instruction's position; zeros, infinities and NaNs stay, and no result crosses zero
+    or reaches infinity (as the hardware's error cannot)."""
+
+    index: Reg | None = None
+    approx_count: int = 0
+
+    def ins(
+        self, opcode: str, *operands: Operand, pred: Reg | None = None, negate: bool = False
+    ) -> None:
+        super().ins(opcode, *operands, pred=pred, negate=negate)
+        if ".approx" not in opcode or self.index is None:
+            return
+        assert opcode.endswith(".f32") and pred is None, opcode
+        dst = operands[0]
+        assert isinstance(dst, Reg)
+        self.approx_count += 1
+        salt = (self.approx_count * 0x85EBCA6B) & 0xFFFFFFFF
+        a, h, d, mag, moved, sign = (self.reg("b32") for _ in range(6))
+        ok = self.reg("pred")
+        super().ins("mov.b32", a, dst)
+        super().ins("mad.lo.u32", h, self.index, Imm("0x9E3779B1"), Imm(f"{salt:#x}"))
+        super().ins("shr.u32", h, h, int_imm(16))
+        super().ins("rem.u32", d, h, int_imm(5))
+        super().ins("sub.s32", d, d, int_imm(2))
+        super().ins("and.b32", mag, a, Imm("0x7FFFFFFF"))
+        super().ins("add.s32", moved, mag, d)
+        super().ins("setp.lt.u32", ok, mag, Imm("0x7F800000"))  # finite
+        super().ins("setp.ne.and.u32", ok, mag, int_imm(0), ok)  # nonzero
+        # Still finite, and not below zero (as unsigned, a negative magnitude is huge).
+        super().ins("setp.lt.and.u32", ok, moved, Imm("0x7F800000"), ok)
+        super().ins("and.b32", sign, a, Imm("0x80000000"))
+        super().ins("or.b32", moved, moved, sign)
+        super().ins("selp.b32", a, moved, a, ok)
+        super().ins("mov.b32", dst, a)
 
 
 @dataclass
 class MathKernel:
     fb: FunctionBuilder
-    inputs: list[Reg]
-    output: Reg
+    #: The math sequence's own lines (what `emit_math` appended).
     lines: list[str]
 
+    def ptx(self, sm: int = 80) -> str:
+        return ModuleBuilder(Target(sm), functions=[self.fb]).render()
 
-def build(name: str, fast: bool) -> MathKernel:
-    """A one-thread-per-element kernel: load f32 input(s), apply `name`, store."""
+
+def build(name: str, fast: bool, perturb: bool = False) -> MathKernel:
+    """A kernel over n elements: out[i] = name(in0[i](, in1[i])) for i < n."""
     arity = 2 if name == "div" else 1
-    params = [(f"in{i}", "u64") for i in range(arity)] + [("out", "u64")]
-    fb = FunctionBuilder(f"{name}_{'fast' if fast else 'precise'}", params)
-    tid = fb.reg("b32")
+    params = [(f"in{i}", "u64") for i in range(arity)] + [("out", "u64"), ("n", "u32")]
+    kernel = f"{name}_{'fast' if fast else 'precise'}{'_perturbed' if perturb else ''}"
+    fb = PerturbingBuilder(kernel, params) if perturb else FunctionBuilder(kernel, params)
+    tid, ctaid, ntid, i, n = (fb.reg("b32") for _ in range(5))
     fb.ins("mov.u32", tid, "%tid.x")
+    fb.ins("mov.u32", ctaid, "%ctaid.x")
+    fb.ins("mov.u32", ntid, "%ntid.x")
+    fb.ins("mad.lo.u32", i, ctaid, ntid, tid)
+    fb.ins("ld.param.u32", n, "[n]")
+    beyond = fb.reg("pred")
+    fb.ins("setp.ge.u32", beyond, i, n)
+    fb.ins("ret", pred=beyond)
     offset = fb.reg("b64")
-    fb.ins("mul.wide.u32", offset, tid, 4)
+    fb.ins("mul.wide.u32", offset, i, 4)
 
     def address(param: str) -> Reg:
         base = fb.reg("b64")
@@ -57,30 +141,52 @@ def build(name: str, fast: bool) -> MathKernel:
         return addr
 
     inputs = []
-    for i in range(arity):
-        addr = address(f"in{i}")
+    for k in range(arity):
+        addr = address(f"in{k}")
         x = fb.reg("f32")
         fb.ins("ld.global.f32", x, f"[{addr}]")
         inputs.append(x)
+    if isinstance(fb, PerturbingBuilder):
+        fb.index = i
     start = len(fb.body)
     if arity == 2:
         y = emit_math.BINARY[name](fb, inputs[0], inputs[1], fast=fast)
     else:
         y = emit_math.UNARY[name](fb, inputs[0], fast=fast)
     lines = fb.body[start:]
+    if isinstance(fb, PerturbingBuilder):
+        fb.index = None
+        assert fb.approx_count > 0, f"{kernel}: no .approx instruction to perturb"
     out = address("out")
     fb.ins("st.global.f32", f"[{out}]", y)
     fb.ins("ret")
-    return MathKernel(fb, inputs, y, lines)
+    return MathKernel(fb, lines)
 
 
-def run(seq: MathKernel, *xs: npt.NDArray[np.float32], approx_ulps: int = 0) -> Any:
-    return evaluate(
-        seq.lines,
-        {r.name: x for r, x in zip(seq.inputs, xs)},
-        seq.output.name,
-        approx_ulps=approx_ulps,
-    )
+@functools.cache
+def raw_kernel(name: str, fast: bool, perturb: bool) -> ct.RawKernel:
+    k = build(name, fast, perturb)
+    return ct.RawKernel(k.ptx(), k.fb.name)
+
+
+def run(
+    name: str, *xs: npt.NDArray[np.float32], fast: bool = False, perturb: bool = False
+) -> npt.NDArray[np.float32]:
+    """The emitted sequence over the elements of `xs` on the sim backend."""
+    ct.set_backend("sim")
+    n = xs[0].size
+    ins = []
+    for x in xs:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        assert x.size == n and not (f32_bits(x) == UNWRITTEN).any()
+        ins.append(ct.from_numpy(x))
+    out = ct.from_numpy(np.full(n, UNWRITTEN, dtype=np.uint32).view(np.float32))
+    grid = max(1, -(-n // BLOCK))
+    raw_kernel(name, fast, perturb)(*ins, out, n, grid=grid, block=BLOCK).sync()
+    got = out.to_numpy()
+    unwritten = np.flatnonzero(f32_bits(got) == UNWRITTEN)
+    assert unwritten.size == 0, f"{name}: elements {unwritten[:5]} not written"
+    return got
 
 
 def _nvjitlink() -> Any:
@@ -109,9 +215,7 @@ def _log(lib: Any, handle: int, which: str) -> str:
 @pytest.mark.parametrize("name", ALL)
 def test_assembles_without_spills(name: str, fast: bool, sm: int) -> None:
     lib = _nvjitlink()
-    seq = build(name, fast)
-    module = ModuleBuilder(Target(sm), functions=[seq.fb])
-    ptx = module.render().encode()
+    ptx = build(name, fast).ptx(sm).encode()
     options = [f"-arch=sm_{sm}", "-verbose"]
     handle = lib.create(len(options), options)
     try:
@@ -133,7 +237,7 @@ def test_straight_line_and_small(name: str, fast: bool) -> None:
     lines = build(name, fast).lines
     assert all(not line.rstrip().endswith(":") and "bra" not in line for line in lines)
     # PTX instruction budgets (register moves included; ptxas folds those and the `neg`s).
-    budget = {"log": 36, "log2": 44, "sigmoid": 32, "exp": 23, "exp2": 21, "tanh": 22}
+    budget = {"log": 36, "log2": 44, "sigmoid": 32, "exp": 23, "exp2": 21, "tanh": 22, "rsqrt": 14}
     limit = 4 if fast else budget.get(name, 8)
     assert len(lines) <= limit, "\n".join(lines)
 
@@ -172,6 +276,9 @@ DOMAIN = {
     "rsqrt": (0.0, 16.0),
 }
 
+#: The precise sequences that contain `.approx` instructions (see the module docstring).
+USES_APPROX = ["log", "log2", "rsqrt", "sigmoid", "tanh"]
+
 
 def _around(values: list[float], k: int = 8) -> list[np.float32]:
     """Each value and its k f32 neighbours on either side."""
@@ -195,7 +302,8 @@ SPECIAL = {
 def inputs(name: str, seed: int = SEED) -> npt.NDArray[np.float32]:
     rng = np.random.default_rng(seed)
     n = N_RANDOM // 2
-    bits = rng.integers(0, 2**32, size=n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    bits = rng.integers(0, 2**32, size=n, dtype=np.uint64).astype(np.uint32)
+    bits = np.where(bits == UNWRITTEN, np.uint32(0x7FC00000), bits).view(np.float32)
     lo, hi = DOMAIN[name]
     dense = rng.uniform(lo, hi, size=n // 2).astype(np.float32)
     # Small magnitudes of both signs, 2^-40 .. 1, where relative accuracy is easily lost.
@@ -215,9 +323,13 @@ def inputs(name: str, seed: int = SEED) -> npt.NDArray[np.float32]:
     return xs.astype(np.float32)
 
 
-def check_precise(name: str, approx_ulps: int = 0) -> int:
+def _subnormal(x: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
+    return np.asarray((x != 0) & (np.abs(x) < np.float32(2.0**-126)), dtype=np.bool_)
+
+
+def check_precise(name: str, perturb: bool = False) -> int:
     x = inputs(name)
-    got = run(build(name, False), x, approx_ulps=approx_ulps)
+    got = run(name, x, perturb=perturb)
     want = REFERENCE[name](x)
     nan_got, nan_want = np.isnan(got), np.isnan(want)
     bad_nan = np.flatnonzero(nan_got != nan_want)
@@ -241,20 +353,51 @@ def test_precise_accuracy(name: str) -> None:
     print(f"{name}: max {worst} ulp")
 
 
-@pytest.mark.parametrize("name", ["tanh", "sigmoid", "rsqrt", "log"])
+@pytest.mark.parametrize("name", USES_APPROX)
 def test_precise_tolerates_approx_error(name: str) -> None:
-    """The `.approx` instructions inside precise sequences may be off by 2 ulp each."""
-    check_precise(name, approx_ulps=2)
+    """With every `.approx` result moved by up to 2 ulp (the hardware's error)."""
+    worst = check_precise(name, perturb=True)
+    print(f"{name}: max {worst} ulp with perturbed .approx")
+
+
+def test_precise_sequences_without_approx() -> None:
+    """The docstring's list: the other precise sequences use IEEE instructions only."""
+    for name in ALL:
+        has_approx = any(".approx" in line for line in build(name, False).lines)
+        assert has_approx == (name in USES_APPROX), name
+
+
+def test_perturbation_moves_approx_results() -> None:
+    """The test's own PTX instrumentation: fast exp2 is ex2.approx alone, so the perturbed
+    kernel differs from the exact one by -2..2 ulp, every one of them occurring, and keeps
+    zeros, infinities and NaNs."""
+    x = np.concatenate(
+        [
+            np.random.default_rng(SEED).uniform(-20, 20, 20_000),
+            [0.0, 200.0, -200.0, np.inf, -np.inf, np.nan, -126.0, 127.99],
+        ]
+    ).astype(np.float32)
+    exact = run("exp2", x, fast=True)
+    moved = run("exp2", x, fast=True, perturb=True)
+    special = ~np.isfinite(exact) | (exact == 0)
+    np.testing.assert_array_equal(f32_bits(moved[special]), f32_bits(exact[special]))
+    delta = f32_bits(moved[~special]).astype(np.int64) - f32_bits(exact[~special])
+    assert set(np.unique(delta).tolist()) == {-2, -1, 0, 1, 2}
 
 
 def test_precise_div_is_ieee() -> None:
     rng = np.random.default_rng(SEED)
-    a = rng.integers(0, 2**32, size=200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    b = rng.integers(0, 2**32, size=200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    got = run(build("div", False), a, b)
+    a, b = (
+        np.where(v == UNWRITTEN, np.uint32(0), v).astype(np.uint32).view(np.float32)
+        for v in rng.integers(0, 2**32, size=(2, 200_000), dtype=np.uint64).astype(np.uint32)
+    )
+    got = run("div", a, b)
     with np.errstate(all="ignore"):
         want = a / b
-    np.testing.assert_array_equal(f32_bits(got), f32_bits(want))
+    # Bit for bit, except that a NaN's payload is not specified.
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(f32_bits(got[~nan]), f32_bits(want[~nan]))
 
 
 @pytest.mark.parametrize(
@@ -279,15 +422,27 @@ def test_precise_div_is_ieee() -> None:
 )
 def test_special_values(name: str, x: list[float], want: list[float]) -> None:
     xs = np.array([*x, np.nan], dtype=np.float32)
-    got = run(build(name, False), xs)
+    got = run(name, xs)
     expected = np.array([*want, np.nan], dtype=np.float32)
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(np.signbit(got[got == 0]), np.signbit(expected[got == 0]))
 
 
+def test_rsqrt_subnormal_inputs() -> None:
+    """A subnormal x has its normal rsqrt (2^-149 -> 2^74.5); a negative subnormal gives NaN.
+    The sequence scales subnormal x by 2^24, because readings of the ISA differ on whether the
+    `rsqrt.approx.f32` seed flushes it (the sim does)."""
+    mags = np.random.default_rng(SEED).integers(1, 0x800000, 100_000, dtype=np.uint32)
+    mags = np.concatenate([mags, np.array([1, 2, 3, 0x7FFFFF, 0x400000], dtype=np.uint32)])
+    x = mags.view(np.float32)
+    got = run("rsqrt", np.concatenate([x, -x]))
+    assert np.isnan(got[x.size :]).all()
+    assert ulp_distance(got[: x.size], REFERENCE["rsqrt"](x)).max() <= 1
+
+
 def test_sigmoid_keeps_subnormal_results() -> None:
     x = np.array([-90.0, -95.0, -100.0, -103.0], dtype=np.float32)
-    got = run(build("sigmoid", False), x)
+    got = run("sigmoid", x)
     want = REFERENCE["sigmoid"](x)
     assert (want > 0).all() and (want < 2.0**-126).all()
     assert ulp_distance(got, want).max() <= 1
@@ -296,7 +451,8 @@ def test_sigmoid_keeps_subnormal_results() -> None:
 # -- fast mode: loose checks on the normal range ---------------------------------------------
 
 FAST = {
-    # name: (domain, relative tolerance); the model's error is not the hardware's.
+    # name: (domain, relative tolerance): the hardware's documented error, with room for the
+    # perturbed `.approx` results these run with.
     "exp": ((-10.0, 10.0), 1e-5),
     "exp2": ((-20.0, 20.0), 1e-5),
     "log": ((1.5, 1e6), 1e-5),
@@ -312,7 +468,7 @@ FAST = {
 def test_fast_roughly_right(name: str) -> None:
     (lo, hi), tol = FAST[name]
     x = np.random.default_rng(SEED).uniform(lo, hi, 100_000).astype(np.float32)
-    got = run(build(name, True), x, approx_ulps=2).astype(np.float64)
+    got = run(name, x, fast=True, perturb=True).astype(np.float64)
     want = REFERENCE[name](x).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=tol, atol=1e-30)
 
@@ -320,63 +476,5 @@ def test_fast_roughly_right(name: str) -> None:
 def test_fast_div() -> None:
     rng = np.random.default_rng(SEED)
     a, b = (rng.uniform(-1e3, 1e3, 100_000).astype(np.float32) for _ in range(2))
-    got = run(build("div", True), a, b, approx_ulps=2)
+    got = run("div", a, b, fast=True, perturb=True)
     np.testing.assert_allclose(got, a / b, rtol=1e-6)
-
-
-# -- the evaluator itself --------------------------------------------------------------------
-
-
-def test_evaluator_fma_rounds_once() -> None:
-    """fma_f32 against exact rational arithmetic, on cases built to sit near halfway points."""
-    from fractions import Fraction
-
-    from tests.ptx_straightline import fma_f32
-
-    rng = np.random.default_rng(SEED)
-    n = 3000
-    a = rng.uniform(1, 2, n).astype(np.float32)
-    b = rng.uniform(1, 2, n).astype(np.float32)
-    # c cancels most of a*b, or is a quarter ulp of it.
-    c = np.where(
-        rng.random(n) < 0.5,
-        -(a.astype(np.float64) * b).astype(np.float32),
-        (np.ldexp(1.0, -25) * rng.choice([-1, 1], n) * rng.uniform(0.999, 1.001, n)),
-    ).astype(np.float32)
-    # Exact f32 midpoints (a with an odd last bit, times 1.5) plus or minus 2^-60: rounding
-    # a*b + c to float64 first would land on the midpoint and then round to even.
-    odd = (1.0 + (2 * rng.integers(0, 2**20, n) + 1) * 2.0**-23).astype(np.float32)
-    a = np.concatenate([a, odd])
-    b = np.concatenate([b, np.full(n, 1.5, np.float32)])
-    c = np.concatenate([c, (rng.choice([-1.0, 1.0], n) * 2.0**-60).astype(np.float32)])
-    got = fma_f32(a, b, c)
-    up, down = np.float32(np.inf), np.float32(-np.inf)
-    for ai, bi, ci, gi in zip(a, b, c, got):
-        exact = Fraction(float(ai)) * Fraction(float(bi)) + Fraction(float(ci))
-        near = np.float32(float(exact))
-        candidates = [near, np.nextafter(near, up), np.nextafter(near, down)]
-
-        def key(v: np.float32, exact: Fraction = exact) -> tuple[Fraction, int]:
-            return abs(Fraction(float(v)) - exact), int(np.float32(v).view(np.uint32)) & 1
-
-        assert gi == min(candidates, key=key), (ai, bi, ci)
-
-
-def test_evaluator_semantics() -> None:
-    lines = [
-        "\tcvt.rni.f32.f32 %f2, %f1;",
-        "\tmax.f32 %f3, %f1, 0f7FFFFFFF;",
-        "\tmax.NaN.f32 %f4, %f1, 0f00000000;",
-        "\tsetp.ltu.f32 %p1, %f1, 0f00000000;",
-        "\tselp.f32 %f5, 0f3F800000, 0f00000000, %p1;",
-        "\tmov.b32 %r1, %f1;",
-        "\tshr.s32 %r2, %r1, 31;",
-        "\tmov.b32 %f6, %r2;",
-    ]
-    x = np.array([2.5, -3.5, np.nan, -0.0], dtype=np.float32)
-    out = {f"%f{i}": evaluate(lines, {"%f1": x}, f"%f{i}") for i in range(2, 7)}
-    np.testing.assert_array_equal(out["%f2"], [2.0, -4.0, np.nan, -0.0])
-    np.testing.assert_array_equal(out["%f3"], x)
-    np.testing.assert_array_equal(out["%f4"], [2.5, 0.0, np.nan, 0.0])
-    np.testing.assert_array_equal(out["%f5"], [0.0, 1.0, 1.0, 0.0])
-    assert list(f32_bits(out["%f6"])) == [0, 0xFFFFFFFF, 0, 0xFFFFFFFF]

@@ -6,11 +6,14 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 import numpy as np
 
 import cutile_py as ct
 from tests import elementwise_kernels as K
+
+B = TypeVar("B")
 
 KERNEL_SOURCE = """
 from typing import TypeVar
@@ -88,3 +91,35 @@ def test_ir_printer_is_deterministic_and_readable() -> None:
     assert text.startswith("kernel scale_add_2d(@0: partition<f32; 64, 48; align 2> z,")
     assert "load[param=1 shape=(64, 48) padding=0]" in text
     assert "unary[exp]" in text and "binary[max]" in text
+
+
+SCALE = 2.0
+
+
+@ct.kernel
+def scaled_by_global(z: ct.Mut[ct.Tensor[ct.f32, B]]) -> None:
+    z.store(ct.full(z.shape, SCALE, ct.f32))
+
+
+def make_filler(value: float) -> ct.Kernel:
+    @ct.kernel
+    def fill(z: ct.Mut[ct.Tensor[ct.f32, B]]) -> None:
+        z.store(ct.full(z.shape, value, ct.f32))
+
+    return fill
+
+
+def test_changed_global_or_closure_value_recompiles() -> None:
+    global SCALE
+
+    def run(k: ct.Kernel) -> np.ndarray:
+        return k(ct.zeros(4).partition(4)).sync()[0].unpartition().to_numpy()  # type: ignore[no-any-return]
+
+    np.testing.assert_array_equal(run(scaled_by_global), 2.0)
+    SCALE = 3.0
+    try:
+        np.testing.assert_array_equal(run(scaled_by_global), 3.0)
+    finally:
+        SCALE = 2.0
+    np.testing.assert_array_equal(run(make_filler(2.0)), 2.0)
+    np.testing.assert_array_equal(run(make_filler(5.0)), 5.0)

@@ -65,11 +65,26 @@ def test_same_partition_twice_is_alias_error() -> None:
 
 
 def test_partition_and_its_own_storage_is_alias_error() -> None:
-    x = ct.from_numpy(np.arange(8, dtype=np.float32))
-    view = ct.from_dlpack(x)  # the same memory, borrowed zero-copy
+    host = np.arange(8, dtype=np.float32)
+    x = ct.from_dlpack(host)  # borrowed zero-copy, twice: two tensors over one memory
+    view = ct.from_dlpack(host)
     p = x.partition(4)
     with pytest.raises(ct.AliasError, match="'z' and 'x'"):
         K.add(p, view, ct.zeros(8))
+    with pytest.raises(ct.AliasError, match="'z' and 'y'"):
+        K.add(p, ct.zeros(8), view)
+
+
+def test_from_dlpack_of_a_tensor_is_refused() -> None:
+    with pytest.raises(TypeError, match="would alias it"):
+        ct.from_dlpack(ct.zeros(4))
+
+
+def test_misaligned_borrowed_view_runs_unvectorized(rng: np.random.Generator) -> None:
+    base = rng.standard_normal(1025).astype(np.float32)
+    x = ct.from_dlpack(base[1:])  # 4 bytes past a 16-byte boundary
+    z, _, _ = K.add(ct.zeros(1024).partition(256), x, x).sync()
+    np.testing.assert_array_equal(z.unpartition().to_numpy(), base[1:] + base[1:])
 
 
 def test_a_shared_tensor_may_be_passed_twice(rng: np.random.Generator) -> None:

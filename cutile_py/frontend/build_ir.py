@@ -20,7 +20,16 @@ from cutile_py.frontend.errors import CompileError
 from cutile_py.frontend.signature import Specialization
 from cutile_py.frontend.values import BoundMethod, ParamRef, ShapeRef
 from cutile_py.ir import TileType, Value
-from cutile_py.ir.dtypes import DType, bool_, f32, i32, is_dtype, promote, promote_weak
+from cutile_py.ir.dtypes import (
+    DType,
+    bool_,
+    convert_scalar,
+    f32,
+    i32,
+    is_dtype,
+    promote,
+    promote_weak,
+)
 from cutile_py.ir.types import scalar
 
 BINOPS: dict[type[ast.operator], str] = {
@@ -228,13 +237,13 @@ class KernelBuilder:
         lo, hi, step = (
             [0, *bounds, 1] if len(bounds) == 1 else [*bounds, 1] if len(bounds) == 2 else bounds
         )[:3]
-        if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
-            self.fail("the step of range() must be a positive compile-time integer", it)
+        if not isinstance(step, int) or isinstance(step, bool) or step == 0:
+            self.fail("the step of range() must be a non-zero compile-time integer", it)
         lo_v, hi_v, step_v = (self.scalar_i32(v, it) for v in (lo, hi, step))
         assigned = assigned_names(s.body)
         carried = [n for n in sorted(assigned) if n in self.env and n != s.target.id]
         inits = [self.materialize(self.env[n], None, n) for n in carried]
-        loop = self.b.for_loop(lo_v, hi_v, step_v, inits)
+        loop = self.b.for_loop(lo_v, hi_v, step_v, inits, descending=step < 0)
         before = dict(self.env)
         self.env[s.target.id] = loop.body.args[0]
         for n, arg in zip(carried, loop.body.args[1:]):
@@ -253,6 +262,7 @@ class KernelBuilder:
                 outs.append(v)
             self.b.yield_(outs)
         self.env = before
+        self.env[s.target.id] = _LoopVariable(s.target.id)
         for n, r in zip(carried, loop.results):
             self.env[n] = r
 
@@ -293,6 +303,8 @@ class KernelBuilder:
                 merged[n] = a
                 continue
             t = a.type if isinstance(a, Value) else b.type if isinstance(b, Value) else None
+            if t is None:  # two different Python numbers: their common type
+                t = scalar(promote(_py_dtype(a), _py_dtype(b)))
             with self.b.inside(op.then):
                 va = self.materialize(a, t, n)
             with self.b.inside(op.orelse):
@@ -334,12 +346,18 @@ class KernelBuilder:
             return self.binary(op, self.expr(e.left), self.expr(e.right))
         if isinstance(e, ast.UnaryOp):
             x = self.expr(e.operand)
+            if not isinstance(x, (Value, bool, int, float)):
+                self.fail(f"unary {type(e.op).__name__} cannot apply to {_describe(x)}")
+            if isinstance(e.op, ast.Invert) and isinstance(x, float):
+                self.fail("~ needs a bool or an integer")
             if isinstance(e.op, ast.USub):
                 return -x if not isinstance(x, Value) else self.b.unary("neg", x)
             if isinstance(e.op, ast.UAdd):
                 return x
             if isinstance(e.op, ast.Invert):
-                return ~x if not isinstance(x, Value) else self.b.unary("not", x)
+                if isinstance(x, Value):
+                    return self.b.unary("not", x)
+                return (not x) if isinstance(x, bool) else ~int(x)
             # `not`
             if not isinstance(x, Value):
                 return not x
@@ -387,7 +405,14 @@ class KernelBuilder:
 
     def lookup(self, name: str, node: ast.AST) -> Any:
         if name in self.env:
-            return self.env[name]
+            value = self.env[name]
+            if isinstance(value, _LoopVariable):
+                self.fail(
+                    f"the loop variable '{name}' cannot be read after its loop; copy it into "
+                    "a variable that the loop carries",
+                    node,
+                )
+            return value
         value = self.lookup_global(name)
         if value is _MISSING:
             self.fail(f"name '{name}' is not defined here", node)
@@ -469,11 +494,12 @@ class KernelBuilder:
 
     # -- typing helpers -----------------------------------------------------------------------
     def constant(self, value: Any, dtype: type[DType]) -> Value:
-        if dtype is i32 and isinstance(value, int) and not -(2**31) <= value < 2**31:
-            self.fail(f"integer constant {value} does not fit in i32")
-        if dtype.kind == "int" and isinstance(value, float):
-            value = int(value)
-        return self.b.constant(value, dtype)
+        """A Python number as an IR constant of `dtype`, converted as a cast would."""
+        try:
+            converted = convert_scalar(value, dtype)
+        except ValueError as e:
+            self.fail(f"constant {e}")
+        return self.b.constant(converted, dtype)
 
     def materialize(self, v: Any, like: TileType | None, name: str) -> Value:
         """`v` as an IR value (a Python number takes `like`'s type, or its default dtype)."""
@@ -481,6 +507,11 @@ class KernelBuilder:
             return v
         if isinstance(v, (bool, int, float)):
             dtype = like.dtype if like is not None else _py_dtype(v)
+            if promote_weak(dtype, type(v)) is not dtype:
+                self.fail(
+                    f"variable '{name}' is {dtype.name} on one path but {v!r} "
+                    f"({type(v).__name__}) on another; give it one type on every path"
+                )
             c = self.constant(v, dtype)
             return self.b.broadcast(c, like.shape) if like is not None and like.shape else c
         self.fail(
@@ -544,6 +575,13 @@ class KernelBuilder:
 
 
 _MISSING = object()
+
+
+class _LoopVariable:
+    """Stands for a `for` loop's variable after the loop (its last value is not kept)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
 def _py_dtype(v: Any) -> type[DType]:

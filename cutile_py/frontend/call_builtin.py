@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cutile_py.frontend.inline import inline_helper
-from cutile_py.frontend.values import BoundMethod, ParamRef
+from cutile_py.frontend.values import BoundMethod, ParamRef, ShapeRef
 from cutile_py.ir import Value
-from cutile_py.ir.dtypes import DType, bool_, f32, i32, is_dtype
+from cutile_py.ir.dtypes import DType, bool_, convert_scalar, f32, i32, is_dtype
 from cutile_py.language.functions import builtin_name, is_helper
 
 if TYPE_CHECKING:
@@ -68,6 +68,12 @@ def call(
             else:
                 acc = fn(acc, x)
         return acc
+    if fn is builtins.len and len(args) == 1 and not kwargs:
+        if isinstance(args[0], tuple):
+            return len(args[0])
+        if isinstance(args[0], ShapeRef):
+            return args[0].param.bound.rank
+        kb.fail("len() takes a tuple or a shape", node)
     if fn is builtins.abs and len(args) == 1:
         return _unary(kb, "abs", args[0])
     if fn is builtins.range:
@@ -197,6 +203,10 @@ def _load(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     pad = a["padding"]
     if not isinstance(pad, (int, float)) or isinstance(pad, bool):
         kb.fail("padding must be a number", node)
+    try:
+        pad = convert_scalar(pad, src.bound.dtype)
+    except ValueError as e:
+        kb.fail(f"padding {e}", node)
     idx = [kb.scalar_i32(i, node) for i in index]
     return kb.b.load(src.index, src.bound.dtype, idx, shape, pad)
 
@@ -223,6 +233,9 @@ def _load_tile_like(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Valu
 
 def _where(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     cond, x, y = a["cond"], a["x"], a["y"]
+    if isinstance(cond, bool):  # decided at compile time
+        (xv, yv), _, shape = kb.operands(x, y)
+        return kb.b.broadcast(xv if cond else yv, shape)
     if not isinstance(cond, Value) or cond.type.dtype is not bool_:
         kb.fail("the condition of ct.where must be a bool tile or scalar", node)
     (xv, yv), _, shape = kb.operands(x, y)
@@ -251,6 +264,13 @@ def _num_tiles(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Any:
     return _cdiv(kb, dim, a["tile"])
 
 
+def _arange(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
+    n = a["n"]
+    if isinstance(n, Value) or not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        kb.fail("ct.arange(n) needs a positive compile-time length (a tile dim)", node)
+    return kb.b.cast(kb.b.iota(n), _dtype_arg(kb, a["dtype"], node))
+
+
 def _dtype_arg(kb: KernelBuilder, d: Any, node: ast.AST) -> type[DType]:
     if not is_dtype(d):
         kb.fail(f"dtype must be a cutile_py dtype such as ct.f32, got {d!r}", node)
@@ -268,6 +288,7 @@ _BUILTINS: dict[str, Callable[[KernelBuilder, ast.AST, dict[str, Any]], Any]] = 
     "zeros": lambda kb, n, a: _full(kb, n, a["shape"], 0, _dtype_arg(kb, a["dtype"], n)),
     "ones": lambda kb, n, a: _full(kb, n, a["shape"], 1, _dtype_arg(kb, a["dtype"], n)),
     "where": _where,
+    "arange": _arange,
     "maximum": lambda kb, n, a: kb.binary("max", a["x"], a["y"]),
     "minimum": lambda kb, n, a: kb.binary("min", a["x"], a["y"]),
     "fma": _fma,

@@ -24,6 +24,8 @@ class CapturedFunction:
     lines: tuple[str, ...]  # the file's lines of the function, undedented
     tree: ast.FunctionDef
     source_hash: str
+    #: Names the body reads that are neither parameters nor assigned in it, sorted.
+    free_names: tuple[str, ...]
     #: Local names of the scope the kernel was defined in (for string annotations and TypeVars
     #: defined in a function); module globals are read live from `fn.__globals__`.
     scope: dict[str, Any]
@@ -37,6 +39,28 @@ class CapturedFunction:
 
     def error(self, node: ast.AST, message: str) -> CompileError:
         return CompileError(message, self.location(node), self.name)
+
+    def fingerprint(self) -> tuple[tuple[str, Any], ...]:
+        """The current values of the names the body reads from outside (globals, closure,
+        defining scope): part of the JIT cache key, so that a changed constant recompiles.
+        Numbers and strings count by value, anything else (modules, functions) by identity."""
+        closure = dict(zip(self.fn.__code__.co_freevars, self.fn.__closure__ or ()))
+        glob = self.fn.__globals__
+        out = []
+        for name in self.free_names:
+            if name in closure:
+                try:
+                    value = closure[name].cell_contents
+                except ValueError:
+                    continue
+            elif name in self.scope:
+                value = self.scope[name]
+            elif name in glob:
+                value = glob[name]
+            else:
+                continue
+            out.append((name, _value_key(value)))
+        return tuple(out)
 
     def visible_names(self) -> dict[str, Any]:
         """Module globals, shadowed by the defining scope's locals and the closure's variables."""
@@ -88,4 +112,23 @@ def capture(fn: Callable[..., Any], scope: dict[str, Any] | None = None) -> Capt
         tree=fdef,
         source_hash=digest,
         scope=dict(scope or {}),
+        free_names=_free_names(fdef),
     )
+
+
+def _free_names(fdef: ast.FunctionDef) -> tuple[str, ...]:
+    params = {a.arg for a in fdef.args.args}
+    loads: set[str] = set()
+    stores: set[str] = set()
+    for node in ast.walk(fdef):
+        if isinstance(node, ast.Name):
+            (stores if isinstance(node.ctx, ast.Store) else loads).add(node.id)
+    return tuple(sorted(loads - stores - params))
+
+
+def _value_key(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return (type(value).__name__, value)
+    if isinstance(value, tuple):
+        return tuple(_value_key(v) for v in value)
+    return ("id", id(value))

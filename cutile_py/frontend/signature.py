@@ -40,6 +40,9 @@ class TensorArg:
     dtype: type[DType]
     shape: tuple[int, ...]
     tile_shape: tuple[int, ...] | None  # set for a Partition
+    #: Elements (a power of two, at most 16) that the start address is aligned to; our own
+    #: allocations are 256-byte aligned, borrowed views may not be.
+    base_align: int = MAX_ALIGN
 
 
 @dataclass(frozen=True)
@@ -253,9 +256,8 @@ def _bind_one(kernel: str, spec: ParamSpec, arg: Any, typevars: dict[str, int]) 
         static.append(want)
     if arg.tile_shape is not None:
         static = list(arg.tile_shape)
-    return BoundParam(
-        spec, arg.dtype, len(arg.shape), arg.tile_shape, tuple(static), _align(arg.shape[-1])
-    )
+    align = min(_align(arg.shape[-1]), arg.base_align)
+    return BoundParam(spec, arg.dtype, len(arg.shape), arg.tile_shape, tuple(static), align)
 
 
 def _scalar(kernel: str, spec: ParamSpec, arg: Any) -> int | float | bool:

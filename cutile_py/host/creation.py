@@ -60,7 +60,7 @@ def _upload(values: np.ndarray, dtype: type[DType]) -> AnyTensor:
 def full(shape: Sequence[int] | int, value: Any, dtype: Any = f32) -> TensorOrTile:
     """A tensor (or, inside a kernel, a tile) of `shape` filled with `value`."""
     if CURRENT_BLOCK.get() is not None:
-        return tile_full(_shape(shape), value, _dtype(dtype))  # type: ignore[return-value]
+        return tile_full(shape, value, _dtype(dtype))  # type: ignore[return-value]
     dt = _dtype(dtype)
     return _upload(
         np.full(_shape(shape), value, dtype=np.float64 if dt.is_float() else dt.compute), dt
@@ -79,9 +79,14 @@ def ones(shape: Sequence[int] | int, dtype: Any = f32) -> TensorOrTile:
     return full(shape, 1, dtype)
 
 
-def arange(n: int, dtype: Any = i32) -> AnyTensor:
-    """`[0, 1, ..., n-1]` as a 1-D tensor."""
-    return _upload(np.arange(int(n)), _dtype(dtype))
+@builtin("arange")
+def arange(n: int, dtype: Any = i32) -> TensorOrTile:
+    """`[0, 1, ..., n-1]` as a 1-D tensor (or, inside a kernel, a tile; n a tile dim)."""
+    if CURRENT_BLOCK.get() is not None:
+        return tile_full(  # type: ignore[return-value]
+            (int(n),), Tile(np.arange(int(n), dtype=np.int32), i32), _dtype(dtype)
+        )
+    return _upload(np.arange(int(n)), _dtype(dtype))  # type: ignore[return-value]
 
 
 def randn(shape: Sequence[int] | int, dtype: Any = f32, seed: int = 0) -> AnyTensor:
@@ -117,7 +122,11 @@ def from_dlpack(obj: Any) -> AnyTensor:
     if backend.name == "cuda":
         raise NotImplementedError("from_dlpack of device memory comes with the interop release")
     if isinstance(obj, Tensor):
-        obj._check_usable("borrow the tensor")
+        # A second Tensor over the same memory would escape the ownership checks.
+        raise TypeError(
+            "ct.from_dlpack() of a cutile_py Tensor would alias it; use the tensor "
+            "itself (or ct.from_numpy(t.to_numpy()) for a copy)"
+        )
     arr = np.from_dlpack(obj)
     if not arr.flags.c_contiguous:
         raise ValueError("from_dlpack needs a C-contiguous array")

@@ -30,6 +30,8 @@ class CacheKey:
     spec: Specialization
     target: Target | None  # None: IR only (the interpreter)
     fast_math: bool
+    #: Values of the globals and closure variables the kernel reads (see `fingerprint`).
+    deps: tuple[tuple[str, Any], ...] = ()
     compiler: str = COMPILER_VERSION
 
 
@@ -105,13 +107,16 @@ class Kernel:
         return bind(self.name, self.params, infos)
 
     def compiled(self, spec: Specialization, target: Target | None) -> CompiledKernel:
-        key = CacheKey(self.captured.source_hash, self.__qualname__, spec, target, self.fast_math)
+        deps = self.captured.fingerprint()
+        key = CacheKey(
+            self.captured.source_hash, self.__qualname__, spec, target, self.fast_math, deps
+        )
         hit = _CACHE.get(key)
         if hit is not None:
             STATS.hits += 1
             return hit
         STATS.misses += 1
-        ir_key = CacheKey(key.source_hash, key.qualname, spec, None, self.fast_math)
+        ir_key = CacheKey(key.source_hash, key.qualname, spec, None, self.fast_math, deps)
         base = _CACHE.get(ir_key)
         if base is None:
             kir = build_kernel(self.captured, spec, self.fast_math)
@@ -161,11 +166,23 @@ def _default_target() -> Target:
     return backend.target if backend.runs_ptx else Target(80)
 
 
+def _base_align(t: Tensor[Any, Any]) -> int:
+    """Elements (power of two ≤ 16) that the tensor's first element's address is aligned to."""
+    size = t.dtype.itemsize()
+    address = t.buffer.address
+    if address % size:
+        return 1
+    align = 1
+    while align < 16 and (address // size) % (align * 2) == 0:
+        align *= 2
+    return align
+
+
 def _arg_info(a: Any) -> Any:
     if isinstance(a, Partition):
-        return TensorArg(a.dtype, a.shape, a.tile_shape)
+        return TensorArg(a.dtype, a.shape, a.tile_shape, _base_align(a.tensor))
     if isinstance(a, Tensor):
-        return TensorArg(a.dtype, a.shape, None)
+        return TensorArg(a.dtype, a.shape, None, _base_align(a))
     if isinstance(a, PartitionSpec):
         return TensorArg(a.dtype, tuple(a.shape), tuple(a.tile))
     if isinstance(a, TensorSpec):

@@ -117,7 +117,7 @@ def run_interpreted(
                     else:
                         call_args.append(a)
                 token = CURRENT_BLOCK.set(
-                    BlockContext((bid[0], bid[1], bid[2]), (g[0], g[1], g[2]))
+                    BlockContext((bid[0], bid[1], bid[2]), (g[0], g[1], g[2]), spec.typevars)
                 )
                 try:
                     body(*call_args)

@@ -90,6 +90,11 @@ class Builder:
             raise IRTypeError("store needs a tile, not a scalar")
         self._add(o.StoreOp((*index, value), (), param=param))
 
+    def iota(self, n: int) -> o.Value:
+        if n <= 0:
+            raise IRTypeError(f"arange needs a positive length, got {n}")
+        return self._add(o.IotaOp((), (o.Value(TileType(i32, (n,))),))).result
+
     # -- element-wise ---------------------------------------------------------------------
     def broadcast(self, x: o.Value, shape: tuple[int, ...]) -> o.Value:
         if x.type.shape == shape:
@@ -152,7 +157,12 @@ class Builder:
 
     # -- control flow ---------------------------------------------------------------------
     def for_loop(
-        self, lo: o.Value, hi: o.Value, step: o.Value, inits: Sequence[o.Value]
+        self,
+        lo: o.Value,
+        hi: o.Value,
+        step: o.Value,
+        inits: Sequence[o.Value],
+        descending: bool = False,
     ) -> o.ForOp:
         """Open a loop; the caller fills `op.body` (under `inside`) and ends it with `yield_`."""
         for v in (lo, hi, step):
@@ -160,7 +170,7 @@ class Builder:
                 raise IRTypeError(f"range() bounds must be i32 scalars, got {v.type}")
         body = o.Region([o.Value(scalar(i32), "i"), *(o.Value(v.type) for v in inits)])
         results = tuple(o.Value(v.type) for v in inits)
-        op = o.ForOp((lo, hi, step, *inits), results, body=body)
+        op = o.ForOp((lo, hi, step, *inits), results, body=body, descending=descending)
         return self._add(op)  # type: ignore[return-value]
 
     def if_(self, cond: o.Value, result_types: Sequence[TileType]) -> o.IfOp:

@@ -139,11 +139,31 @@ def round_to(x: np.ndarray, dtype: type[DType]) -> np.ndarray:
     if dtype.kind == "int" and np.asarray(x).dtype.kind == "f":
         # PTX cvt.rzi: truncate toward zero; NaN becomes 0; saturate at the type's limits.
         info = np.iinfo(np.int64 if dtype.bits == 64 else np.int32)
-        xf = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0)
-        return np.clip(np.trunc(xf), info.min, info.max).astype(dtype.compute)
+        t = np.trunc(np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0))
+        limit = 2.0 ** (dtype.bits - 1)  # exact in f64, unlike info.max for 64 bits
+        inside = np.where((t >= -limit) & (t < limit), t, 0).astype(dtype.compute)
+        return np.where(t >= limit, info.max, np.where(t < -limit, info.min, inside)).astype(
+            dtype.compute
+        )
     if dtype is bool_:
         return np.asarray(np.asarray(x) != 0)
     return np.asarray(x).astype(dtype.compute)
+
+
+def convert_scalar(value: bool | int | float, dtype: type[DType]) -> bool | int | float:
+    """A Python number converted as a cast to `dtype` converts it: floats round to nearest
+    (overflowing to inf), float → int truncates and saturates with NaN → 0. An int that does
+    not fit an integer dtype raises ValueError."""
+    if dtype.kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+        lo = -(2 ** (dtype.bits - 1))
+        if not lo <= value < -lo:
+            raise ValueError(f"{value} does not fit in {dtype.name}")
+        return value
+    with np.errstate(all="ignore"):
+        converted = round_to(np.asarray(value, dtype=np.float64), dtype)
+    if dtype is bool_:
+        return bool(converted)
+    return int(converted) if dtype.kind == "int" else float(converted)
 
 
 def to_storage(values: np.ndarray, dtype: type[DType]) -> np.ndarray:

@@ -149,6 +149,13 @@ class StoreOp(Op):
 
 
 @dataclass(eq=False)
+class IotaOp(Op):
+    """The 1-D i32 tile `[0, 1, ..., n-1]`."""
+
+    opname: ClassVar[str] = "iota"
+
+
+@dataclass(eq=False)
 class BroadcastOp(Op):
     opname: ClassVar[str] = "broadcast"
 
@@ -204,6 +211,11 @@ class ForOp(Op):
 
     opname: ClassVar[str] = "for"
     body: Region = field(default_factory=Region)
+    #: The step is negative: the loop runs while iv > hi.
+    descending: bool = False
+
+    def attrs(self) -> str:
+        return "descending" if self.descending else ""
 
     def regions(self) -> tuple[Region, ...]:
         return (self.body,)

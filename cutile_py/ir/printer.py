@@ -1,4 +1,4 @@
-"""Deterministic text form of tile IR (the JIT cache key hashes it; golden tests read it)."""
+"""Deterministic text form of tile IR (what `kernel.ir()` shows and golden tests compare)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import numpy as np
 from cutile_py.ir import reference
 from cutile_py.ir.dtypes import DType, round_to
 from cutile_py.language import tile as _t
-from cutile_py.language.interpret import TensorView, TileView, block
+from cutile_py.language.interpret import TensorView, TileView, block, resolve_shape
 from cutile_py.language.tile import Operand, Tile
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -66,8 +66,10 @@ def cdiv(a: int, b: int) -> int:
 
 @builtin("num_tiles")
 def num_tiles(src: Any, axis: int, tile: int) -> int:
-    """Tiles of size `tile` covering dim `axis` of `src`: `cdiv(src.shape[axis], tile)`."""
-    return cdiv(src.shape[axis], tile)
+    """Tiles of size `tile` covering dim `axis` of the whole tensor `src` (for a Mut
+    parameter, the whole partitioned tensor, not its tile): `cdiv(dim, tile)`."""
+    shape = src.full_shape if isinstance(src, TileView) else src.shape
+    return cdiv(shape[axis], tile)
 
 
 # -- loads ----------------------------------------------------------------------------------
@@ -82,13 +84,14 @@ def load_tile_like(src: Any, like: Any) -> Tile:
 def load(src: Any, index: Sequence[int], shape: Sequence[int], padding: float = 0) -> Tile:
     """Tile `index` (counted in tiles of `shape`) of `src`; elements outside read `padding`."""
     assert isinstance(src, TensorView)
-    return src.read_tile(tuple(index), tuple(shape), padding)
+    idx = (index,) if isinstance(index, int) else tuple(index)
+    return src.read_tile(idx, resolve_shape(shape), padding)
 
 
 # -- element-wise ---------------------------------------------------------------------------
-def tile_full(shape: Sequence[int], value: Operand, dtype: type[DType]) -> Tile:
+def tile_full(shape: Sequence[int] | int, value: Operand, dtype: type[DType]) -> Tile:
     v = value.astype(dtype).array if isinstance(value, Tile) else round_to(np.asarray(value), dtype)
-    return Tile(np.array(np.broadcast_to(v, tuple(shape)), dtype=dtype.compute), dtype)
+    return Tile(np.array(np.broadcast_to(v, resolve_shape(shape)), dtype=dtype.compute), dtype)
 
 
 @builtin("where")
@@ -96,6 +99,9 @@ def where(cond: Tile, x: Operand, y: Operand) -> Tile:
     """`x` where `cond` is true, else `y` (element-wise)."""
     dt = _t.result_dtype(x, y)
     c = cond.array if isinstance(cond, Tile) else np.asarray(cond, dtype=bool)
+    if isinstance(cond, bool):
+        picked = x if cond else y
+        return picked if isinstance(picked, Tile) else Tile(_t.as_array(picked, dt), dt)
     return Tile(np.where(c, _t.as_array(x, dt), _t.as_array(y, dt)).astype(dt.compute), dt)
 
 

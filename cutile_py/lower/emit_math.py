@@ -354,15 +354,21 @@ def emit_rsqrt(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
     no slow path. Forming x*y0 before multiplying by y0 again keeps subnormal x from
     overflowing y0^2. Where y0 is 0, inf or NaN (x = +inf, +-0, x < 0, NaN) the step gives
     NaN and y0 itself (+0, +-inf, NaN: the IEEE values) is kept.
+
+    Subnormal x is scaled by 2^24 first (result by 2^12, both exact): readings of the PTX ISA
+    differ on whether `rsqrt.approx.f32` flushes a subnormal input, and this is right either way.
     """
     if fast:
         return _f(fb, "rsqrt.approx.ftz.f32", x)
-    y0 = _f(fb, "rsqrt.approx.f32", x)  # not .ftz: subnormal x has a normal rsqrt
-    h = _f(fb, "mul.rn.f32", x, y0)
+    tiny = _p(fb, "setp.lt.f32", _f(fb, "abs.f32", x), _k("0x1p-126"))
+    xs = _f(fb, "selp.f32", _f(fb, "mul.rn.f32", x, _k("0x1p+24")), x, tiny)
+    y0 = _f(fb, "rsqrt.approx.f32", xs)
+    h = _f(fb, "mul.rn.f32", xs, y0)
     err = _f(fb, "fma.rn.f32", _f(fb, "neg.f32", h), y0, _ONE)
     y1 = _f(fb, "fma.rn.f32", _f(fb, "mul.rn.f32", y0, _HALF), err, y0)
     bad = _p(fb, "setp.nan.f32", err, err)
-    return _f(fb, "selp.f32", y0, y1, bad)
+    y = _f(fb, "selp.f32", y0, y1, bad)
+    return _f(fb, "selp.f32", _f(fb, "mul.rn.f32", y, _k("0x1p+12")), y, tiny)
 
 
 def emit_div(fb: FunctionBuilder, a: Reg, b: Reg, *, fast: bool) -> Reg:

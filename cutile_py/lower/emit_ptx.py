@@ -200,6 +200,17 @@ class Emitter:
     def op_tensor_dim(self, op: o.TensorDimOp) -> None:
         self.define(op.result, [self.tensors[op.param].dims[op.axis]])
 
+    def op_iota(self, op: o.IotaOp) -> None:
+        layout = self.plan.of(op.result.type)
+        out = []
+        for r in range(layout.reps):
+            first = self.chunks[(layout.shape, r)].coords[0]
+            for v in range(layout.vec):
+                x = self.fb.reg("b32")
+                self.fb.ins("add.u32", x, first, v)
+                out.append(x)
+        self.define(op.result, out)
+
     def op_broadcast(self, op: o.BroadcastOp) -> None:
         (r,) = self.regs(op.operands[0])
         self.define(op.result, [r] * self.count(op.result))
@@ -215,11 +226,16 @@ class Emitter:
         cc = self.chunks[(layout.shape, r)]
         rank = len(layout.shape)
         g: list[Reg] = []
+        rows = cc.guard
         for k in range(rank):
             gk = fb.reg("b32")
             fb.ins("mad.lo.u32", gk, index[k], layout.shape[k], cc.coords[k])
             g.append(gk)
-        rows = cc.guard
+            # A tile index so large (or negative) that index*shape wraps around 32 bits must
+            # not land back inside the tensor: such a tile lies wholly outside it.
+            fits = fb.reg("pred")
+            fb.ins("setp.le.u32", fits, index[k], (0xFFFFFFFF - layout.shape[k]) // layout.shape[k])
+            rows = fits if rows is None else self._and(rows, fits)
         for k in range(rank - 1):
             pk = fb.reg("pred")
             fb.ins("setp.lt.u32", pk, g[k], t.dims[k])
@@ -590,7 +606,7 @@ class Emitter:
         top, end = fb.new_label("loop"), fb.new_label("done")
         fb.place(top)
         done = fb.reg("pred")
-        fb.ins("setp.ge.s32", done, iv, self.regs(hi)[0])
+        fb.ins("setp.le.s32" if op.descending else "setp.ge.s32", done, iv, self.regs(hi)[0])
         fb.ins("bra.uni", end, pred=done)
         body_ops = op.body.ops
         self.region(o.Region([], body_ops[:-1]))
