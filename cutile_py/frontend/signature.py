@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cutile_py.frontend.capture import CapturedFunction
-from cutile_py.frontend.errors import CompileError
 from cutile_py.ir.dtypes import DType, bool_, f32, i32, is_dtype
 from cutile_py.language.annotations import Constant, Dyn, Mut, is_tensor_class
 
@@ -278,6 +277,3 @@ def _scalar(kernel: str, spec: ParamSpec, arg: Any) -> int | float | bool:
         raise _fail(kernel, spec.name, f"{arg} does not fit in i32", ValueError)
     return float(arg) if t is float else arg
 
-
-def missing_constant_error(kernel: str, name: str) -> CompileError:
-    return CompileError(f"Constant parameter '{name}' has no value", None, kernel)

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutile_py.frontend.signature import BoundParam
-from cutile_py.ir import Value
 
 
 @dataclass(frozen=True)
@@ -39,6 +38,3 @@ class BoundMethod:
     receiver: Any
     name: str
 
-
-Scalar = int | float | bool
-Abstract = Value | ParamRef | ShapeRef | BoundMethod | Any

@@ -6,7 +6,8 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
-from cutile_py.host.launch import launch_ptx, run_interpreted
+from cutile_py.host.interpret_run import run_interpreted
+from cutile_py.host.launch import launch_ptx
 from cutile_py.host.tensor import Owned, Partition, Tensor
 from cutile_py.runtime.backend import Backend, Completion, RuntimeFailure
 from cutile_py.runtime.select import active_backend

@@ -1,24 +1,14 @@
-"""Running one specialization on a backend: parameter packing for PTX, or the interpreter."""
+"""Launching compiled PTX: the `.param` values of a launch, and the call into the backend."""
 
 from __future__ import annotations
 
-import itertools
-import types
-import typing
 from typing import Any
 
-import numpy as np
-
-from cutile_py.frontend.signature import Specialization
-from cutile_py.host.tensor import Partition, Tensor
-from cutile_py.ir.dtypes import from_storage, to_storage
-from cutile_py.language.interpret import CURRENT_BLOCK, BlockContext, TensorView, TileView
+from cutile_py.host.tensor import Partition
 from cutile_py.lower.pipeline import LoweredKernel
 from cutile_py.runtime.backend import (
     Backend,
     Completion,
-    Finished,
-    HostBuffer,
     LoadedKernel,
     ParamValue,
 )
@@ -56,78 +46,3 @@ def launch_ptx(
     return backend.launch(
         kern, (g[0], g[1], g[2]), (lowered.block_threads, 1, 1), 0, pack_params(lowered, args)
     )
-
-
-def _with_typevars(fn: Any, spec: Specialization) -> Any:
-    """`fn` seeing each TypeVar it names as the value this launch gave it."""
-    if not spec.typevars:
-        return fn
-    values = dict(spec.typevars)
-    glob = fn.__globals__
-    overrides = {
-        k: values[v.__name__]
-        for k, v in glob.items()
-        if isinstance(v, typing.TypeVar) and v.__name__ in values
-    }
-    cells = []
-    for cell in fn.__closure__ or ():
-        try:
-            v = cell.cell_contents
-        except ValueError:
-            cells.append(cell)
-            continue
-        if isinstance(v, typing.TypeVar) and v.__name__ in values:
-            cells.append(types.CellType(values[v.__name__]))
-        else:
-            cells.append(cell)
-    if not overrides and not fn.__closure__:
-        return fn
-    new_globals = {**glob, **overrides} if overrides else glob
-    return types.FunctionType(fn.__code__, new_globals, fn.__name__, fn.__defaults__, tuple(cells))
-
-
-def run_interpreted(
-    fn: Any, spec: Specialization, grid: tuple[int, ...], args: tuple[Any, ...]
-) -> Completion:
-    """Run the kernel's Python once per block, on NumPy tiles, in grid order."""
-    arrays: list[np.ndarray | None] = []
-    for a in args:
-        t = a.tensor if isinstance(a, Partition) else a
-        if isinstance(t, Tensor):
-            buf = t.buffer
-            assert isinstance(buf, HostBuffer)
-            raw = buf.view(t.dtype.storage, t.size).reshape(t.shape)
-            arrays.append(from_storage(raw, t.dtype) if t.dtype.storage != t.dtype.compute else raw)
-        else:
-            arrays.append(None)
-    body = _with_typevars(fn, spec)
-    g = (*grid, 1, 1, 1)[:3]
-    try:
-        with np.errstate(all="ignore"):
-            for block in itertools.product(*(range(n) for n in grid)):
-                bid = (*block, 0, 0, 0)[:3]
-                call_args: list[Any] = []
-                for bp, a, arr in zip(spec.params, args, arrays):
-                    if isinstance(a, Partition):
-                        assert arr is not None
-                        call_args.append(TileView(arr, bp.dtype, a.tile_shape, block))
-                    elif isinstance(a, Tensor):
-                        assert arr is not None
-                        call_args.append(TensorView(arr, bp.dtype))
-                    else:
-                        call_args.append(a)
-                token = CURRENT_BLOCK.set(
-                    BlockContext((bid[0], bid[1], bid[2]), (g[0], g[1], g[2]), spec.typevars)
-                )
-                try:
-                    body(*call_args)
-                finally:
-                    CURRENT_BLOCK.reset(token)
-    finally:
-        # Write back what blocks stored into tensors whose compute form is a copy.
-        for a, arr in zip(args, arrays):
-            if isinstance(a, Partition) and arr is not None and a.dtype.storage != a.dtype.compute:
-                buf = a.tensor.buffer
-                assert isinstance(buf, HostBuffer)
-                buf.view(a.dtype.storage, a.tensor.size)[:] = to_storage(arr, a.dtype).reshape(-1)
-    return Finished()
