@@ -276,4 +276,3 @@ def _scalar(kernel: str, spec: ParamSpec, arg: Any) -> int | float | bool:
     if t is int and not -(2**31) <= arg < 2**31:
         raise _fail(kernel, spec.name, f"{arg} does not fit in i32", ValueError)
     return float(arg) if t is float else arg
-

@@ -37,4 +37,3 @@ class BoundMethod:
 
     receiver: Any
     name: str
-
