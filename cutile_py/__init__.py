@@ -8,8 +8,10 @@ from cutile_py.host.creation import arange, from_dlpack, from_numpy, full, ones,
 from cutile_py.host.device_op import DeviceOp
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
 from cutile_py.host.kernel import CompiledKernel, Kernel, cache_info, kernel
+from cutile_py.host.pipeline import zip
 from cutile_py.host.raw_kernel import RawKernel
 from cutile_py.host.specs import PartitionSpec, TensorSpec
+from cutile_py.host.streams import Stream
 from cutile_py.host.tensor import Partition, Tensor
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
 from cutile_py.language.annotations import Constant, Dyn, Mut
@@ -65,6 +67,7 @@ __all__ = [
     "Partition",
     "PartitionSpec",
     "RawKernel",
+    "Stream",
     "Target",
     "Tensor",
     "TensorSpec",
@@ -106,4 +109,5 @@ __all__ = [
     "tanh",
     "where",
     "zeros",
+    "zip",
 ]

@@ -20,6 +20,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def hermetic_disk_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The disk JIT cache of the whole run lives in a fresh temporary directory, never the
+    user's cache (subprocesses inherit it through the environment)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUTILE_PY_CACHE_DIR", str(tmp_path_factory.mktemp("jit_cache")))
+        mp.delenv("CUTILE_PY_CACHE_MAX_BYTES", raising=False)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def cpu_backend() -> Iterator[None]:
     """Tests run on sim (the compiled PTX on the CPU, the CPU default) unless they ask for

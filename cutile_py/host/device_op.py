@@ -1,13 +1,21 @@
-"""`DeviceOp`: one checked launch that owns its arguments until it completes."""
+"""`DeviceOp`: one checked launch that owns its arguments until it completes.
+
+`OpLike` is what `.sync()`, `.sync_on(stream)`, `await` and `.then(fn)` work on: a `DeviceOp`,
+or a chain or zip of them (`cutile_py.host.pipeline`).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
 from cutile_py.host.interpret_run import run_interpreted
 from cutile_py.host.launch import launch_ptx
+from cutile_py.host.streams import Stream, async_stream, settle, wait_done
 from cutile_py.host.tensor import Owned, Partition, Tensor
 from cutile_py.runtime.backend import Backend, Completion, RuntimeFailure
 from cutile_py.runtime.select import active_backend
@@ -15,9 +23,39 @@ from cutile_py.runtime.select import active_backend
 if TYPE_CHECKING:
     from cutile_py.frontend.signature import Specialization
     from cutile_py.host.kernel import CompiledKernel, Kernel
+    from cutile_py.host.pipeline import Chain
 
 
-class DeviceOp:
+class OpLike(ABC):
+    """Device work that owns its arguments until it completes and then hands them back."""
+
+    @abstractmethod
+    def sync(self) -> tuple[Any, ...]:
+        """Run (if not yet run), wait for completion and hand back the result."""
+
+    @abstractmethod
+    def sync_on(self, stream: Stream) -> tuple[Any, ...]:
+        """Like `sync()`, launching on `stream`."""
+
+    @abstractmethod
+    async def _run_async(self) -> tuple[Any, ...]: ...
+
+    @abstractmethod
+    def _ops(self) -> list[DeviceOp]:
+        """The launches that exist now (a chain's later ones are made when it runs)."""
+
+    def __await__(self) -> Generator[Any, None, tuple[Any, ...]]:
+        """`await op`: like `sync()`, without blocking the event loop."""
+        return self._run_async().__await__()
+
+    def then(self, fn: Callable[[tuple[Any, ...]], OpLike]) -> Chain:
+        """An op that runs this one, passes its result to `fn` and runs the op `fn` returns."""
+        from cutile_py.host.pipeline import Chain
+
+        return Chain(self, fn)
+
+
+class DeviceOp(OpLike):
     """A launch of a kernel on checked arguments; run it with `.sync()`.
 
     From construction until it completes, the op holds its `Partition` arguments exclusively
@@ -84,17 +122,22 @@ class DeviceOp:
                 obj._shared = [r for r in obj._shared if r() is not self and r() is not None]
         self._held = []
 
-    def _start(self) -> Completion:
+    def _start(self, stream: object | None = None) -> Completion:
         """Queue the work on the backend (or run it, on the CPU backends)."""
         if self.compiled.lowered is not None and self.backend.runs_ptx:
             return launch_ptx(
-                self.backend, self.compiled.lowered, self.grid, self.args, self.compiled.loaded
+                self.backend,
+                self.compiled.lowered,
+                self.grid,
+                self.args,
+                self.compiled.loaded,
+                stream,
             )
         return run_interpreted(self.kernel.fn, self.spec, self.grid, self.args)
 
-    def _launch(self) -> None:
+    def _launch(self, stream: object | None = None) -> None:
         try:
-            self._completion = self._start()
+            self._completion = self._start(stream)
         except RuntimeFailure as e:
             self._finish()
             raise LaunchError(f"kernel {self.name} failed to launch: {e}") from e
@@ -106,14 +149,14 @@ class DeviceOp:
         self._finished = True
         self._release()
 
-    def sync(self) -> tuple[Any, ...]:
-        """Run (if not yet run), wait for completion and hand back the arguments, in order."""
+    def _check_pending(self) -> None:
         if self._finished:
             raise BorrowError(
                 f"this {self.describe()} has already completed and returned its arguments"
             )
-        if self._completion is None:
-            self._launch()
+
+    def _complete(self) -> tuple[Any, ...]:
+        """Wait for the launched work, release the holds and hand back the arguments."""
         assert self._completion is not None
         try:
             self._completion.wait()
@@ -122,6 +165,44 @@ class DeviceOp:
         finally:
             self._finish()
         return self.args
+
+    def sync(self) -> tuple[Any, ...]:
+        """Run (if not yet run), wait for completion and hand back the arguments, in order."""
+        self._check_pending()
+        if self._completion is None:
+            self._launch()
+        return self._complete()
+
+    def sync_on(self, stream: Stream) -> tuple[Any, ...]:
+        """Launch on `stream` (if not yet launched), wait, and hand back the arguments."""
+        self._check_pending()
+        if stream.backend is not self.backend:
+            raise ValueError(
+                f"{self.describe()}: the stream is on the {stream.backend.name} backend, "
+                f"the op on {self.backend.name}"
+            )
+        if self._completion is None:
+            self._launch(stream.handle)
+        return self._complete()
+
+    async def _run_async(self) -> tuple[Any, ...]:
+        self._check_pending()
+        if self._completion is None:
+            self._launch(async_stream(self.backend))
+        completion = self._completion
+        assert completion is not None
+        try:
+            await wait_done(completion)
+        except asyncio.CancelledError:
+            # Rule 4: the device may still use the arguments; hand them back only after.
+            await settle(completion)
+            self._finish()
+            raise
+        self._check_pending()  # another task awaiting the same op got there first
+        return self._complete()
+
+    def _ops(self) -> list[DeviceOp]:
+        return [self]
 
     def __del__(self) -> None:
         # Rule 5: never let go of memory the device may still use; then release the holds.

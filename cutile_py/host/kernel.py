@@ -1,16 +1,18 @@
-"""`@ct.kernel`: capture at definition, specialize and compile on first use, cache in memory."""
+"""`@ct.kernel`: capture at definition, specialize and compile on first use, cache in memory
+and on disk (PTX only; see `jit_disk` and `cutile_py.runtime.disk_cache`)."""
 
 from __future__ import annotations
 
 import inspect
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, overload
 
 from cutile_py.frontend.build_ir import build_kernel
 from cutile_py.frontend.capture import CapturedFunction, capture
 from cutile_py.frontend.signature import ParamSpec, Specialization, TensorArg, bind, parse_signature
+from cutile_py.host import jit_disk
 from cutile_py.host.specs import PartitionSpec, TensorSpec
 from cutile_py.host.tensor import Partition, Tensor
 from cutile_py.ir import Kernel as KernelIR
@@ -18,6 +20,7 @@ from cutile_py.ir import print_kernel
 from cutile_py.lower.pipeline import LoweredKernel, lower_kernel
 from cutile_py.ptx.target import Target
 from cutile_py.runtime.backend import LoadedKernel
+from cutile_py.runtime.disk_cache import default_cache
 
 #: Changes whenever generated code may change; part of every cache key.
 COMPILER_VERSION = "0.1.0-1"
@@ -35,21 +38,53 @@ class CacheKey:
     compiler: str = COMPILER_VERSION
 
 
-@dataclass
 class CompiledKernel:
-    """A specialization's IR and, for a target, its PTX."""
+    """A specialization's IR and, for a target, its PTX.
 
-    ir: KernelIR
-    ir_text: str
-    lowered: LoweredKernel | None
-    #: The module loaded on each backend (by name), so a launch does not look it up again.
-    loaded: dict[str, LoadedKernel] = field(default_factory=dict)
+    Read from the disk cache, it has the PTX and the printed IR but not the IR itself; `ir` then
+    builds it on first use (through `build_ir`)."""
+
+    def __init__(
+        self,
+        ir: KernelIR | None,
+        ir_text: str,
+        lowered: LoweredKernel | None,
+        loaded: dict[str, LoadedKernel] | None = None,
+        build_ir: Callable[[], KernelIR] | None = None,
+    ) -> None:
+        if ir is None and build_ir is None:
+            raise ValueError("CompiledKernel needs its IR or a way to build it")
+        self._ir = ir
+        self._build_ir = build_ir
+        self.ir_text = ir_text
+        self.lowered = lowered
+        #: The module loaded on each backend (by name), so a launch does not look it up again.
+        self.loaded: dict[str, LoadedKernel] = {} if loaded is None else loaded
+
+    @property
+    def ir(self) -> KernelIR:
+        if self._ir is None:
+            assert self._build_ir is not None
+            self._ir = self._build_ir()
+            self._build_ir = None
+        return self._ir
+
+    def __repr__(self) -> str:
+        where = "none" if self.lowered is None else self.lowered.target.name
+        return f"<CompiledKernel ptx={where} ir={'built' if self._ir else 'lazy'}>"
 
 
 @dataclass
 class CacheStats:
+    """JIT cache counters: `hits`/`misses` of the in-memory cache; of the misses for a target,
+    `disk_hits` were read from the disk cache, `disk_misses` were not there (or it is off);
+    `compiles` counts runs of the frontend (building IR)."""
+
     hits: int = 0
     misses: int = 0
+    disk_hits: int = 0
+    disk_misses: int = 0
+    compiles: int = 0
 
 
 _CACHE: dict[CacheKey, CompiledKernel] = {}
@@ -118,17 +153,53 @@ class Kernel:
         STATS.misses += 1
         ir_key = CacheKey(key.source_hash, key.qualname, spec, None, self.fast_math, deps)
         base = _CACHE.get(ir_key)
+        disk_key = None
+        if target is not None:
+            disk_key = jit_disk.disk_key(
+                captured=self.captured,
+                qualname=self.__qualname__,
+                spec=spec,
+                target=target,
+                fast_math=self.fast_math,
+                compiler=COMPILER_VERSION,
+            )
+            from_disk = self._from_disk(disk_key, spec)
+            if from_disk is not None:
+                _CACHE[key] = from_disk
+                return from_disk
         if base is None:
+            STATS.compiles += 1
             kir = build_kernel(self.captured, spec, self.fast_math)
             base = CompiledKernel(kir, print_kernel(kir), None)
             _CACHE[ir_key] = base
-        result = (
-            base
-            if target is None
-            else CompiledKernel(base.ir, base.ir_text, lower_kernel(base.ir, target))
-        )
+        if target is None:
+            result = base
+        else:
+            result = CompiledKernel(base.ir, base.ir_text, lower_kernel(base.ir, target))
+            if disk_key is not None and result.lowered is not None:
+                payload = jit_disk.encode(result.lowered, result.ir_text)
+                meta = {"kernel": self.__qualname__, "target": target.name}
+                default_cache().put(disk_key, payload, meta)
         _CACHE[key] = result
         return result
+
+    def _from_disk(self, disk_key: str | None, spec: Specialization) -> CompiledKernel | None:
+        """The compiled kernel stored under `disk_key`, or None (a miss, an undecodable entry
+        — deleted —, or no stable key)."""
+        if disk_key is None:
+            STATS.disk_misses += 1
+            return None
+        cache = default_cache()
+        payload = cache.get(disk_key)
+        decoded = None if payload is None else jit_disk.decode(payload)
+        if decoded is None:
+            if payload is not None:
+                cache.discard(disk_key)
+            STATS.disk_misses += 1
+            return None
+        STATS.disk_hits += 1
+        lowered, ir_text = decoded
+        return CompiledKernel(None, ir_text, lowered, build_ir=lambda: self.compiled(spec, None).ir)
 
     # -- inspection (launches nothing) ---------------------------------------------------------
     def compile(
@@ -216,5 +287,6 @@ def _defining_scope(fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 def cache_info() -> CacheStats:
-    """In-memory JIT cache hits and misses (a miss compiles)."""
-    return CacheStats(STATS.hits, STATS.misses)
+    """JIT cache counters: in-memory hits and misses, and of the misses, disk cache hits and
+    misses and frontend runs (see `CacheStats`)."""
+    return CacheStats(**vars(STATS))

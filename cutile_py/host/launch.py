@@ -37,12 +37,21 @@ def launch_ptx(
     grid: tuple[int, ...],
     args: tuple[Any, ...],
     loaded: dict[str, LoadedKernel],
+    stream: object | None = None,
 ) -> Completion:
-    """Launch on `backend`; `loaded` caches the module loaded there across launches."""
+    """Launch on `backend` (on `stream`, a backend stream handle, where one is given).
+
+    `loaded` caches the module loaded there across launches.
+    """
     kern = loaded.get(backend.name)
     if kern is None:
         kern = loaded[backend.name] = backend.load_kernel(lowered.ptx, lowered.entry)
     g = (*grid, 1, 1, 1)[:3]
     return backend.launch(
-        kern, (g[0], g[1], g[2]), (lowered.block_threads, 1, 1), 0, pack_params(lowered, args)
+        kern,
+        (g[0], g[1], g[2]),
+        (lowered.block_threads, 1, 1),
+        0,
+        pack_params(lowered, args),
+        stream,
     )

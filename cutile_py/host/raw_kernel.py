@@ -146,11 +146,11 @@ class RawKernelOp(DeviceOp):
                 a._exclusive = me
                 self._held.append((a, True))
 
-    def _start(self) -> Completion:
+    def _start(self, stream: object | None = None) -> Completion:
         kernel = self.backend.load_kernel(self.raw.ptx, self.raw.name)
         g = self.grid
         return self.backend.launch(
-            kernel, (g[0], g[1], g[2]), self.block, self.shared_mem, self.values
+            kernel, (g[0], g[1], g[2]), self.block, self.shared_mem, self.values, stream
         )
 
     def describe(self) -> str:

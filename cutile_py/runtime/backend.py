@@ -104,8 +104,24 @@ class Backend(ABC):
         block: tuple[int, int, int],
         shared_mem: int,
         params: Sequence[ParamValue],
+        stream: object | None = None,
     ) -> Completion:
+        """Queue a launch; `stream` is a handle from `stream_acquire` (None: the default one)."""
         raise RuntimeFailure(f"the {self.name} backend does not run PTX")
+
+    # --- streams: the CPU backends finish every launch before returning, so theirs are trivial
+
+    def stream_acquire(self) -> object | None:
+        """A stream handle for `launch` (None where the backend has only one)."""
+        return None
+
+    def stream_release(self, handle: object | None) -> None:
+        """Give back a handle of `stream_acquire`; work queued on it still runs to the end."""
+        return None
+
+    def stream_synchronize(self, handle: object | None) -> None:
+        """Wait for all work queued on the stream `handle` (None: the default stream)."""
+        return None
 
 
 class HostBuffer(Buffer):

@@ -141,6 +141,10 @@ class CudaBackend(Backend):
         self._device: _Device | None = None
         self._modules: dict[str, tuple[cu.Module, AssemblyReport | None]] = {}
         self._kernels: dict[tuple[str, str], CudaKernel] = {}
+        # Streams of `ct.Stream` objects that were let go, for the next ones (never destroyed
+        # while the backend lives, so work still queued on them runs to the end).
+        self._stream_pool: list[cu.Stream] = []
+        self._fence: cu.Event | None = None
 
     # --- context ----------------------------------------------------------------------------
 
@@ -244,6 +248,45 @@ class CudaBackend(Backend):
         except cu.CudaDriverError as e:
             raise self._failure("synchronizing", e) from e
 
+    # --- streams ----------------------------------------------------------------------------
+
+    def stream_acquire(self) -> cu.Stream:
+        """A non-blocking driver stream, from the pool of released ones where there is one."""
+        dev = self.activate()
+        with self._lock:
+            if self._stream_pool:
+                return self._stream_pool.pop()
+        try:
+            stream = cu.stream_create(non_blocking=True)
+        except cu.CudaDriverError as e:
+            raise self._failure("creating a stream", e) from e
+        weakref.finalize(self, _destroy_stream, dev.ctx, stream).atexit = False
+        return stream
+
+    def stream_release(self, handle: object | None) -> None:
+        if isinstance(handle, cu.Stream):
+            with self._lock:
+                self._stream_pool.append(handle)
+
+    def stream_synchronize(self, handle: object | None) -> None:
+        dev = self.activate()
+        stream = handle if isinstance(handle, cu.Stream) else dev.stream
+        try:
+            cu.stream_synchronize(stream)
+        except cu.CudaDriverError as e:
+            raise self._failure("synchronizing a stream", e) from e
+
+    def _order_after_default(self, dev: _Device, stream: cu.Stream) -> None:
+        """Make `stream` wait for the work on the backend stream (uploads, earlier launches)."""
+        if self._fence is None:
+            fence = cu.event_create()
+            weakref.finalize(self, _destroy_event, dev.ctx, fence).atexit = False
+            self._fence = fence
+        # Another thread may record the fence again in between: a later point of the same
+        # stream, which orders at least as much.
+        cu.event_record(self._fence, dev.stream)
+        cu.stream_wait_event(stream, self._fence)
+
     # --- modules ----------------------------------------------------------------------------
 
     def _load_module(self, ptx: str, dev: _Device) -> tuple[cu.Module, AssemblyReport | None]:
@@ -301,10 +344,16 @@ class CudaBackend(Backend):
         block: tuple[int, int, int],
         shared_mem: int,
         params: Sequence[ParamValue],
+        stream: object | None = None,
     ) -> Completion:
         if not isinstance(kernel, CudaKernel):
             raise TypeError(f"the cuda backend cannot launch a {type(kernel).__name__}")
         dev = self.activate()
+        on = dev.stream
+        if stream is not None and stream is not dev.stream:
+            if not isinstance(stream, cu.Stream):
+                raise TypeError(f"the cuda backend cannot launch on a {type(stream).__name__}")
+            on = stream
         try:
             packed = cu.pack_params([(p.ptype, p.value) for p in params])
         except (TypeError, ValueError) as e:
@@ -316,17 +365,19 @@ class CudaBackend(Backend):
             if shared_mem > kernel.max_dynamic_shared:
                 cu.set_max_dynamic_shared(kernel.function, shared_mem)
                 kernel.max_dynamic_shared = shared_mem
+            if on is not dev.stream:
+                self._order_after_default(dev, on)
             # Made before the launch, so that a fault of this kernel cannot surface here.
             event = cu.event_create()
         except cu.CudaDriverError as e:
             raise self._failure(what, e) from e
         try:
-            cu.launch_kernel(kernel.function, grid, block, shared_mem, dev.stream, packed)
+            cu.launch_kernel(kernel.function, grid, block, shared_mem, on, packed)
         except cu.CudaDriverError as e:
             _destroy_event(dev.ctx, event)
             raise self._failure(what, e) from e
         try:
-            cu.event_record(event, dev.stream)
+            cu.event_record(event, on)
         except cu.CudaDriverError as e:
             _destroy_event(dev.ctx, event)
             if e.is_device_fault:

@@ -272,6 +272,11 @@ def stream_destroy(stream: Stream) -> None:
     _check("cuStreamDestroy", _cu().cuStreamDestroy(stream.raw))
 
 
+def stream_wait_event(stream: Stream, event: Event) -> None:
+    """Order the work queued on `stream` from now on after the work before `event`."""
+    _check("cuStreamWaitEvent", _cu().cuStreamWaitEvent(stream.raw, event.raw, 0))
+
+
 def event_create(timing: bool = False) -> Event:
     cu = _cu()
     flags = 0 if timing else int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)

@@ -1,0 +1,166 @@
+"""The disk side of the JIT cache: a process-independent key for a specialization, and a
+compiled kernel's lowered form as plain data (see `cutile_py.runtime.disk_cache`).
+
+The in-memory key (`kernel.CacheKey`) holds objects and, for modules and functions a kernel
+reads, their `id()`: fine within a process, meaningless in the next. The disk key is built from
+a stable textual form of the same things instead: the kernel's source hash and qualname, the
+specialization (dtypes by name), the values of the names the kernel reads (helper functions by
+their source hash and, recursively, what they read), the target, fast_math and the compiler
+version. A value with no stable form (an arbitrary object) makes the kernel uncacheable on
+disk; it still compiles and caches in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import types
+from typing import Any, TypeVar
+
+from cutile_py.frontend.capture import CapturedFunction, capture
+from cutile_py.frontend.errors import CompileError
+from cutile_py.lower.emit_ptx import PtxParam
+from cutile_py.lower.pipeline import LoweredKernel
+from cutile_py.ptx.target import Target
+
+#: Bumped when the payload's layout changes (independently of the compiler version).
+FORMAT = 1
+
+
+class Unstable(Exception):
+    """A value that has no process-independent form."""
+
+
+def _qual(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def stable_form(value: Any, seen: set[int] | None = None) -> Any:
+    """A JSON-able, process-independent description of `value`; `Unstable` if there is none.
+
+    Equal forms mean "compiles the same" for everything a kernel key holds: plain values,
+    tuples, enums, dataclasses (field by field), classes (dtypes, by qualified name), TypeVars,
+    modules (by name), cutile_py's own functions (by name: the compiler version covers them)
+    and user functions and kernels (by source hash and the stable form of what they read).
+    """
+    seen = set() if seen is None else seen
+    if value is None or isinstance(value, (bool, int, str)):
+        return [type(value).__name__, value]
+    if isinstance(value, float):
+        return ["float", value.hex()]
+    if isinstance(value, (tuple, list)):
+        return [type(value).__name__, [stable_form(v, seen) for v in value]]
+    if isinstance(value, (frozenset, set)):
+        items = sorted(json.dumps(stable_form(v, seen), sort_keys=True) for v in value)
+        return ["set", items]
+    if isinstance(value, enum.Enum):
+        return ["enum", _qual(type(value)), value.name]
+    if isinstance(value, TypeVar):
+        return ["typevar", value.__name__]
+    if isinstance(value, type):
+        return ["type", _qual(value)]
+    if isinstance(value, types.ModuleType):
+        return ["module", value.__name__]
+    if dataclasses.is_dataclass(value):
+        fields = [
+            [f.name, stable_form(getattr(value, f.name), seen)] for f in dataclasses.fields(value)
+        ]
+        return ["dataclass", _qual(type(value)), fields]
+    captured = getattr(value, "captured", None)
+    if isinstance(captured, CapturedFunction):  # another @ct.kernel
+        return ["kernel", _qual(value), *_function_form(captured, seen)]
+    module = getattr(value, "__module__", None) or ""
+    if module == "cutile_py" or module.startswith("cutile_py."):
+        return ["cutile_py", _qual(value)]
+    if isinstance(value, types.FunctionType):
+        try:
+            cap = capture(value)
+        except CompileError as e:
+            raise Unstable(f"cannot read the source of {_qual(value)}") from e
+        return ["function", _qual(value), *_function_form(cap, seen)]
+    raise Unstable(f"no stable form for {type(value).__name__} {value!r:.60}")
+
+
+def _function_form(cap: CapturedFunction, seen: set[int]) -> list[Any]:
+    if id(cap.fn) in seen:
+        return ["recursive"]
+    seen.add(id(cap.fn))
+    try:
+        return [cap.source_hash, stable_deps(cap, seen)]
+    finally:
+        seen.discard(id(cap.fn))
+
+
+def stable_deps(cap: CapturedFunction, seen: set[int] | None = None) -> list[Any]:
+    """The stable form of the values of the names `cap`'s body reads from outside (the same
+    names and lookup order as `CapturedFunction.fingerprint`)."""
+    names = cap.visible_names()
+    seen = set() if seen is None else seen
+    return [[n, stable_form(names[n], seen)] for n in cap.free_names if n in names]
+
+
+def disk_key(
+    *,
+    captured: CapturedFunction,
+    qualname: str,
+    spec: Any,
+    target: Target,
+    fast_math: bool,
+    compiler: str,
+) -> str | None:
+    """The hex key of a specialization's PTX on disk, or None if some part has no stable form."""
+    try:
+        parts = {
+            "format": FORMAT,
+            "compiler": compiler,
+            "source": captured.source_hash,
+            "qualname": qualname,
+            "spec": stable_form(spec),
+            "deps": stable_deps(captured),
+            "target": target.sm,
+            "fast_math": fast_math,
+        }
+    except (Unstable, RecursionError):
+        return None
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def encode(lowered: LoweredKernel, ir_text: str) -> bytes:
+    """A lowered kernel and its printed IR as the bytes of a disk entry."""
+    data = {
+        "format": FORMAT,
+        "ptx": lowered.ptx,
+        "entry": lowered.entry,
+        "block_threads": lowered.block_threads,
+        "params": [[p.arg, p.what, p.axis, p.ptype] for p in lowered.params],
+        "target": lowered.target.sm,
+        "ir_text": ir_text,
+    }
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def decode(payload: bytes) -> tuple[LoweredKernel, str] | None:
+    """The inverse of `encode`; None if the payload is not one (the caller recompiles)."""
+    try:
+        data = json.loads(payload)
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            return None
+        ptx, entry, ir_text = data["ptx"], data["entry"], data["ir_text"]
+        threads, sm = data["block_threads"], data["target"]
+        if not (isinstance(ptx, str) and isinstance(entry, str) and isinstance(ir_text, str)):
+            return None
+        if not (isinstance(threads, int) and isinstance(sm, int)):
+            return None
+        params = []
+        for arg, what, axis, ptype in data["params"]:
+            if not (isinstance(arg, int) and isinstance(axis, int)):
+                return None
+            if not (isinstance(what, str) and isinstance(ptype, str)):
+                return None
+            params.append(PtxParam(arg, what, axis, ptype))
+        return LoweredKernel(ptx, entry, threads, tuple(params), Target(sm)), ir_text
+    except (ValueError, TypeError, KeyError):
+        return None

@@ -1,0 +1,118 @@
+"""`ct.Stream`, and waiting for a `Completion` from asyncio without blocking the event loop.
+
+A `Stream` wraps a handle of the active backend: a driver stream from a small pool on `cuda`,
+nothing on the CPU backends (their launches finish before returning). Awaited ops are spread
+over a few pooled streams per backend so that independent ones can overlap on the device.
+
+Waiting polls `Completion.done()` from the event loop (`call_soon` a few times, then
+`call_later` with a doubling delay): no thread per launch, and the loop stays free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import weakref
+from collections.abc import Iterator
+
+from cutile_py.runtime.backend import Backend, Completion
+from cutile_py.runtime.select import active_backend
+
+#: Polls of `done()` on the next turns of the loop before backing off to timers.
+_SPINS = 3
+_FIRST_DELAY_S = 5e-5
+_MAX_DELAY_S = 2e-3
+#: Streams per backend that awaited ops launch on, round robin.
+_ASYNC_STREAMS = 4
+
+
+class Stream:
+    """A queue of device work on the active backend: `op.sync_on(stream)` launches there.
+
+    Ops launched on different streams may overlap. Dropping a stream never cancels or frees
+    work queued on it; its driver stream goes back to a pool for the next `Stream`.
+    """
+
+    def __init__(self) -> None:
+        self._bind(active_backend())
+
+    def _bind(self, backend: Backend) -> None:
+        self.backend: Backend = backend
+        self.handle: object | None = backend.stream_acquire()
+        self._finalizer = weakref.finalize(self, backend.stream_release, self.handle)
+        self._finalizer.atexit = False
+
+    @classmethod
+    def _on(cls, backend: Backend) -> Stream:
+        stream = cls.__new__(cls)
+        stream._bind(backend)
+        return stream
+
+    def synchronize(self) -> None:
+        """Wait for all work queued on this stream."""
+        self.backend.stream_synchronize(self.handle)
+
+    def __repr__(self) -> str:
+        return f"<Stream on {self.backend.name}>"
+
+
+_pools: weakref.WeakKeyDictionary[Backend, Iterator[Stream | None]] = weakref.WeakKeyDictionary()
+
+
+def async_stream(backend: Backend) -> object | None:
+    """The stream handle for the next awaited launch on `backend` (None: its default)."""
+    pool = _pools.get(backend)
+    if pool is None:
+        first = Stream._on(backend)
+        if first.handle is None:  # a backend without streams
+            pool = itertools.repeat(None)
+        else:
+            rest = (Stream._on(backend) for _ in range(_ASYNC_STREAMS - 1))
+            pool = itertools.cycle([first, *rest])
+        _pools[backend] = pool
+    stream = next(pool)
+    return None if stream is None else stream.handle
+
+
+async def wait_done(completion: Completion) -> None:
+    """Return once `completion.done()` (a failure counts as done: `wait()` reports it)."""
+    if _done(completion):
+        return
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+    polls = 0
+    delay = _FIRST_DELAY_S
+
+    def poll() -> None:
+        nonlocal polls, delay
+        if fut.done():  # the awaiting task was cancelled
+            return
+        if _done(completion):
+            fut.set_result(None)
+            return
+        polls += 1
+        if polls <= _SPINS:
+            loop.call_soon(poll)
+        else:
+            loop.call_later(delay, poll)
+            delay = min(2 * delay, _MAX_DELAY_S)
+
+    loop.call_soon(poll)
+    await fut
+
+
+async def settle(completion: Completion) -> None:
+    """Like `wait_done`, but a further cancellation does not stop the wait (API rule 4)."""
+    while True:
+        try:
+            await wait_done(completion)
+            return
+        except asyncio.CancelledError:
+            continue
+
+
+def _done(completion: Completion) -> bool:
+    try:
+        return completion.done()
+    except Exception:
+        return True

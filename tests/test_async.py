@@ -1,0 +1,406 @@
+"""Async launching (API.md §2 `launching` and `streams` rows): `await op`, `op.then(fn)`,
+`ct.zip`, `asyncio.gather`, `ct.Stream` / `op.sync_on`, and the ownership rules across them.
+
+Runs on `sim` and `interpret`; a fake slow `Completion` makes a real in-flight window on these
+backends, whose launches otherwise finish before returning. The cuda stream logic is checked
+against a stand-in driver; the `gpu` tests run it for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import cutile_py as ct
+from cutile_py.host.device_op import DeviceOp
+from cutile_py.host.streams import async_stream
+from cutile_py.runtime import cuda_driver as cu
+from cutile_py.runtime.backend import Completion, ParamValue
+from tests import elementwise_kernels as K
+
+N = 1000
+TILE = 128
+
+
+@pytest.fixture(params=["sim", "interpret"], autouse=True)
+def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    ct.set_backend(request.param)
+    yield request.param
+    ct.set_backend("sim")
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    return np.random.default_rng(abs(hash(request.node.name)) % (1 << 32))
+
+
+def _vec(rng: np.random.Generator, n: int = N) -> np.ndarray:
+    return rng.standard_normal(n).astype(np.float32)
+
+
+def _add_op(rng: np.random.Generator) -> tuple[DeviceOp, np.ndarray]:
+    a, b = _vec(rng), _vec(rng)
+    return K.add(ct.zeros(N).partition(TILE), ct.from_numpy(a), ct.from_numpy(b)), a + b
+
+
+class SlowCompletion(Completion):
+    """Done only after `polls` calls of `done()`: an in-flight window on the CPU backends."""
+
+    def __init__(self, inner: Completion, polls: int) -> None:
+        self.inner = inner
+        self.left = polls
+        self.polls = 0
+
+    def done(self) -> bool:
+        self.polls += 1
+        self.left -= 1
+        return self.left <= 0
+
+    def wait(self) -> None:
+        while not self.done():
+            pass
+        self.inner.wait()
+
+
+def _slow(op: DeviceOp, polls: int) -> list[SlowCompletion]:
+    """Make `op` launch with a SlowCompletion; the list receives it once launched."""
+    made: list[SlowCompletion] = []
+    start = op._start
+
+    def slow_start(stream: object | None = None) -> Completion:
+        c = SlowCompletion(start(stream), polls)
+        made.append(c)
+        return c
+
+    op._start = slow_start  # type: ignore[method-assign]
+    return made
+
+
+# --- await, then, zip, gather --------------------------------------------------------------
+
+
+def test_await_returns_the_same_arguments_and_result(rng: np.random.Generator) -> None:
+    op, ref = _add_op(rng)
+    args = op.args
+
+    async def main() -> tuple[Any, ...]:
+        return await op
+
+    out = asyncio.run(main())
+    assert len(out) == 3 and all(o is a for o, a in zip(out, args))
+    np.testing.assert_allclose(out[0].unpartition().to_numpy(), ref, rtol=1e-6)
+    with pytest.raises(ct.BorrowError, match="already completed"):
+        op.sync()
+
+
+def test_await_does_not_block_the_event_loop(rng: np.random.Generator) -> None:
+    op, ref = _add_op(rng)
+    made = _slow(op, polls=30)
+    ticks = 0
+
+    async def ticker(stop: asyncio.Event) -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            await asyncio.sleep(0)
+
+    async def main() -> tuple[Any, ...]:
+        stop = asyncio.Event()
+        t = asyncio.create_task(ticker(stop))
+        out = await op
+        stop.set()
+        await t
+        return out
+
+    z, _, _ = asyncio.run(main())
+    assert made[0].polls >= 30 and ticks > 3
+    np.testing.assert_allclose(z.unpartition().to_numpy(), ref, rtol=1e-6)
+
+
+def test_then_chain_feeds_results_forward(rng: np.random.Generator) -> None:
+    a, b, c = _vec(rng), _vec(rng), _vec(rng)
+    x, y, w = (ct.from_numpy(v) for v in (a, b, c))
+
+    def step2(res: tuple[Any, ...]) -> ct.DeviceOp:
+        z, _, _ = res
+        return K.saxpy(ct.zeros(N).partition(TILE), 2.0, z.unpartition(), w)
+
+    def step3(res: tuple[Any, ...]) -> ct.DeviceOp:
+        return K.add(ct.zeros(N).partition(TILE), res[0].unpartition(), res[3])
+
+    ref = 2.0 * (a + b) + c + c
+    chain = K.add(ct.zeros(N).partition(TILE), x, y).then(step2).then(step3)
+    out = chain.sync()
+    np.testing.assert_allclose(out[0].unpartition().to_numpy(), ref, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ct.BorrowError, match="already run"):
+        chain.sync()
+
+    chain2 = K.add(ct.zeros(N).partition(TILE), x, y).then(step2).then(step3)
+    out2 = asyncio.run(_await(chain2))
+    np.testing.assert_allclose(out2[0].unpartition().to_numpy(), ref, rtol=1e-5, atol=1e-6)
+
+
+async def _await(op: ct.DeviceOp | Any) -> Any:
+    return await op
+
+
+def test_then_rejects_a_function_returning_no_op(rng: np.random.Generator) -> None:
+    op, _ = _add_op(rng)
+    with pytest.raises(TypeError, match="must return an op"):
+        op.then(lambda res: res).sync()  # type: ignore[arg-type, return-value]
+    assert op.args[1].to_numpy().shape == (N,)  # handed back despite the error
+
+
+def test_zip_runs_ops_together(rng: np.random.Generator) -> None:
+    ops, refs = zip(*(_add_op(rng) for _ in range(3)))
+    out = ct.zip(*ops).sync()
+    assert len(out) == 3
+    for (z, _, _), ref in zip(out, refs):
+        np.testing.assert_allclose(z.unpartition().to_numpy(), ref, rtol=1e-6)
+
+    ops2, refs2 = zip(*(_add_op(rng) for _ in range(3)))
+    chained = ct.zip(ops2[0], ops2[1].then(lambda r: K.add(r[0], r[1], r[2])), ops2[2])
+    out2 = asyncio.run(_await(chained))
+    for (z, _, _), ref in zip(out2, refs2):
+        np.testing.assert_allclose(z.unpartition().to_numpy(), ref, rtol=1e-6)
+
+
+def test_gather_of_many_ops(rng: np.random.Generator) -> None:
+    pairs = [_add_op(rng) for _ in range(50)]
+    for op, _ in pairs[::7]:
+        _slow(op, polls=5)
+
+    async def main() -> list[tuple[Any, ...]]:
+        return await asyncio.gather(*(op for op, _ in pairs))
+
+    outs = asyncio.run(main())
+    for (op, ref), out in zip(pairs, outs):
+        assert out[0] is op.args[0]
+        np.testing.assert_allclose(out[0].unpartition().to_numpy(), ref, rtol=1e-6)
+
+
+# --- ownership across async boundaries -----------------------------------------------------
+
+
+def test_arguments_are_held_until_the_await_completes(rng: np.random.Generator) -> None:
+    op, ref = _add_op(rng)
+    _slow(op, polls=20)
+    z, x, _ = op.args
+
+    async def main() -> None:
+        task = asyncio.create_task(_await(op))
+        await asyncio.sleep(0)  # the op is launched and in flight
+        assert op._completion is not None and not op._completion.done()
+        with pytest.raises(ct.BorrowError, match="held by pending"):
+            x.to_numpy()
+        with pytest.raises(ct.BorrowError):
+            z.unpartition()
+        with pytest.raises(ct.BorrowError, match="parameter 'z'"):
+            K.add(z, x, x)
+        # A tensor held shared may still be read by another launch.
+        other = K.add(ct.zeros(N).partition(TILE), x, x)
+        with pytest.raises(ct.BorrowError, match="held by pending"):
+            other.sync()[1].to_numpy()  # x is still the first op's
+        await task
+
+    asyncio.run(main())
+    np.testing.assert_allclose(z.unpartition().to_numpy(), ref, rtol=1e-6)
+    assert x.to_numpy().shape == (N,)
+
+
+def test_same_partition_in_two_zipped_ops_raises(rng: np.random.Generator) -> None:
+    p = ct.zeros(N).partition(TILE)
+    x = ct.from_numpy(_vec(rng))
+    with pytest.raises(ct.BorrowError, match="parameter 'z'"):
+        ct.zip(K.add(p, x, x), K.add(p, x, x))
+    op = K.add(p, x, x)  # the failed attempt left nothing held
+    with pytest.raises(ct.AliasError, match="same launch"):
+        ct.zip(op, op)
+    op.sync()
+    with pytest.raises(ct.BorrowError, match="already completed"):
+        ct.zip(op)
+
+
+def test_cancellation_mid_flight_hands_the_arguments_back(rng: np.random.Generator) -> None:
+    op, ref = _add_op(rng)
+    made = _slow(op, polls=40)
+    z, x, y = op.args
+
+    async def main() -> None:
+        task = asyncio.create_task(_await(op))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert made and not made[0].done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The device work finished before the holds were released.
+        assert made[0].left <= 0 and op._finished
+
+    asyncio.run(main())
+    np.testing.assert_allclose(z.unpartition().to_numpy(), ref, rtol=1e-6)
+    assert x.to_numpy().shape == y.to_numpy().shape == (N,)
+
+
+def test_cancelling_a_zip_waits_for_every_member(rng: np.random.Generator) -> None:
+    pairs = [_add_op(rng) for _ in range(3)]
+    slow = [_slow(op, polls=10 + 10 * i) for i, (op, _) in enumerate(pairs)]
+
+    async def main() -> None:
+        zipped = ct.zip(*(op for op, _ in pairs))
+        task = asyncio.create_task(_await(zipped))
+        for _ in range(4):
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert all(s[0].left <= 0 for s in slow)
+
+    asyncio.run(main())
+    for op, ref in pairs:
+        np.testing.assert_allclose(op.args[0].unpartition().to_numpy(), ref, rtol=1e-6)
+
+
+def test_dropping_an_in_flight_op_waits_and_releases(rng: np.random.Generator) -> None:
+    op, _ = _add_op(rng)
+    made = _slow(op, polls=10)
+    x = op.args[1]
+    op._launch()
+    with pytest.raises(ct.BorrowError):
+        x.to_numpy()
+    del op
+    gc.collect()  # the fake's patched method makes a reference cycle
+    assert made[0].left <= 0
+    assert x.to_numpy().shape == (N,)
+
+
+# --- streams -------------------------------------------------------------------------------
+
+
+def test_sync_on_a_stream(rng: np.random.Generator) -> None:
+    s1, s2 = ct.Stream(), ct.Stream()
+    (op1, ref1), (op2, ref2) = _add_op(rng), _add_op(rng)
+    z1 = op1.sync_on(s1)[0]
+    z2 = op2.then(lambda r: K.add(r[0], r[1], r[2])).sync_on(s2)[0]
+    s1.synchronize()
+    np.testing.assert_allclose(z1.unpartition().to_numpy(), ref1, rtol=1e-6)
+    np.testing.assert_allclose(z2.unpartition().to_numpy(), ref2, rtol=1e-6)
+    (op3, _), (op4, ref4) = _add_op(rng), _add_op(rng)
+    out = ct.zip(op3, op4).sync_on(s1)
+    np.testing.assert_allclose(out[1][0].unpartition().to_numpy(), ref4, rtol=1e-6)
+    assert "Stream on" in repr(s1)
+
+
+# --- the cuda stream logic, on a stand-in driver -------------------------------------------
+
+
+def test_cuda_streams_on_a_stand_in_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launches on a pooled stream run there, after the work of the backend stream."""
+    pytest.importorskip("cuda.bindings")
+    from cutile_py.ptx.target import Target
+    from cutile_py.runtime.cuda_backend import CudaBackend
+    from tests.test_cuda_backend import vector_add_ptx
+
+    fake = _stand_in()
+    monkeypatch.setattr(cu, "_cu", lambda: fake)
+    backend = CudaBackend()
+    n = 256
+    rng = np.random.default_rng(7)
+    a, b = _vec(rng, n), _vec(rng, n)
+    bufs = [backend.alloc(4 * n) for _ in range(3)]
+    backend.upload(bufs[0], a)
+    backend.upload(bufs[1], b)
+    kernel = backend.load_kernel(vector_add_ptx(Target(90)), "vadd")
+    params = [ParamValue("u64", buf.address) for buf in bufs] + [ParamValue("u32", n)]
+
+    handles = [async_stream(backend) for _ in range(5)]
+    assert len({id(h) for h in handles[:4]}) == 4 and handles[4] is handles[0]
+    s = handles[1]
+    assert isinstance(s, cu.Stream) and s.raw != "stream"
+    done = backend.launch(kernel, (2, 1, 1), (128, 1, 1), 0, params, s)
+    assert fake.launched_on[-1] == s.raw
+    # the fence: recorded on the backend stream, waited for on the launch's stream
+    assert fake.recorded[-2:] == ["stream", s.raw] and fake.waits[-1][0] == s.raw
+    done.wait()
+    np.testing.assert_array_equal(backend.download(bufs[2], 4 * n).view(np.float32), a + b)
+
+    backend.launch(kernel, (2, 1, 1), (128, 1, 1), 0, params).wait()
+    assert fake.launched_on[-1] == "stream" and len(fake.waits) == 1  # default: no fence
+    backend.stream_synchronize(s)
+
+    own = backend.stream_acquire()
+    backend.stream_release(own)
+    assert backend.stream_acquire() is own  # pooled, not destroyed
+    with pytest.raises(TypeError, match="cannot launch on"):
+        backend.launch(kernel, (2, 1, 1), (128, 1, 1), 0, params, "stream")
+
+
+def _stand_in() -> Any:
+    from tests.test_cuda_backend import FakeDriver
+
+    class StreamDriver(FakeDriver):  # type: ignore[misc]
+        """Distinct stream handles; records which stream launches and waits go to."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.streams = 0
+            self.launched_on: list[object] = []
+            self.waits: list[tuple[object, object]] = []
+            self.recorded: list[object] = []
+
+        def cuStreamCreate(self, flags: int) -> tuple[object, ...]:
+            self.streams += 1
+            name = "stream" if self.streams == 1 else f"s{self.streams}"
+            return self._ok("cuStreamCreate", name)  # type: ignore[no-any-return]
+
+        def cuStreamSynchronize(self, stream: object) -> tuple[object, ...]:
+            return self._ok("cuStreamSynchronize")  # type: ignore[no-any-return]
+
+        def cuStreamWaitEvent(
+            self, stream: object, event: object, flags: int
+        ) -> tuple[object, ...]:
+            self.waits.append((stream, event))
+            return self._ok("cuStreamWaitEvent")  # type: ignore[no-any-return]
+
+        def cuEventRecord(self, event: object, stream: object) -> tuple[object, ...]:
+            self.recorded.append(stream)
+            return super().cuEventRecord(event, stream)  # type: ignore[no-any-return]
+
+        def cuLaunchKernel(self, fn: int, *args: object) -> tuple[object, ...]:
+            self.launched_on.append(args[7])
+            fixed = (*args[:7], "stream", *args[8:])
+            return super().cuLaunchKernel(fn, *fixed)  # type: ignore[no-any-return]
+
+    return StreamDriver()
+
+
+# --- on a real GPU -------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gather_and_streams_on_the_gpu(backend: str) -> None:
+    if backend != "sim":
+        pytest.skip("runs once, on cuda")
+    ct.set_backend("cuda")
+    rng = np.random.default_rng(11)
+    pairs = [_add_op(rng) for _ in range(64)]
+
+    async def main() -> list[tuple[Any, ...]]:
+        return await asyncio.gather(*(op for op, _ in pairs))
+
+    for (_, ref), out in zip(pairs, asyncio.run(main())):
+        np.testing.assert_allclose(out[0].unpartition().to_numpy(), ref, rtol=1e-6)
+    streams = [ct.Stream() for _ in range(3)]
+    for s in streams:
+        op, ref = _add_op(rng)
+        z = op.sync_on(s)[0]
+        np.testing.assert_allclose(z.unpartition().to_numpy(), ref, rtol=1e-6)
+    op, ref = _add_op(rng)
+    chain = op.then(lambda r: K.add(r[0], r[1], r[2]))
+    out = asyncio.run(_await(chain))
+    np.testing.assert_allclose(out[0].unpartition().to_numpy(), ref, rtol=1e-6)
