@@ -33,6 +33,7 @@ BINARY_KINDS = frozenset(
     {"add", "sub", "mul", "div", "floordiv", "mod", "max", "min", "and", "or", "xor"}
 )
 COMPARE_KINDS = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
+REDUCE_KINDS = frozenset({"sum", "max", "min", "argmax", "argmin"})
 Span = tuple[str, int, int]  # file, line, column of the source that made an op
 
 
@@ -132,9 +133,13 @@ class LoadOp(Op):
     param: int = 0
     shape: tuple[int, ...] = ()
     padding: int | float = 0
+    #: Set for a sub-tile of a `Mut` parameter: the block's own tile shape. The index then
+    #: counts tiles of `shape` inside this block's tile, and elements outside it read `padding`.
+    within: tuple[int, ...] | None = None
 
     def attrs(self) -> str:
-        return f"param={self.param} shape={self.shape} padding={self.padding!r}"
+        w = f" within={self.within}" if self.within is not None else ""
+        return f"param={self.param} shape={self.shape} padding={self.padding!r}{w}"
 
 
 @dataclass(eq=False)
@@ -143,9 +148,13 @@ class StoreOp(Op):
 
     opname: ClassVar[str] = "store"
     param: int = 0
+    #: As for LoadOp: the block's own tile shape when storing a sub-tile of a `Mut` parameter
+    #: (index relative to that tile); elements outside the block's tile are dropped.
+    within: tuple[int, ...] | None = None
 
     def attrs(self) -> str:
-        return f"param={self.param}"
+        w = f" within={self.within}" if self.within is not None else ""
+        return f"param={self.param}{w}"
 
 
 @dataclass(eq=False)
@@ -157,7 +166,45 @@ class IotaOp(Op):
 
 @dataclass(eq=False)
 class BroadcastOp(Op):
+    """A scalar, or a tile of the result's rank whose dims are each equal or 1, repeated to
+    the result's shape (NumPy broadcasting; rank changes go through ReshapeOp first)."""
+
     opname: ClassVar[str] = "broadcast"
+
+
+@dataclass(eq=False)
+class ReduceOp(Op):
+    """Reduce `axis` of the operand; the result keeps that axis with size 1 (keepdims).
+
+    sum/max/min keep the dtype (f16/bf16 accumulate in f32, rounded once; max/min propagate
+    NaN); argmax/argmin give i32, the first index of the extreme (NaN counts as extreme).
+    """
+
+    opname: ClassVar[str] = "reduce"
+    kind: str = "sum"
+    axis: int = 0
+
+    def attrs(self) -> str:
+        return f"{self.kind} axis={self.axis}"
+
+
+@dataclass(eq=False)
+class ReshapeOp(Op):
+    """The same elements in row-major order under the result's shape (shape () takes the one
+    element of a size-1 tile as a scalar)."""
+
+    opname: ClassVar[str] = "reshape"
+
+
+@dataclass(eq=False)
+class PermuteOp(Op):
+    """Result dim i is operand dim `axes[i]` (NumPy `transpose(axes)`)."""
+
+    opname: ClassVar[str] = "permute"
+    axes: tuple[int, ...] = ()
+
+    def attrs(self) -> str:
+        return f"axes={self.axes}"
 
 
 @dataclass(eq=False)
