@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from cutile_py import ir
 from cutile_py.ir import ops as o
+from cutile_py.ir import reference
 from cutile_py.ir.types import TileType, scalar
 
 
@@ -70,3 +72,106 @@ def test_verifier_catches_store_into_shared_tensor_and_missing_yield() -> None:
 def test_tile_type_text() -> None:
     assert str(TileType(ir.bf16, (64, 48))) == "bf16<64x48>"
     assert str(scalar(ir.i32)) == "i32"
+
+
+def test_broadcast_shape_rule() -> None:
+    b = ir.Builder()
+    row = b.load(0, ir.f32, [b.grid("bid", 0), b.grid("bid", 1)], (1, 8), 0)
+    assert b.broadcast(row, (4, 8)).type == TileType(ir.f32, (4, 8))
+    assert b.broadcast(row, (1, 8)) is row
+    with pytest.raises(ir.IRTypeError, match=r"cannot broadcast a tile of shape \(1, 8\)"):
+        b.broadcast(row, (4, 6))
+    with pytest.raises(ir.IRTypeError, match="cannot broadcast"):
+        b.broadcast(row, (2, 1, 8))  # a rank change goes through reshape
+
+
+def test_reduce_type_rules() -> None:
+    b = ir.Builder()
+    x = b.broadcast(b.constant(1.0, ir.f16), (4, 6))
+    assert b.reduce("sum", x, 1).type == TileType(ir.f16, (4, 1))
+    assert b.reduce("max", x, 0).type == TileType(ir.f16, (1, 6))
+    assert b.reduce("argmin", x, 1).type == TileType(ir.i32, (4, 1))
+    flags = b.broadcast(b.constant(True, ir.bool_), (4,))
+    with pytest.raises(ir.IRTypeError, match="sum of a bool tile"):
+        b.reduce("sum", flags, 0)
+    assert b.reduce("argmax", flags, 0).type == TileType(ir.i32, (1,))
+    with pytest.raises(ir.IRTypeError, match="axis 2 is out of range"):
+        b.reduce("min", x, 2)
+    with pytest.raises(ir.IRTypeError, match="unknown reduction"):
+        b.reduce("prod", x, 0)
+    with pytest.raises(ir.IRTypeError, match="needs a tile"):
+        b.reduce("sum", b.constant(1.0, ir.f32), 0)
+
+
+def test_reshape_and_permute_rules() -> None:
+    b = ir.Builder()
+    x = b.broadcast(b.constant(1, ir.i32), (4, 6))
+    assert b.reshape(x, (2, 3, 4)).type == TileType(ir.i32, (2, 3, 4))
+    assert b.reshape(x, (1, 4, 6, 1)).type.shape == (1, 4, 6, 1)
+    with pytest.raises(ir.IRTypeError, match=r"\(4, 6\) \(24 elements\) to \(5, 5\)"):
+        b.reshape(x, (5, 5))
+    with pytest.raises(ir.IRTypeError, match="only a tile of one element"):
+        b.reshape(x, ())
+    one = b.broadcast(b.constant(1, ir.i32), (1, 1))
+    assert b.reshape(one, ()).type == scalar(ir.i32)
+    with pytest.raises(ir.IRTypeError, match="1 to 4 positive dims"):
+        b.reshape(x, (1, 1, 4, 6, 1))
+    assert b.permute(x, (1, 0)).type == TileType(ir.i32, (6, 4))
+    assert b.permute(x, (0, 1)) is x
+    with pytest.raises(ir.IRTypeError, match="not a permutation"):
+        b.permute(x, (0, 0))
+
+
+def test_within_loads_and_stores() -> None:
+    b = ir.Builder()
+    params: tuple[ir.Param, ...] = (ir.TensorParam("z", ir.f32, 2, True, (4, 64), 16),)
+    zero = b.constant(0, ir.i32)
+    k = b.constant(1, ir.i32)
+    part = b.load(0, ir.f32, [zero, k], (4, 16), 0.0, within=(4, 64))
+    b.store(0, [zero, k], b.binary("add", part, part), within=(4, 64))
+    with pytest.raises(ir.IRTypeError, match="must be a multiple"):
+        b.load(0, ir.f32, [zero, k], (4, 24), 0.0, within=(4, 64))
+    kernel = ir.Kernel("sub", params, (None,), b.region)
+    ir.verify(kernel)
+    text = ir.print_kernel(kernel)
+    assert "load[param=0 shape=(4, 16) padding=0.0 within=(4, 64)]" in text
+    assert "store[param=0 within=(4, 64)]" in text
+
+    b2 = ir.Builder()
+    zero = b2.constant(0, ir.i32)
+    b2.store(0, [zero, zero], b2.broadcast(b2.constant(1.0, ir.f32), (4, 16)), within=(4, 32))
+    with pytest.raises(ir.VerifyError, match="block tile is"):
+        ir.verify(ir.Kernel("bad", params, (None,), b2.region))
+
+
+def test_new_ops_print_and_verify() -> None:
+    b = ir.Builder()
+    params: tuple[ir.Param, ...] = (ir.TensorParam("z", ir.f32, 1, True, (8,), 8),)
+    x = b.broadcast(b.constant(2.0, ir.f32), (2, 4))
+    t = b.permute(x, (1, 0))
+    s = b.reduce("sum", t, 0)
+    r = b.reshape(s, (2,))
+    row = b.broadcast(b.reshape(r, (1, 2)), (4, 2))
+    b.store(0, [b.grid("bid", 0)], b.reshape(row, (8,)))
+    k = ir.Kernel("shapes", params, (None,), b.region)
+    ir.verify(k)
+    text = ir.print_kernel(k)
+    assert "permute[axes=(1, 0)] %1 : f32<4x2>" in text
+    assert "reduce[sum axis=0] %2 : f32<1x2>" in text
+    assert "reshape %3 : f32<2>" in text
+
+
+def test_reference_reductions() -> None:
+    x = np.array([[1.0, np.nan, 3.0, np.nan], [2.0, -1.0, 5.0, 5.0]], dtype=np.float32)
+    np.testing.assert_array_equal(reference.reduce("max", x, 1, ir.f32), [[np.nan], [5.0]])
+    np.testing.assert_array_equal(reference.reduce("argmax", x, 1, ir.f32), [[1], [2]])
+    np.testing.assert_array_equal(reference.reduce("argmin", x, 1, ir.f32), [[1], [1]])
+    assert reference.reduce("argmax", x, 1, ir.f32).dtype == np.int32
+    # f16 sums accumulate in f32 and round once: 2048 + 1 + 1 is 2050 in f16, not 2048.
+    h = np.array([2048.0, 1.0, 1.0], dtype=np.float32)
+    assert reference.reduce("sum", h, 0, ir.f16)[0] == 2050.0
+    i = np.array([2**31 - 1, 1], dtype=np.int32)
+    assert reference.reduce("sum", i, 0, ir.i32)[0] == -(2**31)  # wraps, as the hardware does
+    np.testing.assert_array_equal(
+        reference.permute(np.arange(6).reshape(2, 3), (1, 0)), [[0, 3], [1, 4], [2, 5]]
+    )

@@ -22,14 +22,18 @@ from cutile_py.frontend.values import BoundMethod, ParamRef, ShapeRef
 from cutile_py.ir import TileType, Value
 from cutile_py.ir.dtypes import (
     DType,
+    OperandType,
     bool_,
     convert_scalar,
     f32,
     i32,
     is_dtype,
+    op_type,
     promote,
     promote_weak,
+    result_type,
 )
+from cutile_py.ir.shapes import broadcast_shapes
 from cutile_py.ir.types import scalar
 
 BINOPS: dict[type[ast.operator], str] = {
@@ -450,14 +454,19 @@ class KernelBuilder:
                 return BoundMethod(obj, attr)
             self.fail(f"tensor parameter '{obj.name}' has no attribute '{attr}' in kernels", node)
         if isinstance(obj, Value):
+            # A tile's shape, dtype and rank are compile-time facts of its type.
             if attr == "shape":
                 return obj.type.shape
             if attr == "dtype":
                 return obj.type.dtype
-            if attr == "astype":
+            if attr == "ndim":
+                return len(obj.type.shape)
+            if attr == "size":
+                return obj.type.size
+            if attr == "T":
+                return self.b.permute(obj, tuple(reversed(range(len(obj.type.shape)))))
+            if attr in ("astype", "reshape", "item"):
                 return BoundMethod(obj, attr)
-            if attr == "T" or attr == "reshape":
-                self.fail(f".{attr} is not supported yet", node)
             self.fail(f"a tile has no attribute '{attr}'", node)
         if isinstance(obj, type(builtins)):  # a module: ct.exp, math.pi, ...
             if not hasattr(obj, attr):
@@ -527,34 +536,39 @@ class KernelBuilder:
             return self.constant(v, i32)
         self.fail(f"expected an integer, got {type(v).__name__}", node)
 
-    def operands(self, *xs: Any) -> tuple[list[Value], type[DType], tuple[int, ...]]:
-        """Promote and broadcast operands to one type and shape (NumPy rules, weak scalars)."""
-        dtype: type[DType] | None = None
-        weak: list[type] = []
-        shape: tuple[int, ...] = ()
+    def operands(
+        self, *xs: Any, with_shape: tuple[int, ...] = ()
+    ) -> tuple[list[Value], type[DType], tuple[int, ...]]:
+        """Promote and broadcast operands to one type and shape (NumPy rules, Python numbers
+        weak); `with_shape` takes part in the broadcast (a where() condition's shape)."""
+        types: list[OperandType] = []
+        shapes = [with_shape]
         for x in xs:
             if isinstance(x, Value):
-                dtype = x.type.dtype if dtype is None else promote(dtype, x.type.dtype)
-                if x.type.shape:
-                    if shape and x.type.shape != shape:
-                        self.fail(
-                            f"tiles of shapes {shape} and {x.type.shape} cannot be combined "
-                            "(broadcasting between tiles is not supported yet)"
-                        )
-                    shape = x.type.shape
+                types.append(x.type.dtype)
+                shapes.append(x.type.shape)
             elif isinstance(x, (bool, int, float)):
-                weak.append(type(x))
+                types.append(type(x))
             else:
                 self.fail(f"expected a tile or a number, got {_describe(x)}")
-        if dtype is None:
-            dtype = i32
-        for w in weak:
-            dtype = promote_weak(dtype, w)
+        dtype = result_type(*types)
+        try:
+            shape = broadcast_shapes(*shapes)
+        except ValueError as e:
+            self.fail(str(e))
         out = []
         for x in xs:
             v = x if isinstance(x, Value) else self.constant(x, dtype)
-            out.append(self.b.broadcast(self.b.cast(v, dtype), shape))
+            out.append(self.to_shape(self.b.cast(v, dtype), shape))
         return out, dtype, shape
+
+    def to_shape(self, v: Value, shape: tuple[int, ...]) -> Value:
+        """`v` broadcast to `shape` (NumPy rules; the caller checked they apply): a lower
+        rank first gains leading 1-dims by a reshape, as the IR's broadcast keeps the rank."""
+        have = v.type.shape
+        if have and len(have) < len(shape):
+            v = self.b.reshape(v, (1,) * (len(shape) - len(have)) + have)
+        return self.b.broadcast(v, shape)
 
     def binary(self, kind: str, a: Any, b: Any) -> Any:
         if not isinstance(a, Value) and not isinstance(b, Value):
@@ -563,9 +577,8 @@ class KernelBuilder:
         if kind in ("floordiv", "mod") and dtype.is_float():
             op = "//" if kind == "floordiv" else "%"
             self.fail(f"{op} on floating-point values is not supported yet; use integers")
-        if kind == "div" and not dtype.is_float():
-            x, y = self.b.cast(x, f32), self.b.cast(y, f32)
-        return self.b.binary(kind, x, y)
+        dtype = op_type(kind, dtype)  # true division of integers computes in f32
+        return self.b.binary(kind, self.b.cast(x, dtype), self.b.cast(y, dtype))
 
     def compare(self, kind: str, a: Any, b: Any) -> Any:
         if not isinstance(a, Value) and not isinstance(b, Value):

@@ -6,12 +6,20 @@ import ast
 import builtins
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cutile_py.frontend.inline import inline_helper
 from cutile_py.frontend.values import BoundMethod, ParamRef, ShapeRef
 from cutile_py.ir import Value
-from cutile_py.ir.dtypes import DType, bool_, convert_scalar, f32, i32, is_dtype
+from cutile_py.ir.builder import MAX_RANK
+from cutile_py.ir.dtypes import DType, bf16, bool_, convert_scalar, f16, f32, i32, is_dtype, op_type
+from cutile_py.ir.shapes import (
+    broadcast_to_shape,
+    expanded_shape,
+    permutation,
+    reduction_axes,
+    reshape_target,
+)
 from cutile_py.language.functions import builtin_name, is_helper
 
 if TYPE_CHECKING:
@@ -94,6 +102,19 @@ def _method(
         if len(args) != 1 or kwargs or not is_dtype(args[0]):
             kb.fail(".astype() takes one dtype, e.g. .astype(ct.f32)", node)
         return kb.b.cast(recv, args[0])
+    if m.name == "reshape":
+        if kwargs or not args:
+            kb.fail(".reshape() takes a shape: .reshape((m, n)) or .reshape(m, n)", node)
+        shape = args[0] if len(args) == 1 and isinstance(args[0], tuple) else tuple(args)
+        return _reshape(kb, node, recv, shape)
+    if m.name == "item":
+        if args or kwargs:
+            kb.fail(".item() takes no arguments", node)
+        if recv.type.size != 1:
+            kb.fail(
+                f".item() needs a tile of one element, not one of shape {recv.type.shape}", node
+            )
+        return kb.b.reshape(recv, ())
     assert isinstance(recv, ParamRef) and recv.bound.tile_shape is not None
     tile_shape = recv.bound.tile_shape
     index = [kb.b.grid("bid", axis) for axis in range(len(tile_shape))]
@@ -106,7 +127,9 @@ def _method(
         kb.fail(f"{recv.name}.store() takes one tile", node)
     value = args[0]
     if isinstance(value, Value):
-        if value.type.shape and value.type.shape != tile_shape:
+        try:
+            broadcast_to_shape(value.type.shape, tile_shape)
+        except ValueError:
             kb.fail(
                 f"cannot store a tile of shape {value.type.shape} into '{recv.name}', whose "
                 f"tiles are {tile_shape}",
@@ -118,7 +141,7 @@ def _method(
                 f"({recv.bound.dtype.name}); convert with .astype(ct.{recv.bound.dtype.name})",
                 node,
             )
-        value = kb.b.broadcast(value, tile_shape)
+        value = kb.to_shape(value, tile_shape)
     elif isinstance(value, (bool, int, float)):
         value = kb.b.broadcast(kb.constant(value, recv.bound.dtype), tile_shape)
     else:
@@ -133,7 +156,10 @@ def _param(kb: KernelBuilder, x: Any, what: str, node: ast.AST) -> ParamRef:
     return x
 
 
-def _static_shape(kb: KernelBuilder, shape: Any, node: ast.AST) -> tuple[int, ...]:
+def _static_shape(
+    kb: KernelBuilder, shape: Any, node: ast.AST, max_rank: int = 3
+) -> tuple[int, ...]:
+    """A compile-time tile shape (an int is a 1-D shape) of rank 1 to `max_rank`."""
     if isinstance(shape, int) and not isinstance(shape, bool):
         shape = (shape,)
     if not isinstance(shape, tuple):
@@ -148,8 +174,8 @@ def _static_shape(kb: KernelBuilder, shape: Any, node: ast.AST) -> tuple[int, ..
             )
         if not isinstance(d, int) or isinstance(d, bool) or d <= 0:
             kb.fail(f"tile dims must be positive integers, got {d!r}", node)
-    if not 1 <= len(shape) <= 3:
-        kb.fail(f"tiles of rank 1 to 3 are supported, not {len(shape)}", node)
+    if not 1 <= len(shape) <= max_rank:
+        kb.fail(f"tiles of rank 1 to {max_rank} are supported here, not {len(shape)}", node)
     return shape
 
 
@@ -170,9 +196,7 @@ def _unary(kb: KernelBuilder, kind: str, x: Any) -> Any:
         if not isinstance(x, (int, float)) or isinstance(x, bool):
             kb.fail(f"{kind}() needs a tile or a number")
         x = kb.constant(x, f32 if kind != "abs" or isinstance(x, float) else i32)
-    if kind != "abs" and not x.type.dtype.is_float():
-        x = kb.b.cast(x, f32)
-    return kb.b.unary(kind, x)
+    return kb.b.unary(kind, kb.b.cast(x, op_type(kind, x.type.dtype)))
 
 
 def _full(kb: KernelBuilder, node: ast.AST, shape: Any, value: Any, dtype: Any) -> Value:
@@ -188,6 +212,30 @@ def _full(kb: KernelBuilder, node: ast.AST, shape: Any, value: Any, dtype: Any) 
     else:
         kb.fail("the fill value must be a number or a scalar", node)
     return kb.b.broadcast(v, shp)
+
+
+def _index(kb: KernelBuilder, index: Any, rank: int, what: str, node: ast.AST) -> list[Value]:
+    """A tile index (a scalar, or a tuple of them) as i32 values, `rank` of them."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    if len(index) != rank:
+        kb.fail(f"{what} has rank {rank}: give an index of {rank} coordinates", node)
+    return [kb.scalar_i32(i, node) for i in index]
+
+
+def _within(
+    kb: KernelBuilder, p: ParamRef, shape: tuple[int, ...], what: str, node: ast.AST
+) -> tuple[int, ...]:
+    """The block tile of Mut parameter `p`, which a sub-tile of `shape` must tile exactly."""
+    within = p.bound.tile_shape
+    assert within is not None
+    if any(w % d for w, d in zip(within, shape)):
+        kb.fail(
+            f"{what} a sub-tile of this block's tile of '{p.name}': each dim of that tile "
+            f"{within} must be a multiple of the sub-tile shape {shape}",
+            node,
+        )
+    return within
 
 
 def _load(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
@@ -208,7 +256,141 @@ def _load(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     except ValueError as e:
         kb.fail(f"padding {e}", node)
     idx = [kb.scalar_i32(i, node) for i in index]
-    return kb.b.load(src.index, src.bound.dtype, idx, shape, pad)
+    # From a Mut parameter, only this block's own tile may be read (other blocks write theirs).
+    within = _within(kb, src, shape, "ct.load reads", node) if src.is_partition else None
+    return kb.b.load(src.index, src.bound.dtype, idx, shape, pad, within=within)
+
+
+def _store(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> None:
+    dst = _param(kb, a["dst"], "the destination of ct.store", node)
+    if not dst.is_partition:
+        kb.fail(
+            f"'{dst.name}' is a shared, read-only Tensor: ct.store writes only into a Mut "
+            "parameter",
+            node,
+        )
+    value = a["tile"]
+    if not isinstance(value, Value) or value.type.is_scalar:
+        kb.fail("ct.store needs a tile (its shape is the sub-tile's)", node)
+    shape = value.type.shape
+    if len(shape) != dst.bound.rank:
+        kb.fail(
+            f"cannot store a rank-{len(shape)} tile into '{dst.name}', which has rank "
+            f"{dst.bound.rank}",
+            node,
+        )
+    if value.type.dtype is not dst.bound.dtype:
+        kb.fail(
+            f"cannot store a {value.type.dtype.name} tile into '{dst.name}' "
+            f"({dst.bound.dtype.name}); convert with .astype(ct.{dst.bound.dtype.name})",
+            node,
+        )
+    within = _within(kb, dst, shape, "ct.store writes", node)
+    idx = _index(kb, a["index"], dst.bound.rank, f"'{dst.name}'", node)
+    kb.b.store(dst.index, idx, value, within=within)
+
+
+# -- shapes and reductions --------------------------------------------------------------------
+def _tile(kb: KernelBuilder, x: Any, what: str, node: ast.AST) -> Value:
+    if not isinstance(x, Value) or x.type.is_scalar:
+        kb.fail(f"{what} needs a tile, got {_what(x)}", node)
+    return x
+
+
+def _what(x: Any) -> str:
+    if isinstance(x, Value):
+        return f"a {x.type.dtype.name} scalar"
+    if isinstance(x, ParamRef):
+        return f"tensor parameter '{x.name}' (load a tile from it first)"
+    return type(x).__name__
+
+
+def _as_value(kb: KernelBuilder, x: Any, what: str, node: ast.AST) -> Value:
+    """A tile or scalar operand; a Python number takes its default type (i32, f32, bool)."""
+    if isinstance(x, Value):
+        return x
+    if isinstance(x, (bool, int, float)):
+        return kb.constant(x, bool_ if isinstance(x, bool) else i32 if isinstance(x, int) else f32)
+    kb.fail(f"{what} needs a tile or a number, got {_what(x)}", node)
+
+
+def _shape_fail(kb: KernelBuilder, what: str, e: ValueError, node: ast.AST) -> NoReturn:
+    kb.fail(f"{what}: {e}", node)
+
+
+def _reshape(kb: KernelBuilder, node: ast.AST, x: Any, shape: Any) -> Value:
+    v = _as_value(kb, x, "reshape", node)
+    dims = shape if isinstance(shape, tuple) else (shape,)
+    if any(isinstance(d, Value) for d in dims):
+        kb.fail("reshape dims must be compile-time constants, not run-time values", node)
+    try:
+        target = reshape_target(shape, v.type.size, v.type.shape)
+    except ValueError as e:
+        _shape_fail(kb, "reshape", e, node)
+    if len(target) > MAX_RANK:
+        kb.fail(f"tiles of rank 1 to {MAX_RANK} are supported, not {len(target)}", node)
+    if v.type.is_scalar:  # a scalar becomes a tile of one element by broadcasting
+        return kb.b.broadcast(v, target)
+    return kb.b.reshape(v, target)
+
+
+def _broadcast_to(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
+    v = _as_value(kb, a["x"], "ct.broadcast_to", node)
+    shape = _static_shape(kb, a["shape"], node, MAX_RANK)
+    try:
+        broadcast_to_shape(v.type.shape, shape)
+    except ValueError as e:
+        _shape_fail(kb, "ct.broadcast_to", e, node)
+    return kb.to_shape(v, shape)
+
+
+def _permute(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
+    v = _tile(kb, a["x"], "ct.permute", node)
+    try:
+        axes = permutation(a["axes"], len(v.type.shape))
+    except ValueError as e:
+        _shape_fail(kb, "ct.permute", e, node)
+    return kb.b.permute(v, axes)
+
+
+def _expand_dims(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
+    v = _as_value(kb, a["x"], "ct.expand_dims", node)
+    try:
+        shape = expanded_shape(v.type.shape, a["axis"])
+    except ValueError as e:
+        _shape_fail(kb, "ct.expand_dims", e, node)
+    if len(shape) > MAX_RANK:
+        kb.fail(f"tiles of rank 1 to {MAX_RANK} are supported, not {len(shape)}", node)
+    return kb.b.broadcast(v, shape) if v.type.is_scalar else kb.b.reshape(v, shape)
+
+
+def _reduction(kb: KernelBuilder, node: ast.AST, kind: str, a: dict[str, Any]) -> Value:
+    """ct.sum/max/min/argmax/argmin: one ReduceOp per axis (keeping it), then a reshape that
+    drops the reduced axes unless `keepdims`."""
+    x = _tile(kb, a["x"], f"ct.{kind}", node)
+    keepdims = a["keepdims"]
+    if not isinstance(keepdims, bool):
+        kb.fail(f"ct.{kind}(): keepdims must be a constant True or False", node)
+    shape = x.type.shape
+    try:
+        axes = reduction_axes(a["axis"], len(shape), multiple=kind in ("sum", "max", "min"))
+    except ValueError as e:
+        _shape_fail(kb, f"ct.{kind}()", e, node)
+    if kind in ("argmax", "argmin") and a["axis"] is None and len(shape) > 1:
+        # The index of the extreme in the flattened tile, as NumPy gives it.
+        r = kb.b.reduce(kind, kb.b.reshape(x, (x.type.size,)), 0)
+        return kb.b.reshape(r, (1,) * len(shape) if keepdims else ())
+    dtype = x.type.dtype
+    # A 16-bit float sum over several axes accumulates in f32 throughout, rounded once.
+    widen = kind == "sum" and dtype in (f16, bf16) and len(axes) > 1
+    v = kb.b.cast(x, f32) if widen else x
+    for axis in axes:
+        v = kb.b.reduce(kind, v, axis)
+    if widen:
+        v = kb.b.cast(v, dtype)
+    if keepdims:
+        return v
+    return kb.b.reshape(v, tuple(d for i, d in enumerate(shape) if i not in axes))
 
 
 def _load_tile_like(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
@@ -235,23 +417,17 @@ def _where(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     cond, x, y = a["cond"], a["x"], a["y"]
     if isinstance(cond, bool):  # decided at compile time
         (xv, yv), _, shape = kb.operands(x, y)
-        return kb.b.broadcast(xv if cond else yv, shape)
+        return xv if cond else yv
     if not isinstance(cond, Value) or cond.type.dtype is not bool_:
         kb.fail("the condition of ct.where must be a bool tile or scalar", node)
-    (xv, yv), _, shape = kb.operands(x, y)
-    shape = shape or cond.type.shape
-    if cond.type.shape and shape != cond.type.shape:
-        kb.fail(f"condition shape {cond.type.shape} differs from {shape}", node)
-    return kb.b.select(
-        kb.b.broadcast(cond, shape), kb.b.broadcast(xv, shape), kb.b.broadcast(yv, shape)
-    )
+    (xv, yv), _, shape = kb.operands(x, y, with_shape=cond.type.shape)
+    return kb.b.select(kb.to_shape(cond, shape), xv, yv)
 
 
 def _fma(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     xs, dtype, _ = kb.operands(a["a"], a["b"], a["c"])
-    if not dtype.is_float():
-        xs = [kb.b.cast(v, f32) for v in xs]
-    return kb.b.fma(*xs)
+    dtype = op_type("fma", dtype)
+    return kb.b.fma(*(kb.b.cast(v, dtype) for v in xs))
 
 
 def _num_tiles(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Any:
@@ -283,6 +459,15 @@ _BUILTINS: dict[str, Callable[[KernelBuilder, ast.AST, dict[str, Any]], Any]] = 
     "cdiv": lambda kb, n, a: _cdiv(kb, a["a"], a["b"]),
     "num_tiles": _num_tiles,
     "load": _load,
+    "store": _store,
+    "reshape": lambda kb, n, a: _reshape(kb, n, a["x"], a["shape"]),
+    "broadcast_to": _broadcast_to,
+    "permute": _permute,
+    "expand_dims": _expand_dims,
+    **{
+        k: (lambda kind: lambda kb, n, a: _reduction(kb, n, kind, a))(k)
+        for k in ("sum", "max", "min", "argmax", "argmin")
+    },
     "load_tile_like": _load_tile_like,
     "full": lambda kb, n, a: _full(kb, n, a["shape"], a["value"], a["dtype"]),
     "zeros": lambda kb, n, a: _full(kb, n, a["shape"], 0, _dtype_arg(kb, a["dtype"], n)),

@@ -117,19 +117,48 @@ def from_numpy(array: np.ndarray, dtype: Any = None) -> AnyTensor:
 
 
 def from_dlpack(obj: Any) -> AnyTensor:
-    """Borrow `obj`'s memory zero-copy (host memory, on the CPU backends); never freed by us."""
+    """Borrow `obj`'s memory zero-copy; it is never freed by us (`obj` is kept alive).
+
+    On the CPU backends `obj` is host memory (NumPy, or anything `np.from_dlpack` takes); on
+    cuda it is device memory (PyTorch, CuPy, ... through DLPack or the CUDA Array Interface).
+    """
     backend = active_backend()
-    if backend.name == "cuda":
-        raise NotImplementedError("from_dlpack of device memory comes with the interop release")
     if isinstance(obj, Tensor):
         # A second Tensor over the same memory would escape the ownership checks.
         raise TypeError(
             "ct.from_dlpack() of a cutile_py Tensor would alias it; use the tensor "
             "itself (or ct.from_numpy(t.to_numpy()) for a copy)"
         )
-    arr = np.from_dlpack(obj)
+    if backend.name == "cuda":
+        from cutile_py.runtime.cuda_backend import CudaBackend
+
+        assert isinstance(backend, CudaBackend)
+        device_buf, shape, np_dtype = backend.borrow_foreign(obj)
+        return Tensor(device_buf, shape, _foreign_dtype(np_dtype), backend, borrowed_from=obj)
+    try:
+        arr = np.from_dlpack(obj)
+    except (AttributeError, BufferError, TypeError, RuntimeError) as e:
+        raise TypeError(
+            f"ct.from_dlpack: cannot borrow a {type(obj).__name__} on the {backend.name} "
+            f"backend, which needs host memory: {e}"
+        ) from e
     if not arr.flags.c_contiguous:
-        raise ValueError("from_dlpack needs a C-contiguous array")
-    dt = from_numpy_dtype(arr.dtype)
+        raise ValueError(
+            "ct.from_dlpack needs a C-contiguous array; pass np.ascontiguousarray(a) (a copy)"
+        )
+    if not arr.flags.writeable:
+        raise ValueError("ct.from_dlpack needs writable memory; the array is read-only")
     buf = backend.borrow_host(arr)
-    return Tensor(buf, tuple(arr.shape), dt, backend, borrowed_from=obj)
+    return Tensor(buf, tuple(arr.shape), _foreign_dtype(arr.dtype), backend, borrowed_from=obj)
+
+
+def _foreign_dtype(dt: np.dtype[Any]) -> type[DType]:
+    if dt.name == "bfloat16":  # ml_dtypes' bf16, as PyTorch exports it through NumPy-like views
+        return bf16
+    try:
+        return from_numpy_dtype(dt)
+    except (TypeError, ValueError, KeyError) as e:
+        raise TypeError(
+            f"ct.from_dlpack: arrays of {dt} have no cutile_py dtype "
+            "(f32, f16, bf16, i32, i64, bool)"
+        ) from e

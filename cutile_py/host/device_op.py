@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
 from cutile_py.host.interpret_run import run_interpreted
-from cutile_py.host.launch import launch_ptx
-from cutile_py.host.streams import Stream, async_stream, settle, wait_done
-from cutile_py.host.tensor import Owned, Partition, Tensor
-from cutile_py.runtime.backend import Backend, Completion, RuntimeFailure
+from cutile_py.host.launch import kernel_launch, launch_ptx
+from cutile_py.host.streams import StreamLike, as_stream, async_stream, settle, wait_done
+from cutile_py.host.tensor import Holder, Owned, Partition, Tensor
+from cutile_py.runtime.backend import Backend, Completion, KernelLaunch, RuntimeFailure
 from cutile_py.runtime.select import active_backend
 
 if TYPE_CHECKING:
@@ -34,8 +34,9 @@ class OpLike(ABC):
         """Run (if not yet run), wait for completion and hand back the result."""
 
     @abstractmethod
-    def sync_on(self, stream: Stream) -> tuple[Any, ...]:
-        """Like `sync()`, launching on `stream`."""
+    def sync_on(self, stream: StreamLike) -> tuple[Any, ...]:
+        """Like `sync()`, launching on `stream` (a `ct.Stream`, or another library's stream
+        object with `__cuda_stream__`)."""
 
     @abstractmethod
     async def _run_async(self) -> tuple[Any, ...]: ...
@@ -43,6 +44,11 @@ class OpLike(ABC):
     @abstractmethod
     def _ops(self) -> list[DeviceOp]:
         """The launches that exist now (a chain's later ones are made when it runs)."""
+
+    def _record(self, launches: list[DeviceOp]) -> tuple[Any, ...]:
+        """For `ct.graph`: append the launches in run order without running them, and return
+        the result that running would give."""
+        raise TypeError(f"ct.graph cannot capture a {type(self).__name__}")
 
     def __await__(self) -> Generator[Any, None, tuple[Any, ...]]:
         """`await op`: like `sync()`, without blocking the event loop."""
@@ -87,9 +93,41 @@ class DeviceOp(OpLike):
         self._completion: Completion | None = None
         self._held: list[tuple[Owned, bool]] = []
         self._finished = False
+        self._graphed = False
+        #: What the op held when `ct.graph` captured it: the graph holds these instead.
+        self._graph_holds: list[tuple[Owned, bool]] = []
 
     def describe(self) -> str:
         return f"launch of kernel {self.name}"
+
+    def holding(self) -> str:
+        return f"pending {self.describe()}; call .sync() on that op first"
+
+    def param_names(self) -> list[str]:
+        """The names of the parameters, in argument order (for messages)."""
+        return [p.name for p in self.kernel.params]
+
+    def _kernel_launch(self) -> KernelLaunch | None:
+        """This launch with its parameters bound (None where the kernel's Python runs)."""
+        if self.compiled.lowered is None or not self.backend.runs_ptx:
+            return None
+        return kernel_launch(
+            self.backend, self.compiled.lowered, self.grid, self.args, self.compiled.loaded
+        )
+
+    def _record(self, launches: list[DeviceOp]) -> tuple[Any, ...]:
+        self._check_pending()
+        if self._completion is not None:
+            raise BorrowError(
+                f"ct.graph: this {self.describe()} is already running; a graph captures ops "
+                "that have not been launched"
+            )
+        launches.append(self)
+        # Its arguments go on to the chain's next step now, and to the graph at the end.
+        self._graph_holds = list(self._held)
+        self._graphed = True
+        self._finish()
+        return self.args
 
     @classmethod
     def for_kernel(cls, kernel: Kernel, args: tuple[Any, ...]) -> DeviceOp:
@@ -105,7 +143,7 @@ class DeviceOp(OpLike):
         return op
 
     def _acquire(self) -> None:
-        me = weakref.ref(self)
+        me: weakref.ref[Holder] = weakref.ref(self)
         for a in self.args:
             if isinstance(a, Partition):
                 a._exclusive = me
@@ -150,6 +188,10 @@ class DeviceOp(OpLike):
         self._release()
 
     def _check_pending(self) -> None:
+        if self._graphed:
+            raise BorrowError(
+                f"this {self.describe()} was captured by ct.graph(); replay the graph instead"
+            )
         if self._finished:
             raise BorrowError(
                 f"this {self.describe()} has already completed and returned its arguments"
@@ -173,9 +215,10 @@ class DeviceOp(OpLike):
             self._launch()
         return self._complete()
 
-    def sync_on(self, stream: Stream) -> tuple[Any, ...]:
+    def sync_on(self, stream: StreamLike) -> tuple[Any, ...]:
         """Launch on `stream` (if not yet launched), wait, and hand back the arguments."""
         self._check_pending()
+        stream = as_stream(stream, self.backend)
         if stream.backend is not self.backend:
             raise ValueError(
                 f"{self.describe()}: the stream is on the {stream.backend.name} backend, "

@@ -9,6 +9,7 @@ from cutile_py.lower.pipeline import LoweredKernel
 from cutile_py.runtime.backend import (
     Backend,
     Completion,
+    KernelLaunch,
     LoadedKernel,
     ParamValue,
 )
@@ -31,6 +32,27 @@ def pack_params(lowered: LoweredKernel, args: tuple[Any, ...]) -> list[ParamValu
     return out
 
 
+def kernel_launch(
+    backend: Backend,
+    lowered: LoweredKernel,
+    grid: tuple[int, ...],
+    args: tuple[Any, ...],
+    loaded: dict[str, LoadedKernel],
+) -> KernelLaunch:
+    """The launch on `backend` with its parameters bound; `loaded` caches the module there."""
+    kern = loaded.get(backend.name)
+    if kern is None:
+        kern = loaded[backend.name] = backend.load_kernel(lowered.ptx, lowered.entry)
+    g = (*grid, 1, 1, 1)[:3]
+    return KernelLaunch(
+        kern,
+        (g[0], g[1], g[2]),
+        (lowered.block_threads, 1, 1),
+        0,
+        tuple(pack_params(lowered, args)),
+    )
+
+
 def launch_ptx(
     backend: Backend,
     lowered: LoweredKernel,
@@ -39,19 +61,6 @@ def launch_ptx(
     loaded: dict[str, LoadedKernel],
     stream: object | None = None,
 ) -> Completion:
-    """Launch on `backend` (on `stream`, a backend stream handle, where one is given).
-
-    `loaded` caches the module loaded there across launches.
-    """
-    kern = loaded.get(backend.name)
-    if kern is None:
-        kern = loaded[backend.name] = backend.load_kernel(lowered.ptx, lowered.entry)
-    g = (*grid, 1, 1, 1)[:3]
-    return backend.launch(
-        kern,
-        (g[0], g[1], g[2]),
-        (lowered.block_threads, 1, 1),
-        0,
-        pack_params(lowered, args),
-        stream,
-    )
+    """Launch on `backend` (on `stream`, a backend stream handle, where one is given)."""
+    k = kernel_launch(backend, lowered, grid, args, loaded)
+    return backend.launch(k.kernel, k.grid, k.block, k.shared_mem, k.params, stream)

@@ -15,7 +15,7 @@ from typing import Any
 
 from cutile_py.host.device_op import DeviceOp, OpLike
 from cutile_py.host.errors import AliasError, BorrowError
-from cutile_py.host.streams import Stream, async_stream
+from cutile_py.host.streams import StreamLike, async_stream
 from cutile_py.host.tensor import Owned, Partition, Tensor
 
 
@@ -60,9 +60,14 @@ class Chain(_Once):
         self._use()
         return self._next(self.first.sync()).sync()
 
-    def sync_on(self, stream: Stream) -> tuple[Any, ...]:
+    def sync_on(self, stream: StreamLike) -> tuple[Any, ...]:
         self._use()
         return self._next(self.first.sync_on(stream)).sync_on(stream)
+
+    def _record(self, launches: list[DeviceOp]) -> tuple[Any, ...]:
+        self._use()
+        # `fn` runs once, now, to build the next step; replays run the launches it made.
+        return self._next(self.first._record(launches))._record(launches)
 
     async def _run_async(self) -> tuple[Any, ...]:
         self._use()
@@ -98,9 +103,20 @@ class Zip(_Once):
                     raise
         return self._collect(lambda op: op.sync())
 
-    def sync_on(self, stream: Stream) -> tuple[Any, ...]:
+    def sync_on(self, stream: StreamLike) -> tuple[Any, ...]:
         self._use()
         return self._collect(lambda op: op.sync_on(stream))
+
+    def _record(self, launches: list[DeviceOp]) -> tuple[Any, ...]:
+        self._use()
+        results = []
+        for op in self.ops:
+            try:
+                results.append(op._record(launches))
+            except BaseException:
+                self._drain()  # the members not captured give their arguments back
+                raise
+        return tuple(results)
 
     def _ops_now(self) -> list[DeviceOp]:
         return [d for op in self.ops for d in op._ops()]

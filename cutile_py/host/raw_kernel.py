@@ -15,10 +15,10 @@ import numpy as np
 
 from cutile_py.host.device_op import DeviceOp
 from cutile_py.host.errors import BorrowError, MovedError
-from cutile_py.host.tensor import Partition, Tensor
+from cutile_py.host.tensor import Holder, Partition, Tensor
 from cutile_py.ptx.ast import Param
 from cutile_py.ptx.parser import parse
-from cutile_py.runtime.backend import Backend, Completion, ParamValue
+from cutile_py.runtime.backend import Backend, Completion, KernelLaunch, ParamValue
 from cutile_py.runtime.select import active_backend
 
 _INTS = {f"{k}{w}": (k, w) for k in "usb" for w in (8, 16, 32, 64)}
@@ -140,18 +140,25 @@ class RawKernelOp(DeviceOp):
         self.shared_mem = shared_mem
 
     def _acquire(self) -> None:
-        me: weakref.ref[DeviceOp] = weakref.ref(self)
+        me: weakref.ref[Holder] = weakref.ref(self)
         for a in self.args:
             if isinstance(a, Tensor) and not any(h is a for h, _ in self._held):
                 a._exclusive = me
                 self._held.append((a, True))
 
-    def _start(self, stream: object | None = None) -> Completion:
+    def _kernel_launch(self) -> KernelLaunch:
         kernel = self.backend.load_kernel(self.raw.ptx, self.raw.name)
         g = self.grid
-        return self.backend.launch(
-            kernel, (g[0], g[1], g[2]), self.block, self.shared_mem, self.values, stream
+        return KernelLaunch(
+            kernel, (g[0], g[1], g[2]), self.block, self.shared_mem, tuple(self.values)
         )
+
+    def _start(self, stream: object | None = None) -> Completion:
+        k = self._kernel_launch()
+        return self.backend.launch(k.kernel, k.grid, k.block, k.shared_mem, k.params, stream)
+
+    def param_names(self) -> list[str]:
+        return [p.name for p in self.raw.params]
 
     def describe(self) -> str:
         return f"launch of raw kernel {self.name}"

@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import weakref
 from collections.abc import Iterator
+from typing import Protocol
 
 from cutile_py.runtime.backend import Backend, Completion
 from cutile_py.runtime.select import active_backend
@@ -33,6 +34,8 @@ class Stream:
     work queued on it; its driver stream goes back to a pool for the next `Stream`.
     """
 
+    _producer: object = None  # the library object behind a foreign stream
+
     def __init__(self) -> None:
         self._bind(active_backend())
 
@@ -48,12 +51,50 @@ class Stream:
         stream._bind(backend)
         return stream
 
+    @classmethod
+    def _foreign(cls, backend: Backend, obj: CudaStreamLike) -> Stream:
+        """A view of another library's stream; never released or destroyed by us."""
+        proto = obj.__cuda_stream__
+        version, address = proto() if callable(proto) else proto
+        if not isinstance(address, int) or isinstance(address, bool):
+            raise TypeError(
+                f"{type(obj).__name__}.__cuda_stream__() must return (version, handle) with an "
+                f"integer handle, got {(version, address)!r}"
+            )
+        stream = cls.__new__(cls)
+        stream.backend = backend
+        stream.handle = backend.stream_from_foreign(address)
+        stream._producer = obj  # the foreign stream lives at least as long as this view
+        return stream
+
     def synchronize(self) -> None:
         """Wait for all work queued on this stream."""
         self.backend.stream_synchronize(self.handle)
 
     def __repr__(self) -> str:
         return f"<Stream on {self.backend.name}>"
+
+
+class CudaStreamLike(Protocol):
+    """Another library's stream: cuda.core's protocol, `__cuda_stream__() -> (version, handle)`."""
+
+    def __cuda_stream__(self) -> tuple[int, int]: ...
+
+
+#: What `op.sync_on(...)` and `g.replay(...)` take.
+StreamLike = Stream | CudaStreamLike
+
+
+def as_stream(stream: object, backend: Backend) -> Stream:
+    """`stream` as a `Stream` on `backend`; TypeError naming what was passed otherwise."""
+    if isinstance(stream, Stream):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):
+        return Stream._foreign(backend, stream)
+    raise TypeError(
+        f"expected a ct.Stream or a stream object with __cuda_stream__ (cuda.core, PyTorch, "
+        f"CuPy), got {type(stream).__name__}"
+    )
 
 
 _pools: weakref.WeakKeyDictionary[Backend, Iterator[Stream | None]] = weakref.WeakKeyDictionary()

@@ -6,17 +6,15 @@ import sys
 import weakref
 from collections.abc import Sequence
 from math import prod
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 from typing_extensions import TypeVarTuple, Unpack
 
 from cutile_py.host.errors import BorrowError, MovedError
 from cutile_py.ir.dtypes import DType, from_storage
-from cutile_py.runtime.backend import Backend, Buffer
-
-if TYPE_CHECKING:
-    from cutile_py.host.device_op import DeviceOp
+from cutile_py.runtime import dlpack
+from cutile_py.runtime.backend import Backend, Buffer, HostBuffer
 
 DT = TypeVar("DT")
 Shape = TypeVarTuple("Shape")
@@ -26,6 +24,14 @@ def caller_location(depth: int = 2) -> str:
     """`file:line` of the user code `depth` frames up (where a tensor was moved)."""
     frame = sys._getframe(depth)
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+class Holder(Protocol):
+    """What may hold tensors: a pending op, a graph."""
+
+    def holding(self) -> str:
+        """Who holds, and what to do about it (for BorrowError messages)."""
+        ...
 
 
 class Owned:
@@ -41,11 +47,11 @@ class Owned:
         self._moved_at: str | None = None
         self._moved_by = ""
         # Weak, so that dropping a pending op runs its finalizer, which releases these holds.
-        self._exclusive: weakref.ref[DeviceOp] | None = None
-        self._shared: list[weakref.ref[DeviceOp]] = []
+        self._exclusive: weakref.ref[Holder] | None = None
+        self._shared: list[weakref.ref[Holder]] = []
 
-    def _holder(self) -> DeviceOp | None:
-        """The pending op holding this value, if any."""
+    def _holder(self) -> Holder | None:
+        """The pending op or graph holding this value, if any."""
         if self._exclusive is not None:
             return self._exclusive()
         for ref in self._shared:
@@ -67,10 +73,7 @@ class Owned:
             )
         holder = self._holder()
         if holder is not None:
-            raise BorrowError(
-                f"cannot {action}: this {self._kind} is held by pending "
-                f"{holder.describe()}; call .sync() on that op first"
-            )
+            raise BorrowError(f"cannot {action}: this {self._kind} is held by {holder.holding()}")
 
     def _move(self, by: str) -> None:
         self._check_usable(f"call {by}")
@@ -158,21 +161,56 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
         state = " (moved)" if self._moved_at else ""
         return f"Tensor(shape={self._shape}, dtype={self._dtype.name}, device={self.device}){state}"
 
-    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
-        """DLPack export of host-memory tensors (the CPU backends)."""
-        self._check_usable("export the tensor")
-        from cutile_py.runtime.backend import HostBuffer
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Any = None,
+        dl_device: Any = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """DLPack export, zero-copy: the consumer aliases this tensor's memory.
 
-        if not isinstance(self._buffer, HostBuffer):
-            raise BufferError("DLPack export of device memory comes with the interop release")
-        return (
-            self._buffer.view(self._dtype.storage, self.size)
-            .reshape(self._shape)
-            .__dlpack__(**kwargs)
-        )
+        Like `ct.RawKernel`, this leaves the checked model: cutile_py cannot see what the
+        consumer does with the memory. The memory stays alive while the consumer holds it.
+        """
+        self._check_usable("export the tensor")
+        if copy:
+            raise BufferError("cutile_py exports without copying; pass copy=None or False")
+        device = self.__dlpack_device__()
+        if dl_device is not None and tuple(dl_device) != device:
+            raise BufferError(f"the tensor is on DLPack device {device}, not {tuple(dl_device)}")
+        storage = self._dtype.storage
+        code = dlpack.dtype_code(storage.kind, 8 * storage.itemsize, self._dtype.name == "bf16")
+        self._backend.stream_synchronize(None)  # pending uploads land before the consumer reads
+        return dlpack.export(self._buffer.address, self._shape, code, device, self._buffer)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)  # kDLCPU
+        """(kDLCPU, 0) on the CPU backends, (kDLCUDA, ordinal) on cuda."""
+        if isinstance(self._buffer, HostBuffer):
+            return (dlpack.KDL_CPU, 0)
+        return (dlpack.KDL_CUDA, int(getattr(self._backend, "ordinal", 0)))
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The CUDA Array Interface (v3) of a tensor on the cuda backend (zero-copy export)."""
+        if isinstance(self._buffer, HostBuffer):
+            raise AttributeError(
+                f"__cuda_array_interface__: the tensor is in host memory ({self.device} "
+                "backend); use __dlpack__ or to_numpy()"
+            )
+        if self._dtype.name == "bf16":
+            raise AttributeError("__cuda_array_interface__ has no bf16 type; use __dlpack__")
+        self._check_usable("export the tensor")
+        return {
+            "shape": self._shape,
+            "typestr": self._dtype.storage.str,
+            "data": (self._buffer.address, False),
+            "strides": None,
+            "version": 3,
+            # Consumers order their reads after the backend stream (pending uploads).
+            "stream": self._backend.stream_address(),
+        }
 
 
 class Partition(Owned):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from math import prod
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bool_, i32
@@ -15,6 +16,9 @@ class IRTypeError(TypeError):
 
 
 FLOAT_ONLY_UNARY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid"})
+#: Highest rank of a tile value (loads and stores stay at rank 3, the launch grid's; reshapes
+#: and expand_dims may pass through one more dim).
+MAX_RANK = 4
 
 
 class Builder:
@@ -69,7 +73,10 @@ class Builder:
         index: Sequence[o.Value],
         shape: tuple[int, ...],
         padding: int | float,
+        within: tuple[int, ...] | None = None,
     ) -> o.Value:
+        """The tile of `shape` at tile `index`; with `within`, a sub-tile of the block's own
+        tile of that shape (see `LoadOp`)."""
         _check_index(index)
         if not shape or any(d <= 0 for d in shape):
             raise IRTypeError(
@@ -79,16 +86,29 @@ class Builder:
             raise IRTypeError(
                 f"tile index has {len(index)} coordinates for a rank-{len(shape)} tile"
             )
+        _check_within(within, shape)
         res = o.Value(TileType(dtype, shape))
         return self._add(
-            o.LoadOp(tuple(index), (res,), param=param, shape=shape, padding=padding)
+            o.LoadOp(tuple(index), (res,), param=param, shape=shape, padding=padding, within=within)
         ).result
 
-    def store(self, param: int, index: Sequence[o.Value], value: o.Value) -> None:
+    def store(
+        self,
+        param: int,
+        index: Sequence[o.Value],
+        value: o.Value,
+        within: tuple[int, ...] | None = None,
+    ) -> None:
+        """Store `value` at tile `index`; with `within`, as a sub-tile of the block's own tile."""
         _check_index(index)
         if value.type.is_scalar:
             raise IRTypeError("store needs a tile, not a scalar")
-        self._add(o.StoreOp((*index, value), (), param=param))
+        if len(index) != len(value.type.shape):
+            raise IRTypeError(
+                f"tile index has {len(index)} coordinates for a rank-{len(value.type.shape)} tile"
+            )
+        _check_within(within, value.type.shape)
+        self._add(o.StoreOp((*index, value), (), param=param, within=within))
 
     def iota(self, n: int) -> o.Value:
         if n <= 0:
@@ -97,11 +117,60 @@ class Builder:
 
     # -- element-wise ---------------------------------------------------------------------
     def broadcast(self, x: o.Value, shape: tuple[int, ...]) -> o.Value:
+        """`x` repeated to `shape`: a scalar, or a tile of the same rank whose dims are each
+        equal to `shape`'s or 1 (rank changes go through `reshape` first)."""
         if x.type.shape == shape:
             return x
-        if not x.type.is_scalar:
+        _check_shape(shape)
+        if not x.type.is_scalar and not broadcastable(x.type.shape, shape):
             raise IRTypeError(f"cannot broadcast a tile of shape {x.type.shape} to {shape}")
         return self._add(o.BroadcastOp((x,), (o.Value(TileType(x.type.dtype, shape)),))).result
+
+    def reduce(self, kind: str, x: o.Value, axis: int) -> o.Value:
+        """Reduce `axis` of tile `x`, keeping it with size 1. sum/max/min keep the dtype;
+        argmax/argmin give i32 indices."""
+        if kind not in o.REDUCE_KINDS:
+            raise IRTypeError(f"unknown reduction {kind}")
+        shape = x.type.shape
+        if not shape:
+            raise IRTypeError(f"{kind} needs a tile, not a scalar")
+        if not 0 <= axis < len(shape):
+            raise IRTypeError(f"axis {axis} is out of range for a tile of shape {shape}")
+        if kind == "sum" and x.type.dtype is bool_:
+            raise IRTypeError("sum of a bool tile is not defined; convert with .astype(ct.i32)")
+        dtype = i32 if kind in ("argmax", "argmin") else x.type.dtype
+        out = TileType(dtype, (*shape[:axis], 1, *shape[axis + 1 :]))
+        return self._add(o.ReduceOp((x,), (o.Value(out),), kind=kind, axis=axis)).result
+
+    def reshape(self, x: o.Value, shape: tuple[int, ...]) -> o.Value:
+        """The elements of tile `x` in row-major order under `shape` (same count); shape ()
+        takes the one element of a size-1 tile as a scalar."""
+        if x.type.shape == shape:
+            return x
+        if x.type.is_scalar:
+            raise IRTypeError("reshape needs a tile; broadcast a scalar to make one")
+        if shape:
+            _check_shape(shape)
+        elif x.type.size != 1:
+            raise IRTypeError(
+                f"only a tile of one element becomes a scalar, not one of shape {x.type.shape}"
+            )
+        if prod(shape) != x.type.size:
+            raise IRTypeError(
+                f"cannot reshape a tile of shape {x.type.shape} ({x.type.size} elements) to "
+                f"{shape} ({prod(shape)} elements)"
+            )
+        return self._add(o.ReshapeOp((x,), (o.Value(TileType(x.type.dtype, shape)),))).result
+
+    def permute(self, x: o.Value, axes: tuple[int, ...]) -> o.Value:
+        """Tile `x` with its dims reordered: result dim i is `x`'s dim `axes[i]`."""
+        shape = x.type.shape
+        if sorted(axes) != list(range(len(shape))) or not shape:
+            raise IRTypeError(f"axes {axes} are not a permutation of the dims of {x.type}")
+        if axes == tuple(range(len(shape))):
+            return x
+        out = TileType(x.type.dtype, tuple(shape[a] for a in axes))
+        return self._add(o.PermuteOp((x,), (o.Value(out),), axes=axes)).result
 
     def cast(self, x: o.Value, dtype: type[DType]) -> o.Value:
         if x.type.dtype is dtype:
@@ -187,6 +256,25 @@ def _check_index(index: Sequence[o.Value]) -> None:
     for v in index:
         if v.type != scalar(i32):
             raise IRTypeError(f"tile index coordinates must be i32 scalars, got {v.type}")
+
+
+def broadcastable(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
+    """A tile of shape `src` broadcasts to `dst` without a rank change (each dim equal or 1)."""
+    return len(src) == len(dst) and all(s in (1, d) for s, d in zip(src, dst))
+
+
+def _check_shape(shape: tuple[int, ...]) -> None:
+    if not 1 <= len(shape) <= MAX_RANK or any(d <= 0 for d in shape):
+        raise IRTypeError(f"a tile needs 1 to {MAX_RANK} positive dims, got {shape}")
+
+
+def _check_within(within: tuple[int, ...] | None, shape: tuple[int, ...]) -> None:
+    if within is None:
+        return
+    if len(within) != len(shape) or any(w % d for w, d in zip(within, shape)):
+        raise IRTypeError(
+            f"each dim of the block's tile {within} must be a multiple of the sub-tile's {shape}"
+        )
 
 
 def _same_type(what: str, x: o.Value, y: o.Value) -> None:

@@ -121,13 +121,54 @@ def promote_weak(tile: type[DType], scalar: type) -> type[DType]:
     return tile if tile.kind == "float" else f32
 
 
+#: An operand's type for `result_type`: a dtype (a tile or a typed scalar: strong) or the
+#: Python type of a plain number (weak).
+OperandType = type[DType] | type[bool] | type[int] | type[float]
+
+#: Ops computed in floating point: integer and bool operands are converted to f32 first.
+FLOAT_OPS = frozenset(
+    {"div", "fma", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid"}
+)
+
+
+def result_type(*operands: OperandType) -> type[DType]:
+    """The one type that the operands of an element-wise op are converted to: the strong
+    dtypes promoted together, then each Python number applied weakly (NEP 50). Python numbers
+    alone take bool_, i32 or f32 by the widest of their kinds. The frontend and the
+    interpreter both use this, so that they agree on every result type."""
+    strong: list[type[DType]] = []
+    weak: list[type] = []
+    for t in operands:
+        if isinstance(t, type) and issubclass(t, DType):
+            strong.append(t)
+        else:
+            weak.append(t)
+    if strong:
+        dtype = strong[0]
+        for t in strong[1:]:
+            dtype = promote(dtype, t)
+    else:
+        dtype = f32 if float in weak else i32 if int in weak else bool_
+    for w in weak:
+        dtype = promote_weak(dtype, w)
+    return dtype
+
+
+def op_type(kind: str, dtype: type[DType]) -> type[DType]:
+    """The type op `kind` computes in, given its operands' common type: true division,
+    fma and the transcendental functions compute integers and bools in f32."""
+    return f32 if kind in FLOAT_OPS and not dtype.is_float() else dtype
+
+
 def round_to_bf16(x: np.ndarray) -> np.ndarray:
-    """Round float32 values to the nearest bfloat16 (ties to even); returns float32."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    """Round float32 values to the nearest bfloat16 (ties to even); returns float32 of the
+    same shape (0-d stays 0-d)."""
+    arr = np.asarray(x, dtype=np.float32)
+    bits = np.ascontiguousarray(arr).reshape(-1).view(np.uint32)
     nan = (bits & 0x7FFFFFFF) > 0x7F800000
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     rounded = np.where(nan, bits | 0x00400000, rounded).astype(np.uint32)
-    return rounded.view(np.float32)
+    return rounded.view(np.float32).reshape(arr.shape)
 
 
 def round_to(x: np.ndarray, dtype: type[DType]) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The meaning of every element-wise op, written once in NumPy.
+"""The meaning of every element-wise, reduction and shape op, written once in NumPy.
 
 Arrays are in compute form (`DType.compute`: f16 and bf16 values held in float32). A float op
 on 16-bit types is computed in f32 and rounded once to the type, which for + - * / sqrt equals
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cutile_py.ir.dtypes import DType, f32, round_to
+from cutile_py.ir.dtypes import DType, f32, i32, round_to
 
 Array = np.ndarray
 
@@ -111,3 +111,40 @@ def fma(a: Array, b: Array, c: Array, dtype: type[DType]) -> Array:
 def cast(x: Array, dtype: type[DType]) -> Array:
     with np.errstate(all="ignore"):
         return round_to(x, dtype)
+
+
+def broadcast(x: Array, shape: tuple[int, ...]) -> Array:
+    """A scalar, or an array of the same rank with dims equal or 1, repeated to `shape`."""
+    return np.array(np.broadcast_to(x, shape))
+
+
+def reduce(kind: str, x: Array, axis: int, dtype: type[DType]) -> Array:
+    """Reduce `axis` of `x` (of `dtype`), keeping it with size 1.
+
+    sum: integers wrap around; f16/bf16 accumulate in f32 and f32 in f64, each rounded once
+    to the dtype (the compiled code sums in another order, within rounding of this).
+    max/min: NaN if any element is NaN. argmax/argmin: i32, the first index of the extreme,
+    where a NaN counts as the extreme (the first NaN wins), as in NumPy.
+    """
+    with np.errstate(all="ignore"):
+        if kind == "sum":
+            if dtype.is_float():
+                acc = np.float64 if dtype is f32 else np.float32
+                return round_to(np.asarray(np.sum(x, axis=axis, dtype=acc, keepdims=True)), dtype)
+            return np.asarray(np.sum(x, axis=axis, dtype=dtype.compute, keepdims=True))
+        if kind in ("max", "min"):
+            fn = np.max if kind == "max" else np.min
+            return np.asarray(fn(x, axis=axis, keepdims=True)).astype(dtype.compute)
+        fn_arg = np.argmax if kind == "argmax" else np.argmin
+        return np.expand_dims(fn_arg(x, axis=axis), axis).astype(i32.compute)
+
+
+def reshape(x: Array, shape: tuple[int, ...]) -> Array:
+    """The elements of `x` in row-major order under `shape` (() takes a size-1 array's one
+    element)."""
+    return np.array(np.reshape(x, shape))
+
+
+def permute(x: Array, axes: tuple[int, ...]) -> Array:
+    """Result dim i is `x`'s dim `axes[i]`."""
+    return np.ascontiguousarray(np.transpose(x, axes))

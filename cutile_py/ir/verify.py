@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from math import prod
+
 from cutile_py.ir import ops as o
+from cutile_py.ir.builder import broadcastable
 from cutile_py.ir.dtypes import bool_, i32
-from cutile_py.ir.types import scalar
+from cutile_py.ir.types import TileType, scalar
 
 
 class VerifyError(ValueError):
@@ -52,6 +55,38 @@ def _op(kernel: o.Kernel, op: o.Op, defined: set[int]) -> None:
                 raise VerifyError(f"store into read-only parameter {param.name}")
             if op.operands[-1].type.dtype is not param.dtype:
                 raise VerifyError(f"store of {op.operands[-1].type} into {param.dtype.name}")
+        if isinstance(op, o.LoadOp) and op.result.type != TileType(param.dtype, op.shape):
+            raise VerifyError(f"load of {param.name} gives {op.result.type}")
+        if not isinstance(op, o.TensorDimOp) and op.within is not None:
+            _within(op, param)
+    elif isinstance(op, o.BroadcastOp):
+        (x,) = op.operands
+        out = op.result.type
+        if x.type.dtype is not out.dtype or not (
+            x.type.is_scalar or broadcastable(x.type.shape, out.shape)
+        ):
+            raise VerifyError(f"broadcast of {x.type} to {out}")
+    elif isinstance(op, o.ReduceOp):
+        (x,) = op.operands
+        shape = x.type.shape
+        if op.kind not in o.REDUCE_KINDS or not 0 <= op.axis < len(shape):
+            raise VerifyError(f"reduce[{op.kind} axis={op.axis}] of {x.type}")
+        dtype = i32 if op.kind in ("argmax", "argmin") else x.type.dtype
+        kept = (*shape[: op.axis], 1, *shape[op.axis + 1 :])
+        if op.result.type != TileType(dtype, kept):
+            raise VerifyError(f"reduce[{op.kind}] of {x.type} gives {op.result.type}")
+    elif isinstance(op, o.ReshapeOp):
+        (x,) = op.operands
+        out = op.result.type
+        if x.type.is_scalar or x.type.dtype is not out.dtype or x.type.size != prod(out.shape):
+            raise VerifyError(f"reshape of {x.type} to {out}")
+    elif isinstance(op, o.PermuteOp):
+        (x,) = op.operands
+        shape = x.type.shape
+        if sorted(op.axes) != list(range(len(shape))) or op.result.type != TileType(
+            x.type.dtype, tuple(shape[a] for a in op.axes)
+        ):
+            raise VerifyError(f"permute[axes={op.axes}] of {x.type} gives {op.result.type}")
     elif isinstance(op, (o.BinaryOp, o.CompareOp)):
         a, b = op.operands
         if a.type != b.type:
@@ -72,6 +107,17 @@ def _op(kernel: o.Kernel, op: o.Op, defined: set[int]) -> None:
         then_values = _region(kernel, op.then, defined, needs_yield=True)
         else_values = _region(kernel, op.orelse, defined, needs_yield=True)
         _same_types("if", then_values, else_values, op.results)
+
+
+def _within(op: o.LoadOp | o.StoreOp, param: o.TensorParam) -> None:
+    """A sub-tile access: of a Mut parameter, inside its block tile, tiling it exactly."""
+    shape = op.shape if isinstance(op, o.LoadOp) else op.operands[-1].type.shape
+    if not param.mut or op.within != param.dims:
+        raise VerifyError(
+            f"{op.opname} within {op.within} of {param.name}, whose block tile is {param.dims}"
+        )
+    if len(shape) != len(op.within) or any(w % d for w, d in zip(op.within, shape)):
+        raise VerifyError(f"{op.opname} of a {shape} sub-tile within {op.within}")
 
 
 def _same_types(what: str, *groups: list[o.Value] | tuple[o.Value, ...]) -> None:

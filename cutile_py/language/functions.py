@@ -3,13 +3,21 @@ its `__cutile_builtin__` name and builds tile IR instead. Formulas are element-w
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
 from cutile_py.ir import reference
-from cutile_py.ir.dtypes import DType, round_to
+from cutile_py.ir.dtypes import DType, bf16, f16, f32, i32, op_type, round_to
+from cutile_py.ir.shapes import (
+    broadcast_to_shape,
+    expanded_shape,
+    permutation,
+    reduction_axes,
+    reshape_target,
+)
 from cutile_py.language import tile as _t
 from cutile_py.language.interpret import TensorView, TileView, block, resolve_shape
 from cutile_py.language.tile import Operand, Tile
@@ -80,12 +88,34 @@ def load_tile_like(src: Any, like: Any) -> Tile:
     return src.read_tile(like.index, like.shape, 0)
 
 
+Index = int | Tile | Sequence[int | Tile]
+
+
+def _index(index: Index) -> tuple[int, ...]:
+    items = index if isinstance(index, Sequence) else (index,)
+    return tuple(operator.index(i) for i in items)
+
+
 @builtin("load")
-def load(src: Any, index: Sequence[int], shape: Sequence[int], padding: float = 0) -> Tile:
-    """Tile `index` (counted in tiles of `shape`) of `src`; elements outside read `padding`."""
+def load(src: Any, index: Index, shape: Sequence[int] | int, padding: float = 0) -> Tile:
+    """Tile `index` (counted in tiles of `shape`) of `src`; elements outside read `padding`.
+
+    From a `Mut` parameter: a sub-tile of this block's own tile, `index` counted inside it
+    (each dim of the block's tile must be a multiple of `shape`).
+    """
+    if isinstance(src, TileView):
+        return src.read_sub_tile(_index(index), resolve_shape(shape), padding)
     assert isinstance(src, TensorView)
-    idx = (index,) if isinstance(index, int) else tuple(index)
-    return src.read_tile(idx, resolve_shape(shape), padding)
+    return src.read_tile(_index(index), resolve_shape(shape), padding)
+
+
+@builtin("store")
+def store(dst: Any, index: Index, tile: Tile) -> None:
+    """Store `tile` as sub-tile `index` (counted in tiles of its shape) of this block's tile
+    of the `Mut` parameter `dst`; elements outside the block's tile (or the tensor) are
+    dropped. Each dim of the block's tile must be a multiple of the tile's."""
+    assert isinstance(dst, TileView)
+    dst.write_sub_tile(_index(index), tile)
 
 
 # -- element-wise ---------------------------------------------------------------------------
@@ -95,13 +125,14 @@ def tile_full(shape: Sequence[int] | int, value: Operand, dtype: type[DType]) ->
 
 
 @builtin("where")
-def where(cond: Tile, x: Operand, y: Operand) -> Tile:
-    """`x` where `cond` is true, else `y` (element-wise)."""
+def where(cond: Tile | bool, x: Operand, y: Operand) -> Tile:
+    """`x` where `cond` is true, else `y` (element-wise; all three broadcast together)."""
     dt = _t.result_dtype(x, y)
-    c = cond.array if isinstance(cond, Tile) else np.asarray(cond, dtype=bool)
     if isinstance(cond, bool):
         picked = x if cond else y
-        return picked if isinstance(picked, Tile) else Tile(_t.as_array(picked, dt), dt)
+        shape = np.broadcast_shapes(np.shape(_t.as_array(x, dt)), np.shape(_t.as_array(y, dt)))
+        return Tile(np.array(np.broadcast_to(_t.as_array(picked, dt), shape)), dt)
+    c = cond.array if isinstance(cond, Tile) else np.asarray(cond, dtype=bool)
     return Tile(np.where(c, _t.as_array(x, dt), _t.as_array(y, dt)).astype(dt.compute), dt)
 
 
@@ -140,19 +171,117 @@ abs = _unary("abs", "Absolute value, element-wise.")
 @builtin("fma")
 def fma(a: Operand, b: Operand, c: Operand) -> Tile:
     """`a * b + c` rounded once, element-wise."""
-    dt = _t.result_dtype(_t.binary("mul", a, b), c)
+    dt = op_type("fma", _t.result_dtype(a, b, c))
     x, y, z = (_t.as_array(v, dt) for v in (a, b, c))
     return Tile(reference.fma(x, y, z, dt), dt)
 
 
+# -- shapes ---------------------------------------------------------------------------------
+def _as_tile(x: Operand) -> Tile:
+    return x if isinstance(x, Tile) else Tile(np.asarray(x), _t.scalar_dtype(x))
+
+
+@builtin("reshape")
+def reshape(x: Operand, shape: Sequence[int] | int) -> Tile:
+    """The elements of `x` in row-major order under `shape` (one dim may be -1)."""
+    t = _as_tile(x)
+    dims = tuple(shape) if isinstance(shape, Sequence) else shape
+    return Tile(reference.reshape(t.array, reshape_target(dims, t.size, t.shape)), t.dtype)
+
+
+@builtin("broadcast_to")
+def broadcast_to(x: Operand, shape: Sequence[int] | int) -> Tile:
+    """`x` repeated to `shape` (NumPy broadcasting)."""
+    t = _as_tile(x)
+    target = resolve_shape(shape)
+    broadcast_to_shape(t.shape, target)
+    return Tile(reference.broadcast(t.array, target), t.dtype)
+
+
+@builtin("permute")
+def permute(x: Tile, axes: Sequence[int]) -> Tile:
+    """`x` with its dims reordered: result dim i is `x`'s dim `axes[i]` (NumPy transpose)."""
+    return Tile(reference.permute(x.array, permutation(tuple(axes), x.ndim)), x.dtype)
+
+
+@builtin("expand_dims")
+def expand_dims(x: Operand, axis: int | tuple[int, ...]) -> Tile:
+    """`x` with a dim of size 1 inserted at `axis` (NumPy `expand_dims`)."""
+    t = _as_tile(x)
+    return Tile(reference.reshape(t.array, expanded_shape(t.shape, axis)), t.dtype)
+
+
+# -- reductions -----------------------------------------------------------------------------
+Axis = int | tuple[int, ...] | None
+
+
+def _reduce(kind: str, x: Tile, axis: Axis, keepdims: bool) -> Tile:
+    """The steps the compiler's IR takes: one keepdims reduction per axis (argmax/argmin over
+    all axes: of the flattened tile), then the reduced axes dropped unless `keepdims`."""
+    shape = x.shape
+    axes = reduction_axes(axis, x.ndim, multiple=kind in ("sum", "max", "min"))
+    if kind in ("argmax", "argmin") and axis is None and x.ndim > 1:
+        r = reference.reduce(kind, x.array.reshape(-1), 0, x.dtype)
+        return Tile(r.reshape((1,) * x.ndim if keepdims else ()), i32)
+    # A 16-bit float sum over several axes accumulates in f32 throughout, rounded once.
+    widen = kind == "sum" and x.dtype in (f16, bf16) and len(axes) > 1
+    t = x.astype(f32) if widen else x
+    arr = t.array
+    for a in axes:
+        arr = reference.reduce(kind, arr, a, t.dtype)
+    out = Tile(arr, i32 if kind in ("argmax", "argmin") else t.dtype)
+    if widen:
+        out = out.astype(x.dtype)
+    if keepdims:
+        return out
+    kept = tuple(d for i, d in enumerate(shape) if i not in axes)
+    return Tile(reference.reshape(out.array, kept), out.dtype)
+
+
+@builtin("sum")
+def sum(x: Tile, axis: Axis = None, keepdims: bool = False) -> Tile:
+    """Sum over `axis` (None: all). Integers wrap around; f16/bf16 accumulate in f32."""
+    return _reduce("sum", x, axis, keepdims)
+
+
+@builtin("max")
+def max(x: Tile, axis: Axis = None, keepdims: bool = False) -> Tile:
+    """Maximum over `axis` (None: all); NaN if any element is NaN."""
+    return _reduce("max", x, axis, keepdims)
+
+
+@builtin("min")
+def min(x: Tile, axis: Axis = None, keepdims: bool = False) -> Tile:
+    """Minimum over `axis` (None: all); NaN if any element is NaN."""
+    return _reduce("min", x, axis, keepdims)
+
+
+@builtin("argmax")
+def argmax(x: Tile, axis: int | None = None, keepdims: bool = False) -> Tile:
+    """i32 index of the first maximum along `axis` (None: in the flattened tile); a NaN
+    counts as the maximum, as in NumPy."""
+    return _reduce("argmax", x, axis, keepdims)
+
+
+@builtin("argmin")
+def argmin(x: Tile, axis: int | None = None, keepdims: bool = False) -> Tile:
+    """i32 index of the first minimum along `axis` (None: in the flattened tile); a NaN
+    counts as the minimum, as in NumPy."""
+    return _reduce("argmin", x, axis, keepdims)
+
+
 __all__ = [
     "abs",
+    "argmax",
+    "argmin",
     "bid",
+    "broadcast_to",
     "builtin",
     "builtin_name",
     "cdiv",
     "exp",
     "exp2",
+    "expand_dims",
     "fma",
     "function",
     "is_helper",
@@ -160,14 +289,20 @@ __all__ = [
     "load_tile_like",
     "log",
     "log2",
+    "max",
     "maximum",
+    "min",
     "minimum",
     "num_blocks",
     "num_tiles",
+    "permute",
+    "reshape",
     "rsqrt",
     "sigmoid",
     "sqrt",
-    "tile_full",
+    "store",
+    "sum",
     "tanh",
+    "tile_full",
     "where",
 ]

@@ -100,3 +100,28 @@ class TileView(TensorView):
         values = np.broadcast_to(round_to(np.asarray(values), self.dtype), self.shape)
         outer, inner = tile_slices(self.full_shape, self.index, self.shape)
         self.array[outer] = values[inner]
+
+    def _sub_tile(self, index: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The tensor-wide tile index of sub-tile `index` (counted in tiles of `shape` inside
+        this block's tile), or None where it lies outside the block's tile."""
+        per = [t // s for t, s in zip(self.shape, shape)]
+        if len(index) != len(shape) or not all(0 <= k < n for k, n in zip(index, per)):
+            return None
+        return tuple(b * n + k for b, n, k in zip(self.index, per, index))
+
+    def read_sub_tile(self, index: tuple[int, ...], shape: tuple[int, ...], padding: float) -> Tile:
+        """Sub-tile `index` of this block's tile; outside the block's tile, all `padding`."""
+        at = self._sub_tile(index, shape)
+        if at is None:
+            pad = round_to(np.asarray(padding), self.dtype)
+            return Tile(np.full(shape, pad, dtype=self.dtype.compute), self.dtype)
+        return self.read_tile(at, shape, padding)
+
+    def write_sub_tile(self, index: tuple[int, ...], tile: Tile) -> None:
+        """Store `tile` as sub-tile `index` of this block's tile; outside it, nothing."""
+        at = self._sub_tile(index, tile.shape)
+        if at is None:
+            return
+        values = tile.astype(self.dtype).array
+        outer, inner = tile_slices(self.full_shape, at, tile.shape)
+        self.array[outer] = values[inner]

@@ -8,13 +8,18 @@ from typing import Union
 import numpy as np
 
 from cutile_py.ir import reference
-from cutile_py.ir.dtypes import DType, bool_, f32, i32, promote, promote_weak, round_to
+from cutile_py.ir.dtypes import DType, bool_, f32, i32, op_type, result_type, round_to
+from cutile_py.ir.shapes import reshape_target
 
 Operand = Union["Tile", int, float, bool]
 
 
 class Tile:
-    """An immutable tile of `dtype` values (compute form: f16 and bf16 held in float32)."""
+    """An immutable tile of `dtype` values (compute form: f16 and bf16 held in float32).
+
+    Shape () is a typed scalar (a full reduction, `item()`): it keeps its dtype in arithmetic,
+    unlike a Python number, and converts to bool/int/float for conditions and loop bounds.
+    """
 
     __slots__ = ("_dtype", "array")
 
@@ -30,9 +35,54 @@ class Tile:
     def shape(self) -> tuple[int, ...]:
         return tuple(self.array.shape)
 
+    @property
+    def ndim(self) -> int:
+        return self.array.ndim
+
+    @property
+    def size(self) -> int:
+        return int(self.array.size)
+
+    @property
+    def T(self) -> Tile:
+        """The tile with its axes reversed."""
+        return Tile(reference.permute(self.array, tuple(reversed(range(self.ndim)))), self.dtype)
+
     def astype(self, dtype: type[DType]) -> Tile:
         """Convert element-wise (round to nearest even; float → int truncates toward zero)."""
         return Tile(reference.cast(self.array, dtype), dtype)
+
+    def reshape(self, *shape: int | tuple[int, ...]) -> Tile:
+        """The same elements in row-major order under `shape` (a tuple or the dims as
+        arguments; one dim may be -1)."""
+        dims = shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape
+        target = reshape_target(dims, self.size, self.shape)
+        return Tile(reference.reshape(self.array, target), self.dtype)
+
+    def item(self) -> Tile:
+        """The one element of a size-1 tile, as a scalar (a tile of shape ())."""
+        if self.size != 1:
+            raise ValueError(f"item() needs a tile of one element, not one of shape {self.shape}")
+        return Tile(reference.reshape(self.array, ()), self.dtype)
+
+    def _scalar(self, what: str) -> np.ndarray:
+        if self.shape:
+            raise TypeError(
+                f"a tile of shape {self.shape} has no {what}; use ct.where() or a scalar"
+            )
+        return self.array
+
+    def __bool__(self) -> bool:
+        return bool(self._scalar("truth value"))
+
+    def __int__(self) -> int:
+        return int(self._scalar("int value"))
+
+    def __index__(self) -> int:
+        return int(self._scalar("int value"))
+
+    def __float__(self) -> float:
+        return float(self._scalar("float value"))
 
     def __repr__(self) -> str:
         return f"Tile[{self.dtype.name}, {self.shape}](\n{self.array})"
@@ -124,9 +174,6 @@ class Tile:
 
     __hash__ = None  # type: ignore[assignment]
 
-    def __bool__(self) -> bool:
-        raise TypeError("a tile has no truth value; use ct.where() or a scalar condition")
-
 
 def scalar_dtype(value: object) -> type[DType]:
     """The dtype a Python scalar takes when it stands alone (int → i32, float → f32)."""
@@ -139,14 +186,19 @@ def scalar_dtype(value: object) -> type[DType]:
     raise TypeError(f"expected a tile or a Python number, got {type(value).__name__}")
 
 
-def result_dtype(a: Operand, b: Operand) -> type[DType]:
-    if isinstance(a, Tile) and isinstance(b, Tile):
-        return promote(a.dtype, b.dtype)
-    if isinstance(a, Tile):
-        return promote_weak(a.dtype, type(b))
-    if isinstance(b, Tile):
-        return promote_weak(b.dtype, type(a))
-    return promote(scalar_dtype(a), scalar_dtype(b))
+def operand_type(x: Operand) -> type[DType] | type:
+    """What `result_type` takes for `x`: a tile's dtype (strong), a number's Python type
+    (weak)."""
+    if isinstance(x, Tile):
+        return x.dtype
+    if isinstance(x, (bool, int, float)):
+        return type(x) if not isinstance(x, bool) else bool
+    raise TypeError(f"expected a tile or a Python number, got {type(x).__name__}")
+
+
+def result_dtype(*xs: Operand) -> type[DType]:
+    """The common type of the operands of an element-wise op (`dtypes.result_type`)."""
+    return result_type(*(operand_type(x) for x in xs))
 
 
 def as_array(x: Operand, dtype: type[DType]) -> np.ndarray:
@@ -156,9 +208,7 @@ def as_array(x: Operand, dtype: type[DType]) -> np.ndarray:
 
 
 def binary(kind: str, a: Operand, b: Operand) -> Tile:
-    dt = result_dtype(a, b)
-    if kind == "div" and not dt.is_float():
-        dt = f32
+    dt = op_type(kind, result_dtype(a, b))
     return Tile(reference.binary(kind, as_array(a, dt), as_array(b, dt), dt), dt)
 
 
@@ -169,6 +219,5 @@ def compare(kind: str, a: Operand, b: Operand) -> Tile:
 
 def unary(kind: str, x: Operand) -> Tile:
     t = x if isinstance(x, Tile) else Tile(np.asarray(x), scalar_dtype(x))
-    if kind not in ("neg", "abs", "not") and not t.dtype.is_float():
-        t = t.astype(f32)
-    return Tile(reference.unary(kind, t.array, t.dtype), t.dtype)
+    dt = op_type(kind, t.dtype)
+    return Tile(reference.unary(kind, as_array(t, dt), dt), dt)

@@ -11,11 +11,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from cutile_py.ir import ops as o
-from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64, round_to_bf16
-from cutile_py.lower import emit_math
+from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
+from cutile_py.lower import emit_math, emit_memory, emit_shared
 from cutile_py.lower.isel import (
     BITS_SUFFIX,
     F32_BINARY,
@@ -29,8 +27,8 @@ from cutile_py.lower.isel import (
     PRED_BINARY,
     REG_CLASS,
 )
-from cutile_py.lower.layout import BlockedLayout, LayoutPlan
-from cutile_py.ptx.builder import FunctionBuilder, Imm, Reg, Vec, f32_imm, int_imm
+from cutile_py.lower.layout import Blocked, Layout, LayoutPlan
+from cutile_py.ptx.builder import FunctionBuilder, Imm, Reg, f32_imm, int_imm
 
 
 class LoweringError(Exception):
@@ -54,9 +52,12 @@ class TensorRegs:
 
 
 @dataclass
-class ChunkCoords:
-    guard: Reg | None  # false for threads without a chunk in this repetition
-    coords: list[Reg]  # the chunk's first element within the tile, per dim
+class BaseRegs:
+    """Per-thread registers of one blocked base, computed once in the preamble."""
+
+    coord: list[Reg]  # per base dim: this thread's first element along it (u32)
+    guards: dict[tuple[int, int], Reg]  # (dim, static offset) → element lies inside the dim
+    owners: dict[tuple[int, ...], Reg | None]  # replicated dims → this thread owns the copy
 
 
 @dataclass
@@ -67,7 +68,10 @@ class Emitter:
     params: list[PtxParam] = field(default_factory=list)
     values: dict[int, list[Reg]] = field(default_factory=dict)
     tensors: dict[int, TensorRegs] = field(default_factory=dict)
-    chunks: dict[tuple[tuple[int, ...], int], ChunkCoords] = field(default_factory=dict)
+    bases: dict[Blocked, BaseRegs] = field(default_factory=dict)
+    tid: Reg | None = None
+    smem: Reg | None = None  # shared address of `smem` (u32)
+    smem_line: int = -1
     #: Instruction families used that need more than the target's base PTX version.
     features: set[str] = field(default_factory=set)
 
@@ -81,8 +85,21 @@ class Emitter:
     def new(self, dtype: type[DType]) -> Reg:
         return self.fb.reg(REG_CLASS[dtype])
 
+    def layout(self, v: o.Value) -> Layout:
+        return self.plan.of(v)
+
     def count(self, v: o.Value) -> int:
-        return self.plan.of(v.type).per_thread if v.type.shape else 1
+        return self.layout(v).count() if v.type.shape else 1
+
+    def regs_as(self, v: o.Value, want: Layout) -> list[Reg]:
+        """`v`'s registers in layout `want` (same shape), converting if it lives elsewhere."""
+        regs = self.regs(v)
+        if not v.type.shape:
+            return regs * want.count()
+        have = self.layout(v)
+        if have == want:
+            return regs
+        return emit_shared.convert(self, regs, have, want, v.type, v.type)
 
     # -- preamble -------------------------------------------------------------------------
     def preamble(self) -> None:
@@ -111,8 +128,87 @@ class Emitter:
                 self.define(value, [self.scalar_param(i, p)])
         tid = fb.reg("b32")
         fb.ins("mov.u32", tid, "%tid.x")
-        for layout in self.plan.layouts.values():
-            self.chunk_coords(tid, layout)
+        self.tid = tid
+        layouts = [*self.plan.layouts.values(), *self.plan.memory.values()]
+        for lay in layouts:
+            self.base_regs(lay.base)
+        for lay in layouts:
+            # Every replication pattern a conversion might meet, all in the preamble.
+            for mask in range(1 << lay.base.rank):
+                kept = tuple(d if not mask >> d & 1 else None for d in range(lay.base.rank))
+                self.owner(Layout(lay.base, kept))
+        # Taken out again by `finish` if nothing used shared memory.
+        self.smem = fb.reg("b32")
+        fb.ins("mov.u32", self.smem, "smem")
+        self.smem_line = len(fb.body) - 1
+
+    def finish(self) -> None:
+        if not self.fb.shared_bytes and self.smem_line >= 0:
+            del self.fb.body[self.smem_line]
+
+    def base_regs(self, b: Blocked) -> BaseRegs:
+        """Thread coordinates and edge guards of base `b` (in the preamble, so that every
+        later use, in any branch or loop, sees them defined)."""
+        if b in self.bases:
+            return self.bases[b]
+        fb, tid = self.fb, self.tid
+        assert tid is not None
+        coord: list[Reg] = []
+        for d in range(b.rank):
+            c = fb.reg("b32")
+            if b.threads[d] == 1:
+                fb.ins("mov.u32", c, 0)
+            else:
+                fb.ins("shr.u32", c, tid, b.stride(d).bit_length() - 1)
+                fb.ins("and.b32", c, c, b.threads[d] - 1)
+                if b.unit(d) > 1:
+                    fb.ins("shl.b32", c, c, b.unit(d).bit_length() - 1)
+            coord.append(c)
+        guards: dict[tuple[int, int], Reg] = {}
+        for d in range(b.rank):
+            for off in b.offsets(d):
+                if b.guarded(d, off):
+                    g = fb.reg("pred")
+                    fb.ins("setp.lt.u32", g, coord[d], b.shape[d] - off)
+                    guards[(d, off)] = g
+        regs = BaseRegs(coord, guards, {})
+        self.bases[b] = regs
+        return regs
+
+    def owner(self, lay: Layout) -> Reg | None:
+        """True in the one thread that holds each element of a replicated layout (stores and
+        shared-memory writes happen once per element)."""
+        br = self.base_regs(lay.base)
+        key = lay.replicated
+        if key in br.owners:
+            return br.owners[key]
+        fb, tid = self.fb, self.tid
+        assert tid is not None
+        pred: Reg | None = None
+        terms: list[Reg] = []
+        for d in key:
+            if lay.base.threads[d] > 1:
+                t = fb.reg("pred")
+                fb.ins("setp.eq.u32", t, br.coord[d], 0)
+                terms.append(t)
+        if lay.base.used < lay.base.block:
+            t = fb.reg("pred")
+            fb.ins("setp.lt.u32", t, tid, lay.base.used)
+            terms.append(t)
+        for t in terms:
+            pred = t if pred is None else self._and(pred, t)
+        br.owners[key] = pred
+        return pred
+
+    def valid(self, lay: Layout, offsets: dict[int, int]) -> Reg | None:
+        """The element at `offsets` lies inside the tile (None: always)."""
+        br = self.bases[lay.base]
+        pred: Reg | None = None
+        for d, off in offsets.items():
+            g = br.guards.get((d, off))
+            if g is not None:
+                pred = g if pred is None else self._and(pred, g)
+        return pred
 
     def scalar_param(self, i: int, p: o.ScalarParam) -> Reg:
         fb, name = self.fb, f"p{i}"
@@ -141,28 +237,10 @@ class Emitter:
             return r
         raise LoweringError(f"scalar parameters of type {p.dtype.name} are not supported")
 
-    def chunk_coords(self, tid: Reg, layout: BlockedLayout) -> None:
-        """Each repetition's chunk: its guard and the tile coordinates of its first element."""
-        fb = self.fb
-        for r in range(layout.reps):
-            c = fb.reg("b32")
-            fb.ins("add.u32", c, tid, r * layout.threads)
-            guard = None
-            if layout.guarded and (r + 1) * layout.threads > layout.chunks:
-                guard = fb.reg("pred")
-                fb.ins("setp.lt.u32", guard, c, layout.chunks)
-            e = fb.reg("b32")
-            fb.ins("mul.lo.u32", e, c, layout.vec)
-            coords: list[Reg] = []
-            rest = e
-            for d in reversed(layout.shape[1:]):
-                i, q = fb.reg("b32"), fb.reg("b32")
-                fb.ins("rem.u32", i, rest, d)
-                fb.ins("div.u32", q, rest, d)
-                coords.append(i)
-                rest = q
-            coords.append(rest)
-            self.chunks[(layout.shape, r)] = ChunkCoords(guard, coords[::-1])
+    def _and(self, a: Reg, b: Reg) -> Reg:
+        r = self.fb.reg("pred")
+        self.fb.ins("and.pred", r, a, b)
+        return r
 
     # -- the body -------------------------------------------------------------------------
     def region(self, region: o.Region) -> None:
@@ -182,7 +260,7 @@ class Emitter:
         if dt is f32:
             fb.ins("mov.f32", r, f32_imm(float(op.value)))
         elif dt in (f16, bf16):
-            fb.ins("mov.b16", r, Imm(f"0x{_bits16(float(op.value), dt):04X}"))
+            fb.ins("mov.b16", r, Imm(f"0x{emit_shared.bits16(float(op.value), dt):04X}"))
         elif dt is bool_:
             t = fb.reg("b32")
             fb.ins("mov.u32", t, int(bool(op.value)))
@@ -201,188 +279,45 @@ class Emitter:
         self.define(op.result, [self.tensors[op.param].dims[op.axis]])
 
     def op_iota(self, op: o.IotaOp) -> None:
-        layout = self.plan.of(op.result.type)
+        lay = self.layout(op.result)
+        (d,) = lay.dims
         out = []
-        for r in range(layout.reps):
-            first = self.chunks[(layout.shape, r)].coords[0]
-            for v in range(layout.vec):
-                x = self.fb.reg("b32")
-                self.fb.ins("add.u32", x, first, v)
-                out.append(x)
+        for offs in lay.registers():
+            x = self.fb.reg("b32")
+            if d is None:
+                self.fb.ins("mov.u32", x, 0)
+            else:
+                self.fb.ins("add.u32", x, self.bases[lay.base].coord[d], offs[d])
+            out.append(x)
         self.define(op.result, out)
 
     def op_broadcast(self, op: o.BroadcastOp) -> None:
-        (r,) = self.regs(op.operands[0])
-        self.define(op.result, [r] * self.count(op.result))
+        emit_shared.broadcast(self, op)
 
-    # -- memory ---------------------------------------------------------------------------
-    def access(
-        self, param: int, index: list[Reg], layout: BlockedLayout, r: int, dtype: type[DType]
-    ) -> tuple[Reg, list[tuple[Reg, int]]]:
-        """Address of repetition `r`'s chunk, and for each vector of it a predicate and offset."""
-        fb, t = self.fb, self.tensors[param]
-        p = self.kernel.params[param]
-        assert isinstance(p, o.TensorParam)
-        cc = self.chunks[(layout.shape, r)]
-        rank = len(layout.shape)
-        g: list[Reg] = []
-        rows = cc.guard
-        for k in range(rank):
-            gk = fb.reg("b32")
-            fb.ins("mad.lo.u32", gk, index[k], layout.shape[k], cc.coords[k])
-            g.append(gk)
-            # A tile index so large (or negative) that index*shape wraps around 32 bits must
-            # not land back inside the tensor: such a tile lies wholly outside it.
-            fits = fb.reg("pred")
-            fb.ins("setp.le.u32", fits, index[k], (0xFFFFFFFF - layout.shape[k]) // layout.shape[k])
-            rows = fits if rows is None else self._and(rows, fits)
-        for k in range(rank - 1):
-            pk = fb.reg("pred")
-            fb.ins("setp.lt.u32", pk, g[k], t.dims[k])
-            rows = pk if rows is None else self._and(rows, pk)
-        size = dtype.itemsize()
-        addr = fb.reg("b64")
-        if rank == 1:
-            fb.ins("mad.wide.u32", addr, g[0], size, t.base)
-        else:
-            lin = fb.reg("b64")
-            fb.ins("mul.wide.u32", lin, g[0], t.dims[1])
-            for k in range(1, rank):
-                gk64 = fb.reg("b64")
-                fb.ins("cvt.u64.u32", gk64, g[k])
-                fb.ins("add.s64", lin, lin, gk64)
-                if k + 1 < rank:
-                    dk = fb.reg("b64")
-                    fb.ins("cvt.u64.u32", dk, t.dims[k + 1])
-                    fb.ins("mul.lo.u64", lin, lin, dk)
-            fb.ins("mad.lo.u64", addr, lin, size, t.base)
-        width = self.vector_width(p, layout, dtype)
-        vectors = []
-        for j in range(0, layout.vec, width):
-            last = fb.reg("b32")
-            fb.ins("add.u32", last, g[-1], j)
-            pj = fb.reg("pred")
-            fb.ins("setp.lt.u32", pj, last, t.dims[-1])
-            vectors.append((pj if rows is None else self._and(rows, pj), j))
-        return addr, vectors
+    def op_reduce(self, op: o.ReduceOp) -> None:
+        emit_shared.reduce(self, op)
 
-    def vector_width(self, p: o.TensorParam, layout: BlockedLayout, dtype: type[DType]) -> int:
-        """Elements per access: within 16 bytes, the layout's chunk and the tensor's alignment."""
-        if dtype is bool_:
-            return 1
-        return max(1, min(layout.vec, 16 // dtype.itemsize(), p.align))
+    def op_reshape(self, op: o.ReshapeOp) -> None:
+        emit_shared.reshape(self, op)
 
-    def _and(self, a: Reg, b: Reg) -> Reg:
-        r = self.fb.reg("pred")
-        self.fb.ins("and.pred", r, a, b)
-        return r
+    def op_permute(self, op: o.PermuteOp) -> None:
+        emit_shared.permute(self, op)
 
     def op_load(self, op: o.LoadOp) -> None:
-        res = op.result
-        dt = res.type.dtype
-        layout = self.plan.of(res.type)
-        p = self.kernel.params[op.param]
-        assert isinstance(p, o.TensorParam)
-        index = [self.regs(v)[0] for v in op.operands]
-        cache = "" if p.mut else ".nc"  # shared tensors are read-only while the kernel runs
-        out: list[Reg] = []
-        for r in range(layout.reps):
-            addr, vectors = self.access(op.param, index, layout, r, dt)
-            width = self.vector_width(p, layout, dt)
-            for pred, j in vectors:
-                out.extend(
-                    self.load_vector(addr, j * dt.itemsize(), width, dt, pred, op.padding, cache)
-                )
-        self.define(res, out)
-
-    def load_vector(
-        self,
-        addr: Reg,
-        offset: int,
-        width: int,
-        dt: type[DType],
-        pred: Reg,
-        padding: float,
-        cache: str,
-    ) -> list[Reg]:
-        fb = self.fb
-        where = f"[{addr}+{offset}]" if offset else f"[{addr}]"
-        if dt is bool_:
-            h, r = fb.reg("b16"), fb.reg("pred")
-            fb.ins("mov.b16", h, int(bool(padding)))
-            fb.ins(f"ld.global{cache}.u8", h, where, pred=pred)
-            fb.ins("setp.ne.b16", r, h, 0)
-            return [r]
-        if dt in (f16, bf16):
-            pad = _bits16(float(padding), dt)
-            if width == 1:
-                h = fb.reg("b16")
-                fb.ins("mov.b16", h, Imm(f"0x{pad:04X}"))
-                fb.ins(f"ld.global{cache}.b16", h, where, pred=pred)
-                return [h]
-            words = [fb.reg("b32") for _ in range(width // 2)]
-            for w in words:
-                fb.ins("mov.b32", w, Imm(f"0x{pad * 0x10001:08X}"))
-            self._ld(words, "b32", where, pred, cache)
-            halves = []
-            for w in words:
-                lo, hi = fb.reg("b16"), fb.reg("b16")
-                fb.ins("mov.b32", Vec((lo, hi)), w)
-                halves += [lo, hi]
-            return halves
-        regs = [self.new(dt) for _ in range(width)]
-        for x in regs:
-            if dt is f32:
-                fb.ins("mov.f32", x, f32_imm(float(padding)))
-            else:
-                fb.ins(f"mov.{BITS_SUFFIX[dt]}", x, int_imm(int(padding)))
-        self._ld(regs, "f32" if dt is f32 else BITS_SUFFIX[dt], where, pred, cache)
-        return regs
-
-    def _ld(self, regs: list[Reg], suffix: str, where: str, pred: Reg, cache: str) -> None:
-        vec = f".v{len(regs)}" if len(regs) > 1 else ""
-        dst: Reg | Vec = Vec(tuple(regs)) if len(regs) > 1 else regs[0]
-        self.fb.ins(f"ld.global{cache}{vec}.{suffix}", dst, where, pred=pred)
+        emit_memory.load(self, op)
 
     def op_store(self, op: o.StoreOp) -> None:
-        *idx, value = op.operands
-        dt = value.type.dtype
-        layout = self.plan.of(value.type)
-        p = self.kernel.params[op.param]
-        assert isinstance(p, o.TensorParam)
-        index = [self.regs(v)[0] for v in idx]
-        src = self.regs(value)
-        width = self.vector_width(p, layout, dt)
-        fb = self.fb
-        for r in range(layout.reps):
-            addr, vectors = self.access(op.param, index, layout, r, dt)
-            for pred, j in vectors:
-                regs = src[r * layout.vec + j : r * layout.vec + j + width]
-                where = f"[{addr}+{j * dt.itemsize()}]" if j else f"[{addr}]"
-                if dt is bool_:
-                    h = fb.reg("b16")
-                    fb.ins("selp.u16", h, 1, 0, regs[0])
-                    fb.ins("st.global.u8", where, h, pred=pred)
-                elif dt in (f16, bf16) and width > 1:
-                    words = []
-                    for k in range(0, width, 2):
-                        w = fb.reg("b32")
-                        fb.ins("mov.b32", w, Vec((regs[k], regs[k + 1])))
-                        words.append(w)
-                    self._st(words, "b32", where, pred)
-                else:
-                    suffix = {f32: "f32", f16: "b16", bf16: "b16"}.get(dt) or BITS_SUFFIX[dt]
-                    self._st(list(regs), suffix, where, pred)
-
-    def _st(self, regs: list[Reg], suffix: str, where: str, pred: Reg) -> None:
-        vec = f".v{len(regs)}" if len(regs) > 1 else ""
-        src: Reg | Vec = Vec(tuple(regs)) if len(regs) > 1 else regs[0]
-        self.fb.ins(f"st.global{vec}.{suffix}", where, src, pred=pred)
+        emit_memory.store(self, op)
 
     # -- element-wise ---------------------------------------------------------------------
     def elementwise(self, op: o.Op, fn: Callable[..., Reg]) -> None:
-        n = self.count(op.result)
-        ins = [self.regs(v) for v in op.operands]
+        res = op.result
+        n = self.count(res)
+        if res.type.shape:
+            want = self.layout(res)
+            ins = [self.regs(v) if not v.type.shape else self.regs_as(v, want) for v in op.operands]
+        else:
+            ins = [self.regs(v) for v in op.operands]
         cache: dict[tuple[str, ...], Reg] = {}
         out = []
         for k in range(n):
@@ -593,15 +528,23 @@ class Emitter:
             for dr, tr in zip(d, t):
                 self.mov(dr, tr)
 
+    def regs_like(self, v: o.Value, like: o.Value) -> list[Reg]:
+        """`v`'s registers in the layout of `like` (a value of the same type)."""
+        if not like.type.shape:
+            return self.regs(v)
+        return self.regs_as(v, self.layout(like))
+
     def op_for(self, op: o.ForOp) -> None:
         fb = self.fb
         lo, hi, step, *inits = op.operands
+        args = op.body.args[1:]
         iv = fb.reg("b32")
         self.mov(iv, self.regs(lo)[0])
-        carried = [self.fresh_like(self.regs(v)) for v in inits]
-        self.copy_into(carried, [self.regs(v) for v in inits])
+        init_regs = [self.regs_like(v, a) for v, a in zip(inits, args)]
+        carried = [self.fresh_like(r) for r in init_regs]
+        self.copy_into(carried, init_regs)
         self.define(op.body.args[0], [iv])
-        for arg, regs in zip(op.body.args[1:], carried):
+        for arg, regs in zip(args, carried):
             self.define(arg, regs)
         top, end = fb.new_label("loop"), fb.new_label("done")
         fb.place(top)
@@ -611,12 +554,12 @@ class Emitter:
         body_ops = op.body.ops
         self.region(o.Region([], body_ops[:-1]))
         yielded = body_ops[-1]
-        self.copy_into(carried, [self.regs(v) for v in yielded.operands])
+        self.copy_into(carried, [self.regs_like(v, a) for v, a in zip(yielded.operands, args)])
         fb.ins("add.s32", iv, iv, self.regs(step)[0])
         fb.ins("bra.uni", top)
         fb.place(end)
-        for res, regs in zip(op.results, carried):
-            self.define(res, regs)
+        for res, arg in zip(op.results, args):
+            self.define(res, self.regs_like(arg, res))
 
     def op_if(self, op: o.IfOp) -> None:
         fb = self.fb
@@ -631,7 +574,8 @@ class Emitter:
             if k:
                 fb.place(orelse)
             self.region(o.Region([], region.ops[:-1]))
-            self.copy_into(results, [self.regs(v) for v in region.ops[-1].operands])
+            yielded = region.ops[-1].operands
+            self.copy_into(results, [self.regs_like(v, r) for v, r in zip(yielded, op.results)])
             if not k:
                 fb.ins("bra.uni", end)
         fb.place(end)
@@ -640,15 +584,6 @@ class Emitter:
 
     def op_yield(self, op: o.YieldOp) -> None:
         raise LoweringError("yield outside a loop or branch")
-
-
-def _bits16(x: float, dt: type[DType]) -> int:
-    """The 16 bits of `x` rounded to f16 or bf16."""
-    with np.errstate(over="ignore"):
-        if dt is f16:
-            return int(np.array([x], dtype=np.float16).view(np.uint16)[0])
-        f = round_to_bf16(np.array([x], dtype=np.float32))
-    return int(f.view(np.uint32)[0] >> 16)
 
 
 def entry_name(name: str) -> str:

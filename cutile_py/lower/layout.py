@@ -1,56 +1,140 @@
-"""Blocked layouts: which thread holds which elements of a tile.
+"""Distributed layouts: which thread of the block holds which element of a tile.
 
-A tile of shape S is cut, in row-major order, into chunks of `vec` consecutive elements of its
-last dim; chunk c belongs to thread c % threads as its repetition c // threads. A chunk is one
-vectorized global access, and consecutive threads touch consecutive chunks (coalesced).
+A `Blocked` base spreads an ordered list of dims over the threads: along the last (fastest)
+dim each thread holds `vec` consecutive elements (one vectorized access), and `threads[d]`
+consecutive thread groups tile dim `d`, repeated `reps[d]` times to cover it. Thread counts
+are powers of two, so each dim owns a contiguous bit field of the thread index and a
+reduction over it is a butterfly of shuffles (lane bits) then shared memory (warp bits).
+Threads left over once every dim is covered hold replicas.
+
+A value's `Layout` maps each of its dims to a base dim, or to none for a dim of size 1. Base
+dims a value does not use are replicated: every thread along them holds the same elements.
+So a row reduction's result, its broadcast back over the row and the row weights of a norm
+all share one base, and broadcasting between them costs nothing. Layouts are planned by
+unifying the dims that element-wise ops, broadcasts, reductions and permutes relate; when
+two uses disagree, the emitter converts through shared memory.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import product
 from math import prod
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.types import TileType
 
 MAX_THREADS = 256
+MIN_THREADS = 32
 VECTOR_BYTES = 16
-#: Vector width (elements) for shapes no memory op touches: arithmetic only.
-DEFAULT_VEC = 4
+#: Target chunks per thread when the tile is large and its size has few factors of two.
+CHUNKS_PER_THREAD = 4
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def _pow2_factor(n: int) -> int:
+    return n & -n
 
 
 @dataclass(frozen=True)
-class BlockedLayout:
+class Blocked:
+    """An ordered list of dims (`shape`, last fastest) spread over `block` threads."""
+
     shape: tuple[int, ...]
     vec: int
-    threads: int
+    threads: tuple[int, ...]
+    block: int
 
     @property
-    def chunks(self) -> int:
-        return prod(self.shape) // self.vec
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def unit(self, d: int) -> int:
+        """Consecutive elements one thread holds along dim d."""
+        return self.vec if d == self.rank - 1 else 1
+
+    def reps(self, d: int) -> int:
+        return -(-self.shape[d] // (self.threads[d] * self.unit(d)))
+
+    def stride(self, d: int) -> int:
+        """Distance in thread index between neighbours along dim d."""
+        return prod(self.threads[d + 1 :])
 
     @property
-    def reps(self) -> int:
-        """Chunks per thread (the last repetition may be partial)."""
-        return -(-self.chunks // self.threads)
+    def used(self) -> int:
+        """Threads that hold distinct elements; the others (tid >= used) are replicas."""
+        return prod(self.threads)
 
-    @property
-    def guarded(self) -> bool:
-        """Whether some threads have no chunk in the last repetition."""
-        return self.chunks % self.threads != 0
+    def offsets(self, d: int) -> list[int]:
+        """Static element offsets of one thread along dim d (thread part excluded)."""
+        u = self.unit(d)
+        return [r * self.threads[d] * u + v for r in range(self.reps(d)) for v in range(u)]
 
-    @property
-    def per_thread(self) -> int:
-        return self.reps * self.vec
+    def position(self, d: int, offset: int) -> int:
+        """Where `offset` sits in `offsets(d)`."""
+        u = self.unit(d)
+        return (offset // (self.threads[d] * u)) * u + offset % u
+
+    def guarded(self, d: int, offset: int) -> bool:
+        """Whether some thread's element at `offset` along d lies past the dim's end."""
+        return (self.threads[d] - 1) * self.unit(d) + offset >= self.shape[d]
 
 
 @dataclass(frozen=True)
+class Layout:
+    """A value's distribution: value dim i lives on base dim `dims[i]` (None: size 1)."""
+
+    base: Blocked
+    dims: tuple[int | None, ...]
+
+    @property
+    def present(self) -> tuple[int, ...]:
+        """Base dims this value uses, in base order."""
+        return tuple(sorted(d for d in self.dims if d is not None))
+
+    @property
+    def replicated(self) -> tuple[int, ...]:
+        used = set(self.present)
+        return tuple(d for d in range(self.base.rank) if d not in used)
+
+    def registers(self) -> list[dict[int, int]]:
+        """Per register: the static offset along each present base dim (base order, last
+        base dim fastest)."""
+        dims = self.present
+        combos = product(*(self.base.offsets(d) for d in dims))
+        return [dict(zip(dims, c)) for c in combos]
+
+    def index(self, offsets: dict[int, int]) -> int:
+        """The register holding the element at `offsets` (extra dims are ignored)."""
+        k = 0
+        for d in self.present:
+            k = k * len(self.base.offsets(d)) + self.base.position(d, offsets[d])
+        return k
+
+    def count(self) -> int:
+        return prod(len(self.base.offsets(d)) for d in self.present)
+
+    def restricted(self, dims: tuple[int | None, ...]) -> Layout:
+        return Layout(self.base, dims)
+
+
+@dataclass
 class LayoutPlan:
     threads: int
-    layouts: dict[tuple[int, ...], BlockedLayout]
+    layouts: dict[int, Layout] = field(default_factory=dict)  # id(Value) → layout
+    #: id(LoadOp/StoreOp) → the coalesced layout it accesses memory in, where the value's
+    #: own layout walks memory across rows (a transposed tile); converted on the way.
+    memory: dict[int, Layout] = field(default_factory=dict)
 
-    def of(self, t: TileType) -> BlockedLayout:
-        return self.layouts[t.shape]
+    def of(self, v: o.Value) -> Layout:
+        return self.layouts[id(v)]
 
 
 def walk(region: o.Region) -> list[o.Op]:
@@ -62,25 +146,231 @@ def walk(region: o.Region) -> list[o.Op]:
     return out
 
 
+def canonical_blocked(shape: tuple[int, ...], itemsize: int, block: int) -> Blocked:
+    """The coalesced layout of `shape` in memory order for a block of `block` threads."""
+    limit = max(1, VECTOR_BYTES // itemsize)
+    vec = 1
+    while vec * 2 <= limit and shape[-1] % (vec * 2) == 0:
+        vec *= 2
+    threads = [1] * len(shape)
+    left = block
+    for d in reversed(range(len(shape))):
+        units = -(-shape[d] // (vec if d == len(shape) - 1 else 1))
+        t = min(left, _pow2_floor(units))
+        # A dim with few factors of two: one more thread level halves the repetitions but
+        # leaves some threads idle in the last one; worth it while the waste stays small.
+        if t < left and t < units and _pow2_ceil(units) <= left:
+            wasted = _pow2_ceil(units) - units
+            if wasted * 8 <= units:
+                t = _pow2_ceil(units)
+        threads[d] = t
+        left //= t
+    return Blocked(shape, vec, tuple(threads), block)
+
+
+def block_size(chunks: int) -> int:
+    """Threads per block for a tile of `chunks` vector chunks."""
+    p = _pow2_factor(chunks)
+    if p >= MIN_THREADS and (p >= 128 or chunks // p <= 8):
+        return min(p, MAX_THREADS)
+    return min(MAX_THREADS, max(MIN_THREADS, _pow2_ceil(-(-chunks // CHUNKS_PER_THREAD))))
+
+
+class _DimUnion:
+    """Union-find over (value, dim) nodes; a class may hold at most one dim of each value."""
+
+    def __init__(self) -> None:
+        self.parent: dict[tuple[int, int], tuple[int, int]] = {}
+        self.members: dict[tuple[int, int], set[int]] = {}
+        self.size: dict[tuple[int, int], int] = {}
+
+    def node(self, v: o.Value, i: int) -> tuple[int, int]:
+        key = (id(v), i)
+        if key not in self.parent:
+            self.parent[key] = key
+            self.members[key] = {id(v)}
+            self.size[key] = v.type.shape[i]
+        return key
+
+    def find(self, k: tuple[int, int]) -> tuple[int, int]:
+        while self.parent[k] != k:
+            self.parent[k] = self.parent[self.parent[k]]
+            k = self.parent[k]
+        return k
+
+    def union(self, a: o.Value, i: int, b: o.Value, j: int) -> bool:
+        """Merge unless a value would then have two dims in one class (x + x.T)."""
+        ra, rb = self.find(self.node(a, i)), self.find(self.node(b, j))
+        if ra == rb:
+            return True
+        if self.size[ra] != self.size[rb] or self.members[ra] & self.members[rb]:
+            return False
+        self.parent[rb] = ra
+        self.members[ra] |= self.members.pop(rb)
+        return True
+
+
+def _relate(op: o.Op, u: _DimUnion) -> None:
+    """Unify the dims `op` relates (same-position dims of element-wise operands, and so on)."""
+
+    def same(a: o.Value, b: o.Value, pairs: list[tuple[int, int]]) -> None:
+        for i, j in pairs:
+            if a.type.shape[i] > 1 and b.type.shape[j] > 1 and not u.union(a, i, b, j):
+                return  # the emitter converts this operand
+
+    if isinstance(op, o.PermuteOp):
+        (x,) = op.operands
+        same(op.result, x, list(enumerate(op.axes)))
+    elif isinstance(op, o.ReduceOp):
+        (x,) = op.operands
+        same(op.result, x, [(i, i) for i in range(len(x.type.shape)) if i != op.axis])
+    elif isinstance(op, o.ReshapeOp):
+        (x,) = op.operands
+        big_in = [i for i, s in enumerate(x.type.shape) if s > 1]
+        big_out = [i for i, s in enumerate(op.result.type.shape) if s > 1]
+        if [x.type.shape[i] for i in big_in] == [op.result.type.shape[i] for i in big_out]:
+            same(op.result, x, list(zip(big_out, big_in)))
+    elif isinstance(op, (o.ForOp, o.IfOp)):
+        groups: list[list[o.Value]]
+        if isinstance(op, o.ForOp):
+            inits = op.operands[3:]
+            yields = op.body.ops[-1].operands
+            groups = [
+                [a, b, c, d] for a, b, c, d in zip(inits, op.body.args[1:], yields, op.results)
+            ]
+        else:
+            groups = [
+                [a, b, c]
+                for a, b, c in zip(op.then.ops[-1].operands, op.orelse.ops[-1].operands, op.results)
+            ]
+        for g in groups:
+            rank = len(g[0].type.shape)
+            for v in g[1:]:
+                same(g[0], v, [(i, i) for i in range(rank)])
+    elif isinstance(op, (o.LoadOp, o.StoreOp, o.IotaOp, o.YieldOp)):
+        return
+    elif op.results:
+        res = op.result
+        for x in op.operands:
+            if len(x.type.shape) == len(res.type.shape) and x.type.shape:
+                same(res, x, [(i, i) for i in range(len(res.type.shape))])
+
+
 def plan_layouts(kernel: o.Kernel) -> LayoutPlan:
-    """One layout per tile shape, all sharing one block size."""
-    min_item: dict[tuple[int, ...], int] = {}
-    shapes: set[tuple[int, ...]] = set()
-    for op in walk(kernel.body):
-        for value in (*op.operands, *op.results):
-            if value.type.shape:
-                shapes.add(value.type.shape)
+    """Assign each tile value a layout; dims that ops relate share base dims."""
+    ops = walk(kernel.body)
+    u = _DimUnion()
+    values: list[o.Value] = []
+    seen: set[int] = set()
+
+    def note(v: o.Value) -> None:
+        if v.type.shape and id(v) not in seen:
+            seen.add(id(v))
+            values.append(v)
+            for i, s in enumerate(v.type.shape):
+                if s > 1:
+                    u.node(v, i)
+
+    for op in ops:
+        for v in (*op.operands, *op.results):
+            note(v)
+        for r in op.regions():
+            for v in r.args:
+                note(v)
+    for op in ops:
+        _relate(op, u)
+
+    # Families: classes linked by appearing together in a value share one base.
+    fam_parent: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def ffind(k: tuple[int, int]) -> tuple[int, int]:
+        fam_parent.setdefault(k, k)
+        while fam_parent[k] != k:
+            k = fam_parent[k]
+        return k
+
+    def classes(v: o.Value) -> list[tuple[int, int] | None]:
+        return [u.find((id(v), i)) if s > 1 else None for i, s in enumerate(v.type.shape)]
+
+    for v in values:
+        linked = [c for c in classes(v) if c is not None]
+        for c in linked[1:]:
+            a, b = ffind(linked[0]), ffind(c)
+            if a != b:
+                fam_parent[b] = a
+
+    # Memory ops decide each family's dim order and vector width: the largest one wins.
+    mem: list[tuple[int, int, o.Value]] = []
+    for op in ops:
+        if isinstance(op, o.LoadOp):
+            mem.append((op.result.type.size, op.result.type.dtype.itemsize(), op.result))
+        elif isinstance(op, o.StoreOp):
+            v = op.operands[-1]
+            mem.append((v.type.size, v.type.dtype.itemsize(), v))
+    mem.sort(key=lambda m: -m[0])
+
+    families: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for v in values:
+        for cls in classes(v):
+            if cls is not None:
+                fam = families.setdefault(ffind(cls), [])
+                if cls not in fam:
+                    fam.append(cls)
+    order: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    itemsize: dict[tuple[int, int], int] = {}
+    for fam_root, members in families.items():
+        anchor = next(
+            (m for m in mem if any(c is not None and ffind(c) == fam_root for c in classes(m[2]))),
+            None,
+        )
+        if anchor is None:
+            order[fam_root] = members
+            itemsize[fam_root] = 4
+            continue
+        lead = [c for c in classes(anchor[2]) if c is not None]
+        order[fam_root] = [c for c in members if c not in lead] + lead
+        itemsize[fam_root] = anchor[1]
+
+    sizes = {c: u.size[c] for members in families.values() for c in members}
+    chunks = 1
+    for fam_root, members in order.items():
+        widest = canonical_blocked(
+            tuple(sizes[c] for c in members), itemsize[fam_root], MAX_THREADS
+        )
+        chunks = max(chunks, prod(widest.shape) // widest.vec)
+    block = block_size(chunks)
+    bases: dict[tuple[int, int], Blocked] = {}
+    position: dict[tuple[int, int], int] = {}
+    for fam_root, members in order.items():
+        shape = tuple(sizes[c] for c in members)
+        bases[fam_root] = canonical_blocked(shape, itemsize[fam_root], block)
+        for k, c in enumerate(members):
+            position[c] = k
+
+    plan = LayoutPlan(block)
+    unit_base = Blocked((1,), 1, (1,), block)
+    for v in values:
+        vc = classes(v)
+        real = [c for c in vc if c is not None]
+        if not real:
+            plan.layouts[id(v)] = Layout(unit_base, tuple(None for _ in vc))
+            continue
+        base = bases[ffind(real[0])]
+        plan.layouts[id(v)] = Layout(base, tuple(None if c is None else position[c] for c in vc))
+    for op in ops:
         if isinstance(op, (o.LoadOp, o.StoreOp)):
-            t = op.result.type if isinstance(op, o.LoadOp) else op.operands[-1].type
-            size = t.dtype.itemsize()
-            min_item[t.shape] = min(min_item.get(t.shape, size), size)
-    vecs: dict[tuple[int, ...], int] = {}
-    for s in shapes:
-        limit = VECTOR_BYTES // min_item[s] if s in min_item else DEFAULT_VEC
-        v = 1
-        while v * 2 <= limit and s[-1] % (v * 2) == 0:
-            v *= 2
-        vecs[s] = v
-    most = max((prod(s) // vecs[s] for s in shapes), default=1)
-    threads = min(MAX_THREADS, max(32, -(-most // 32) * 32))
-    return LayoutPlan(threads, {s: BlockedLayout(s, vecs[s], threads) for s in sorted(shapes)})
+            v = op.result if isinstance(op, o.LoadOp) else op.operands[-1]
+            lay = plan.layouts[id(v)]
+            if v.type.shape[-1] > 1 and lay.dims[-1] != lay.base.rank - 1:
+                plan.memory[id(op)] = canonical_layout(v.type, block)
+    return plan
+
+
+def canonical_layout(t: TileType, block: int) -> Layout:
+    """A value's own coalesced layout (for memory ops whose planned layout is not)."""
+    big = [i for i, s in enumerate(t.shape) if s > 1]
+    if not big:
+        return Layout(Blocked((1,), 1, (1,), block), tuple(None for _ in t.shape))
+    base = canonical_blocked(tuple(t.shape[i] for i in big), t.dtype.itemsize(), block)
+    pos = {i: k for k, i in enumerate(big)}
+    return Layout(base, tuple(pos.get(i) for i in range(len(t.shape))))

@@ -33,6 +33,7 @@ def lower_kernel(kernel: Kernel, target: Target) -> LoweredKernel:
     em = Emitter(kernel, plan, fb)
     em.preamble()
     em.region(kernel.body)
+    em.finish()
     fb.ins("ret")
     module = ModuleBuilder(target, em.features)
     module.functions.append(fb)

@@ -70,6 +70,8 @@ class FunctionBuilder:
     body: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REG_PREFIX, 0))
     labels: int = 0
+    #: Bytes of the block's static shared-memory array `smem` (0: none declared).
+    shared_bytes: int = 0
 
     def reg(self, ptype: str) -> Reg:
         self.counts[ptype] += 1
@@ -95,6 +97,8 @@ class FunctionBuilder:
     def render(self) -> str:
         params = ",\n".join(f"\t.param .{t} {n}" for n, t in self.params)
         decls = [f"\t.reg .{t} %{REG_PREFIX[t]}<{n + 1}>;" for t, n in self.counts.items() if n]
+        if self.shared_bytes:
+            decls.append(f"\t.shared .align 16 .b8 smem[{self.shared_bytes}];")
         return (
             f".visible .entry {self.name}(\n{params}\n)\n{{\n"
             + "\n".join(decls + self.body)

@@ -69,6 +69,48 @@ class LoadedKernel(ABC):
     name: str
 
 
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One launch with its parameters bound: what a graph captures and replays."""
+
+    kernel: LoadedKernel
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    params: tuple[ParamValue, ...]
+
+
+class GraphExec(ABC):
+    """Captured launches, replayed in order as one unit of work."""
+
+    @abstractmethod
+    def launch(self, stream: object | None = None) -> Completion:
+        """Queue one replay on `stream` (None: the backend's default). One at a time."""
+
+    def destroy(self) -> None:
+        """Free what the backend made for the graph (no replay may still be running)."""
+        return None
+
+
+class RecordedGraph(GraphExec):
+    """The CPU backends' graph: the recorded launches, run again in order on each replay."""
+
+    def __init__(self, backend: Backend, launches: Sequence[KernelLaunch]) -> None:
+        self.backend = backend
+        self.launches = tuple(launches)
+
+    def launch(self, stream: object | None = None) -> Completion:
+        for k in self.launches:
+            done = self.backend.launch(k.kernel, k.grid, k.block, k.shared_mem, k.params, stream)
+            try:
+                done.wait()  # in order: a later launch may read what this one wrote
+            except RuntimeFailure as e:
+                failure = type(e)(f"kernel {k.kernel.name!r}: {e}")
+                failure.__cause__ = e
+                return Finished(failure)
+        return Finished()
+
+
 class Backend(ABC):
     name: str
     #: True where kernels run as PTX (cuda, sim); False where the kernel's Python runs (interpret).
@@ -109,6 +151,10 @@ class Backend(ABC):
         """Queue a launch; `stream` is a handle from `stream_acquire` (None: the default one)."""
         raise RuntimeFailure(f"the {self.name} backend does not run PTX")
 
+    def graph(self, launches: Sequence[KernelLaunch]) -> GraphExec:
+        """Capture `launches` (run nothing now); the returned graph replays them in order."""
+        return RecordedGraph(self, launches)
+
     # --- streams: the CPU backends finish every launch before returning, so theirs are trivial
 
     def stream_acquire(self) -> object | None:
@@ -121,6 +167,17 @@ class Backend(ABC):
 
     def stream_synchronize(self, handle: object | None) -> None:
         """Wait for all work queued on the stream `handle` (None: the default stream)."""
+        return None
+
+    def stream_address(self) -> int | None:
+        """The default stream's address for other libraries (None: no stream to order on)."""
+        return None
+
+    def stream_from_foreign(self, address: int) -> object | None:
+        """A handle for another library's stream (`__cuda_stream__`); never released by us.
+
+        The CPU backends finish every launch before returning, so any stream will do.
+        """
         return None
 
 

@@ -22,6 +22,8 @@ from cutile_py.runtime.backend import (
     Backend,
     Buffer,
     Completion,
+    GraphExec,
+    KernelLaunch,
     LaunchFailure,
     LoadedKernel,
     ParamValue,
@@ -85,6 +87,30 @@ class CudaBuffer(Buffer):
         self._finalizer()
 
 
+class ForeignCudaBuffer(Buffer):
+    """Device memory another library allocated (`ct.from_dlpack`); never freed by us.
+
+    `owner` is the producer's object, kept alive as long as this buffer is.
+    """
+
+    def __init__(self, address: int, nbytes: int, owner: object) -> None:
+        self.nbytes = nbytes
+        self._address = address
+        self.owner = owner
+
+    @property
+    def address(self) -> int:
+        return self._address
+
+
+def _destroy_graph_exec(ctx: cu.Context, graph: cu.GraphExec) -> None:
+    def release() -> None:
+        cu.set_current(ctx)
+        cu.graph_exec_destroy(graph)
+
+    _quietly(release)
+
+
 @dataclass(eq=False)
 class CudaKernel(LoadedKernel):
     """A kernel function of a loaded module; `report` is nvJitLink's, None after a driver JIT."""
@@ -118,6 +144,39 @@ class CudaCompletion(Completion):
             cu.event_synchronize(self._event)
         except cu.CudaDriverError as e:
             raise LaunchFailure(f"kernel {self.kernel_name!r} failed on the device: {e}") from e
+
+
+class CudaGraph(GraphExec):
+    """An instantiated CUDA graph: one `cuGraphLaunch` replays every captured launch."""
+
+    def __init__(self, backend: CudaBackend, graph: cu.GraphExec, names: str) -> None:
+        self._backend = backend
+        self._graph = graph
+        self.names = names
+        self._finalizer = weakref.finalize(self, _destroy_graph_exec, backend.context, graph)
+        self._finalizer.atexit = False
+
+    def launch(self, stream: object | None = None) -> Completion:
+        backend = self._backend
+        dev = backend.activate()
+        on = stream if isinstance(stream, cu.Stream) else dev.stream
+        what = f"replaying the graph of {self.names}"
+        try:
+            if on is not dev.stream:
+                backend._order_after_default(dev, on)  # uploads of g.update() come first
+            event = cu.event_create()
+        except cu.CudaDriverError as e:
+            raise backend._failure(what, e) from e
+        try:
+            cu.graph_launch(self._graph, on)
+            cu.event_record(event, on)
+        except cu.CudaDriverError as e:
+            _destroy_event(dev.ctx, event)
+            raise backend._failure(what, e) from e
+        return CudaCompletion(backend, event, f"graph of {self.names}")
+
+    def destroy(self) -> None:
+        self._finalizer()
 
 
 @dataclass(frozen=True)
@@ -276,6 +335,13 @@ class CudaBackend(Backend):
         except cu.CudaDriverError as e:
             raise self._failure("synchronizing a stream", e) from e
 
+    def stream_address(self) -> int:
+        return cu.stream_handle(self.activate().stream)
+
+    def stream_from_foreign(self, address: int) -> cu.Stream:
+        self.activate()
+        return cu.stream_from_handle(address)
+
     def _order_after_default(self, dev: _Device, stream: cu.Stream) -> None:
         """Make `stream` wait for the work on the backend stream (uploads, earlier launches)."""
         if self._fence is None:
@@ -386,3 +452,87 @@ class CudaBackend(Backend):
                 ) from e
             raise self._failure(what, e) from e
         return CudaCompletion(self, event, kernel.name)
+
+    # --- graphs -----------------------------------------------------------------------------
+
+    def graph(self, launches: Sequence[KernelLaunch]) -> CudaGraph:
+        """Stream capture of `launches`: parameters are packed once, here, into the graph."""
+        self.activate()
+        kernels = []
+        for k in launches:
+            if not isinstance(k.kernel, CudaKernel):
+                raise TypeError(f"the cuda backend cannot launch a {type(k.kernel).__name__}")
+            try:
+                packed = cu.pack_params([(p.ptype, p.value) for p in k.params])
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"kernel {k.kernel.name!r}: {e}") from e
+            kernels.append((k, k.kernel, packed))
+        names = ", ".join(dict.fromkeys(k.kernel.name for k in launches)) or "nothing"
+        # A stream of our own: no other thread queues work on it while it captures.
+        stream = self.stream_acquire()
+        try:
+            for k, kernel, _ in kernels:  # outside the capture: attribute calls are not captured
+                if k.shared_mem > kernel.max_dynamic_shared:
+                    cu.set_max_dynamic_shared(kernel.function, k.shared_mem)
+                    kernel.max_dynamic_shared = k.shared_mem
+            cu.stream_begin_capture(stream)
+            try:
+                for k, kernel, packed in kernels:
+                    cu.launch_kernel(kernel.function, k.grid, k.block, k.shared_mem, stream, packed)
+            except BaseException:
+                # End the capture, or the stream stays unusable for the next `ct.Stream`.
+                with contextlib.suppress(Exception):
+                    cu.graph_destroy(cu.stream_end_capture(stream))
+                raise
+            graph = cu.stream_end_capture(stream)
+            try:
+                exec_ = cu.graph_instantiate(graph)
+            finally:
+                cu.graph_destroy(graph)
+        except cu.CudaDriverError as e:
+            raise self._failure(f"capturing the graph of {names}", e) from e
+        finally:
+            self.stream_release(stream)
+        return CudaGraph(self, exec_, names)
+
+    # --- interop ----------------------------------------------------------------------------
+
+    def borrow_foreign(self, obj: object) -> tuple[ForeignCudaBuffer, tuple[int, ...], np.dtype]:
+        """Device memory of another library's array (DLPack or CUDA Array Interface), zero-copy.
+
+        Its pending work is ordered before this backend's stream.
+        """
+        dev = self.activate()
+        try:
+            view = cu.foreign_array(obj, cu.stream_handle(dev.stream))
+        except (AttributeError, BufferError, TypeError, ValueError) as e:
+            raise TypeError(f"ct.from_dlpack: cannot borrow a {type(obj).__name__}: {e}") from e
+        check_foreign(view, self.ordinal, type(obj).__name__)
+        nbytes = int(np.prod(view.shape, dtype=np.int64)) * view.dtype.itemsize
+        return ForeignCudaBuffer(view.address, nbytes, obj), view.shape, view.dtype
+
+
+def check_foreign(view: cu.ForeignArray, ordinal: int, what: str) -> None:
+    """Raise unless `view` is C-contiguous, writable memory of device `ordinal`."""
+    if not view.device_accessible or view.device_id < 0:
+        raise ValueError(
+            f"ct.from_dlpack: the {what} lives in host memory; on the cuda backend use "
+            "ct.from_numpy(...) to copy it to the device"
+        )
+    if view.device_id != ordinal:
+        raise ValueError(
+            f"ct.from_dlpack: the {what} is on device {view.device_id}, the backend on "
+            f"device {ordinal}"
+        )
+    if view.readonly:
+        raise ValueError(f"ct.from_dlpack: the {what} is read-only")
+    expected = [1] * len(view.shape)
+    for i in range(len(view.shape) - 2, -1, -1):
+        expected[i] = expected[i + 1] * view.shape[i + 1]
+    if view.strides is not None and any(
+        s != e for s, e, d in zip(view.strides, expected, view.shape) if d > 1
+    ):
+        raise ValueError(
+            f"ct.from_dlpack: the {what} is not C-contiguous (strides {view.strides} in "
+            "elements); make a contiguous copy first"
+        )

@@ -446,3 +446,93 @@ def launch_kernel(
         "cuLaunchKernel",
         _cu().cuLaunchKernel(function.raw, *grid, *block, shared_mem, stream.raw, kernel_params, 0),
     )
+
+
+# --- graphs -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    raw: object
+
+
+@dataclass(frozen=True, eq=False)
+class GraphExec:
+    raw: object
+
+
+def stream_from_handle(handle: int) -> Stream:
+    """A stream made elsewhere (another library's `CUstream`, by address); never destroyed here."""
+    return Stream(_cu().CUstream(handle))
+
+
+def stream_handle(stream: Stream) -> int:
+    """The address of the driver stream, as other libraries take it."""
+    raw: Any = stream.raw
+    return int(raw)
+
+
+def stream_begin_capture(stream: Stream) -> None:
+    """Record, not run, the work queued on `stream` from now on (this thread's calls only)."""
+    cu = _cu()
+    mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+    _check("cuStreamBeginCapture", cu.cuStreamBeginCapture(stream.raw, mode))
+
+
+def stream_end_capture(stream: Stream) -> Graph:
+    return Graph(_check("cuStreamEndCapture", _cu().cuStreamEndCapture(stream.raw)))
+
+
+def graph_instantiate(graph: Graph) -> GraphExec:
+    return GraphExec(_check("cuGraphInstantiate", _cu().cuGraphInstantiate(graph.raw, 0)))
+
+
+def graph_launch(graph: GraphExec, stream: Stream) -> None:
+    _check("cuGraphLaunch", _cu().cuGraphLaunch(graph.raw, stream.raw))
+
+
+def graph_destroy(graph: Graph) -> None:
+    _check("cuGraphDestroy", _cu().cuGraphDestroy(graph.raw))
+
+
+def graph_exec_destroy(graph: GraphExec) -> None:
+    _check("cuGraphExecDestroy", _cu().cuGraphExecDestroy(graph.raw))
+
+
+# --- interop ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForeignArray:
+    """Another library's array as DLPack or the CUDA Array Interface describe it.
+
+    `strides` count elements (None: C-contiguous); `device_id` is -1 for host-only memory.
+    """
+
+    address: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None
+    dtype: np.dtype[Any]
+    device_id: int
+    device_accessible: bool
+    readonly: bool
+
+
+def foreign_array(obj: object, consumer_stream: int) -> ForeignArray:
+    """Describe `obj` (DLPack first, then the CUDA Array Interface) through cuda.core.
+
+    The producer orders its pending work before `consumer_stream` (a `CUstream` address).
+    """
+    from cuda.core.utils import StridedMemoryView
+
+    view: Any = StridedMemoryView.from_any_interface(obj, stream_ptr=consumer_stream)
+    strides = view.strides
+    return ForeignArray(
+        address=int(view.ptr),
+        shape=tuple(int(d) for d in view.shape),
+        strides=None if strides is None else tuple(int(s) for s in strides),
+        dtype=np.dtype(view.dtype),
+        device_id=int(view.device_id),
+        device_accessible=bool(view.is_device_accessible),
+        readonly=bool(view.readonly),
+    )

@@ -1,0 +1,271 @@
+"""Global loads and stores of tiles: addressing, bounds, vectorization.
+
+Per access the uniform part (the tile's origin and how much of the tensor remains past it)
+is computed once; each thread then adds its own coordinate once, and every register of the
+tile is an immediate offset from one row address, predicated on the edge of the tensor, the
+edge of the tile and, for stores of replicated layouts, on the one thread that owns the copy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cutile_py.ir import ops as o
+from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32
+from cutile_py.lower import emit_shared
+from cutile_py.lower.isel import BITS_SUFFIX
+from cutile_py.lower.layout import Layout
+from cutile_py.ptx.builder import Imm, Reg, Vec, f32_imm, int_imm
+
+if TYPE_CHECKING:
+    from cutile_py.lower.emit_ptx import Emitter
+
+
+class Access:
+    """Where each register of a tile lives in global memory, and when it may be touched."""
+
+    def __init__(
+        self,
+        em: Emitter,
+        param: int,
+        index: list[Reg],
+        shape: tuple[int, ...],
+        lay: Layout,
+        dtype: type[DType],
+        within: tuple[int, ...] | None,
+    ) -> None:
+        self.em, self.lay, self.dtype = em, lay, dtype
+        fb = em.fb
+        p = em.kernel.params[param]
+        assert isinstance(p, o.TensorParam)
+        t = em.tensors[param]
+        br = em.bases[lay.base]
+        rank = len(shape)
+        size = dtype.itemsize()
+        # Uniform: the tile origin, whether the tile index is sane, the elements left.
+        tile_ok: Reg | None = None
+        origin: list[Reg] = []
+        for i in range(rank):
+            ok = fb.reg("pred")
+            g = fb.reg("b32")
+            if within is not None:
+                # A sub-tile of the block's own tile: its index must stay inside that tile.
+                fb.ins("setp.lt.u32", ok, index[i], within[i] // shape[i])
+                b = fb.reg("b32")
+                fb.ins("mov.u32", b, f"%ctaid.{'xyz'[i]}")
+                fb.ins("mul.lo.u32", b, b, within[i])
+                fb.ins("mad.lo.u32", g, index[i], shape[i], b)
+            else:
+                # An index so large (or negative) that index*shape wraps must not land back
+                # inside the tensor: such a tile lies wholly outside it.
+                fb.ins("setp.le.u32", ok, index[i], (0x7FFFFFFF - shape[i]) // shape[i])
+                fb.ins("mul.lo.u32", g, index[i], shape[i])
+            tile_ok = ok if tile_ok is None else em._and(tile_ok, ok)
+            origin.append(g)
+        # Per thread: its coordinate, the elements left past it, and its row address.
+        left: list[Reg] = []
+        coord: list[Reg] = []
+        for i in range(rank):
+            d = lay.dims[i]
+            c = origin[i]
+            if d is not None:
+                c = fb.reg("b32")
+                fb.ins("add.u32", c, origin[i], br.coord[d])
+            rem = fb.reg("b32")
+            fb.ins("sub.s32", rem, t.dims[i], c)
+            coord.append(c)
+            left.append(rem)
+        lin = fb.reg("b64")
+        fb.ins("cvt.u64.u32", lin, coord[0])
+        self.row_bytes: list[Reg | None] = []
+        for i in range(1, rank):
+            d64, c64 = fb.reg("b64"), fb.reg("b64")
+            fb.ins("cvt.u64.u32", d64, t.dims[i])
+            fb.ins("cvt.u64.u32", c64, coord[i])
+            fb.ins("mad.lo.u64", lin, lin, d64, c64)
+        # Bytes between consecutive indices of each dim, for the static offsets.
+        for i in range(rank - 1):
+            rb = fb.reg("b64")
+            fb.ins("mov.u64", rb, size)
+            for k in range(i + 1, rank):
+                d64 = fb.reg("b64")
+                fb.ins("cvt.u64.u32", d64, t.dims[k])
+                fb.ins("mul.lo.u64", rb, rb, d64)
+            self.row_bytes.append(rb)
+        self.row_bytes.append(None)
+        self.addr = fb.reg("b64")
+        fb.ins("mad.lo.u64", self.addr, lin, size, t.base)
+        self.tile_ok = tile_ok
+        self.left = left
+        self.size = size
+        self.rank = rank
+        self.inside: dict[tuple[int, int], Reg] = {}
+        self.rows: dict[tuple[int, ...], Reg] = {}
+        # Elements per access: 16 bytes at most, within the layout's run along the last dim,
+        # and no wider than the tensor's alignment allows.
+        last = lay.dims[-1]
+        contiguous = last is not None and last == lay.base.rank - 1
+        self.width = 1
+        if contiguous and dtype is not bool_:
+            self.width = max(1, min(lay.base.vec, 16 // size, p.align))
+
+    def in_bounds(self, i: int, off: int) -> Reg:
+        """Element `off` past this thread's coordinate along dim i lies inside the tensor."""
+        key = (i, off)
+        if key not in self.inside:
+            r = self.em.fb.reg("pred")
+            self.em.fb.ins("setp.gt.s32", r, self.left[i], off)
+            self.inside[key] = r
+        return self.inside[key]
+
+    def row_address(self, outer: tuple[int, ...]) -> Reg:
+        """The address of the element at static offsets `outer` (all dims but the last)."""
+        if not any(outer):
+            return self.addr
+        if outer not in self.rows:
+            fb = self.em.fb
+            a = self.addr
+            for i, off in enumerate(outer):
+                if off:
+                    rb = self.row_bytes[i]
+                    assert rb is not None
+                    n = fb.reg("b64")
+                    fb.ins("mad.lo.u64", n, rb, off, a)
+                    a = n
+            self.rows[outer] = a
+        return self.rows[outer]
+
+    def vectors(self, owner: Reg | None) -> list[tuple[list[int], Reg, int, Reg | None]]:
+        """Per access: register indices, row address, byte offset and predicate."""
+        em, lay = self.em, self.lay
+        out = []
+        regs = lay.registers()
+        k = 0
+        while k < len(regs):
+            offs = regs[k]
+            static = [offs[d] if d is not None else 0 for d in lay.dims]
+            group = list(range(k, k + self.width))
+            k += self.width
+            pred = self.tile_ok
+            for i, off in enumerate(static):
+                pred = _and(em, pred, self.in_bounds(i, off))
+            pred = _and(em, pred, em.valid(lay, offs))
+            pred = _and(em, pred, owner)
+            row = self.row_address(tuple(static[:-1]))
+            out.append((group, row, static[-1] * self.size, pred))
+        return out
+
+
+def _and(em: Emitter, a: Reg | None, b: Reg | None) -> Reg | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return em._and(a, b)
+
+
+def _memory_layout(em: Emitter, op: o.Op, v: o.Value) -> Layout:
+    return em.plan.memory.get(id(op)) or em.layout(v)
+
+
+def load(em: Emitter, op: o.LoadOp) -> None:
+    res = op.result
+    dt = res.type.dtype
+    lay = _memory_layout(em, op, res)
+    p = em.kernel.params[op.param]
+    assert isinstance(p, o.TensorParam)
+    index = [em.regs(v)[0] for v in op.operands]
+    acc = Access(em, op.param, index, op.shape, lay, dt, op.within)
+    cache = "" if p.mut else ".nc"  # shared tensors are read-only while the kernel runs
+    out: list[Reg] = []
+    for group, row, offset, pred in acc.vectors(None):
+        out.extend(_load_vector(em, row, offset, len(group), dt, pred, op.padding, cache))
+    if lay != em.layout(res):
+        out = emit_shared.convert(em, out, lay, em.layout(res), res.type, res.type)
+    em.define(res, out)
+
+
+def _load_vector(
+    em: Emitter,
+    addr: Reg,
+    offset: int,
+    width: int,
+    dt: type[DType],
+    pred: Reg | None,
+    padding: float,
+    cache: str,
+) -> list[Reg]:
+    fb = em.fb
+    where = f"[{addr}+{offset}]" if offset else f"[{addr}]"
+    if dt is bool_:
+        h, r = fb.reg("b16"), fb.reg("pred")
+        fb.ins("mov.b16", h, int(bool(padding)))
+        fb.ins(f"ld.global{cache}.u8", h, where, pred=pred)
+        fb.ins("setp.ne.b16", r, h, 0)
+        return [r]
+    if dt in (f16, bf16):
+        pad = emit_shared.bits16(float(padding), dt)
+        if width == 1:
+            h = fb.reg("b16")
+            fb.ins("mov.b16", h, Imm(f"0x{pad:04X}"))
+            fb.ins(f"ld.global{cache}.b16", h, where, pred=pred)
+            return [h]
+        words = [fb.reg("b32") for _ in range(width // 2)]
+        for w in words:
+            fb.ins("mov.b32", w, Imm(f"0x{pad * 0x10001:08X}"))
+        _ld(em, words, "b32", where, pred, cache)
+        halves = []
+        for w in words:
+            lo, hi = fb.reg("b16"), fb.reg("b16")
+            fb.ins("mov.b32", Vec((lo, hi)), w)
+            halves += [lo, hi]
+        return halves
+    regs = [em.new(dt) for _ in range(width)]
+    for x in regs:
+        if dt is f32:
+            fb.ins("mov.f32", x, f32_imm(float(padding)))
+        else:
+            fb.ins(f"mov.{BITS_SUFFIX[dt]}", x, int_imm(int(padding)))
+    _ld(em, regs, "f32" if dt is f32 else BITS_SUFFIX[dt], where, pred, cache)
+    return regs
+
+
+def _ld(
+    em: Emitter, regs: list[Reg], suffix: str, where: str, pred: Reg | None, cache: str
+) -> None:
+    vec = f".v{len(regs)}" if len(regs) > 1 else ""
+    dst: Reg | Vec = Vec(tuple(regs)) if len(regs) > 1 else regs[0]
+    em.fb.ins(f"ld.global{cache}{vec}.{suffix}", dst, where, pred=pred)
+
+
+def store(em: Emitter, op: o.StoreOp) -> None:
+    *idx, value = op.operands
+    dt = value.type.dtype
+    lay = _memory_layout(em, op, value)
+    index = [em.regs(v)[0] for v in idx]
+    src = em.regs_as(value, lay)
+    acc = Access(em, op.param, index, value.type.shape, lay, dt, op.within)
+    fb = em.fb
+    for group, row, offset, pred in acc.vectors(em.owner(lay)):
+        regs = [src[k] for k in group]
+        where = f"[{row}+{offset}]" if offset else f"[{row}]"
+        if dt is bool_:
+            h = fb.reg("b16")
+            fb.ins("selp.u16", h, 1, 0, regs[0])
+            fb.ins("st.global.u8", where, h, pred=pred)
+        elif dt in (f16, bf16) and len(regs) > 1:
+            words = []
+            for k in range(0, len(regs), 2):
+                w = fb.reg("b32")
+                fb.ins("mov.b32", w, Vec((regs[k], regs[k + 1])))
+                words.append(w)
+            _st(em, words, "b32", where, pred)
+        else:
+            suffix = {f32: "f32", f16: "b16", bf16: "b16"}.get(dt) or BITS_SUFFIX[dt]
+            _st(em, regs, suffix, where, pred)
+
+
+def _st(em: Emitter, regs: list[Reg], suffix: str, where: str, pred: Reg | None) -> None:
+    vec = f".v{len(regs)}" if len(regs) > 1 else ""
+    src: Reg | Vec = Vec(tuple(regs)) if len(regs) > 1 else regs[0]
+    em.fb.ins(f"st.global{vec}.{suffix}", where, src, pred=pred)
