@@ -31,8 +31,9 @@ LAYERS: dict[str, frozenset[str] | None] = {
 }
 
 # Clients of the public API only: they may import `cutile_py` and its public names, never
-# `cutile_py.<subpackage>`.
-CLIENT_DIRS = ("cutile_py_kernels", "examples", "paper_repro")
+# `cutile_py.<subpackage>`. (`paper_repro` is not one: it times the compiler's phases and
+# the driver's events from inside, as `cutile_py.tools` does.)
+CLIENT_DIRS = ("cutile_py_kernels", "examples")
 
 TOP = "the top-level cutile_py"
 

@@ -1,0 +1,94 @@
+"""`python -m paper_repro [all | EXPERIMENT ...] [--out DIR] [--quick] [--backend NAME]`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import cutile_py as ct
+from paper_repro.core import Context, Result, error_row
+from paper_repro.machine import describe
+from paper_repro.report import write_report, write_result
+from paper_repro.timing import Timer
+
+EXPERIMENTS = ["bandwidth", "race", "elementwise", "gemm", "jit", "launch", "workdist", "dispatch"]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m paper_repro", description=__doc__)
+    p.add_argument(
+        "experiments",
+        nargs="*",
+        default=["all"],
+        help=f"'all' or some of: {', '.join(EXPERIMENTS)}",
+    )
+    p.add_argument("--out", type=Path, help="output directory (default: results/<gpu>-<date>)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes on the CPU ('sim' backend unless --backend is given)",
+    )
+    p.add_argument("--backend", choices=["cuda", "sim", "interpret"])
+    p.add_argument("--reps", type=int, help="timed samples per measurement")
+    p.add_argument("--only", default="", help="bandwidth: comma-separated kernel names")
+    p.add_argument("--debug", action="store_true", help="tracebacks for every failure")
+    args = p.parse_args(argv)
+    chosen = EXPERIMENTS if "all" in args.experiments else args.experiments
+    unknown = [e for e in chosen if e not in EXPERIMENTS]
+    if unknown:
+        p.error(f"unknown experiment(s) {', '.join(unknown)}; choose from {', '.join(EXPERIMENTS)}")
+    args.chosen = chosen
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    backend = args.backend or ("sim" if args.quick else None)
+    if backend:
+        ct.set_backend(backend)
+    backend = ct.backend()
+    device = describe(backend)
+    if args.out is None:
+        slug = re.sub(r"[^a-z0-9]+", "-", str(device.get("gpu", backend)).lower()).strip("-")
+        slug = slug if backend == "cuda" else f"{backend}-quick" if args.quick else backend
+        args.out = Path(__file__).parent / "results" / f"{slug}-{time.strftime('%Y-%m-%d')}"
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    quick = args.quick or backend != "cuda"
+    reps = args.reps or (3 if quick else 15)
+    timer = Timer(backend, reps=reps, warmup=1 if quick else 2)
+    l2 = device.get("l2_bytes")
+    ctx = Context(backend, quick, timer, int(l2) if isinstance(l2, int) else 0, device)
+    ctx.log(f"paper_repro: backend {backend}, experiments {', '.join(args.chosen)} -> {out}")
+    (out / "machine.json").write_text(json.dumps(device, indent=1) + "\n")
+    results: list[Result] = []
+    for name in args.chosen:
+        t0 = time.perf_counter()
+        ctx.log(f"== {name}")
+        module = importlib.import_module(f"paper_repro.experiments.{name}")
+        try:
+            if name == "bandwidth" and args.only:
+                res: Result = module.run(ctx, only=args.only.split(","))
+            else:
+                res = module.run(ctx)
+        except Exception as e:  # an experiment that fails leaves its error in the report
+            traceback.print_exc(file=sys.stderr)
+            res = Result(name, f"{name} (failed)", rows=[error_row(e, what=name)])
+        res.seconds = time.perf_counter() - t0
+        results.append(res)
+        write_result(out, res)
+        write_report(out, ctx, results, argv)
+        ctx.log(f"   {name}: {len(res.rows)} rows in {res.seconds:.1f}s")
+    ctx.log(f"done: {out / 'REPORT.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The experiments: each module has `run(ctx) -> Result`."""

@@ -1,0 +1,136 @@
+"""Paper §5.1, GEMM: f16/bf16 M=N=K=1024..8192 by cutile_py (`cutile_py_kernels.gemm`),
+cuBLAS (through PyTorch and CuPy) and a Triton matmul; TFLOP/s and % of cuBLAS."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from paper_repro import paper, peers
+from paper_repro.core import Context, Result, Row, attempt, measured_row, missing_row, sig
+from paper_repro.experiments.common import (
+    library_kernel,
+    peer_missing,
+    rotate_count,
+    time_peer,
+    to_ct,
+    torch_tensor,
+)
+from paper_repro.replay import Replay
+
+
+def _inputs(ctx: Context, n: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = ctx.rng(n)
+    # Scaled so that f16 sums of n products stay far from overflow.
+    scale = np.float32(1.0 / np.sqrt(n))
+    a = rng.standard_normal((n, n), dtype=np.float32) * scale
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    return a, b
+
+
+def tflops(n: int, us: float) -> float:
+    return 2.0 * n**3 / (us * 1e6)
+
+
+def _row(m: Any, n: int, **fields: Any) -> Row:
+    return measured_row(m, n=n, tflops=sig(tflops(n, m.median_us)), **fields)
+
+
+def measure(ctx: Context, impl: str, dtype: str, n: int) -> list[Row]:
+    a, b = _inputs(ctx, n)
+    rotate = rotate_count(ctx, 2 * 3 * n * n)
+    if impl == "cutile_py":
+        sets = [[to_ct(a, dtype), to_ct(b, dtype)] for _ in range(rotate)]
+        replay = Replay(lambda x, y: library_kernel("gemm")(x, y), sets[0], sets)
+        m = ctx.timer.device(replay.launch, rotate=rotate)
+        return [_row(m, n, impl=impl, dtype=dtype)]
+    if impl == "cupy":
+        cupy = peers.load("cupy")[0]
+        xs = [cupy.asarray(a.astype(np.float16)) for _ in range(rotate)]
+        ys = [cupy.asarray(b.astype(np.float16)) for _ in range(rotate)]
+        zs = [cupy.empty_like(xs[0]) for _ in range(rotate)]
+        m = time_peer(
+            ctx, peers.cupy_stream(), rotate, lambda i: cupy.matmul(xs[i], ys[i], out=zs[i])
+        )
+        return [_row(m, n, impl="cuBLAS (cupy)", dtype=dtype)]
+    torch = peers.load("torch")[0]
+    xs = [torch_tensor(a, dtype) for _ in range(rotate)]
+    ys = [torch_tensor(b, dtype) for _ in range(rotate)]
+    zs = [torch.empty_like(xs[0]) for _ in range(rotate)]
+    if impl == "torch":
+        m = time_peer(
+            ctx, peers.torch_stream(), rotate, lambda i: torch.matmul(xs[i], ys[i], out=zs[i])
+        )
+        return [_row(m, n, impl="cuBLAS (torch)", dtype=dtype)]
+    from paper_repro.peers import triton_kernels as tk
+
+    tk.matmul(xs[0], ys[0], zs[0])  # autotunes once per shape, before timing
+    m = time_peer(ctx, peers.torch_stream(), rotate, lambda i: tk.matmul(xs[i], ys[i], zs[i]))
+    return [_row(m, n, impl="triton", dtype=dtype)]
+
+
+def run(ctx: Context) -> Result:
+    import cutile_py_kernels as lib
+
+    res = Result("gemm", "GEMM f16/bf16, TFLOP/s and % of cuBLAS (paper §5.1)")
+    res.columns = ["impl", "dtype", "n", "status", "time_us", "tflops", "pct_cublas", "note"]
+    sizes = [64] if ctx.quick else [1024, 2048, 4096, 8192]
+    have_gemm = getattr(lib, "gemm", None) is not None
+    if not have_gemm:
+        res.rows.append(missing_row("cutile_py_kernels.gemm is not written yet", impl="cutile_py"))
+    impls = ["cutile_py"] if have_gemm else []
+    if ctx.backend == "cuda":
+        impls += [p for p in ("torch", "cupy", "triton") if peer_missing(p) is None]
+    for p in ("torch", "cupy", "triton"):
+        row = peer_missing(p)
+        if row is None and ctx.backend != "cuda":
+            row = missing_row(f"{p} needs the cuda backend", impl=p)
+        if row is not None:
+            res.rows.append(row)
+    for dtype in ("f16", "bf16"):
+        for n in sizes:
+            ctx.log(f"gemm: {dtype} {n}^3")
+            for impl in impls:
+                if impl == "cupy" and dtype == "bf16":
+                    continue  # CuPy has no bf16 arrays
+                attempt(
+                    ctx,
+                    res.rows,
+                    f"{impl} {dtype} {n}",
+                    partial(measure, ctx, impl, dtype, n),
+                    impl=impl,
+                    dtype=dtype,
+                    n=n,
+                )
+    cublas = {
+        (r["dtype"], r["n"]): float(r["tflops"] or 0)
+        for r in res.rows
+        if r.get("impl") == "cuBLAS (torch)" and r.get("status") == "ok"
+    }
+    for r in res.rows:
+        ref = cublas.get((r.get("dtype"), r.get("n")))
+        if ref and isinstance(r.get("tflops"), float):
+            r["pct_cublas"] = sig(100.0 * float(r["tflops"] or 0) / ref)
+    for (dt, _), v in cublas.items():
+        key = f"cublas_tflops_{dt!s}"
+        ctx.ceilings[key] = max(ctx.ceilings.get(key, 0.0), v)
+    big = max(sizes)
+    ours = next(
+        (
+            r
+            for r in res.rows
+            if r.get("impl") == "cutile_py"
+            and r.get("n") == big
+            and r.get("dtype") == "f16"
+            and "pct_cublas" in r
+        ),
+        None,
+    )
+    res.summary.append(
+        f"paper: {paper.GEMM_FRACTION_OF_CUBLAS:.1%} of cuBLAS at 8192; cutile_py here: "
+        + (f"{ours['pct_cublas']}% at {big} f16" if ours else "not measured (see missing)")
+    )
+    res.notes.append("TFLOP/s = 2·n³ / time. % of cuBLAS is against torch.matmul (cuBLAS).")
+    return res
