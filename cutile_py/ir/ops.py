@@ -189,6 +189,14 @@ class ReduceOp(Op):
 
 
 @dataclass(eq=False)
+class MmaOp(Op):
+    """`acc + a @ b` for a (M, K), b (K, N), acc (M, N) f32: f16/bf16 operands multiply
+    exactly and accumulate in f32; f32 operands are first rounded to tf32 (`cvt.rna`)."""
+
+    opname: ClassVar[str] = "mma"
+
+
+@dataclass(eq=False)
 class ReshapeOp(Op):
     """The same elements in row-major order under the result's shape (shape () takes the one
     element of a size-1 tile as a scalar)."""

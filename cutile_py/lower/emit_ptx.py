@@ -297,6 +297,11 @@ class Emitter:
     def op_reduce(self, op: o.ReduceOp) -> None:
         emit_shared.reduce(self, op)
 
+    def op_mma(self, op: o.MmaOp) -> None:
+        from cutile_py.lower import emit_mma  # noqa: PLC0415 - written alongside
+
+        emit_mma.mma(self, op)
+
     def op_reshape(self, op: o.ReshapeOp) -> None:
         emit_shared.reshape(self, op)
 
