@@ -5,7 +5,7 @@ The public names of API.md, and nothing else.
 
 from cutile_py.frontend.errors import CompileError
 from cutile_py.host.creation import arange, from_dlpack, from_numpy, full, ones, randn, zeros
-from cutile_py.host.device_op import DeviceOp
+from cutile_py.host.device_op import DeviceOp, OpLike
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
 from cutile_py.host.graph import Graph, graph
 from cutile_py.host.kernel import CompiledKernel, Kernel, cache_info, kernel
@@ -36,6 +36,7 @@ from cutile_py.language.functions import (
     maximum,
     min,
     minimum,
+    mma,
     num_blocks,
     num_tiles,
     permute,
@@ -75,6 +76,7 @@ __all__ = [
     "Kernel",
     "LaunchError",
     "MovedError",
+    "OpLike",
     "Mut",
     "Partition",
     "PartitionSpec",
@@ -117,6 +119,7 @@ __all__ = [
     "maximum",
     "min",
     "minimum",
+    "mma",
     "num_blocks",
     "num_tiles",
     "ones",

@@ -1,9 +1,30 @@
 """Ready kernels written in cutile_py, each with a host function that allocates its output.
 
-This release has the element-wise basics; the memory-bound library (norms, softmax, rope, ...)
-and GEMM follow.
+Element-wise (`add`, `saxpy`, `silu_mul`), row reductions over the last axis (`rms_norm`,
+`add_rms_norm`, `layer_norm`, `softmax`, `argmax`), `rope`, data movement (`transpose`,
+`embedding`) and `gemv`. f16 and bf16 inputs are computed in f32 and the output keeps the
+input dtype. GEMM and attention follow.
 """
 
+from cutile_py_kernels.activations import silu_mul
 from cutile_py_kernels.elementwise import add, saxpy
+from cutile_py_kernels.gemv import gemv
+from cutile_py_kernels.layout import embedding, transpose
+from cutile_py_kernels.norms import add_rms_norm, layer_norm, rms_norm
+from cutile_py_kernels.rope import rope
+from cutile_py_kernels.softmax import argmax, softmax
 
-__all__ = ["add", "saxpy"]
+__all__ = [
+    "add",
+    "add_rms_norm",
+    "argmax",
+    "embedding",
+    "gemv",
+    "layer_norm",
+    "rms_norm",
+    "rope",
+    "saxpy",
+    "silu_mul",
+    "softmax",
+    "transpose",
+]

@@ -23,7 +23,7 @@ N = 3 * TILE + 100  # the last tile is partial
 TASKS = 4
 
 
-def pipeline(a: float, x: ct.Tensor[Any, Any], y: ct.Tensor[Any, Any]) -> ct.DeviceOp:
+def pipeline(a: float, x: ct.Tensor[Any, Any], y: ct.Tensor[Any, Any]) -> ct.OpLike:
     """`w = (a*x + y) + x` as a chain of two launches (not yet run)."""
 
     def add_x(result: tuple[Any, ...]) -> ct.DeviceOp:
@@ -32,7 +32,7 @@ def pipeline(a: float, x: ct.Tensor[Any, Any], y: ct.Tensor[Any, Any]) -> ct.Dev
         return op
 
     first: ct.DeviceOp = saxpy_kernel(ct.zeros(N).partition(TILE), a, x, y)
-    return first.then(add_x)  # type: ignore[return-value]
+    return first.then(add_x)
 
 
 async def one_task(i: int, rng: np.random.Generator) -> float:

@@ -1,14 +1,53 @@
-"""cutile_py_kernels against NumPy."""
+"""cutile_py_kernels against NumPy references computed in float64, on sim and interpret (and
+cuda where a GPU is found), and the PTX of every library kernel through nvJitLink."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
 import cutile_py as ct
 import cutile_py_kernels as ck
+from cutile_py.ir.dtypes import round_to
+from cutile_py_kernels import _common
+
+DTYPES = [ct.f32, ct.f16, ct.bf16]
+DT_PARAMS = [pytest.param(d, id=d.name) for d in DTYPES]
+#: (rtol, atol) of a result rounded to the dtype after f32 arithmetic.
+TOL = {ct.f32: (2e-5, 2e-6), ct.f16: (2e-3, 2e-3), ct.bf16: (1.6e-2, 1.6e-2)}
 
 
+@pytest.fixture(params=["sim", "interpret", pytest.param("cuda", marks=pytest.mark.gpu)])
+def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    ct.set_backend(request.param)
+    yield str(request.param)
+    ct.set_backend("sim")
+
+
+def rand(rng: np.random.Generator, shape: tuple[int, ...], dt: Any, scale: float = 1.0) -> Any:
+    """(values rounded to dt, as float64; the tensor)."""
+    a = round_to((rng.standard_normal(shape) * scale).astype(np.float32), dt)
+    return a.astype(np.float64), ct.from_numpy(a, dt)
+
+
+def check(out: ct.Tensor[Any, Any], ref: np.ndarray, dt: Any, scale: float = 1.0) -> None:
+    assert out.dtype is dt
+    assert out.shape == ref.shape
+    rtol, atol = TOL[dt]
+    np.testing.assert_allclose(out.to_numpy().astype(np.float64), ref, rtol=rtol, atol=atol * scale)
+
+
+@pytest.fixture
+def small_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row cap of 256 elements, so that short rows take the chunked (looping) kernels."""
+    for dt in DTYPES:
+        monkeypatch.setitem(_common.ROW_CAP, dt, 256)
+
+
+# -- element-wise -----------------------------------------------------------------------------
 @pytest.mark.parametrize("n", [1, 1023, 4096, 10_001])
 def test_add_and_saxpy(rng: np.random.Generator, n: int) -> None:
     xs = rng.standard_normal(n).astype(np.float32)
@@ -25,3 +64,279 @@ def test_library_checks_its_inputs() -> None:
         ck.add(ct.zeros(4), ct.zeros(5))
     with pytest.raises(TypeError, match="expected f32"):
         ck.add(ct.zeros(4, ct.f16), ct.zeros(4, ct.f16))
+
+
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("shape", [(1,), (7, 33), (3, 5, 700)])
+def test_silu_mul(backend: str, rng: np.random.Generator, dt: Any, shape: tuple[int, ...]) -> None:
+    g, gt = rand(rng, shape, dt, 3.0)
+    u, ut = rand(rng, shape, dt)
+    check(ck.silu_mul(gt, ut), g / (1 + np.exp(-g)) * u, dt)
+    gt.to_numpy(), ut.to_numpy()  # inputs stay usable
+
+
+# -- norms ------------------------------------------------------------------------------------
+ROWS = [(3, 1), (5, 7), (4, 1000), (2, 1536)]
+
+
+def rms_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def ln_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * w + b
+
+
+def norm_cases(
+    rng: np.random.Generator, dt: Any, r: int, n: int, offset: float = 0.0
+) -> tuple[np.ndarray, Any, np.ndarray, Any]:
+    x, xt = rand(rng, (r, n), dt)
+    if offset:
+        x = round_to((x + offset).astype(np.float32), dt).astype(np.float64)
+        xt = ct.from_numpy(x.astype(np.float32), dt)
+    w, wt = rand(rng, (n,), dt)
+    return x, xt, w, wt
+
+
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("r,n", ROWS)
+def test_rms_norm(backend: str, rng: np.random.Generator, dt: Any, r: int, n: int) -> None:
+    x, xt, w, wt = norm_cases(rng, dt, r, n)
+    check(ck.rms_norm(xt, wt), rms_ref(x, w, 1e-6), dt, 4)
+
+
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("r,n", ROWS)
+def test_add_rms_norm(backend: str, rng: np.random.Generator, dt: Any, r: int, n: int) -> None:
+    x, xt, w, wt = norm_cases(rng, dt, r, n)
+    res, rt = rand(rng, (r, n), dt)
+    y, h = ck.add_rms_norm(xt, rt, wt, eps=1e-5)
+    h_ref = round_to((x + res).astype(np.float32), dt).astype(np.float64)
+    np.testing.assert_array_equal(h.to_numpy().astype(np.float64), h_ref)
+    check(y, rms_ref(h_ref, w, 1e-5), dt, 4)
+
+
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("r,n", ROWS)
+def test_layer_norm(backend: str, rng: np.random.Generator, dt: Any, r: int, n: int) -> None:
+    # An offset mean: a variance from E[x²] - E[x]² would lose digits here.
+    x, xt, w, wt = norm_cases(rng, dt, r, n, offset=4.0 if dt is not ct.bf16 else 1.0)
+    b, bt = rand(rng, (n,), dt)
+    check(ck.layer_norm(xt, wt, bt), ln_ref(x, w, b, 1e-5), dt, 4)
+
+
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("n", [257, 1536])
+def test_norms_chunked(
+    backend: str, rng: np.random.Generator, small_cap: None, dt: Any, n: int
+) -> None:
+    """Rows longer than the cap loop over chunks (1536 splits evenly, 257 does not)."""
+    x, xt, w, wt = norm_cases(rng, dt, 2, n, offset=2.0)
+    b, bt = rand(rng, (n,), dt)
+    check(ck.rms_norm(xt, wt), rms_ref(x, w, 1e-6), dt, 4)
+    check(ck.layer_norm(xt, wt, bt), ln_ref(x, w, b, 1e-5), dt, 4)
+    res, rt = rand(rng, (2, n), dt)
+    y, h = ck.add_rms_norm(xt, rt, wt)
+    h_ref = round_to((x + res).astype(np.float32), dt).astype(np.float64)
+    np.testing.assert_array_equal(h.to_numpy().astype(np.float64), h_ref)
+    check(y, rms_ref(h_ref, w, 1e-6), dt, 4)
+
+
+def test_norms_beyond_the_real_cap(backend: str, rng: np.random.Generator) -> None:
+    n = _common.ROW_CAP[ct.f32] + 100
+    x, xt, w, wt = norm_cases(rng, ct.f32, 2, n, offset=1.0)
+    check(ck.rms_norm(xt, wt), rms_ref(x, w, 1e-6), ct.f32, 4)
+    b, bt = rand(rng, (n,), ct.f32)
+    check(ck.layer_norm(xt, wt, bt), ln_ref(x, w, b, 1e-5), ct.f32, 4)
+
+
+def test_norms_keep_leading_axes(rng: np.random.Generator) -> None:
+    ct.set_backend("interpret")
+    x, xt = rand(rng, (2, 3, 40), ct.f32)
+    w, wt = rand(rng, (40,), ct.f32)
+    y = ck.rms_norm(xt, wt)
+    assert y.shape == (2, 3, 40)
+    check(y, rms_ref(x, w, 1e-6), ct.f32, 4)
+
+
+# -- softmax and argmax -----------------------------------------------------------------------
+def softmax_ref(x: np.ndarray, causal: bool = False) -> np.ndarray:
+    if causal:
+        s = x.shape[-1]
+        x = np.where(np.triu(np.ones((s, s), bool), 1), -np.inf, x)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("r,n", ROWS)
+def test_softmax(backend: str, rng: np.random.Generator, dt: Any, r: int, n: int) -> None:
+    x, xt = rand(rng, (r, n), dt, 4.0)
+    check(ck.softmax(xt), softmax_ref(x), dt)
+
+
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 7), (3, 33, 33), (2, 2, 9, 9)])
+def test_softmax_causal(
+    backend: str, rng: np.random.Generator, dt: Any, shape: tuple[int, ...]
+) -> None:
+    x, xt = rand(rng, shape, dt, 4.0)
+    y = ck.softmax(xt, causal=True)
+    ref = softmax_ref(x, causal=True)
+    check(y, ref, dt)
+    assert (y.to_numpy()[ref == 0] == 0).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dt", [DT_PARAMS[0], DT_PARAMS[2]])
+def test_softmax_chunked(
+    backend: str, rng: np.random.Generator, small_cap: None, dt: Any, causal: bool
+) -> None:
+    x, xt = rand(rng, (1, 260, 260) if causal else (3, 1000), dt, 4.0)
+    check(ck.softmax(xt, causal=causal), softmax_ref(x, causal), dt)
+
+
+def test_softmax_beyond_the_real_cap(backend: str, rng: np.random.Generator) -> None:
+    x, xt = rand(rng, (2, _common.ROW_CAP[ct.f32] + 50), ct.f32, 4.0)
+    check(ck.softmax(xt), softmax_ref(x), ct.f32)
+
+
+def test_softmax_checks_causal_shape() -> None:
+    with pytest.raises(ValueError, match=r"\(\.\.\., S, S\)"):
+        ck.softmax(ct.zeros((4, 5)), causal=True)
+
+
+def ties(rng: np.random.Generator, shape: tuple[int, ...], dt: Any) -> Any:
+    """Small integers (many ties, exact in every dtype) and a few -inf."""
+    a = rng.integers(-3, 4, shape).astype(np.float32)
+    a[rng.random(shape) < 0.05] = -np.inf
+    return a, ct.from_numpy(a, dt)
+
+
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("shape", [(1,), (5, 7), (4, 1000), (2, 3, 1536)])
+def test_argmax_first_index(
+    backend: str, rng: np.random.Generator, dt: Any, shape: tuple[int, ...]
+) -> None:
+    a, at = ties(rng, shape, dt)
+    out = ck.argmax(at)
+    assert out.dtype is ct.i32 and out.shape == shape[:-1]
+    np.testing.assert_array_equal(out.to_numpy(), np.argmax(a, axis=-1))
+
+
+@pytest.mark.parametrize("n", [257, 1000, _common.ROW_CAP[ct.f32] + 10])
+def test_argmax_chunked(backend: str, rng: np.random.Generator, small_cap: None, n: int) -> None:
+    a, at = ties(rng, (3, n), ct.f32)
+    a[1, :] = -np.inf  # all -inf: index 0
+    a[2, n - 1] = 100.0  # the maximum in the last, partial chunk
+    at = ct.from_numpy(a)
+    np.testing.assert_array_equal(ck.argmax(at).to_numpy(), np.argmax(a, axis=-1))
+
+
+# -- rope -------------------------------------------------------------------------------------
+def rope_ref(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
+    half = x.shape[-1] // 2
+    freq = theta ** (-2.0 * np.arange(half) / x.shape[-1])
+    a = pos.astype(np.float64)[:, None, None] * freq
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * np.cos(a) - x2 * np.sin(a), x2 * np.cos(a) + x1 * np.sin(a)], -1)
+
+
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("tokens,heads,d", [(1, 1, 2), (5, 3, 64), (3, 2, 96)])
+def test_rope(
+    backend: str, rng: np.random.Generator, dt: Any, tokens: int, heads: int, d: int
+) -> None:
+    x, xt = rand(rng, (tokens, heads, d), dt)
+    pos = rng.integers(0, 5000, tokens).astype(np.int32)
+    theta = float(rng.choice([10000.0, 500000.0]))
+    check(ck.rope(xt, ct.from_numpy(pos), theta=theta), rope_ref(x, pos, theta), dt)
+    check(
+        ck.rope(xt, ct.from_numpy(pos), theta=theta, max_position=5000),
+        rope_ref(x, pos, theta),
+        dt,
+    )
+
+
+# -- data movement ----------------------------------------------------------------------------
+@pytest.mark.parametrize("dt", [*DT_PARAMS, pytest.param(ct.i32, id="i32")])
+@pytest.mark.parametrize("shape", [(1, 1), (7, 33), (65, 100)])
+def test_transpose(backend: str, rng: np.random.Generator, dt: Any, shape: tuple[int, int]) -> None:
+    a = rng.integers(-100, 100, shape).astype(np.float32 if dt is not ct.i32 else np.int32)
+    out = ck.transpose(ct.from_numpy(a, dt))
+    assert out.shape == shape[::-1] and out.dtype is dt
+    np.testing.assert_array_equal(out.to_numpy(), a.T)
+
+
+@pytest.mark.parametrize("dt", [*DT_PARAMS, pytest.param(ct.i32, id="i32")])
+@pytest.mark.parametrize("v,d,ids_shape", [(1, 1, (1,)), (50, 7, (9,)), (40, 1536, (2, 3))])
+def test_embedding(
+    backend: str,
+    rng: np.random.Generator,
+    dt: Any,
+    v: int,
+    d: int,
+    ids_shape: tuple[int, ...],
+) -> None:
+    table = rng.integers(-100, 100, (v, d)).astype(np.float32 if dt is not ct.i32 else np.int32)
+    ids = rng.integers(0, v, ids_shape).astype(np.int32)
+    out = ck.embedding(ct.from_numpy(table, dt), ct.from_numpy(ids))
+    assert out.shape == (*ids_shape, d) and out.dtype is dt
+    np.testing.assert_array_equal(out.to_numpy(), table[ids])
+
+
+def test_embedding_wide_rows_split_over_blocks(
+    backend: str, rng: np.random.Generator, small_cap: None
+) -> None:
+    table = rng.standard_normal((10, 1000)).astype(np.float32)
+    ids = np.array([9, 0, 9, 3], np.int32)
+    out = ck.embedding(ct.from_numpy(table), ct.from_numpy(ids))
+    np.testing.assert_array_equal(out.to_numpy(), table[ids])
+
+
+# -- gemv -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("m,k", [(1, 1), (7, 33), (65, 1000), (3, 1536)])
+def test_gemv(backend: str, rng: np.random.Generator, dt: Any, m: int, k: int) -> None:
+    a, at = rand(rng, (m, k), dt)
+    x, xt = rand(rng, (k,), dt)
+    y = ck.gemv(at, xt)
+    assert y.shape == (m,) and y.dtype is dt
+    ref = a @ x
+    # f32 sums of k products: error grows with sqrt(k)·|a||x| on top of the output rounding.
+    bound = np.abs(a) @ np.abs(x) * (4e-7 * np.sqrt(k)) + np.abs(ref) * TOL[dt][0] + 1e-6
+    assert (np.abs(y.to_numpy().astype(np.float64) - ref) <= bound).all()
+
+
+def test_library_checks_dtypes_and_shapes() -> None:
+    with pytest.raises(TypeError, match="dtypes differ"):
+        ck.rms_norm(ct.zeros((2, 4)), ct.zeros(4, ct.f16))
+    with pytest.raises(ValueError, match="weight has shape"):
+        ck.layer_norm(ct.zeros((2, 4)), ct.zeros(5), ct.zeros(4))
+    with pytest.raises(TypeError, match="f32, f16 or bf16"):
+        ck.softmax(ct.zeros((2, 4), ct.i32))
+    with pytest.raises(ValueError, match="gemv"):
+        ck.gemv(ct.zeros((3, 4)), ct.zeros(5))
+    with pytest.raises(ValueError, match="head_dim even"):
+        ck.rope(ct.zeros((2, 2, 3)), ct.zeros(2, ct.i32))
+
+
+# -- PTX --------------------------------------------------------------------------------------
+def _ptx_cases() -> list[Any]:
+    from cutile_py_kernels.cases import cases
+
+    return [pytest.param(k, a, id=label) for label, k, a in cases()]
+
+
+@pytest.mark.parametrize("sm", [80, 90])
+@pytest.mark.parametrize("kernel,args", _ptx_cases())
+def test_ptx_assembles_without_spills(kernel: Any, args: tuple[Any, ...], sm: int) -> None:
+    from cutile_py.runtime.nvjitlink import assemble, nvjitlink_available
+
+    if not nvjitlink_available():
+        pytest.skip("the nvJitLink library cannot be loaded")
+    target = ct.Target(sm)
+    report = assemble(kernel.ptx(*args, target=target), target)
+    assert report.spill_stores == 0 and report.spill_loads == 0, report.info_log

@@ -32,6 +32,7 @@ def _load_example(name: str) -> ModuleType:
 
 def cases() -> Iterator[tuple[str, ct.Kernel, tuple[Any, ...]]]:
     """(label, kernel, arguments as specs) for each shipped kernel, at representative shapes."""
+    import cutile_py_kernels.cases as library
     import cutile_py_kernels.elementwise as lib
 
     n = 1 << 20
@@ -40,6 +41,8 @@ def cases() -> Iterator[tuple[str, ct.Kernel, tuple[Any, ...]]]:
         v = ct.TensorSpec((tail,))
         yield f"kernels.add n={tail}", lib.add_kernel, (out, v, v)
         yield f"kernels.saxpy n={tail}", lib.saxpy_kernel, (out, 2.0, v, v)
+    for label, kernel, args in library.cases():
+        yield f"kernels.{label}", kernel, args
     if (ROOT / "examples").is_dir():
         hello = _load_example("hello_world")
         ids = ct.PartitionSpec((20,), (8,), ct.i32)

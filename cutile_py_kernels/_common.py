@@ -1,0 +1,122 @@
+"""Host-side helpers of the library: dtype checks, row views of tensors and tile-size choices.
+
+Kernels are written once per dtype family through small factories (`Elem` names the element
+dtype in their annotations; mypy checks them as f32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import cutile_py as ct
+from cutile_py import Tensor, bf16, f16, f32
+
+#: The element dtype as kernel annotations name it: f32 for mypy; each factory rebinds it.
+Elem = f32
+if TYPE_CHECKING:
+    #: A `ct.Constant[int]` parameter; mypy reads it as the int it is inside the body.
+    ConstInt = int
+else:
+    ConstInt = ct.Constant[int]
+FLOATS = (f32, f16, bf16)
+#: Longest row (elements) held in one tile; longer rows are processed in chunks of at most this.
+ROW_CAP = {f32: 4096, f16: 8192, bf16: 8192}
+#: Elements one block handles at once (several short rows share a block).
+BLOCK_ELEMS = {f32: 4096, f16: 8192, bf16: 8192}
+
+
+K = TypeVar("K")
+
+
+def per_dtype(factory: Callable[[type[ct.DType]], K]) -> Callable[[type[ct.DType]], K]:
+    """Memoize a kernel factory per element dtype (each dtype compiles its own kernels)."""
+    made: dict[str, K] = {}
+
+    def get(dt: type[ct.DType]) -> K:
+        if dt.name not in made:
+            made[dt.name] = factory(dt)
+        return made[dt.name]
+
+    get.__doc__ = factory.__doc__
+    return get
+
+
+def check_float(name: str, *tensors: Tensor[Any, Any]) -> type[ct.DType]:
+    """The common float dtype of `tensors` (f32, f16 or bf16), else TypeError."""
+    dt = tensors[0].dtype
+    for t in tensors:
+        if t.dtype not in FLOATS:
+            raise TypeError(f"{name}: expected f32, f16 or bf16 tensors, got {t.dtype.name}")
+        if t.dtype is not dt:
+            raise TypeError(f"{name}: dtypes differ: {dt.name} and {t.dtype.name}")
+    return dt
+
+
+def check_shape(name: str, what: str, t: Tensor[Any, Any], shape: Sequence[int]) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: {what} has shape {t.shape}, expected {tuple(shape)}")
+
+
+def view(t: Tensor[Any, Any], shape: Sequence[int]) -> Tensor[Any, Any]:
+    """`t`'s storage under another row-major shape (same element count), sharing memory.
+
+    Used inside host functions that launch and sync at once, so the view never outlives
+    the call while a kernel holds it."""
+    shape = tuple(int(d) for d in shape)
+    if prod(shape) != t.size:
+        raise ValueError(f"cannot view shape {t.shape} as {shape}")
+    t._check_usable("read the tensor")
+    return Tensor(t.buffer, shape, t.dtype, t.backend, borrowed_from=t)
+
+
+def as_rows(name: str, t: Tensor[Any, Any]) -> Tensor[Any, Any]:
+    """`t` (..., N) as a 2-D (rows, N) view."""
+    if len(t.shape) == 0 or t.size == 0:
+        raise ValueError(f"{name}: expected a non-empty tensor with at least one axis")
+    n = t.shape[-1]
+    return view(t, (t.size // n, n))
+
+
+def next_pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def prev_pow2(n: int) -> int:
+    """The largest power of two <= n (n >= 1)."""
+    return 1 << (n.bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """How a (rows, n) problem is tiled: `rows` rows per block of width `width` when the row
+    fits one tile (`loop` False), else one row per block in chunks of `width`."""
+
+    rows: int
+    width: int
+    loop: bool
+
+
+def row_plan(n_rows: int, n: int, dtype: type[ct.DType], cap: int | None = None) -> RowPlan:
+    """A tile for rows of `n` elements.
+
+    A row that fits (n <= cap) is one tile: exactly n wide when n is a multiple of 32 (no
+    padding, e.g. 1536), else the next power of two (masked). Longer rows loop over chunks:
+    n split evenly when that gives chunks of a multiple of 32, else chunks of `cap`.
+    """
+    cap = cap or ROW_CAP[dtype]
+    if n <= cap:
+        width = n if n % 32 == 0 else next_pow2(n)
+        rows = min(prev_pow2(max(1, BLOCK_ELEMS[dtype] // width)), next_pow2(n_rows))
+        return RowPlan(rows, width, False)
+    k = -(-n // cap)
+    while n % k or (n // k) % 32:
+        k += 1
+        if n // k < cap // 4:  # no even split of a useful size: fixed chunks, last one masked
+            return RowPlan(1, cap, True)
+    return RowPlan(1, n // k, True)

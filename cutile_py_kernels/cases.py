@@ -1,0 +1,96 @@
+"""Every library kernel with arguments as specs at representative shapes, for PTX checks
+(`tests/test_kernels_library.py` assembles each for sm_80 and sm_90 and checks for spills)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import cutile_py as ct
+from cutile_py import PartitionSpec as PS
+from cutile_py import TensorSpec as TS
+from cutile_py_kernels._common import row_plan
+from cutile_py_kernels.activations import _silu_mul_kernel
+from cutile_py_kernels.gemv import _gemv_kernel
+from cutile_py_kernels.layout import TRANSPOSE_TILE, _embedding_kernel, _transpose_kernel
+from cutile_py_kernels.norms import _layer_norm_kernels, _rms_kernels
+from cutile_py_kernels.rope import _rope_kernel
+from cutile_py_kernels.softmax import _argmax_kernels, _softmax_kernels
+
+Case = tuple[str, ct.Kernel, tuple[Any, ...]]
+
+
+def _rows(dt: type[ct.DType], r: int, n: int) -> Iterator[tuple[str, bool, PS, int]]:
+    plan = row_plan(r, n, dt)
+    tile = (1, -(-n // plan.width) * plan.width) if plan.loop else (plan.rows, plan.width)
+    yield f"{dt.name} {r}x{n}", plan.loop, PS((r, n), tile, dt), plan.width
+
+
+def cases() -> Iterator[Case]:
+    """(label, kernel, spec arguments) for each kernel of the library."""
+    for dt in (ct.f32, ct.bf16):
+        n = 1 << 20
+        v = TS((n,), dt)
+        yield (
+            f"silu_mul {dt.name}",
+            _silu_mul_kernel(dt),
+            (PS((n,), (1024,), dt), v, v),
+        )
+        for r, n in ((256, 1000), (256, 4096), (8, 20_000)):
+            for label, loop, out, width in _rows(dt, r, n):
+                x, w = TS((r, n), dt), TS((n,), dt)
+                tail = (width,) if loop else ()
+                rms_tile, rms_loop, add_tile, add_loop = _rms_kernels(dt)
+                ln_tile, ln_loop = _layer_norm_kernels(dt)
+                sm_tile, sm_loop = _softmax_kernels(dt)
+                yield (
+                    f"rms_norm {label}",
+                    rms_loop if loop else rms_tile,
+                    (out, x, w, 1.0 / n, 1e-6, *tail),
+                )
+                yield (
+                    f"add_rms_norm {label}",
+                    add_loop if loop else add_tile,
+                    (out, out, x, x, w, 1.0 / n, 1e-6, *tail),
+                )
+                yield (
+                    f"layer_norm {label}",
+                    ln_loop if loop else ln_tile,
+                    (out, x, w, w, n, 1e-5, *tail),
+                )
+                yield (f"softmax {label}", sm_loop if loop else sm_tile, (out, x, n, True, *tail))
+                am_tile, am_loop = _argmax_kernels(dt)
+                rows = 1 if loop else out.tile[0]
+                yield (
+                    f"argmax {label}",
+                    am_loop if loop else am_tile,
+                    (PS((r, 1), (rows, 1), ct.i32), x, width),
+                )
+        yield (
+            f"rope {dt.name}",
+            _rope_kernel(dt),
+            (
+                PS((512, 32, 128), (1, 32, 128), dt),
+                TS((512, 32, 128), dt),
+                TS((512,), ct.i32),
+                TS((4096, 64), ct.f32),
+                TS((4096, 64), ct.f32),
+            ),
+        )
+        t = TRANSPOSE_TILE
+        yield (
+            f"transpose {dt.name}",
+            _transpose_kernel(dt),
+            (PS((1000, 1003), (t, t), dt), TS((1003, 1000), dt)),
+        )
+        yield (
+            f"embedding {dt.name}",
+            _embedding_kernel(dt),
+            (PS((512, 4096), (1, 4096), dt), TS((32_000, 4096), dt), TS((512,), ct.i32)),
+        )
+        bk = 256 if dt is ct.f32 else 512
+        yield (
+            f"gemv {dt.name}",
+            _gemv_kernel(dt),
+            (PS((4096,), (2048 // bk,), dt), TS((4096, 4096), dt), TS((4096,), dt), bk),
+        )

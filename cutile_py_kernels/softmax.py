@@ -1,0 +1,147 @@
+"""Row-wise `softmax` (optionally causal) and `argmax` over the last axis.
+
+Rows that fit one tile are read once; longer rows are read in chunks: softmax keeps a running
+maximum and a rescaled running sum per lane (two passes), argmax a running (value, index).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import cutile_py as ct
+from cutile_py import Dyn, Mut, Tensor, f32, i32
+from cutile_py_kernels._common import (
+    ConstInt,
+    Elem,
+    as_rows,
+    check_float,
+    per_dtype,
+    row_plan,
+    view,
+)
+
+BR = TypeVar("BR")  # rows per block
+T = TypeVar("T")  # tile width (>= the row length)
+W = TypeVar("W")  # the row length (one-row-per-block kernels)
+ONE = TypeVar("ONE")  # 1: argmax writes one index per row
+
+NEG_INF = -math.inf
+
+
+@per_dtype
+def _softmax_kernels(dt: type[ct.DType]) -> tuple[Any, Any]:
+    if not TYPE_CHECKING:
+        Elem = dt  # noqa: F841 (named by the annotations below)
+
+    @ct.kernel
+    def softmax_tile(
+        y: Mut[Tensor[Elem, BR, T]], x: Tensor[Elem, Dyn, Dyn], n: int, causal: bool
+    ) -> None:
+        """y = exp(x - max) / sum(exp(x - max)) for BR whole rows; columns >= n read -inf,
+        and with `causal` so do columns past the row's index within its n x n matrix."""
+        t = ct.load(x, (ct.bid(0), 0), y.shape, padding=NEG_INF).astype(f32)
+        if causal:
+            cols = ct.expand_dims(ct.arange(y.shape[1]), 0)
+            rows = ct.expand_dims(ct.arange(y.shape[0]), 1) + ct.bid(0) * y.shape[0]
+            t = ct.where(cols > rows % n, NEG_INF, t)
+        e = ct.exp(t - ct.max(t, axis=1, keepdims=True))
+        y.store((e / ct.sum(e, axis=1, keepdims=True)).astype(y.dtype))
+
+    @ct.kernel
+    def softmax_loop(
+        y: Mut[Tensor[Elem, BR, W]], x: Tensor[Elem, Dyn, Dyn], n: int, causal: bool, C: ConstInt
+    ) -> None:
+        """softmax of one long row in chunks of C: per lane a running max m and a sum s of
+        exp(x - m) rescaled whenever m grows (lanes that saw only -inf keep s = 0), then the
+        lanes combine; a second pass writes exp(x - M) / S."""
+        row = ct.bid(0)
+        limit = n
+        if causal:
+            limit = row % n + 1
+        chunks = ct.cdiv(n, C)
+        m: ct.Tile = ct.full((1, C), NEG_INF, f32)
+        s: ct.Tile = ct.zeros((1, C), f32)
+        for j in range(chunks):
+            t = ct.load(x, (row, j), (1, C), padding=NEG_INF).astype(f32)
+            t = ct.where(ct.arange(C) + j * C < limit, t, NEG_INF)
+            m_new = ct.maximum(m, t)
+            base = ct.where(m_new == NEG_INF, 0.0, m_new)
+            s = s * ct.exp(m - base) + ct.exp(t - base)
+            m = m_new
+        big = ct.max(m, axis=1, keepdims=True)
+        total = ct.sum(s * ct.exp(m - big), axis=1, keepdims=True)
+        inv = 1.0 / total
+        for j in range(chunks):
+            t = ct.load(x, (row, j), (1, C), padding=NEG_INF).astype(f32)
+            t = ct.where(ct.arange(C) + j * C < limit, t, NEG_INF)
+            ct.store(y, (0, j), (ct.exp(t - big) * inv).astype(y.dtype))
+
+    return softmax_tile, softmax_loop
+
+
+@per_dtype
+def _argmax_kernels(dt: type[ct.DType]) -> tuple[Any, Any]:
+    if not TYPE_CHECKING:
+        Elem = dt  # noqa: F841 (named by the annotations below)
+
+    @ct.kernel
+    def argmax_tile(y: Mut[Tensor[i32, BR, ONE]], x: Tensor[Elem, Dyn, Dyn], TW: ConstInt) -> None:
+        """y[r] = the first index of the row's maximum (padding reads -inf)."""
+        t = ct.load(x, (ct.bid(0), 0), (y.shape[0], TW), padding=NEG_INF)
+        y.store(ct.argmax(t, axis=1, keepdims=True))
+
+    @ct.kernel
+    def argmax_loop(y: Mut[Tensor[i32, BR, ONE]], x: Tensor[Elem, Dyn, Dyn], C: ConstInt) -> None:
+        """argmax of one long row in chunks of C; a later chunk wins only if strictly
+        greater, so the first maximum is kept."""
+        row = ct.bid(0)
+        best: ct.Tile = ct.full((1, 1), NEG_INF, f32)
+        best_i: ct.Tile = ct.zeros((1, 1), i32)
+        for j in range(ct.cdiv(x.shape[1], C)):
+            t = ct.load(x, (row, j), (1, C), padding=NEG_INF).astype(f32)
+            cm = ct.max(t, axis=1, keepdims=True)
+            best_i = ct.where(cm > best, ct.argmax(t, axis=1, keepdims=True) + j * C, best_i)
+            best = ct.maximum(best, cm)
+        y.store(best_i)
+
+    return argmax_tile, argmax_loop
+
+
+def softmax(x: Tensor[Any, Any], causal: bool = False) -> Tensor[Any, Any]:
+    """`y = exp(x - max) / sum(exp(x - max))` over the last axis (f32 arithmetic, the row
+    maximum subtracted first), same shape and dtype as `x`.
+
+    With `causal=True`, `x` is (..., S, S): entry (i, j) of each S x S matrix with j > i is
+    excluded from its row's softmax and is 0 in the output."""
+    dt = check_float("softmax", x)
+    rows = as_rows("softmax", x)
+    r, n = rows.shape
+    if causal and (len(x.shape) < 2 or x.shape[-2] != n):
+        raise ValueError(f"softmax: causal=True needs x of shape (..., S, S), got {x.shape}")
+    tile_k, loop_k = _softmax_kernels(dt)
+    plan = row_plan(r, n, dt)
+    if plan.loop:
+        out = ct.zeros((r, n), dt).partition((1, -(-n // plan.width) * plan.width))
+        y, *_ = loop_k(out, rows, n, bool(causal), plan.width).sync()
+    else:
+        out = ct.zeros((r, n), dt).partition((plan.rows, plan.width))
+        y, *_ = tile_k(out, rows, n, bool(causal)).sync()
+    return view(y.unpartition(), x.shape)
+
+
+def argmax(x: Tensor[Any, Any]) -> Tensor[Any, Any]:
+    """`argmax(x, axis=-1)` as int32, shape `x.shape[:-1]` (the first index of the maximum;
+    NaN is not handled)."""
+    dt = check_float("argmax", x)
+    rows = as_rows("argmax", x)
+    r, n = rows.shape
+    tile_k, loop_k = _argmax_kernels(dt)
+    plan = row_plan(r, n, dt)
+    if plan.loop:
+        out = ct.zeros((r, 1), i32).partition((1, 1))
+        y, *_ = loop_k(out, rows, plan.width).sync()
+    else:
+        out = ct.zeros((r, 1), i32).partition((plan.rows, 1))
+        y, *_ = tile_k(out, rows, plan.width).sync()
+    return view(y.unpartition(), x.shape[:-1])
