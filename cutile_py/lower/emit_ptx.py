@@ -298,7 +298,7 @@ class Emitter:
         emit_shared.reduce(self, op)
 
     def op_mma(self, op: o.MmaOp) -> None:
-        from cutile_py.lower import emit_mma  # noqa: PLC0415 - written alongside
+        from cutile_py.lower import emit_mma
 
         emit_mma.mma(self, op)
 
