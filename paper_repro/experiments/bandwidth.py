@@ -288,7 +288,8 @@ def run(ctx: Context, only: Sequence[str] = ()) -> Result:
     for spec in SPECS:
         if only and spec.name not in only:
             continue
-        fn = getattr(lib, spec.name, None)
+        # causal softmax is `softmax(x, causal=True)`: the Spec's call passes the flag
+        fn = getattr(lib, spec.name.removesuffix("_causal"), None)
         ctx.log(f"bandwidth: {spec.name}")
         if fn is None:
             res.rows.append(
