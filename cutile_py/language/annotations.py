@@ -6,7 +6,7 @@ frontend recognizes it by its `__cutile_tensor__` marker, so this layer need not
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
 
 from cutile_py.language.tile import Tile
 
@@ -34,9 +34,14 @@ class Mut(Generic[T]):
         def store(self, tile: Tile | float) -> None: ...
 
 
-class Constant(Generic[T]):
-    """`Constant[int]` / `Constant[float]`: a parameter compiled into the kernel (one variant
-    per distinct value)."""
+if TYPE_CHECKING:
+    # To mypy a `Constant[int]` parameter is the int it holds, so it can size tiles.
+    Constant = Annotated[T, "cutile_py.Constant"]
+else:
+
+    class Constant(Generic[T]):
+        """`Constant[int]` / `Constant[float]`: a parameter compiled into the kernel (one
+        variant per distinct value)."""
 
 
 def is_tensor_class(obj: object) -> bool:
