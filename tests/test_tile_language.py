@@ -34,6 +34,7 @@ SIM_READY: set[str] = {
     "test_sub_tile_loads_and_stores",
     "test_loop_carried_reduction_and_branch",
     "test_helper_with_reductions",
+    "test_scalar_parameters_are_typed",
 }
 
 if TYPE_CHECKING:
@@ -518,3 +519,21 @@ def test_ir_of_reduction_and_broadcast() -> None:
     assert "reduce[max axis=1] %2 : f32<4x1>" in text
     assert "reduce[sum axis=1]" in text
     assert "reshape" in text and "broadcast" in text
+
+
+# -- scalar parameters promote alike everywhere -----------------------------------------------
+@ct.kernel
+def k_scale_f16(z: Mut[Tensor[f32, B]], x: Tensor[f16, Dyn], s: float) -> None:
+    # f16 tile * f32 run-time scalar is an f32 tile (the scalar is a typed f32, not a weak
+    # Python number), on every backend: rounded to f16 the product would differ.
+    y = ct.load_tile_like(x, z) * s
+    z.store(y.astype(f32))
+
+
+def test_scalar_parameters_are_typed(backend: str, rng: np.random.Generator) -> None:
+    n = int(rng.integers(1, 300))
+    x = rng.standard_normal(n).astype(np.float16)
+    s = float(rng.standard_normal()) * 100.0
+    got = run(k_scale_f16, (n,), (64,), f32, ct.from_numpy(x), s)
+    want = x.astype(np.float32) * np.float32(s)
+    np.testing.assert_array_equal(got, want)

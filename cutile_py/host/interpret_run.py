@@ -13,6 +13,7 @@ from cutile_py.frontend.signature import Specialization
 from cutile_py.host.tensor import Partition, Tensor
 from cutile_py.ir.dtypes import from_storage, to_storage
 from cutile_py.language.interpret import CURRENT_BLOCK, BlockContext, TensorView, TileView
+from cutile_py.language.tile import Tile
 from cutile_py.runtime.backend import Completion, Finished, HostBuffer
 
 
@@ -72,6 +73,10 @@ def run_interpreted(
                     elif isinstance(a, Tensor):
                         assert arr is not None
                         call_args.append(TensorView(arr, bp.dtype))
+                    elif bp.spec.kind == "scalar":
+                        # A typed scalar, so that it promotes as the compiled kernel's
+                        # i32/f32 parameter does (a bare Python number would be weak).
+                        call_args.append(Tile(np.array(a, dtype=bp.dtype.compute), bp.dtype))
                     else:
                         call_args.append(a)
                 token = CURRENT_BLOCK.set(
