@@ -26,6 +26,7 @@ FLOATS = (f32, f16, bf16)
 ROW_CAP = {f32: 4096, f16: 8192, bf16: 8192}
 #: Elements one block handles at once (several short rows share a block).
 BLOCK_ELEMS = {f32: 4096, f16: 8192, bf16: 8192}
+LOOP_CHUNK_CAP = 4096
 
 
 K = TypeVar("K")
@@ -114,6 +115,9 @@ def row_plan(n_rows: int, n: int, dtype: type[ct.DType], cap: int | None = None)
         width = n if n % 32 == 0 else next_pow2(n)
         rows = min(prev_pow2(max(1, BLOCK_ELEMS[dtype] // width)), next_pow2(n_rows))
         return RowPlan(rows, width, False)
+    # A looping kernel carries running statistics per element of its chunk (softmax: a max
+    # and a sum) besides the chunk itself: 4096 elements keep them in registers at any dtype.
+    cap = min(cap, LOOP_CHUNK_CAP)
     k = -(-n // cap)
     while n % k or (n // k) % 32:
         k += 1

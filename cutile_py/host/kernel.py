@@ -3,10 +3,12 @@ and on disk (PTX only; see `jit_disk` and `cutile_py.runtime.disk_cache`)."""
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, overload
 
 from cutile_py.frontend.build_ir import build_kernel
@@ -22,8 +24,21 @@ from cutile_py.ptx.target import Target
 from cutile_py.runtime.backend import LoadedKernel
 from cutile_py.runtime.disk_cache import default_cache
 
+
+def _compiler_digest() -> str:
+    """A digest of the compiler's own source: a changed compiler (an edit in a development
+    tree, a new release) never reads modules an older one wrote to the disk cache."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for layer in ("ir", "language", "frontend", "lower", "ptx"):
+        for path in sorted((root / layer).glob("*.py")):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 #: Changes whenever generated code may change; part of every cache key.
-COMPILER_VERSION = "0.1.0-1"
+COMPILER_VERSION = f"0.1.0+{_compiler_digest()}"
 
 
 @dataclass(frozen=True)

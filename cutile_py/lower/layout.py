@@ -29,6 +29,7 @@ MIN_THREADS = 32
 VECTOR_BYTES = 16
 #: Target chunks per thread when the tile is large and its size has few factors of two.
 CHUNKS_PER_THREAD = 4
+ELEMS_PER_THREAD = 16
 
 
 def _pow2_floor(n: int) -> int:
@@ -168,12 +169,15 @@ def canonical_blocked(shape: tuple[int, ...], itemsize: int, block: int) -> Bloc
     return Blocked(shape, vec, tuple(threads), block)
 
 
-def block_size(chunks: int) -> int:
-    """Threads per block for a tile of `chunks` vector chunks."""
+def block_size(chunks: int, vec: int) -> int:
+    """Threads per block for a tile of `chunks` vector chunks of `vec` elements."""
     p = _pow2_factor(chunks)
     if p >= MIN_THREADS and (p >= 128 or chunks // p <= 8):
         return min(p, MAX_THREADS)
-    return min(MAX_THREADS, max(MIN_THREADS, _pow2_ceil(-(-chunks // CHUNKS_PER_THREAD))))
+    # Few factors of two: aim at a few chunks, and at most ELEMS_PER_THREAD elements, per
+    # thread (16-bit tiles have 8-element chunks: registers, not chunks, are the limit).
+    want = max(-(-chunks // CHUNKS_PER_THREAD), -(-chunks * vec // ELEMS_PER_THREAD))
+    return min(MAX_THREADS, max(MIN_THREADS, _pow2_ceil(want)))
 
 
 class _DimUnion:
@@ -247,6 +251,10 @@ def _relate(op: o.Op, u: _DimUnion) -> None:
             rank = len(g[0].type.shape)
             for v in g[1:]:
                 same(g[0], v, [(i, i) for i in range(rank)])
+    elif isinstance(op, o.MmaOp):
+        # Only the accumulator shares the result's layout; a and b go through shared memory.
+        acc = op.operands[2]
+        same(op.result, acc, [(0, 0), (1, 1)])
     elif isinstance(op, (o.LoadOp, o.StoreOp, o.IotaOp, o.YieldOp)):
         return
     elif op.results:
@@ -332,13 +340,14 @@ def plan_layouts(kernel: o.Kernel) -> LayoutPlan:
         itemsize[fam_root] = anchor[1]
 
     sizes = {c: u.size[c] for members in families.values() for c in members}
-    chunks = 1
+    chunks, vec = 1, 1
     for fam_root, members in order.items():
         widest = canonical_blocked(
             tuple(sizes[c] for c in members), itemsize[fam_root], MAX_THREADS
         )
-        chunks = max(chunks, prod(widest.shape) // widest.vec)
-    block = block_size(chunks)
+        if prod(widest.shape) // widest.vec > chunks:
+            chunks, vec = prod(widest.shape) // widest.vec, widest.vec
+    block = block_size(chunks, vec)
     bases: dict[tuple[int, int], Blocked] = {}
     position: dict[tuple[int, int], int] = {}
     for fam_root, members in order.items():
