@@ -344,6 +344,8 @@ class KernelBuilder:
         if isinstance(e, ast.Tuple):
             return tuple(self.expr(x) for x in e.elts)
         if isinstance(e, ast.BinOp):
+            if isinstance(e.op, ast.MatMult):
+                return call_builtin.matmul(self, self.expr(e.left), self.expr(e.right), e)
             op = BINOPS.get(type(e.op))
             if op is None:
                 self.fail(f"operator {type(e.op).__name__} is not supported in kernels")

@@ -430,6 +430,23 @@ def _fma(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     return kb.b.fma(*(kb.b.cast(v, dtype) for v in xs))
 
 
+def _mma(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
+    x = _tile(kb, a["a"], "ct.mma (its a operand)", node)
+    y = _tile(kb, a["b"], "ct.mma (its b operand)", node)
+    acc = _tile(kb, a["acc"], "ct.mma (its accumulator)", node)
+    return kb.b.mma(x, y, acc)
+
+
+def matmul(kb: KernelBuilder, x: Any, y: Any, node: ast.AST) -> Value:
+    """`x @ y`: an mma into a zero f32 accumulator."""
+    xv = _tile(kb, x, "the left operand of @", node)
+    yv = _tile(kb, y, "the right operand of @", node)
+    if len(xv.type.shape) != 2 or len(yv.type.shape) != 2:
+        kb.fail(f"@ needs 2-D tiles, got shapes {xv.type.shape} and {yv.type.shape}", node)
+    zero = kb.b.broadcast(kb.constant(0.0, f32), (xv.type.shape[0], yv.type.shape[1]))
+    return kb.b.mma(xv, yv, zero)
+
+
 def _num_tiles(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Any:
     src = _param(kb, a["src"], "the first argument of ct.num_tiles", node)
     axis = a["axis"]
@@ -477,5 +494,6 @@ _BUILTINS: dict[str, Callable[[KernelBuilder, ast.AST, dict[str, Any]], Any]] = 
     "maximum": lambda kb, n, a: kb.binary("max", a["x"], a["y"]),
     "minimum": lambda kb, n, a: kb.binary("min", a["x"], a["y"]),
     "fma": _fma,
+    "mma": _mma,
     **{k: (lambda kind: lambda kb, n, a: _unary(kb, kind, a["x"]))(k) for k in UNARY_BUILTINS},
 }

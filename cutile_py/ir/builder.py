@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from math import prod
 
 from cutile_py.ir import ops as o
-from cutile_py.ir.dtypes import DType, bool_, i32
+from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32
 from cutile_py.ir.types import TileType, scalar
 
 
@@ -224,6 +224,11 @@ class Builder:
             raise IRTypeError("fma needs floating-point operands")
         return self._add(o.FmaOp((a, b, c), (o.Value(a.type),))).result
 
+    def mma(self, a: o.Value, b: o.Value, acc: o.Value) -> o.Value:
+        """`acc + a @ b` on tensor cores; the rule is `check_mma`."""
+        check_mma(a.type, b.type, acc.type)
+        return self._add(o.MmaOp((a, b, acc), (o.Value(acc.type),))).result
+
     # -- control flow ---------------------------------------------------------------------
     def for_loop(
         self,
@@ -280,3 +285,32 @@ def _check_within(within: tuple[int, ...] | None, shape: tuple[int, ...]) -> Non
 def _same_type(what: str, x: o.Value, y: o.Value) -> None:
     if x.type != y.type:
         raise IRTypeError(f"{what}: operand types differ ({x.type} and {y.type})")
+
+
+#: Operand dtypes tensor cores multiply, and the K granule of each (one mma.sync's K).
+MMA_K_STEP: dict[type[DType], int] = {f16: 16, bf16: 16, f32: 8}
+
+
+def check_mma(a: TileType, b: TileType, acc: TileType) -> None:
+    """The type rule of `mma(a, b, acc)`: a (M, K), b (K, N), acc (M, N) f32; a and b both
+    f16, both bf16 or both f32 (tf32); M a multiple of 16, N of 8, K of 16 (f16/bf16) or
+    8 (tf32): whole m16n8k16 / m16n8k8 instructions."""
+    shapes = f"a {a.shape}, b {b.shape}, acc {acc.shape}"
+    if len(a.shape) != 2 or len(b.shape) != 2 or len(acc.shape) != 2:
+        raise IRTypeError(f"mma needs 2-D tiles a (M, K), b (K, N), acc (M, N); got {shapes}")
+    (m, k), (k2, n) = a.shape, b.shape
+    if k != k2 or acc.shape != (m, n):
+        raise IRTypeError(f"mma needs a (M, K), b (K, N) and acc (M, N); got {shapes}")
+    if a.dtype is not b.dtype or a.dtype not in MMA_K_STEP:
+        raise IRTypeError(
+            f"mma needs a and b both f16, both bf16 or both f32 (tf32); got {a.dtype.name} "
+            f"and {b.dtype.name}"
+        )
+    if acc.dtype is not f32:
+        raise IRTypeError(f"the mma accumulator must be f32, got {acc.dtype.name}")
+    step = MMA_K_STEP[a.dtype]
+    if m % 16 or n % 8 or k % step:
+        raise IRTypeError(
+            f"mma of {a.dtype.name} tiles needs M a multiple of 16, N of 8 and K of {step} "
+            f"(whole tensor-core instructions); got {shapes}"
+        )

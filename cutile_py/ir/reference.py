@@ -148,3 +148,26 @@ def reshape(x: Array, shape: tuple[int, ...]) -> Array:
 def permute(x: Array, axes: tuple[int, ...]) -> Array:
     """Result dim i is `x`'s dim `axes[i]`."""
     return np.ascontiguousarray(np.transpose(x, axes))
+
+
+def round_to_tf32(x: Array) -> Array:
+    """f32 values rounded to tf32 as `cvt.rna.tf32.f32` does: to nearest, ties away from
+    zero, keeping 10 mantissa bits (the 13 low bits zero); NaN and infinities pass."""
+    arr = np.ascontiguousarray(x, dtype=np.float32)
+    bits = arr.view(np.uint32)
+    finite = (bits & 0x7F800000) != 0x7F800000
+    # Adding half an ulp to the magnitude bits rounds ties away from zero; a carry into the
+    # exponent is the correct rounding up (to infinity past the largest tf32).
+    rounded = (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
+    return np.where(finite, rounded, bits).astype(np.uint32).view(np.float32)
+
+
+def mma(a: Array, b: Array, acc: Array, dtype: type[DType]) -> Array:
+    """`acc + a @ b` for f32 `acc`: f16/bf16 operands multiply exactly; f32 operands are
+    first rounded to tf32 (`round_to_tf32`). Summed in f64 and rounded once to f32: the
+    tensor cores sum in f32 in their own order, within tolerance of this."""
+    if dtype is f32:
+        a, b = round_to_tf32(a), round_to_tf32(b)
+    with np.errstate(all="ignore"):
+        exact = acc.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
+        return exact.astype(np.float32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from math import prod
 
 from cutile_py.ir import ops as o
-from cutile_py.ir.builder import broadcastable
+from cutile_py.ir.builder import IRTypeError, broadcastable, check_mma
 from cutile_py.ir.dtypes import bool_, i32
 from cutile_py.ir.types import TileType, scalar
 
@@ -75,6 +75,14 @@ def _op(kernel: o.Kernel, op: o.Op, defined: set[int]) -> None:
         kept = (*shape[: op.axis], 1, *shape[op.axis + 1 :])
         if op.result.type != TileType(dtype, kept):
             raise VerifyError(f"reduce[{op.kind}] of {x.type} gives {op.result.type}")
+    elif isinstance(op, o.MmaOp):
+        a, b, acc = op.operands
+        try:
+            check_mma(a.type, b.type, acc.type)
+        except IRTypeError as e:
+            raise VerifyError(str(e)) from None
+        if op.result.type != acc.type:
+            raise VerifyError(f"mma of {acc.type} accumulator gives {op.result.type}")
     elif isinstance(op, o.ReshapeOp):
         (x,) = op.operands
         out = op.result.type

@@ -176,6 +176,14 @@ def fma(a: Operand, b: Operand, c: Operand) -> Tile:
     return Tile(reference.fma(x, y, z, dt), dt)
 
 
+@builtin("mma")
+def mma(a: Tile, b: Tile, acc: Tile) -> Tile:
+    """`acc + a @ b` on tensor cores: a (M, K), b (K, N), acc (M, N) f32. f16/bf16 operands
+    multiply exactly and accumulate in f32; f32 operands are rounded to tf32 first (nearest,
+    ties away). M is a multiple of 16, N of 8, K of 16 (f16/bf16) or 8 (f32)."""
+    return _t.mma(a, b, acc)
+
+
 # -- shapes ---------------------------------------------------------------------------------
 def _as_tile(x: Operand) -> Tile:
     return x if isinstance(x, Tile) else Tile(np.asarray(x), _t.scalar_dtype(x))
@@ -293,6 +301,7 @@ __all__ = [
     "maximum",
     "min",
     "minimum",
+    "mma",
     "num_blocks",
     "num_tiles",
     "permute",

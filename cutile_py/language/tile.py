@@ -8,8 +8,10 @@ from typing import Union
 import numpy as np
 
 from cutile_py.ir import reference
+from cutile_py.ir.builder import check_mma
 from cutile_py.ir.dtypes import DType, bool_, f32, i32, op_type, result_type, round_to
 from cutile_py.ir.shapes import reshape_target
+from cutile_py.ir.types import TileType
 
 Operand = Union["Tile", int, float, bool]
 
@@ -142,6 +144,13 @@ class Tile:
     def __rxor__(self, other: Operand) -> Tile:
         return binary("xor", other, self)
 
+    def __matmul__(self, other: Tile) -> Tile:
+        """`self @ other` with f32 accumulation (`ct.mma` into zeros)."""
+        if not isinstance(other, Tile) or self.ndim != 2 or other.ndim != 2:
+            raise TypeError("@ needs two 2-D tiles")
+        zero = Tile(np.zeros((self.shape[0], other.shape[1]), np.float32), f32)
+        return mma(self, other, zero)
+
     def __neg__(self) -> Tile:
         return unary("neg", self)
 
@@ -221,3 +230,9 @@ def unary(kind: str, x: Operand) -> Tile:
     t = x if isinstance(x, Tile) else Tile(np.asarray(x), scalar_dtype(x))
     dt = op_type(kind, t.dtype)
     return Tile(reference.unary(kind, as_array(t, dt), dt), dt)
+
+
+def mma(a: Tile, b: Tile, acc: Tile) -> Tile:
+    """`acc + a @ b` (`reference.mma`), after the IR's type rule."""
+    check_mma(*(TileType(t.dtype, t.shape) for t in (a, b, acc)))
+    return Tile(reference.mma(a.array, b.array, acc.array, a.dtype), f32)

@@ -1,0 +1,595 @@
+"""`mma` on tensor cores: operands staged in swizzled shared memory, fragments loaded with
+`ldmatrix`, `mma.sync` m16n8k16 (f16, bf16) or m16n8k8 (tf32), accumulators moved between
+their blocked layout and the mma fragment layout through shared memory.
+
+The phases are separate functions (stage operands, warp fragment loop, accumulator in and
+out) so that a pipelined version (cp.async into the same swizzled tiles, several stages,
+accumulators kept in fragments across a K loop) can reuse the tiles, addressing and loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cutile_py.ir import ops as o
+from cutile_py.ir.builder import MMA_K_STEP
+from cutile_py.ir.dtypes import DType, bf16, f16, f32
+from cutile_py.lower.emit_ptx import LoweringError
+from cutile_py.lower.emit_shared import WARP, _barrier, _smem
+from cutile_py.lower.layout import Layout, walk
+from cutile_py.ptx.builder import Addr, Reg, Vec, f32_imm
+
+if TYPE_CHECKING:
+    from cutile_py.lower.emit_ptx import Emitter
+
+#: Static shared memory a kernel may declare; past it the phases reuse one region.
+SHARED_LIMIT = 48 * 1024
+CHUNK = 16  # bytes: one ldmatrix row, one vectorized shared access, the swizzle unit
+
+MMA_OPCODE: dict[type[DType], str] = {
+    f16: "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+    bf16: "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+    f32: "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+}
+
+
+def _log2(n: int) -> int:
+    assert n > 0 and n & (n - 1) == 0, n
+    return n.bit_length() - 1
+
+
+@dataclass(frozen=True)
+class SharedTile:
+    """A rows x cols tile at byte `offset` of `smem`, row-major.
+
+    Swizzled tiles store 16-byte chunk c of row r at chunk `c ^ f(r)`, f(r) = (r // R) % S,
+    S the largest power of two (at most 8) dividing the chunks per row and R = 8 / S: any 8
+    consecutive rows then cover all 32 banks at a fixed chunk, so ldmatrix (8 row addresses
+    per matrix) and row-wise stores are conflict-free, and c ^ f(r) stays inside the row.
+    Unswizzled tiles (the f32 accumulator stage) pad rows by `pad` elements instead.
+    """
+
+    offset: int
+    rows: int
+    cols: int
+    eb: int  # bytes per element
+    swizzled: bool
+    pad: int = 0
+
+    @property
+    def row_bytes(self) -> int:
+        return (self.cols + self.pad) * self.eb
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.row_bytes
+
+    @property
+    def xor_width(self) -> int:
+        """S: chunk indices are XORed with values below this."""
+        chunks = self.row_bytes // CHUNK
+        return min(chunks & -chunks, 8) if self.swizzled else 1
+
+    @property
+    def rows_per_step(self) -> int:
+        """R: rows that share one XOR value."""
+        return 8 // self.xor_width
+
+
+@dataclass(frozen=True)
+class WarpGrid:
+    """Warps as a wm x wn grid over the (M/16) x (N/8) fragments, round-robin: warp (y, x)
+    owns fragment rows y, y + wm, ... (sm slots) and columns x, x + wn, ... (sn slots)."""
+
+    wm: int
+    wn: int
+    fm: int
+    fn: int
+
+    @property
+    def sm(self) -> int:
+        return -(-self.fm // self.wm)
+
+    @property
+    def sn(self) -> int:
+        return -(-self.fn // self.wn)
+
+
+def warp_grid(warps: int, fm: int, fn: int) -> WarpGrid:
+    """The split with the fewest fragments per warp, then the fewest fragment loads."""
+    options = [WarpGrid(1 << i, warps >> i, fm, fn) for i in range(_log2(warps) + 1)]
+    return min(options, key=lambda g: (g.sm * g.sn, 2 * g.sm + g.sn, g.wm))
+
+
+@dataclass
+class _Slot:
+    """Fragment index `reg + static` along M or N for one slot of this warp; `valid` is
+    warp-uniform and None where the slot always holds a real fragment."""
+
+    reg: Reg
+    static: int
+    valid: Reg | None
+
+
+@dataclass
+class _Lane:
+    lane: Reg
+    g: Reg  # lane / 4: the row of a C fragment
+    t: Reg  # lane % 4
+    wm: Reg
+    wn: Reg
+
+
+# -- entry --------------------------------------------------------------------------------
+def mma(em: Emitter, op: o.MmaOp) -> None:
+    """`acc + a @ b` into the result's blocked layout."""
+    a, b, acc = op.operands
+    dt = a.type.dtype
+    (m, k), n = a.type.shape, b.type.shape[1]
+    tf32 = dt is f32
+    eb = dt.itemsize()
+    c_tile = SharedTile(0, m, n, 4, False, pad=8 if n % 16 == 0 else 0)
+    # tf32 has no transposing ldmatrix: B is stored n-major so that plain ldmatrix gives
+    # its fragments, as it gives A's.
+    b_rows, b_cols = (n, k) if tf32 else (k, n)
+    a_bytes, b_bytes = m * k * eb, k * n * eb
+    overlap = _round(c_tile.nbytes) + a_bytes + b_bytes > SHARED_LIMIT
+    ab_at = 0 if overlap else _round(c_tile.nbytes)
+    a_tile = SharedTile(ab_at, m, k, eb, True)
+    b_tile = SharedTile(ab_at + _round(a_bytes), b_rows, b_cols, eb, True)
+    need = max(c_tile.nbytes, b_tile.offset + b_tile.nbytes)
+    if need > SHARED_LIMIT:
+        raise LoweringError(
+            f"mma of {a.type} @ {b.type} + {acc.type} needs {need} bytes of shared memory to "
+            f"stage its operands and accumulator (the limit is {SHARED_LIMIT}); use smaller "
+            "tiles (an f32 accumulator of at most about 8192 elements)"
+        )
+    smem = _smem(em, need)
+    grid = warp_grid(em.plan.threads // WARP, m // 16, n // 8)
+    uniform = _uniform_acc(em, acc)
+
+    em.fb.comment(f"mma {a.type} @ {b.type} + {acc.type}: warps {grid.wm}x{grid.wn}")
+    lane = _lane_regs(em, grid)
+    slots_m = _slots(em, lane.wm, grid.wm, grid.sm, grid.fm)
+    slots_n = _slots(em, lane.wn, grid.wn, grid.sn, grid.fn)
+    c_addr = _c_fragment_addresses(em, smem, c_tile, lane, slots_m, slots_n)
+    frags = [[[uniform] * 4 for _ in slots_n] for _ in slots_m] if uniform is not None else []
+    if uniform is None:
+        store_tile(em, smem, c_tile, em.regs(acc), em.layout(acc), transpose=False)
+        if overlap:  # C and the operands share the region: fragments out before A, B in
+            _barrier(em)
+            frags = _load_c_fragments(em, c_addr, c_tile, slots_m, slots_n)
+            _barrier(em)
+    store_tile(em, smem, a_tile, em.regs(a), em.layout(a), transpose=False, tf32=tf32)
+    store_tile(em, smem, b_tile, em.regs(b), em.layout(b), transpose=tf32, tf32=tf32)
+    _barrier(em)
+    if not frags:
+        frags = _load_c_fragments(em, c_addr, c_tile, slots_m, slots_n)
+    frags = warp_mma(em, smem, dt, k, a_tile, b_tile, lane, grid, slots_m, slots_n, frags)
+    if overlap:
+        _barrier(em)
+    _store_c_fragments(em, c_addr, c_tile, slots_m, slots_n, frags)
+    _barrier(em)
+    em.define(op.result, load_tile(em, smem, c_tile, em.layout(op.result)))
+    _barrier(em)
+
+
+def _round(nbytes: int) -> int:
+    """Regions start on 128-byte boundaries (a full bank sweep)."""
+    return -(-nbytes // 128) * 128
+
+
+def _uniform_acc(em: Emitter, acc: o.Value) -> Reg | None:
+    """The scalar register of an accumulator that is a broadcast scalar (`a @ b`'s zeros):
+    its fragments are that register, with no trip through shared memory."""
+    for op in walk(em.kernel.body):
+        if acc in op.results:
+            if isinstance(op, o.BroadcastOp) and op.operands[0].type.is_scalar:
+                return em.regs(op.operands[0])[0]
+            return None
+    return None
+
+
+# -- lanes, warps, slots --------------------------------------------------------------------
+def _lane_regs(em: Emitter, grid: WarpGrid) -> _Lane:
+    fb, tid = em.fb, em.tid
+    assert tid is not None
+    lane, warp, g, t, wm, wn = (fb.reg("b32") for _ in range(6))
+    fb.ins("and.b32", lane, tid, WARP - 1)
+    fb.ins("shr.u32", warp, tid, _log2(WARP))
+    fb.ins("shr.u32", g, lane, 2)
+    fb.ins("and.b32", t, lane, 3)
+    fb.ins("and.b32", wn, warp, grid.wn - 1)
+    fb.ins("shr.u32", wm, warp, _log2(grid.wn))
+    return _Lane(lane, g, t, wm, wn)
+
+
+def _slots(em: Emitter, w: Reg, warps: int, slots: int, frags: int) -> list[_Slot]:
+    """Slot s of warp coordinate w holds fragment w + s * warps. Only the last slot can run
+    past `frags`; its index is clamped (its loads stay in bounds) and it gets a predicate."""
+    out = [_Slot(w, s * warps, None) for s in range(slots)]
+    if frags % warps:
+        fb = em.fb
+        last = slots - 1
+        idx, valid = fb.reg("b32"), fb.reg("pred")
+        fb.ins("add.u32", idx, w, last * warps)
+        fb.ins("setp.lt.u32", valid, idx, frags)
+        fb.ins("min.u32", idx, idx, frags - 1)
+        out[last] = _Slot(idx, 0, valid)
+    return out
+
+
+# -- blocked registers <-> shared tiles -----------------------------------------------------
+def _group(lay: Layout, col_dim: int, eb: int) -> int:
+    """Registers stored as one vector: consecutive elements along the tile's column dim."""
+    base = lay.base
+    if col_dim != base.rank - 1:
+        return 1
+    return min(base.vec, CHUNK // eb)
+
+
+def _addresses(
+    em: Emitter, smem: Reg, tile: SharedTile, lay: Layout, row_dim: int, col_dim: int, group: int
+) -> list[tuple[dict[int, int], Reg, int]]:
+    """(offsets, address register, immediate) of each group of `group` registers."""
+    fb = em.fb
+    coord = em.bases[lay.base].coord
+    regs = lay.registers()
+    heads = [offs for offs in regs if lay.base.position(col_dim, offs[col_dim]) % group == 0]
+    if not tile.swizzled:
+        lane = fb.reg("b32")
+        fb.ins("mad.lo.u32", lane, coord[row_dim], tile.row_bytes, smem)
+        fb.ins("mad.lo.u32", lane, coord[col_dim], tile.eb, lane)
+        return [
+            (offs, lane, tile.offset + offs[row_dim] * tile.row_bytes + offs[col_dim] * tile.eb)
+            for offs in heads
+        ]
+    per_chunk = CHUNK // tile.eb
+    rows: dict[int, tuple[Reg, Reg]] = {}
+    cols: dict[int, tuple[Reg, Reg]] = {}
+    out = []
+    for offs in heads:
+        ro, co = offs[row_dim], offs[col_dim]
+        if ro not in rows:
+            r, base, f = fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
+            fb.ins("add.u32", r, coord[row_dim], ro)
+            fb.ins("mad.lo.u32", base, r, tile.row_bytes, smem)
+            _xor_value(em, f, r, tile)
+            rows[ro] = (base, f)
+        if co not in cols:
+            c, chunk, within = fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
+            fb.ins("add.u32", c, coord[col_dim], co)
+            fb.ins("shr.u32", chunk, c, _log2(per_chunk))
+            fb.ins("and.b32", within, c, per_chunk - 1)
+            fb.ins("shl.b32", within, within, _log2(tile.eb))
+            cols[co] = (chunk, within)
+        base, f = rows[ro]
+        chunk, within = cols[co]
+        x = fb.reg("b32")
+        fb.ins("xor.b32", x, chunk, f)
+        fb.ins("shl.b32", x, x, _log2(CHUNK))
+        fb.ins("or.b32", x, x, within)
+        fb.ins("add.u32", x, x, base)
+        out.append((offs, x, tile.offset))
+    return out
+
+
+def _xor_value(em: Emitter, dst: Reg, row: Reg, tile: SharedTile) -> None:
+    """dst = f(row) = (row / R) % S, the XOR applied to chunk indices of that row."""
+    fb = em.fb
+    fb.ins("shr.u32", dst, row, _log2(tile.rows_per_step))
+    fb.ins("and.b32", dst, dst, tile.xor_width - 1)
+
+
+def store_tile(
+    em: Emitter,
+    smem: Reg,
+    tile: SharedTile,
+    regs: list[Reg],
+    lay: Layout,
+    *,
+    transpose: bool,
+    tf32: bool = False,
+) -> None:
+    """Write a 2-D value from its blocked registers into `tile` (value dim 0 along rows, or
+    along columns if `transpose`); f32 values are rounded to tf32 on the way if `tf32`."""
+    fb = em.fb
+    row_dim, col_dim = lay.dims[1 if transpose else 0], lay.dims[0 if transpose else 1]
+    assert row_dim is not None and col_dim is not None
+    group = _group(lay, col_dim, tile.eb)
+    owner = em.owner(lay)
+    for offs, base, imm in _addresses(em, smem, tile, lay, row_dim, col_dim, group):
+        pred = _and(em, em.valid(lay, offs), owner)
+        elems = [regs[lay.index({**offs, col_dim: offs[col_dim] + v})] for v in range(group)]
+        if tf32:
+            rounded = []
+            for x in elems:
+                r = fb.reg("b32")
+                fb.ins("cvt.rna.tf32.f32", r, x)
+                rounded.append(r)
+            elems = rounded
+        if tile.eb == 2 and group > 1:
+            words = []
+            for lo, hi in zip(elems[::2], elems[1::2]):
+                w = fb.reg("b32")
+                fb.ins("mov.b32", w, Vec((lo, hi)))
+                words.append(w)
+            elems = words
+        kind = "f32" if elems[0].ptype == "f32" else "b16" if tile.eb * group == 2 else "b32"
+        fb.ins(f"st.shared{_vec(len(elems))}.{kind}", Addr(base, imm), _operand(elems), pred=pred)
+
+
+def load_tile(em: Emitter, smem: Reg, tile: SharedTile, lay: Layout) -> list[Reg]:
+    """Read an f32 tile into the blocked layout `lay` (0 past the value's edges)."""
+    fb = em.fb
+    row_dim, col_dim = lay.dims
+    assert row_dim is not None and col_dim is not None
+    group = _group(lay, col_dim, tile.eb)
+    out: list[Reg | None] = [None] * lay.count()
+    for offs, base, imm in _addresses(em, smem, tile, lay, row_dim, col_dim, group):
+        pred = em.valid(lay, offs)
+        elems = [fb.reg("f32") for _ in range(group)]
+        if pred is not None:
+            for x in elems:
+                fb.ins("mov.f32", x, f32_imm(0.0))
+        fb.ins(f"ld.shared{_vec(group)}.f32", _operand(elems), Addr(base, imm), pred=pred)
+        for v, x in enumerate(elems):
+            out[lay.index({**offs, col_dim: offs[col_dim] + v})] = x
+    assert all(r is not None for r in out)
+    return [r for r in out if r is not None]
+
+
+def _vec(n: int) -> str:
+    return "" if n == 1 else f".v{n}"
+
+
+def _operand(regs: list[Reg]) -> Reg | Vec:
+    return regs[0] if len(regs) == 1 else Vec(tuple(regs))
+
+
+def _and(em: Emitter, a: Reg | None, b: Reg | None) -> Reg | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return em._and(a, b)
+
+
+# -- accumulator fragments ------------------------------------------------------------------
+def _c_fragment_addresses(
+    em: Emitter,
+    smem: Reg,
+    tile: SharedTile,
+    lane: _Lane,
+    slots_m: list[_Slot],
+    slots_n: list[_Slot],
+) -> dict[tuple[int, int], tuple[Reg, int]]:
+    """Where this lane's d0, d1 (row g, cols 2t, 2t+1) of fragment slot (i, j) live; d2, d3
+    are 8 rows further."""
+    fb = em.fb
+    base = fb.reg("b32")
+    fb.ins("mad.lo.u32", base, lane.g, tile.row_bytes, smem)
+    fb.ins("mad.lo.u32", base, lane.t, 2 * tile.eb, base)
+    cache: dict[tuple[str, str], Reg] = {}
+    out = {}
+    for i, sm in enumerate(slots_m):
+        for j, sn in enumerate(slots_n):
+            key = (sm.reg.name, sn.reg.name)
+            if key not in cache:
+                r = fb.reg("b32")
+                fb.ins("mad.lo.u32", r, sm.reg, 16 * tile.row_bytes, base)
+                fb.ins("mad.lo.u32", r, sn.reg, 8 * tile.eb, r)
+                cache[key] = r
+            imm = tile.offset + sm.static * 16 * tile.row_bytes + sn.static * 8 * tile.eb
+            out[(i, j)] = (cache[key], imm)
+    return out
+
+
+def _slot_valid(em: Emitter, sm: _Slot, sn: _Slot) -> Reg | None:
+    return _and(em, sm.valid, sn.valid)
+
+
+def _load_c_fragments(
+    em: Emitter,
+    addr: dict[tuple[int, int], tuple[Reg, int]],
+    tile: SharedTile,
+    slots_m: list[_Slot],
+    slots_n: list[_Slot],
+) -> list[list[list[Reg]]]:
+    """Accumulator fragments from the staged tile. A clamped slot that is not a real fragment
+    reads nothing (its owner warp writes that fragment in the same phase)."""
+    fb = em.fb
+    out = []
+    for i, sm in enumerate(slots_m):
+        row = []
+        for j, sn in enumerate(slots_n):
+            reg, imm = addr[(i, j)]
+            pred = _slot_valid(em, sm, sn)
+            c = [fb.reg("f32") for _ in range(4)]
+            if pred is not None:
+                for x in c:
+                    fb.ins("mov.f32", x, f32_imm(0.0))
+            fb.ins("ld.shared.v2.f32", Vec((c[0], c[1])), Addr(reg, imm), pred=pred)
+            fb.ins(
+                "ld.shared.v2.f32",
+                Vec((c[2], c[3])),
+                Addr(reg, imm + 8 * tile.row_bytes),
+                pred=pred,
+            )
+            row.append(c)
+        out.append(row)
+    return out
+
+
+def _store_c_fragments(
+    em: Emitter,
+    addr: dict[tuple[int, int], tuple[Reg, int]],
+    tile: SharedTile,
+    slots_m: list[_Slot],
+    slots_n: list[_Slot],
+    frags: list[list[list[Reg]]],
+) -> None:
+    fb = em.fb
+    for i, sm in enumerate(slots_m):
+        for j, sn in enumerate(slots_n):
+            reg, imm = addr[(i, j)]
+            pred = _slot_valid(em, sm, sn)
+            d = frags[i][j]
+            fb.ins("st.shared.v2.f32", Addr(reg, imm), Vec((d[0], d[1])), pred=pred)
+            fb.ins(
+                "st.shared.v2.f32",
+                Addr(reg, imm + 8 * tile.row_bytes),
+                Vec((d[2], d[3])),
+                pred=pred,
+            )
+
+
+# -- the warp's fragment loop ---------------------------------------------------------------
+class _Chunks:
+    """Swizzled chunk offsets `((idx + static) ^ f) * 16` as register + immediate, where
+    idx = `reg`'s value and `static` has no bits in common with it. The XOR touches only the
+    bits below `width`, so one register serves every `static` with the same low bits."""
+
+    def __init__(self, em: Emitter, reg: Reg, f: Reg, width: int) -> None:
+        self.em, self.width = em, width
+        self.x = em.fb.reg("b32")
+        em.fb.ins("xor.b32", self.x, reg, f)
+        self.cache: dict[int, Reg] = {}
+
+    def at(self, static: int) -> tuple[Reg, int]:
+        low = static & (self.width - 1)
+        if low not in self.cache:
+            fb = self.em.fb
+            r = fb.reg("b32")
+            if low:
+                fb.ins("xor.b32", r, self.x, low)
+                fb.ins("shl.b32", r, r, _log2(CHUNK))
+            else:
+                fb.ins("shl.b32", r, self.x, _log2(CHUNK))
+            self.cache[low] = r
+        return self.cache[low], (static - low) * CHUNK
+
+
+def _lane_xor(em: Emitter, lane: Reg, tile: SharedTile) -> Reg:
+    """f(row) for a lane whose fragment row is lane % 8 modulo 8 (all ldmatrix rows here)."""
+    fb = em.fb
+    r, f = fb.reg("b32"), fb.reg("b32")
+    fb.ins("and.b32", r, lane, 7)
+    _xor_value(em, f, r, tile)
+    return f
+
+
+def _row_fragments(
+    em: Emitter, smem: Reg, tile: SharedTile, lane: Reg, rows: int, slots: list[_Slot]
+) -> tuple[list[tuple[Reg, int]], _Chunks]:
+    """Addressing of a tile read along its rows, `rows` per fragment (A: 16 with .x4;
+    n-major B: 8 with .x2): per slot, the lane's row address; and the lane's chunk offsets
+    for chunk 2*kstep + (second matrix half)."""
+    fb = em.fb
+    lrow, half = fb.reg("b32"), fb.reg("b32")
+    fb.ins("and.b32", lrow, lane, rows - 1)
+    fb.ins("shr.u32", half, lane, _log2(rows))
+    fb.ins("and.b32", half, half, 1)
+    chunks = _Chunks(em, half, _lane_xor(em, lane, tile), max(2, tile.xor_width))
+    cache: dict[str, Reg] = {}
+    out = []
+    for s in slots:
+        if s.reg.name not in cache:
+            r = fb.reg("b32")
+            fb.ins("mad.lo.u32", r, s.reg, rows, lrow)
+            fb.ins("mad.lo.u32", r, r, tile.row_bytes, smem)
+            cache[s.reg.name] = r
+        out.append((cache[s.reg.name], tile.offset + s.static * rows * tile.row_bytes))
+    return out, chunks
+
+
+def warp_mma(
+    em: Emitter,
+    smem: Reg,
+    dt: type[DType],
+    k: int,
+    a_tile: SharedTile,
+    b_tile: SharedTile,
+    lane: _Lane,
+    grid: WarpGrid,
+    slots_m: list[_Slot],
+    slots_n: list[_Slot],
+    frags: list[list[list[Reg]]],
+) -> list[list[list[Reg]]]:
+    """Each warp's K loop (unrolled): ldmatrix its A and B fragments, one mma.sync per
+    (M slot, N slot); returns the new accumulator fragments."""
+    fb = em.fb
+    tf32 = dt is f32
+    step = MMA_K_STEP[dt]
+    a_rows, a_chunks = _row_fragments(em, smem, a_tile, lane.lane, 16, slots_m)
+    if tf32:
+        b_rows, b_chunks = _row_fragments(em, smem, b_tile, lane.lane, 8, slots_n)
+    else:
+        # k-major B, read with .trans: lane l gives row k0 + l % 16 of 16-byte chunk nj.
+        lrow = fb.reg("b32")
+        fb.ins("and.b32", lrow, lane.lane, 15)
+        b_lane = fb.reg("b32")
+        fb.ins("mad.lo.u32", b_lane, lrow, b_tile.row_bytes, smem)
+        f = _lane_xor(em, lane.lane, b_tile)
+        cols: dict[str, _Chunks] = {}
+        b_cols = []
+        for s in slots_n:
+            if s.reg.name not in cols:
+                # Slot statics are multiples of wn, the warp coordinate is below it.
+                cols[s.reg.name] = _Chunks(em, s.reg, f, max(grid.wn, b_tile.xor_width))
+            col, imm = cols[s.reg.name].at(s.static)
+            r = fb.reg("b32")
+            fb.ins("add.u32", r, b_lane, col)
+            b_cols.append((r, b_tile.offset + imm))
+    opcode = MMA_OPCODE[dt]
+    for ks in range(k // step):
+        # Both layouts put one k step in two 16-byte chunks of a row.
+        a_col, a_imm = a_chunks.at(2 * ks)
+        a_regs = []
+        for reg, imm in a_rows:
+            addr = fb.reg("b32")
+            fb.ins("add.u32", addr, reg, a_col)
+            regs = [fb.reg("b32") for _ in range(4)]
+            fb.ins(
+                "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+                Vec(tuple(regs)),
+                Addr(addr, imm + a_imm),
+            )
+            a_regs.append(regs)
+        b_regs = []
+        if tf32:
+            b_col, b_imm = b_chunks.at(2 * ks)
+            for reg, imm in b_rows:
+                addr = fb.reg("b32")
+                fb.ins("add.u32", addr, reg, b_col)
+                regs = [fb.reg("b32") for _ in range(2)]
+                fb.ins(
+                    "ldmatrix.sync.aligned.m8n8.x2.shared.b16",
+                    Vec(tuple(regs)),
+                    Addr(addr, imm + b_imm),
+                )
+                b_regs.append(regs)
+        else:
+            for reg, imm in b_cols:
+                regs = [fb.reg("b32") for _ in range(2)]
+                fb.ins(
+                    "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
+                    Vec(tuple(regs)),
+                    Addr(reg, imm + ks * step * b_tile.row_bytes),
+                )
+                b_regs.append(regs)
+        new = []
+        for i in range(len(slots_m)):
+            row = []
+            for j in range(len(slots_n)):
+                d = [fb.reg("f32") for _ in range(4)]
+                fb.ins(
+                    opcode,
+                    Vec(tuple(d)),
+                    Vec(tuple(a_regs[i])),
+                    Vec(tuple(b_regs[j])),
+                    Vec(tuple(frags[i][j])),
+                )
+                row.append(d)
+            new.append(row)
+        frags = new
+    return frags
