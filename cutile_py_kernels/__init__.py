@@ -2,12 +2,14 @@
 
 Element-wise (`add`, `saxpy`, `silu_mul`), row reductions over the last axis (`rms_norm`,
 `add_rms_norm`, `layer_norm`, `softmax`, `argmax`), `rope`, data movement (`transpose`,
-`embedding`) and `gemv`. f16 and bf16 inputs are computed in f32 and the output keeps the
-input dtype. GEMM and attention follow.
+`embedding`), `gemv`, and `gemm` / `bmm` on tensor cores (tile shapes from
+`cutile_py_kernels.autotune`). f16 and bf16 inputs are computed in f32 and the output keeps the
+input dtype. Attention follows.
 """
 
 from cutile_py_kernels.activations import silu_mul
 from cutile_py_kernels.elementwise import add, saxpy
+from cutile_py_kernels.gemm import bmm, gemm
 from cutile_py_kernels.gemv import gemv
 from cutile_py_kernels.layout import embedding, transpose
 from cutile_py_kernels.norms import add_rms_norm, layer_norm, rms_norm
@@ -18,7 +20,9 @@ __all__ = [
     "add",
     "add_rms_norm",
     "argmax",
+    "bmm",
     "embedding",
+    "gemm",
     "gemv",
     "layer_norm",
     "rms_norm",

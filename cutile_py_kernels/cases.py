@@ -11,6 +11,8 @@ from cutile_py import PartitionSpec as PS
 from cutile_py import TensorSpec as TS
 from cutile_py_kernels._common import row_plan
 from cutile_py_kernels.activations import _silu_mul_kernel
+from cutile_py_kernels.autotune import candidates, default_config
+from cutile_py_kernels.gemm import _gemm_kernel
 from cutile_py_kernels.gemv import _gemv_kernel
 from cutile_py_kernels.layout import TRANSPOSE_TILE, _embedding_kernel, _transpose_kernel
 from cutile_py_kernels.norms import _layer_norm_kernels, _rms_kernels
@@ -94,3 +96,37 @@ def cases() -> Iterator[Case]:
             _gemv_kernel(dt),
             (PS((4096,), (2048 // bk,), dt), TS((4096, 4096), dt), TS((4096,), dt), bk),
         )
+    yield from _gemm_cases()
+
+
+def _gemm_cases() -> Iterator[Case]:
+    """gemm and bmm at the default tiles and at the largest tuning candidates, plain and
+    trans_b, for every input dtype (f16 to f32 output once)."""
+    m, n, k = 1000, 1000, 1000
+    for dt in (ct.f16, ct.bf16, ct.f32):
+        cands = candidates(dt, m, n, k)
+        for cfg in sorted({default_config(dt, m, n, k), cands[-1], max(cands, key=lambda c: c.bk)}):
+            for trans_b in (False, True):
+                b = TS((n, k) if trans_b else (k, n), dt)
+                label = f"{dt.name} {cfg.bm}x{cfg.bn}x{cfg.bk}{' trans_b' if trans_b else ''}"
+                yield (
+                    f"gemm {label}",
+                    _gemm_kernel(dt, dt, trans_b, False),
+                    (PS((m, n), (cfg.bm, cfg.bn), dt), TS((m, k), dt), b, cfg.bk),
+                )
+        cfg = default_config(dt, m, n, k)
+        yield (
+            f"bmm {dt.name} {cfg.bm}x{cfg.bn}x{cfg.bk}",
+            _gemm_kernel(dt, dt, False, True),
+            (
+                PS((8, 256, 256), (1, cfg.bm, cfg.bn), dt),
+                TS((8, 256, 128), dt),
+                TS((8, 128, 256), dt),
+                cfg.bk,
+            ),
+        )
+    yield (
+        "gemm f16->f32 64x64x32",
+        _gemm_kernel(ct.f16, ct.f32, False, False),
+        (PS((m, n), (64, 64), ct.f32), TS((m, k), ct.f16), TS((k, n), ct.f16), 32),
+    )

@@ -1,0 +1,244 @@
+"""Tile-shape choice for `gemm` / `bmm`: a fixed default, or on `cuda` the fastest candidate.
+
+A config is the output tile (BM, BN) of one block and the K step BK. Valid configs obey the
+`ct.mma` shape rule (BM a multiple of 16, BN of 8, BK of 16 for f16/bf16 and of 8 for tf32)
+and fit the 48 KB of static shared memory that `mma` stages its operands and f32 accumulator
+in.
+
+- On `sim` and `interpret` nothing is timed (timings of a CPU simulation say nothing about a
+  GPU): `Autotuner.choose` returns `default_config`, clamped to the problem.
+- On `cuda` each candidate runs on scratch buffers that the tuner's caller allocates for it
+  (never the caller's output), timed with CUDA events; the fastest wins. The choice is cached
+  per (M, N, K rounded up to powers of two, dtype, trans_b, device name) in the JSON file
+  `<cache dir>/autotune/gemm.json` (the cache dir of `cutile_py.runtime.disk_cache`:
+  `CUTILE_PY_CACHE_DIR` or the user cache directory), written atomically (a temporary file
+  in the same directory, then `os.replace`).
+- A timer passed to `Autotuner(timer=...)` is used on every backend (tests inject a fake one
+  to make the choice deterministic).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cutile_py as ct
+from cutile_py.runtime.disk_cache import cache_dir
+from cutile_py_kernels._common import next_pow2
+
+#: Static shared memory a kernel may declare (cutile_py.lower.emit_mma.SHARED_LIMIT).
+SHARED_LIMIT = 48 * 1024
+#: Largest f32 accumulator tile (elements) that stays in registers without spills.
+MAX_ACC = 8192
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True, order=True)
+class GemmConfig:
+    """Output tile (bm, bn) per block; K advances by bk per step of the loop."""
+
+    bm: int
+    bn: int
+    bk: int
+
+
+def k_step(dtype: type[ct.DType]) -> int:
+    """The mma K granule: 8 for tf32 (f32 operands), 16 for f16 and bf16."""
+    return 8 if dtype is ct.f32 else 16
+
+
+def _up(x: int, m: int) -> int:
+    return -(-max(x, 1) // m) * m
+
+
+def shared_bytes(cfg: GemmConfig, dtype: type[ct.DType]) -> int:
+    """Shared memory `mma` stages for one step: the f32 accumulator (rows padded by 8 columns
+    when bn is a multiple of 16) and the A and B tiles; the lowering overlaps the two when
+    their sum is over the limit, so the need is the sum or else the larger of them."""
+    acc = cfg.bm * (cfg.bn + (8 if cfg.bn % 16 == 0 else 0)) * 4
+    ops = (cfg.bm + cfg.bn) * cfg.bk * dtype.itemsize()
+    return acc + ops if acc + ops <= SHARED_LIMIT else max(acc, ops)
+
+
+def is_valid(cfg: GemmConfig, dtype: type[ct.DType]) -> bool:
+    return (
+        cfg.bm % 16 == 0
+        and cfg.bn % 8 == 0
+        and cfg.bk % k_step(dtype) == 0
+        and min(cfg.bm, cfg.bn, cfg.bk) > 0
+        and cfg.bm * cfg.bn <= MAX_ACC
+        and shared_bytes(cfg, dtype) <= SHARED_LIMIT
+    )
+
+
+def clamp(cfg: GemmConfig, dtype: type[ct.DType], m: int, n: int, k: int) -> GemmConfig:
+    """`cfg` shrunk to the problem (tiles no larger than M, N, K rounded up to the granules),
+    so that tiny problems do not compute (and compile) mostly padding."""
+    return GemmConfig(
+        min(cfg.bm, _up(m, 16)), min(cfg.bn, _up(n, 8)), min(cfg.bk, _up(k, k_step(dtype)))
+    )
+
+
+def default_config(dtype: type[ct.DType], m: int, n: int, k: int) -> GemmConfig:
+    """64 x 64 output tiles, BK 32 (f16, bf16) or 16 (tf32), clamped to the problem."""
+    return clamp(GemmConfig(64, 64, 32 if dtype is not ct.f32 else 16), dtype, m, n, k)
+
+
+def candidates(dtype: type[ct.DType], m: int, n: int, k: int) -> list[GemmConfig]:
+    """Valid configs over BM, BN in {32, 64, 128} and two K steps, clamped and deduplicated."""
+    ks = (32, 64) if dtype is not ct.f32 else (16, 32)
+    found = {
+        clamp(GemmConfig(bm, bn, bk), dtype, m, n, k)
+        for bm in (32, 64, 128)
+        for bn in (32, 64, 128)
+        for bk in ks
+    }
+    return sorted(c for c in found if is_valid(c, dtype))
+
+
+@dataclass(frozen=True)
+class TuneKey:
+    """What a cached choice is valid for; sizes are bucketed to the next power of two."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+    trans_b: bool
+    device: str
+
+    @classmethod
+    def make(
+        cls, m: int, n: int, k: int, dtype: type[ct.DType], trans_b: bool, device: str
+    ) -> TuneKey:
+        return cls(next_pow2(m), next_pow2(n), next_pow2(k), dtype.name, trans_b, device)
+
+    def text(self) -> str:
+        t = "t" if self.trans_b else "n"
+        return f"{self.device}|{self.dtype}|{t}|{self.m}x{self.n}x{self.k}"
+
+
+#: Runs one launch (a fresh op on scratch buffers) for `cfg` and returns its time in ms.
+Launch = Callable[[], ct.DeviceOp]
+Timer = Callable[[GemmConfig, Launch], float]
+
+
+def cuda_event_timer(cfg: GemmConfig, launch: Launch, repeats: int = 5) -> float:
+    """Best of `repeats` launches, timed with CUDA events on the backend stream, after one
+    untimed launch that compiles and warms up. The end event is recorded once `sync()`
+    returns, so each time includes the host's wait latency: a constant shared by all
+    candidates, which leaves their order intact."""
+    from cutile_py.runtime import cuda_driver as cu
+    from cutile_py.runtime.cuda_backend import CudaBackend
+    from cutile_py.runtime.select import active_backend
+
+    backend = active_backend()
+    if not isinstance(backend, CudaBackend):
+        raise RuntimeError("cuda_event_timer needs the cuda backend")
+    launch().sync()
+    stream = backend.activate().stream
+    start, end = cu.event_create(timing=True), cu.event_create(timing=True)
+    try:
+        best = float("inf")
+        for _ in range(repeats):
+            op = launch()
+            cu.event_record(start, stream)
+            op.sync()
+            cu.event_record(end, stream)
+            cu.event_synchronize(end)
+            best = min(best, cu.event_elapsed_ms(start, end))
+        return best
+    finally:
+        cu.event_destroy(start)
+        cu.event_destroy(end)
+
+
+class Autotuner:
+    """Picks a `GemmConfig` per problem; see the module docstring for when it times."""
+
+    def __init__(self, path: Path | None = None, timer: Timer | None = None) -> None:
+        self._path = path
+        self.timer = timer
+        self._lock = threading.Lock()
+        self._memo: dict[str, GemmConfig] = {}
+        #: Number of candidate sweeps run (tests check that a cached choice is reused).
+        self.sweeps = 0
+
+    @property
+    def path(self) -> Path:
+        return self._path or cache_dir() / "autotune" / "gemm.json"
+
+    def choose(
+        self,
+        key: TuneKey,
+        options: Sequence[GemmConfig],
+        default: GemmConfig,
+        make_launch: Callable[[GemmConfig], Launch],
+    ) -> GemmConfig:
+        """The cached choice for `key` if one of `options`, else the fastest of `options`
+        (cached); `default` where nothing is timed (no injected timer, not on cuda)."""
+        timer = self.timer
+        if timer is None:
+            if ct.backend() != "cuda":
+                return default
+            timer = cuda_event_timer
+        text = key.text()
+        with self._lock:
+            hit = self._memo.get(text) or self._load().get(text)
+            if hit is not None and hit in options:
+                self._memo[text] = hit
+                return hit
+        self.sweeps += 1
+        times = {cfg: timer(cfg, make_launch(cfg)) for cfg in options}
+        best = min(options, key=lambda c: (times[c], c))
+        with self._lock:
+            self._memo[text] = best
+            self._store(text, best)
+        return best
+
+    # -- the JSON file ----------------------------------------------------------------------
+    def _load(self) -> dict[str, GemmConfig]:
+        """The cached entries; a missing, unreadable or malformed file reads as empty."""
+        try:
+            raw: Any = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(raw, dict) or raw.get("version") != CACHE_VERSION:
+            return {}
+        out: dict[str, GemmConfig] = {}
+        for name, v in dict(raw.get("entries", {})).items():
+            if isinstance(v, list) and len(v) == 3 and all(isinstance(x, int) for x in v):
+                out[str(name)] = GemmConfig(*v)
+        return out
+
+    def _store(self, text: str, cfg: GemmConfig) -> None:
+        """Merge one entry into the file: re-read (another process may have added entries),
+        write a temporary file beside it and `os.replace` it in, so that readers see the old
+        file or the new one, never half of one. An I/O error only warns: tuning still works."""
+        entries = {k: [c.bm, c.bn, c.bk] for k, c in self._load().items()}
+        entries[text] = [cfg.bm, cfg.bn, cfg.bk]
+        path = self.path
+        tmp = ""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"version": CACHE_VERSION, "entries": entries}, f, indent=1)
+            os.replace(tmp, path)
+        except OSError as e:
+            if tmp:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            warnings.warn(f"gemm autotune cache {path} not written: {e}", RuntimeWarning, 2)
+
+
+#: The tuner `gemm` and `bmm` use (tests replace it).
+TUNER = Autotuner()

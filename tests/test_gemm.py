@@ -1,0 +1,228 @@
+"""`gemm` and `bmm` of cutile_py_kernels against float64 NumPy on sim and interpret (and cuda
+where a GPU is found), every output element checked; and the autotuner: its candidates, its
+JSON cache, reuse of a choice, and scratch outputs that are never the caller's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import cutile_py as ct
+import cutile_py_kernels as ck
+from cutile_py.ir.dtypes import round_to
+from cutile_py_kernels import autotune
+from cutile_py_kernels.autotune import Autotuner, GemmConfig, TuneKey
+
+DTYPES = {"f16": ct.f16, "bf16": ct.bf16, "f32": ct.f32}
+#: Per-element bound |got - want| <= OUT[out] |want| + ACC[in] (|a| @ |b|):
+#: OUT is twice the unit roundoff of the output dtype (the final rounding);
+#: ACC bounds the sums: f16/bf16 products are exact in f32 and K <= ~100 f32 additions cost
+#: ~K 2^-24 << 1e-4; tf32 rounds each f32 operand to 10 mantissa bits (2^-11 relative each,
+#: so ~1e-3 per product), hence 2e-3.
+OUT = {"f16": 2.0**-10, "bf16": 2.0**-7, "f32": 2.0**-22}
+ACC = {"f16": 1e-4, "bf16": 1e-4, "f32": 2e-3}
+
+
+@pytest.fixture(params=["sim", "interpret", pytest.param("cuda", marks=pytest.mark.gpu)])
+def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    ct.set_backend(request.param)
+    yield str(request.param)
+    ct.set_backend("sim")
+
+
+def operand(rng: np.random.Generator, shape: tuple[int, ...], name: str) -> Any:
+    """(values exactly representable in the dtype, as float64; the tensor)."""
+    a = round_to(rng.standard_normal(shape).astype(np.float32), DTYPES[name])
+    return a.astype(np.float64), ct.from_numpy(a, DTYPES[name])
+
+
+def check(got: ct.Tensor[Any, Any], a: np.ndarray, b: np.ndarray, name: str, out: str) -> None:
+    """`got` == a @ b (batched over leading axes) within the bound above, element by element."""
+    want = a @ b
+    assert got.dtype is DTYPES[out] and got.shape == want.shape
+    g = got.to_numpy().astype(np.float64)
+    tol = OUT[out] * np.abs(want) + ACC[name] * (np.abs(a) @ np.abs(b)) + 1e-30
+    err = np.abs(g - want)
+    worst = np.unravel_index(np.argmax(err / tol), err.shape)
+    assert np.isfinite(g).all()
+    assert (err <= tol).all(), f"at {worst}: got {g[worst]}, want {want[worst]}, tol {tol[worst]}"
+
+
+# (dtype, M, N, K): edges in every dim (not multiples of any tile), 1 x 1 x 1, exact tiles,
+# K spanning several steps.
+SHAPES = [(1, 1, 1), (40, 24, 40), (17, 9, 33), (64, 64, 32), (5, 70, 100)]
+
+
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("mnk", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gemm(backend: str, rng: np.random.Generator, name: str, mnk: Any) -> None:
+    m, n, k = mnk
+    a, at = operand(rng, (m, k), name)
+    b, bt = operand(rng, (k, n), name)
+    check(ck.gemm(at, bt), a, b, name, name)
+    at.to_numpy(), bt.to_numpy()  # inputs stay usable
+
+
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("mnk", [(1, 1, 1), (40, 24, 40), (33, 20, 50)], ids=str)
+def test_gemm_trans_b(backend: str, rng: np.random.Generator, name: str, mnk: Any) -> None:
+    m, n, k = mnk
+    a, at = operand(rng, (m, k), name)
+    b, bt = operand(rng, (n, k), name)
+    check(ck.gemm(at, bt, trans_b=True), a, b.T, name, name)
+
+
+@pytest.mark.parametrize(("name", "out"), [("f16", "f32"), ("bf16", "f32"), ("f32", "bf16")])
+def test_gemm_out_dtype(backend: str, rng: np.random.Generator, name: str, out: str) -> None:
+    a, at = operand(rng, (21, 10), name)
+    b, bt = operand(rng, (10, 13), name)
+    check(ck.gemm(at, bt, out_dtype=DTYPES[out]), a, b, name, out)
+
+
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_bmm(backend: str, rng: np.random.Generator, name: str, trans_b: bool) -> None:
+    nb, m, n, k = 3, 20, 12, 24
+    a, at = operand(rng, (nb, m, k), name)
+    b, bt = operand(rng, (nb, n, k) if trans_b else (nb, k, n), name)
+    got = ck.bmm(at, bt, trans_b=trans_b)
+    check(got, a, b.transpose(0, 2, 1) if trans_b else b, name, name)
+
+
+def test_shape_and_dtype_errors() -> None:
+    with pytest.raises(ValueError, match=r"a \(M, K\) and b \(K, N\)"):
+        ck.gemm(ct.zeros((4, 5), ct.f16), ct.zeros((4, 5), ct.f16))
+    with pytest.raises(ValueError, match=r"b \(N, K\)"):
+        ck.gemm(ct.zeros((4, 5), ct.f16), ct.zeros((5, 4), ct.f16), trans_b=True)
+    with pytest.raises(TypeError, match="dtypes differ"):
+        ck.gemm(ct.zeros((4, 5), ct.f16), ct.zeros((5, 4), ct.bf16))
+    with pytest.raises(ValueError, match="3-D"):
+        ck.bmm(ct.zeros((4, 5), ct.f16), ct.zeros((5, 4), ct.f16))
+    assert ck.gemm(ct.zeros((0, 5)), ct.zeros((5, 3))).shape == (0, 3)
+
+
+# -- the autotuner ----------------------------------------------------------------------------
+@pytest.mark.parametrize("dt", [ct.f16, ct.bf16, ct.f32])
+def test_candidates_are_valid(dt: type[ct.DType]) -> None:
+    for mnk in [(4096, 4096, 4096), (40, 24, 40), (1, 1, 1)]:
+        cands = autotune.candidates(dt, *mnk)
+        assert cands and all(autotune.is_valid(c, dt) for c in cands)
+        assert autotune.is_valid(autotune.default_config(dt, *mnk), dt)
+    assert not autotune.is_valid(GemmConfig(128, 128, 32), dt)  # a 64 KB accumulator
+
+
+class FakeTimer:
+    """Deterministic times (the smallest tile volume wins); records each scratch output."""
+
+    def __init__(self) -> None:
+        self.scratch: list[ct.Tensor[Any, Any]] = []
+        self.timed: list[GemmConfig] = []
+
+    def __call__(self, cfg: GemmConfig, launch: autotune.Launch) -> float:
+        op = launch()
+        held = op.sync()  # runs the candidate for real on its scratch output
+        assert isinstance(held[0], ct.Partition) and held[0].tile_shape[-2:] == (cfg.bm, cfg.bn)
+        self.scratch.append(held[0].tensor)
+        self.timed.append(cfg)
+        return float(cfg.bm * cfg.bn * cfg.bk)
+
+
+@pytest.fixture
+def tuner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Autotuner]:
+    t = Autotuner(path=tmp_path / "autotune" / "gemm.json", timer=FakeTimer())
+    monkeypatch.setattr(autotune, "TUNER", t)
+    ct.set_backend("sim")
+    yield t
+
+
+def test_tuning_picks_the_fastest_and_never_touches_the_output(
+    tuner: Autotuner, rng: np.random.Generator
+) -> None:
+    m, n, k = 40, 24, 40
+    a, at = operand(rng, (m, k), "f16")
+    b, bt = operand(rng, (k, n), "f16")
+    out = ck.gemm(at, bt)
+    check(out, a, b, "f16", "f16")
+    timer = tuner.timer
+    assert isinstance(timer, FakeTimer)
+    assert sorted(timer.timed) == autotune.candidates(ct.f16, m, n, k)
+    # Every candidate wrote its own scratch tensor, none of them the result or an input.
+    ids = {id(s.buffer) for s in timer.scratch}
+    assert len(ids) == len(timer.timed)
+    assert id(out.buffer) not in ids and not {id(at.buffer), id(bt.buffer)} & ids
+    # The choice (smallest volume under the fake timer) is on disk, keyed by the bucket.
+    best = min(timer.timed, key=lambda c: c.bm * c.bn * c.bk)
+    data = json.loads(tuner.path.read_text())
+    key = TuneKey.make(m, n, k, ct.f16, False, "sim").text()
+    assert data["entries"] == {key: [best.bm, best.bn, best.bk]}
+    assert not [p for p in tuner.path.parent.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_choice_is_reused_from_memory_and_from_disk(
+    tuner: Autotuner, rng: np.random.Generator
+) -> None:
+    a, at = operand(rng, (40, 24), "bf16")
+    b, bt = operand(rng, (24, 16), "bf16")
+    ck.gemm(at, bt)
+    assert tuner.sweeps == 1
+    check(ck.gemm(at, bt), a, b, "bf16", "bf16")  # same bucket: no new sweep
+    assert tuner.sweeps == 1
+    # A new process (a new tuner on the same file) reads the choice back.
+    again = Autotuner(path=tuner.path, timer=FakeTimer())
+    key = TuneKey.make(40, 16, 24, ct.bf16, False, "sim")
+    opts = autotune.candidates(ct.bf16, 40, 16, 24)
+    chosen = again.choose(key, opts, opts[-1], lambda cfg: pytest.fail("timed again"))
+    assert chosen == min(opts, key=lambda c: c.bm * c.bn * c.bk) and again.sweeps == 0
+
+
+def test_cache_round_trip_and_corrupt_file(tmp_path: Path) -> None:
+    path = tmp_path / "gemm.json"
+    t = Autotuner(path=path, timer=lambda cfg, launch: float(cfg.bk))
+    key = TuneKey.make(100, 200, 300, ct.f32, True, "GPU X")
+    assert (key.m, key.n, key.k) == (128, 256, 512)
+    opts = [GemmConfig(64, 64, 16), GemmConfig(64, 64, 8)]
+    assert t.choose(key, opts, opts[0], lambda cfg: lambda: pytest.fail("no launch")) == opts[1]
+    assert Autotuner(path=path)._load() == {key.text(): opts[1]}
+    path.write_text("{not json")
+    assert Autotuner(path=path)._load() == {}
+
+
+def test_no_timing_off_cuda(tmp_path: Path) -> None:
+    """Without an injected timer, sim and interpret take the default and write nothing."""
+    ct.set_backend("interpret")
+    try:
+        t = Autotuner(path=tmp_path / "gemm.json")
+        key = TuneKey.make(8, 8, 8, ct.f16, False, "interpret")
+        default = autotune.default_config(ct.f16, 8, 8, 8)
+        assert t.choose(key, [GemmConfig(16, 8, 16)], default, lambda c: pytest.fail()) == default
+        assert not t.path.exists()
+    finally:
+        ct.set_backend("sim")
+
+
+@pytest.mark.parametrize("dt", [ct.f16, ct.f32], ids=lambda d: d.name)
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_every_candidate_assembles_without_spills(dt: type[ct.DType], trans_b: bool) -> None:
+    """Whatever the tuner picks compiles: each candidate at a large shape, sm_80
+    (bf16 lowers as f16 does; cases.py covers sm_90 for a few of them)."""
+    from cutile_py.runtime.nvjitlink import assemble, nvjitlink_available
+    from cutile_py_kernels.gemm import _gemm_kernel
+
+    if not nvjitlink_available():
+        pytest.skip("the nvJitLink library cannot be loaded")
+    m = n = k = 1000
+    target = ct.Target(80)
+    for cfg in autotune.candidates(dt, m, n, k):
+        args = (
+            ct.PartitionSpec((m, n), (cfg.bm, cfg.bn), dt),
+            ct.TensorSpec((m, k), dt),
+            ct.TensorSpec((n, k) if trans_b else (k, n), dt),
+            cfg.bk,
+        )
+        report = assemble(_gemm_kernel(dt, dt, trans_b, False).ptx(*args, target=target), target)
+        assert report.spill_stores == 0 and report.spill_loads == 0, (cfg, report.info_log)
