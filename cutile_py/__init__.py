@@ -3,6 +3,7 @@
 The public names of API.md, and nothing else.
 """
 
+from cutile_py import profiling
 from cutile_py.frontend.errors import CompileError
 from cutile_py.host.creation import arange, from_dlpack, from_numpy, full, ones, randn, zeros
 from cutile_py.host.device_op import DeviceOp, OpLike
@@ -124,6 +125,7 @@ __all__ = [
     "num_tiles",
     "ones",
     "permute",
+    "profiling",
     "randn",
     "reshape",
     "rsqrt",

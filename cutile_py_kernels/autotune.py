@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import cutile_py as ct
-from cutile_py.runtime.disk_cache import cache_dir
 from cutile_py_kernels._common import next_pow2
 
 #: Static shared memory a kernel may declare (cutile_py.lower.emit_mma.SHARED_LIMIT).
@@ -132,33 +131,9 @@ Timer = Callable[[GemmConfig, Launch], float]
 
 
 def cuda_event_timer(cfg: GemmConfig, launch: Launch, repeats: int = 5) -> float:
-    """Best of `repeats` launches, timed with CUDA events on the backend stream, after one
-    untimed launch that compiles and warms up. The end event is recorded once `sync()`
-    returns, so each time includes the host's wait latency: a constant shared by all
-    candidates, which leaves their order intact."""
-    from cutile_py.runtime import cuda_driver as cu
-    from cutile_py.runtime.cuda_backend import CudaBackend
-    from cutile_py.runtime.select import active_backend
-
-    backend = active_backend()
-    if not isinstance(backend, CudaBackend):
-        raise RuntimeError("cuda_event_timer needs the cuda backend")
-    launch().sync()
-    stream = backend.activate().stream
-    start, end = cu.event_create(timing=True), cu.event_create(timing=True)
-    try:
-        best = float("inf")
-        for _ in range(repeats):
-            op = launch()
-            cu.event_record(start, stream)
-            op.sync()
-            cu.event_record(end, stream)
-            cu.event_synchronize(end)
-            best = min(best, cu.event_elapsed_ms(start, end))
-        return best
-    finally:
-        cu.event_destroy(start)
-        cu.event_destroy(end)
+    """Best of `repeats` launches timed with CUDA events (`ct.profiling.time_ms`, which
+    warms up first)."""
+    return min(ct.profiling.time_ms(launch, repeats))
 
 
 class Autotuner:
@@ -174,7 +149,7 @@ class Autotuner:
 
     @property
     def path(self) -> Path:
-        return self._path or cache_dir() / "autotune" / "gemm.json"
+        return self._path or ct.profiling.cache_dir() / "autotune" / "gemm.json"
 
     def choose(
         self,

@@ -124,13 +124,7 @@ def _config(
 
         return launch
 
-    device = ct.backend()
-    if device == "cuda":
-        from cutile_py.runtime.cuda_backend import CudaBackend
-        from cutile_py.runtime.select import active_backend
-
-        backend = active_backend()
-        device = backend.device_name if isinstance(backend, CudaBackend) else device
+    device = ct.profiling.device_name()
     key = autotune.TuneKey.make(m, n, k, dt, trans_b, device)
     return autotune.TUNER.choose(
         key,

@@ -1,0 +1,63 @@
+"""Measuring from outside the checked model: which device runs the kernels, where caches
+live, and how long a launch takes (CUDA events on `cuda`, the wall clock elsewhere).
+
+Library code that tunes itself (`cutile_py_kernels.autotune`) uses these instead of reaching
+into the runtime.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from cutile_py.host.device_op import OpLike
+from cutile_py.runtime import cuda_driver as cu
+from cutile_py.runtime.cuda_backend import CudaBackend
+from cutile_py.runtime.disk_cache import cache_dir as _cache_dir
+from cutile_py.runtime.select import active_backend
+
+
+def device_name() -> str:
+    """The GPU's name on `cuda` (e.g. 'NVIDIA H200'); the backend's name elsewhere."""
+    backend = active_backend()
+    return backend.device_name if isinstance(backend, CudaBackend) else backend.name
+
+
+def cache_dir() -> Path:
+    """The directory cutile_py caches under: `CUTILE_PY_CACHE_DIR`, else the user cache."""
+    return _cache_dir()
+
+
+def time_ms(launch: Callable[[], OpLike], repeats: int = 5) -> list[float]:
+    """Milliseconds of each of `repeats` runs of `launch()` (an op made fresh each time),
+    after one untimed run that compiles and warms up.
+
+    On `cuda` the times come from events around the op on the backend's stream; they include
+    the host's wait for completion, a constant that leaves comparisons between kernels
+    intact. Elsewhere they are wall-clock times of `op.sync()`.
+    """
+    launch().sync()
+    backend = active_backend()
+    if not isinstance(backend, CudaBackend):
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            launch().sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return times
+    stream = backend.activate().stream
+    start, end = cu.event_create(timing=True), cu.event_create(timing=True)
+    try:
+        out = []
+        for _ in range(repeats):
+            op = launch()
+            cu.event_record(start, stream)
+            op.sync()
+            cu.event_record(end, stream)
+            cu.event_synchronize(end)
+            out.append(cu.event_elapsed_ms(start, end))
+        return out
+    finally:
+        cu.event_destroy(start)
+        cu.event_destroy(end)
