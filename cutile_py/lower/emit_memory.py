@@ -148,20 +148,12 @@ class Access:
             k += self.width
             pred = self.tile_ok
             for i, off in enumerate(static):
-                pred = _and(em, pred, self.in_bounds(i, off))
-            pred = _and(em, pred, em.valid(lay, offs))
-            pred = _and(em, pred, owner)
+                pred = em.conj(pred, self.in_bounds(i, off))
+            pred = em.conj(pred, em.valid(lay, offs))
+            pred = em.conj(pred, owner)
             row = self.row_address(tuple(static[:-1]))
             out.append((group, row, static[-1] * self.size, pred))
         return out
-
-
-def _and(em: Emitter, a: Reg | None, b: Reg | None) -> Reg | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return em._and(a, b)
 
 
 def _memory_layout(em: Emitter, op: o.Op, v: o.Value) -> Layout:

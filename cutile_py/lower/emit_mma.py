@@ -300,7 +300,7 @@ def store_tile(
     group = _group(lay, col_dim, tile.eb)
     owner = em.owner(lay)
     for offs, base, imm in _addresses(em, smem, tile, lay, row_dim, col_dim, group):
-        pred = _and(em, em.valid(lay, offs), owner)
+        pred = em.conj(em.valid(lay, offs), owner)
         elems = [regs[lay.index({**offs, col_dim: offs[col_dim] + v})] for v in range(group)]
         if tf32:
             rounded = []
@@ -348,12 +348,6 @@ def _operand(regs: list[Reg]) -> Reg | Vec:
     return regs[0] if len(regs) == 1 else Vec(tuple(regs))
 
 
-def _and(em: Emitter, a: Reg | None, b: Reg | None) -> Reg | None:
-    if a is None or b is None:
-        return a if b is None else b
-    return em._and(a, b)
-
-
 # -- accumulator fragments ------------------------------------------------------------------
 def _c_fragment_addresses(
     em: Emitter,
@@ -385,7 +379,7 @@ def _c_fragment_addresses(
 
 
 def _slot_valid(em: Emitter, sm: _Slot, sn: _Slot) -> Reg | None:
-    return _and(em, sm.valid, sn.valid)
+    return em.conj(sm.valid, sn.valid)
 
 
 def _load_c_fragments(

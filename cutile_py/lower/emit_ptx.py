@@ -242,6 +242,14 @@ class Emitter:
         self.fb.ins("and.pred", r, a, b)
         return r
 
+    def conj(self, a: Reg | None, b: Reg | None) -> Reg | None:
+        """`a and b` where None stands for an always-true predicate."""
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return self._and(a, b)
+
     # -- the body -------------------------------------------------------------------------
     def region(self, region: o.Region) -> None:
         for op in region.ops:

@@ -16,6 +16,7 @@ import numpy as np
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, round_to_bf16
 from cutile_py.ir.types import TileType
+from cutile_py.lower.isel import MOV
 from cutile_py.lower.layout import Layout
 from cutile_py.ptx.builder import Imm, Reg, Vec, f32_imm
 
@@ -105,7 +106,7 @@ def convert(
     base = _thread_part(em, src, s_strides, eb, smem)
     owner = em.owner(src)
     for r, offs in zip(regs, src.registers()):
-        pred = _and(em, em.valid(src, offs), owner)
+        pred = em.conj(em.valid(src, offs), owner)
         where = _at(base, _static(src, offs, s_strides) * eb)
         if dt is bool_:
             h = fb.reg("b16")
@@ -128,7 +129,7 @@ def convert(
             continue
         x = em.new(dt)
         if pred is not None:
-            fb.ins(f"mov.{_mov(x)}", x, 0 if x.ptype != "f32" else f32_imm(0.0))
+            fb.ins(f"mov.{MOV[x.ptype]}", x, 0 if x.ptype != "f32" else f32_imm(0.0))
         fb.ins(f"ld.shared.{suffix}", x, where, pred=pred)
         out.append(x)
     _barrier(em)
@@ -137,18 +138,6 @@ def convert(
 
 def _at(base: Reg, offset: int) -> str:
     return f"[{base}+{offset}]" if offset else f"[{base}]"
-
-
-def _mov(r: Reg) -> str:
-    return {"f32": "f32", "b16": "b16", "b32": "b32", "b64": "b64"}[r.ptype]
-
-
-def _and(em: Emitter, a: Reg | None, b: Reg | None) -> Reg | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return em._and(a, b)
 
 
 # -- shape ops ---------------------------------------------------------------------------
@@ -278,7 +267,7 @@ class _Combiner:
         fb.ins("setp.lt.s32", lower, bi, ai)
         take = _or(em, better, em._and(tie, lower))
         v, i = em.new(self.acc), fb.reg("b32")
-        fb.ins(f"selp.{_sel(v)}", v, bv, av, take)
+        fb.ins(f"selp.{MOV[v.ptype]}", v, bv, av, take)
         fb.ins("selp.b32", i, bi, ai, take)
         return v, i
 
@@ -287,10 +276,6 @@ def _or(em: Emitter, a: Reg, b: Reg) -> Reg:
     r = em.fb.reg("pred")
     em.fb.ins("or.pred", r, a, b)
     return r
-
-
-def _sel(r: Reg) -> str:
-    return {"f32": "f32", "b16": "b16", "b32": "b32", "b64": "b64"}[r.ptype]
 
 
 def _shuffle(em: Emitter, x: Reg, lanes: int) -> Reg:
@@ -350,7 +335,7 @@ def reduce(em: Emitter, op: o.ReduceOp) -> None:
                 if sv.ptype == "pred":
                     _pred_select(em, sv, v, idv, guard)
                 else:
-                    fb.ins(f"selp.{_sel(sv)}", sv, v, idv, guard)
+                    fb.ins(f"selp.{MOV[sv.ptype]}", sv, v, idv, guard)
                 v = sv
                 if i is not None:
                     si = fb.reg("b32")
