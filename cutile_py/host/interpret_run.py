@@ -59,6 +59,12 @@ def run_interpreted(
             arrays.append(from_storage(raw, t.dtype) if t.dtype.storage != t.dtype.compute else raw)
         else:
             arrays.append(None)
+    # Run-time scalars as typed scalars, so that they promote as the compiled kernel's
+    # i32/f32 parameters do (a bare Python number would be weak); made once for all blocks.
+    values = [
+        Tile(np.array(a, dtype=bp.dtype.compute), bp.dtype) if bp.spec.kind == "scalar" else a
+        for bp, a in zip(spec.params, args)
+    ]
     body = _with_typevars(fn, spec)
     g = (*grid, 1, 1, 1)[:3]
     try:
@@ -66,19 +72,15 @@ def run_interpreted(
             for block in itertools.product(*(range(n) for n in grid)):
                 bid = (*block, 0, 0, 0)[:3]
                 call_args: list[Any] = []
-                for bp, a, arr in zip(spec.params, args, arrays):
+                for bp, a, arr, value in zip(spec.params, args, arrays, values):
                     if isinstance(a, Partition):
                         assert arr is not None
                         call_args.append(TileView(arr, bp.dtype, a.tile_shape, block))
                     elif isinstance(a, Tensor):
                         assert arr is not None
                         call_args.append(TensorView(arr, bp.dtype))
-                    elif bp.spec.kind == "scalar":
-                        # A typed scalar, so that it promotes as the compiled kernel's
-                        # i32/f32 parameter does (a bare Python number would be weak).
-                        call_args.append(Tile(np.array(a, dtype=bp.dtype.compute), bp.dtype))
                     else:
-                        call_args.append(a)
+                        call_args.append(value)
                 token = CURRENT_BLOCK.set(
                     BlockContext((bid[0], bid[1], bid[2]), (g[0], g[1], g[2]), spec.typevars)
                 )
