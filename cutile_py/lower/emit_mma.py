@@ -10,6 +10,7 @@ accumulators kept in fragments across a K loop) can reuse the tiles, addressing 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import lcm
 from typing import TYPE_CHECKING
 
 from cutile_py.ir import ops as o
@@ -105,11 +106,13 @@ def warp_grid(warps: int, fm: int, fn: int) -> WarpGrid:
 @dataclass
 class _Slot:
     """Fragment index `reg + static` along M or N for one slot of this warp; `valid` is
-    warp-uniform and None where the slot always holds a real fragment."""
+    warp-uniform and None where the slot always holds a real fragment. `nominal` is the
+    slot's first fragment index over all warps (slot s: s * warps), clamped or not."""
 
     reg: Reg
     static: int
     valid: Reg | None
+    nominal: int
 
 
 @dataclass
@@ -121,61 +124,133 @@ class _Lane:
     wn: Reg
 
 
+@dataclass(frozen=True)
+class Operand:
+    """An mma operand in shared memory: `tile` at `base` + its offset. A is m-major (rows
+    m, columns k); B is k-major (rows k, read with `ldmatrix.trans`) or, if `n_major`, rows
+    n (read with plain `ldmatrix`, as tf32 and transposed loads need)."""
+
+    tile: SharedTile
+    base: Reg
+    n_major: bool = False
+    #: f32 values not yet rounded to tf32 (copied from memory as they are): their
+    #: fragments are rounded after `ldmatrix`.
+    unrounded: bool = False
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The per-thread fragment addressing of one mma op, computed once (before a loop that
+    carries the accumulator, so that the epilogue after it can use it too)."""
+
+    grid: WarpGrid
+    lane: _Lane
+    slots_m: list[_Slot]
+    slots_n: list[_Slot]
+
+    @property
+    def count(self) -> int:
+        """Registers of the accumulator in fragment form: 4 per (M slot, N slot)."""
+        return 4 * len(self.slots_m) * len(self.slots_n)
+
+
 # -- entry --------------------------------------------------------------------------------
+def setup(em: Emitter, op: o.MmaOp) -> Setup:
+    """The fragment addressing of `op` (made on first use)."""
+    got = em.mma_setups.get(id(op))
+    if got is None:
+        a, b, _ = op.operands
+        (m, _), n = a.type.shape, b.type.shape[1]
+        grid = warp_grid(em.plan.threads // WARP, m // 16, n // 8)
+        lane = _lane_regs(em, grid)
+        got = Setup(
+            grid,
+            lane,
+            _slots(em, lane.wm, grid.wm, grid.sm, grid.fm),
+            _slots(em, lane.wn, grid.wn, grid.sn, grid.fn),
+        )
+        em.mma_setups[id(op)] = got
+    return got
+
+
 def mma(em: Emitter, op: o.MmaOp) -> None:
-    """`acc + a @ b` into the result's blocked layout."""
+    """`acc + a @ b`. The accumulator and result are in fragment form where a loop carries
+    them (`em.fragment_values`), else in their blocked layouts; operands come from the
+    tiles a cp.async pipeline filled (`em.staged`) or are stored from registers here."""
     a, b, acc = op.operands
     dt = a.type.dtype
-    (m, k), n = a.type.shape, b.type.shape[1]
-    tf32 = dt is f32
-    eb = dt.itemsize()
-    c_tile = SharedTile(0, m, n, 4, False, pad=8 if n % 16 == 0 else 0)
-    # tf32 has no transposing ldmatrix: B is stored n-major so that plain ldmatrix gives
-    # its fragments, as it gives A's.
-    b_rows, b_cols = (n, k) if tf32 else (k, n)
-    a_bytes, b_bytes = m * k * eb, k * n * eb
-    overlap = _round(c_tile.nbytes) + a_bytes + b_bytes > SHARED_LIMIT
-    ab_at = 0 if overlap else _round(c_tile.nbytes)
-    a_tile = SharedTile(ab_at, m, k, eb, True)
-    b_tile = SharedTile(ab_at + _round(a_bytes), b_rows, b_cols, eb, True)
-    need = max(c_tile.nbytes, b_tile.offset + b_tile.nbytes)
-    if need > SHARED_LIMIT:
-        raise LoweringError(
-            f"mma of {a.type} @ {b.type} + {acc.type} needs {need} bytes of shared memory to "
-            f"stage its operands and accumulator (the limit is {SHARED_LIMIT}); use smaller "
-            "tiles (an f32 accumulator of at most about 8192 elements)"
-        )
-    smem = _smem(em, need)
-    grid = warp_grid(em.plan.threads // WARP, m // 16, n // 8)
-    uniform = _uniform_acc(em, acc)
-
-    em.fb.comment(f"mma {a.type} @ {b.type} + {acc.type}: warps {grid.wm}x{grid.wn}")
-    lane = _lane_regs(em, grid)
-    slots_m = _slots(em, lane.wm, grid.wm, grid.sm, grid.fm)
-    slots_n = _slots(em, lane.wn, grid.wn, grid.sn, grid.fn)
-    c_addr = _c_fragment_addresses(em, smem, c_tile, lane, slots_m, slots_n)
-    frags = [[[uniform] * 4 for _ in slots_n] for _ in slots_m] if uniform is not None else []
-    if uniform is None:
-        store_tile(em, smem, c_tile, em.regs(acc), em.layout(acc), transpose=False)
-        if overlap:  # C and the operands share the region: fragments out before A, B in
-            _barrier(em)
-            frags = _load_c_fragments(em, c_addr, c_tile, slots_m, slots_n)
-            _barrier(em)
-    store_tile(em, smem, a_tile, em.regs(a), em.layout(a), transpose=False, tf32=tf32)
-    store_tile(em, smem, b_tile, em.regs(b), em.layout(b), transpose=tf32, tf32=tf32)
-    _barrier(em)
-    if not frags:
-        frags = _load_c_fragments(em, c_addr, c_tile, slots_m, slots_n)
-    frags = warp_mma(em, smem, dt, k, a_tile, b_tile, lane, grid, slots_m, slots_n, frags)
-    if overlap:
+    k = a.type.shape[1]
+    s = setup(em, op)
+    em.fb.comment(f"mma {a.type} @ {b.type} + {acc.type}: warps {s.grid.wm}x{s.grid.wn}")
+    frags = acc_fragments(em, op, acc)
+    at = em.reg_tiles_at.get(id(op), 0)
+    stores: list[tuple[Operand, o.Value, bool]] = []
+    ops: list[Operand] = []
+    for which, v in enumerate((a, b)):
+        staged = em.staged.get(id(v))
+        if staged is not None:
+            tile, n_major, stage = staged
+            base = em.fb.reg("b32")
+            em.fb.ins("add.u32", base, _smem(em, 0), stage)
+            ops.append(Operand(tile, base, n_major, unrounded=dt is f32))
+            continue
+        rows, cols = v.type.shape
+        # tf32 has no transposing ldmatrix: its B is stored n-major.
+        n_major = which == 1 and dt is f32
+        if n_major:
+            rows, cols = cols, rows
+        tile = SharedTile(at, rows, cols, dt.itemsize(), True)
+        at += round_region(tile.nbytes)
+        if at > em.max_shared:
+            raise LoweringError(
+                f"kernel {em.kernel.name}: mma of {a.type} @ {b.type} needs {at} bytes of "
+                f"shared memory for its operand tiles, more than the {em.max_shared} bytes "
+                "a block may have on this target; use smaller tiles"
+            )
+        operand = Operand(tile, _smem(em, 0), n_major)
+        stores.append((operand, v, n_major))
+        ops.append(operand)
+    if stores:
+        _smem(em, at)
+        _barrier(em)  # earlier readers of this region (the previous iteration) are done
+        for operand, v, transpose in stores:
+            store_tile(
+                em,
+                operand.base,
+                operand.tile,
+                em.regs(v),
+                em.layout(v),
+                transpose=transpose,
+                tf32=dt is f32,
+            )
         _barrier(em)
-    _store_c_fragments(em, c_addr, c_tile, slots_m, slots_n, frags)
-    _barrier(em)
-    em.define(op.result, load_tile(em, smem, c_tile, em.layout(op.result)))
-    _barrier(em)
+    frags = warp_mma(em, dt, k, ops[0], ops[1], s, frags)
+    if id(op.result) in em.fragment_values:
+        em.define(op.result, [x for row in frags for c in row for x in c])
+    else:
+        em.define(op.result, fragments_to_blocked(em, s, frags, em.layout(op.result), op))
 
 
-def _round(nbytes: int) -> int:
+def acc_fragments(em: Emitter, op: o.MmaOp, acc: o.Value) -> list[list[list[Reg]]]:
+    """The accumulator `acc` of `op` as fragments [M slot][N slot][4]."""
+    s = setup(em, op)
+    if id(acc) in em.fragment_values:
+        flat = em.regs(acc)
+        assert len(flat) == s.count
+        return [
+            [
+                flat[4 * (i * len(s.slots_n) + j) : 4 * (i * len(s.slots_n) + j) + 4]
+                for j in range(len(s.slots_n))
+            ]
+            for i in range(len(s.slots_m))
+        ]
+    uniform = _uniform_acc(em, acc)
+    if uniform is not None:
+        return [[[uniform] * 4 for _ in s.slots_n] for _ in s.slots_m]
+    return blocked_to_fragments(em, s, em.regs(acc), em.layout(acc), op)
+
+
+def round_region(nbytes: int) -> int:
     """Regions start on 128-byte boundaries (a full bank sweep)."""
     return -(-nbytes // 128) * 128
 
@@ -189,6 +264,82 @@ def _uniform_acc(em: Emitter, acc: o.Value) -> Reg | None:
                 return em.regs(op.operands[0])[0]
             return None
     return None
+
+
+# -- accumulator: blocked layout <-> fragments, through shared memory in row bands ------------
+@dataclass(frozen=True)
+class _Bands:
+    """The accumulator staged `rows` rows at a time: band p holds rows [p*rows, (p+1)*rows),
+    which is a whole number of both the blocked layout's row repetitions and the warps' M
+    slots, so every thread knows statically which of its registers and slots each band
+    holds."""
+
+    tile: SharedTile
+    rows: int
+    count: int
+    row_dim: int
+
+    def has_slot(self, p: int, slot: _Slot) -> bool:
+        return p * self.rows <= slot.nominal * 16 < (p + 1) * self.rows
+
+
+def _bands(em: Emitter, s: Setup, lay: Layout, m: int, n: int) -> _Bands:
+    row_dim = lay.dims[0]
+    assert row_dim is not None
+    base = lay.base
+    unit = base.threads[row_dim] * base.unit(row_dim)
+    step = lcm(unit, 16 * s.grid.wm)
+    tile = SharedTile(0, step, n, 4, False, pad=8 if n % 16 == 0 else 0)
+    budget = max(SHARED_LIMIT, em.fb.shared_bytes)
+    rows = step * max(1, min(-(-m // step), budget // tile.nbytes))
+    tile = SharedTile(0, rows, n, 4, False, pad=tile.pad)
+    return _Bands(tile, rows, -(-m // rows), row_dim)
+
+
+def fragments_to_blocked(
+    em: Emitter, s: Setup, frags: list[list[list[Reg]]], lay: Layout, op: o.MmaOp
+) -> list[Reg]:
+    """Accumulator fragments into the blocked layout `lay` of `op`'s result."""
+    m, n = op.result.type.shape
+    bands = _bands(em, s, lay, m, n)
+    smem = _smem(em, bands.tile.nbytes)
+    out: list[Reg | None] = [None] * lay.count()
+    for p in range(bands.count):
+        sel = [i for i, sm in enumerate(s.slots_m) if bands.has_slot(p, sm)]
+        shift = p * bands.rows
+        _barrier(em)
+        addr = _c_fragment_addresses(em, smem, bands.tile, s.lane, s.slots_m, s.slots_n, shift)
+        _store_c_fragments(em, addr, bands.tile, s.slots_m, s.slots_n, frags, sel)
+        _barrier(em)
+        band = (shift, shift + bands.rows, bands.row_dim)
+        for idx, r in load_tile(em, smem, bands.tile, lay, band):
+            out[idx] = r
+    _barrier(em)
+    assert all(r is not None for r in out)
+    return [r for r in out if r is not None]
+
+
+def blocked_to_fragments(
+    em: Emitter, s: Setup, regs: list[Reg], lay: Layout, op: o.MmaOp
+) -> list[list[list[Reg]]]:
+    """An accumulator in blocked registers `regs` (layout `lay`) as fragments."""
+    m, n = op.result.type.shape
+    bands = _bands(em, s, lay, m, n)
+    smem = _smem(em, bands.tile.nbytes)
+    frags: list[list[list[Reg]]] = [[[] for _ in s.slots_n] for _ in s.slots_m]
+    for p in range(bands.count):
+        shift = p * bands.rows
+        _barrier(em)
+        band = (shift, shift + bands.rows, bands.row_dim)
+        store_tile(em, smem, bands.tile, regs, lay, transpose=False, band=band)
+        _barrier(em)
+        sel = [i for i, sm in enumerate(s.slots_m) if bands.has_slot(p, sm)]
+        addr = _c_fragment_addresses(em, smem, bands.tile, s.lane, s.slots_m, s.slots_n, shift)
+        got = _load_c_fragments(em, addr, bands.tile, s.slots_m, s.slots_n, sel)
+        for i in sel:
+            frags[i] = got[i]
+    _barrier(em)
+    return frags
 
 
 # -- lanes, warps, slots --------------------------------------------------------------------
@@ -208,7 +359,7 @@ def _lane_regs(em: Emitter, grid: WarpGrid) -> _Lane:
 def _slots(em: Emitter, w: Reg, warps: int, slots: int, frags: int) -> list[_Slot]:
     """Slot s of warp coordinate w holds fragment w + s * warps. Only the last slot can run
     past `frags`; its index is clamped (its loads stay in bounds) and it gets a predicate."""
-    out = [_Slot(w, s * warps, None) for s in range(slots)]
+    out = [_Slot(w, s * warps, None, s * warps) for s in range(slots)]
     if frags % warps:
         fb = em.fb
         last = slots - 1
@@ -216,7 +367,7 @@ def _slots(em: Emitter, w: Reg, warps: int, slots: int, frags: int) -> list[_Slo
         fb.ins("add.u32", idx, w, last * warps)
         fb.ins("setp.lt.u32", valid, idx, frags)
         fb.ins("min.u32", idx, idx, frags - 1)
-        out[last] = _Slot(idx, 0, valid)
+        out[last] = _Slot(idx, 0, valid, last * warps)
     return out
 
 
@@ -229,20 +380,42 @@ def _group(lay: Layout, col_dim: int, eb: int) -> int:
     return min(base.vec, CHUNK // eb)
 
 
-def _addresses(
-    em: Emitter, smem: Reg, tile: SharedTile, lay: Layout, row_dim: int, col_dim: int, group: int
+#: Rows [lo, hi) of base dim `dim` of a layout, staged as rows 0 .. hi - lo of a tile.
+Band = tuple[int, int, int]
+
+
+def shared_addresses(
+    em: Emitter,
+    smem: Reg,
+    tile: SharedTile,
+    lay: Layout,
+    row_dim: int,
+    col_dim: int,
+    group: int,
+    band: Band | None = None,
 ) -> list[tuple[dict[int, int], Reg, int]]:
-    """(offsets, address register, immediate) of each group of `group` registers."""
+    """(offsets, address register, immediate) of each group of `group` registers (of the
+    rows in `band` only, if given: unswizzled tiles)."""
     fb = em.fb
     coord = em.bases[lay.base].coord
     regs = lay.registers()
     heads = [offs for offs in regs if lay.base.position(col_dim, offs[col_dim]) % group == 0]
+    shift = 0
+    if band is not None:
+        lo, hi, dim = band
+        assert dim == row_dim and not tile.swizzled
+        heads = [offs for offs in heads if lo <= offs[row_dim] < hi]
+        shift = lo
     if not tile.swizzled:
         lane = fb.reg("b32")
         fb.ins("mad.lo.u32", lane, coord[row_dim], tile.row_bytes, smem)
         fb.ins("mad.lo.u32", lane, coord[col_dim], tile.eb, lane)
         return [
-            (offs, lane, tile.offset + offs[row_dim] * tile.row_bytes + offs[col_dim] * tile.eb)
+            (
+                offs,
+                lane,
+                tile.offset + (offs[row_dim] - shift) * tile.row_bytes + offs[col_dim] * tile.eb,
+            )
             for offs in heads
         ]
     per_chunk = CHUNK // tile.eb
@@ -291,15 +464,17 @@ def store_tile(
     *,
     transpose: bool,
     tf32: bool = False,
+    band: Band | None = None,
 ) -> None:
     """Write a 2-D value from its blocked registers into `tile` (value dim 0 along rows, or
-    along columns if `transpose`); f32 values are rounded to tf32 on the way if `tf32`."""
+    along columns if `transpose`; only the rows in `band` if given); f32 values are rounded
+    to tf32 on the way if `tf32`."""
     fb = em.fb
     row_dim, col_dim = lay.dims[1 if transpose else 0], lay.dims[0 if transpose else 1]
     assert row_dim is not None and col_dim is not None
     group = _group(lay, col_dim, tile.eb)
     owner = em.owner(lay)
-    for offs, base, imm in _addresses(em, smem, tile, lay, row_dim, col_dim, group):
+    for offs, base, imm in shared_addresses(em, smem, tile, lay, row_dim, col_dim, group, band):
         pred = em.conj(em.valid(lay, offs), owner)
         elems = [regs[lay.index({**offs, col_dim: offs[col_dim] + v})] for v in range(group)]
         if tf32:
@@ -320,14 +495,17 @@ def store_tile(
         fb.ins(f"st.shared{_vec(len(elems))}.{kind}", Addr(base, imm), _operand(elems), pred=pred)
 
 
-def load_tile(em: Emitter, smem: Reg, tile: SharedTile, lay: Layout) -> list[Reg]:
-    """Read an f32 tile into the blocked layout `lay` (0 past the value's edges)."""
+def load_tile(
+    em: Emitter, smem: Reg, tile: SharedTile, lay: Layout, band: Band | None = None
+) -> list[tuple[int, Reg]]:
+    """Read an f32 tile into the blocked layout `lay` (0 past the value's edges; only the
+    rows in `band` if given): (register index, register) pairs."""
     fb = em.fb
     row_dim, col_dim = lay.dims
     assert row_dim is not None and col_dim is not None
     group = _group(lay, col_dim, tile.eb)
-    out: list[Reg | None] = [None] * lay.count()
-    for offs, base, imm in _addresses(em, smem, tile, lay, row_dim, col_dim, group):
+    out: list[tuple[int, Reg]] = []
+    for offs, base, imm in shared_addresses(em, smem, tile, lay, row_dim, col_dim, group, band):
         pred = em.valid(lay, offs)
         elems = [fb.reg("f32") for _ in range(group)]
         if pred is not None:
@@ -335,9 +513,8 @@ def load_tile(em: Emitter, smem: Reg, tile: SharedTile, lay: Layout) -> list[Reg
                 fb.ins("mov.f32", x, f32_imm(0.0))
         fb.ins(f"ld.shared{_vec(group)}.f32", _operand(elems), Addr(base, imm), pred=pred)
         for v, x in enumerate(elems):
-            out[lay.index({**offs, col_dim: offs[col_dim] + v})] = x
-    assert all(r is not None for r in out)
-    return [r for r in out if r is not None]
+            out.append((lay.index({**offs, col_dim: offs[col_dim] + v}), x))
+    return out
 
 
 def _vec(n: int) -> str:
@@ -356,9 +533,10 @@ def _c_fragment_addresses(
     lane: _Lane,
     slots_m: list[_Slot],
     slots_n: list[_Slot],
+    shift: int = 0,
 ) -> dict[tuple[int, int], tuple[Reg, int]]:
-    """Where this lane's d0, d1 (row g, cols 2t, 2t+1) of fragment slot (i, j) live; d2, d3
-    are 8 rows further."""
+    """Where this lane's d0, d1 (row g, cols 2t, 2t+1) of fragment slot (i, j) live, in a
+    tile whose row 0 is accumulator row `shift`; d2, d3 are 8 rows further."""
     fb = em.fb
     base = fb.reg("b32")
     fb.ins("mad.lo.u32", base, lane.g, tile.row_bytes, smem)
@@ -373,7 +551,7 @@ def _c_fragment_addresses(
                 fb.ins("mad.lo.u32", r, sm.reg, 16 * tile.row_bytes, base)
                 fb.ins("mad.lo.u32", r, sn.reg, 8 * tile.eb, r)
                 cache[key] = r
-            imm = tile.offset + sm.static * 16 * tile.row_bytes + sn.static * 8 * tile.eb
+            imm = tile.offset + (sm.static * 16 - shift) * tile.row_bytes + sn.static * 8 * tile.eb
             out[(i, j)] = (cache[key], imm)
     return out
 
@@ -388,12 +566,14 @@ def _load_c_fragments(
     tile: SharedTile,
     slots_m: list[_Slot],
     slots_n: list[_Slot],
-) -> list[list[list[Reg]]]:
-    """Accumulator fragments from the staged tile. A clamped slot that is not a real fragment
-    reads nothing (its owner warp writes that fragment in the same phase)."""
+    sel: list[int],
+) -> dict[int, list[list[Reg]]]:
+    """Accumulator fragments of the M slots `sel` from the staged tile. A clamped slot that
+    is not a real fragment reads nothing (its values are never stored)."""
     fb = em.fb
-    out = []
-    for i, sm in enumerate(slots_m):
+    out = {}
+    for i in sel:
+        sm = slots_m[i]
         row = []
         for j, sn in enumerate(slots_n):
             reg, imm = addr[(i, j)]
@@ -410,7 +590,7 @@ def _load_c_fragments(
                 pred=pred,
             )
             row.append(c)
-        out.append(row)
+        out[i] = row
     return out
 
 
@@ -421,9 +601,11 @@ def _store_c_fragments(
     slots_m: list[_Slot],
     slots_n: list[_Slot],
     frags: list[list[list[Reg]]],
+    sel: list[int],
 ) -> None:
     fb = em.fb
-    for i, sm in enumerate(slots_m):
+    for i in sel:
+        sm = slots_m[i]
         for j, sn in enumerate(slots_n):
             reg, imm = addr[(i, j)]
             pred = _slot_valid(em, sm, sn)
@@ -435,6 +617,16 @@ def _store_c_fragments(
                 Vec((d[2], d[3])),
                 pred=pred,
             )
+
+
+def _tf32(em: Emitter, regs: list[Reg]) -> list[Reg]:
+    """f32 fragment registers rounded to tf32 (to nearest, ties away, as `cvt.rna`)."""
+    out = []
+    for x in regs:
+        r = em.fb.reg("b32")
+        em.fb.ins("cvt.rna.tf32.f32", r, x)
+        out.append(r)
+    return out
 
 
 # -- the warp's fragment loop ---------------------------------------------------------------
@@ -498,39 +690,37 @@ def _row_fragments(
 
 def warp_mma(
     em: Emitter,
-    smem: Reg,
     dt: type[DType],
     k: int,
-    a_tile: SharedTile,
-    b_tile: SharedTile,
-    lane: _Lane,
-    grid: WarpGrid,
-    slots_m: list[_Slot],
-    slots_n: list[_Slot],
+    a: Operand,
+    b: Operand,
+    s: Setup,
     frags: list[list[list[Reg]]],
 ) -> list[list[list[Reg]]]:
     """Each warp's K loop (unrolled): ldmatrix its A and B fragments, one mma.sync per
     (M slot, N slot); returns the new accumulator fragments."""
     fb = em.fb
-    tf32 = dt is f32
+    lane, grid, slots_m, slots_n = s.lane, s.grid, s.slots_m, s.slots_n
+    a_tile, b_tile = a.tile, b.tile
     step = MMA_K_STEP[dt]
-    a_rows, a_chunks = _row_fragments(em, smem, a_tile, lane.lane, 16, slots_m)
-    if tf32:
-        b_rows, b_chunks = _row_fragments(em, smem, b_tile, lane.lane, 8, slots_n)
+    a_rows, a_chunks = _row_fragments(em, a.base, a_tile, lane.lane, 16, slots_m)
+    if b.n_major:
+        b_rows, b_chunks = _row_fragments(em, b.base, b_tile, lane.lane, 8, slots_n)
     else:
+        assert dt is not f32, "tf32 has no transposing ldmatrix"
         # k-major B, read with .trans: lane l gives row k0 + l % 16 of 16-byte chunk nj.
         lrow = fb.reg("b32")
         fb.ins("and.b32", lrow, lane.lane, 15)
         b_lane = fb.reg("b32")
-        fb.ins("mad.lo.u32", b_lane, lrow, b_tile.row_bytes, smem)
+        fb.ins("mad.lo.u32", b_lane, lrow, b_tile.row_bytes, b.base)
         f = _lane_xor(em, lane.lane, b_tile)
         cols: dict[str, _Chunks] = {}
         b_cols = []
-        for s in slots_n:
-            if s.reg.name not in cols:
+        for sn in slots_n:
+            if sn.reg.name not in cols:
                 # Slot statics are multiples of wn, the warp coordinate is below it.
-                cols[s.reg.name] = _Chunks(em, s.reg, f, max(grid.wn, b_tile.xor_width))
-            col, imm = cols[s.reg.name].at(s.static)
+                cols[sn.reg.name] = _Chunks(em, sn.reg, f, max(grid.wn, b_tile.xor_width))
+            col, imm = cols[sn.reg.name].at(sn.static)
             r = fb.reg("b32")
             fb.ins("add.u32", r, b_lane, col)
             b_cols.append((r, b_tile.offset + imm))
@@ -548,9 +738,9 @@ def warp_mma(
                 Vec(tuple(regs)),
                 Addr(addr, imm + a_imm),
             )
-            a_regs.append(regs)
+            a_regs.append(_tf32(em, regs) if a.unrounded else regs)
         b_regs = []
-        if tf32:
+        if b.n_major:
             b_col, b_imm = b_chunks.at(2 * ks)
             for reg, imm in b_rows:
                 addr = fb.reg("b32")
@@ -561,7 +751,7 @@ def warp_mma(
                     Vec(tuple(regs)),
                     Addr(addr, imm + b_imm),
                 )
-                b_regs.append(regs)
+                b_regs.append(_tf32(em, regs) if b.unrounded else regs)
         else:
             for reg, imm in b_cols:
                 regs = [fb.reg("b32") for _ in range(2)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
@@ -29,6 +30,9 @@ from cutile_py.lower.isel import (
 )
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan
 from cutile_py.ptx.builder import FunctionBuilder, Imm, Reg, f32_imm, int_imm
+
+if TYPE_CHECKING:
+    from cutile_py.lower.emit_mma import Setup, SharedTile
 
 
 class LoweringError(Exception):
@@ -72,8 +76,22 @@ class Emitter:
     tid: Reg | None = None
     smem: Reg | None = None  # shared address of `smem` (u32)
     smem_line: int = -1
+    #: Shared memory per block the target allows (dynamic shared memory past 48 KiB).
+    max_shared: int = 48 * 1024
     #: Instruction families used that need more than the target's base PTX version.
     features: set[str] = field(default_factory=set)
+    # -- tensor cores (emit_mma, emit_pipeline) --
+    #: id(MmaOp) → its fragment addressing.
+    mma_setups: dict[int, Setup] = field(default_factory=dict)
+    #: Values held as mma accumulator fragments (a loop carries them), not blocked.
+    fragment_values: set[int] = field(default_factory=set)
+    #: id(mma operand value) → (its shared tile, n-major, register with the byte offset of
+    #: the pipeline stage being read): operands a cp.async pipeline loads.
+    staged: dict[int, tuple[SharedTile, bool, Reg]] = field(default_factory=dict)
+    #: id(MmaOp) → byte offset for the operands it stores from registers itself.
+    reg_tiles_at: dict[int, int] = field(default_factory=dict)
+    #: ids of ops not emitted where they stand (loads a pipeline issues ahead instead).
+    skipped: set[int] = field(default_factory=set)
 
     # -- registers ------------------------------------------------------------------------
     def regs(self, v: o.Value) -> list[Reg]:
@@ -256,6 +274,8 @@ class Emitter:
             self.op(op)
 
     def op(self, op: o.Op) -> None:
+        if id(op) in self.skipped:
+            return
         handler = getattr(self, f"op_{op.opname}", None)
         if handler is None:
             raise LoweringError(f"no lowering for IR op {op.opname}")
@@ -548,31 +568,56 @@ class Emitter:
         return self.regs_as(v, self.layout(like))
 
     def op_for(self, op: o.ForOp) -> None:
+        from cutile_py.lower import emit_pipeline
+
         fb = self.fb
         lo, hi, step, *inits = op.operands
         args = op.body.args[1:]
+        # Accumulators the loop carries stay mma fragments; operand loads go through cp.async.
+        pipe = emit_pipeline.plan_loop(self, op)
+        frag = pipe.carried if pipe is not None else {}
         iv = fb.reg("b32")
         self.mov(iv, self.regs(lo)[0])
-        init_regs = [self.regs_like(v, a) for v, a in zip(inits, args)]
+        init_regs = [
+            emit_pipeline.fragments_of(self, frag[k], v) if k in frag else self.regs_like(v, a)
+            for k, (v, a) in enumerate(zip(inits, args))
+        ]
         carried = [self.fresh_like(r) for r in init_regs]
         self.copy_into(carried, init_regs)
         self.define(op.body.args[0], [iv])
         for arg, regs in zip(args, carried):
             self.define(arg, regs)
+        if pipe is not None:
+            pipe.prologue(iv, self.regs(step)[0])
         top, end = fb.new_label("loop"), fb.new_label("done")
         fb.place(top)
         done = fb.reg("pred")
         fb.ins("setp.le.s32" if op.descending else "setp.ge.s32", done, iv, self.regs(hi)[0])
         fb.ins("bra.uni", end, pred=done)
+        if pipe is not None:
+            pipe.top()
         body_ops = op.body.ops
         self.region(o.Region([], body_ops[:-1]))
         yielded = body_ops[-1]
-        self.copy_into(carried, [self.regs_like(v, a) for v, a in zip(yielded.operands, args)])
+        self.copy_into(
+            carried,
+            [
+                self.regs(v) if k in frag else self.regs_like(v, a)
+                for k, (v, a) in enumerate(zip(yielded.operands, args))
+            ],
+        )
+        if pipe is not None:
+            pipe.bottom()
         fb.ins("add.s32", iv, iv, self.regs(step)[0])
         fb.ins("bra.uni", top)
         fb.place(end)
-        for res, arg in zip(op.results, args):
-            self.define(res, self.regs_like(arg, res))
+        if pipe is not None:
+            pipe.drain()
+        for k, (res, arg) in enumerate(zip(op.results, args)):
+            if k in frag:
+                self.define(res, emit_pipeline.blocked_of(self, frag[k], arg, res))
+            else:
+                self.define(res, self.regs_like(arg, res))
 
     def op_if(self, op: o.IfOp) -> None:
         fb = self.fb

@@ -147,9 +147,12 @@ def walk(region: o.Region) -> list[o.Op]:
     return out
 
 
-def canonical_blocked(shape: tuple[int, ...], itemsize: int, block: int) -> Blocked:
-    """The coalesced layout of `shape` in memory order for a block of `block` threads."""
-    limit = max(1, VECTOR_BYTES // itemsize)
+def canonical_blocked(
+    shape: tuple[int, ...], itemsize: int, block: int, max_vec: int = VECTOR_BYTES
+) -> Blocked:
+    """The coalesced layout of `shape` in memory order for a block of `block` threads, with
+    vectors of at most 16 bytes and `max_vec` elements."""
+    limit = max(1, min(VECTOR_BYTES // itemsize, max_vec))
     vec = 1
     while vec * 2 <= limit and shape[-1] % (vec * 2) == 0:
         vec *= 2
