@@ -182,8 +182,10 @@ def mma(em: Emitter, op: o.MmaOp) -> None:
     k = a.type.shape[1]
     s = setup(em, op)
     em.fb.comment(f"mma {a.type} @ {b.type} + {acc.type}: warps {s.grid.wm}x{s.grid.wn}")
-    frags = acc_fragments(em, op, acc)
-    at = em.reg_tiles_at.get(id(op), 0)
+    # Inside a cp.async pipeline, shared memory past its stages is this op's scratch.
+    scratch = em.reg_tiles_at.get(id(op), 0)
+    frags = acc_fragments(em, op, acc, scratch)
+    at = scratch
     stores: list[tuple[Operand, o.Value, bool]] = []
     ops: list[Operand] = []
     for which, v in enumerate((a, b)):
@@ -228,11 +230,13 @@ def mma(em: Emitter, op: o.MmaOp) -> None:
     if id(op.result) in em.fragment_values:
         em.define(op.result, [x for row in frags for c in row for x in c])
     else:
-        em.define(op.result, fragments_to_blocked(em, s, frags, em.layout(op.result), op))
+        blocked = fragments_to_blocked(em, s, frags, em.layout(op.result), op, scratch)
+        em.define(op.result, blocked)
 
 
-def acc_fragments(em: Emitter, op: o.MmaOp, acc: o.Value) -> list[list[list[Reg]]]:
-    """The accumulator `acc` of `op` as fragments [M slot][N slot][4]."""
+def acc_fragments(em: Emitter, op: o.MmaOp, acc: o.Value, at: int = 0) -> list[list[list[Reg]]]:
+    """The accumulator `acc` of `op` as fragments [M slot][N slot][4] (converted, if it is
+    blocked, through shared memory from byte `at` on)."""
     s = setup(em, op)
     if id(acc) in em.fragment_values:
         flat = em.regs(acc)
@@ -247,7 +251,7 @@ def acc_fragments(em: Emitter, op: o.MmaOp, acc: o.Value) -> list[list[list[Reg]
     uniform = _uniform_acc(em, acc)
     if uniform is not None:
         return [[[uniform] * 4 for _ in s.slots_n] for _ in s.slots_m]
-    return blocked_to_fragments(em, s, em.regs(acc), em.layout(acc), op)
+    return blocked_to_fragments(em, s, em.regs(acc), em.layout(acc), op, at)
 
 
 def round_region(nbytes: int) -> int:
@@ -283,26 +287,33 @@ class _Bands:
         return p * self.rows <= slot.nominal * 16 < (p + 1) * self.rows
 
 
-def _bands(em: Emitter, s: Setup, lay: Layout, m: int, n: int) -> _Bands:
+def _bands(em: Emitter, s: Setup, lay: Layout, m: int, n: int, at: int) -> _Bands:
     row_dim = lay.dims[0]
     assert row_dim is not None
     base = lay.base
     unit = base.threads[row_dim] * base.unit(row_dim)
     step = lcm(unit, 16 * s.grid.wm)
-    tile = SharedTile(0, step, n, 4, False, pad=8 if n % 16 == 0 else 0)
-    budget = max(SHARED_LIMIT, em.fb.shared_bytes)
+    tile = SharedTile(at, step, n, 4, False, pad=8 if n % 16 == 0 else 0)
+    budget = max(SHARED_LIMIT, em.fb.shared_bytes) - at
     rows = step * max(1, min(-(-m // step), budget // tile.nbytes))
-    tile = SharedTile(0, rows, n, 4, False, pad=tile.pad)
+    tile = SharedTile(at, rows, n, 4, False, pad=tile.pad)
+    if at + tile.nbytes > em.max_shared:
+        raise LoweringError(
+            f"kernel {em.kernel.name}: the accumulator ({m}, {n}) f32 of an mma needs "
+            f"{at + tile.nbytes} bytes of shared memory to change layout, more than the "
+            f"{em.max_shared} bytes a block may have on this target; use smaller tiles"
+        )
     return _Bands(tile, rows, -(-m // rows), row_dim)
 
 
 def fragments_to_blocked(
-    em: Emitter, s: Setup, frags: list[list[list[Reg]]], lay: Layout, op: o.MmaOp
+    em: Emitter, s: Setup, frags: list[list[list[Reg]]], lay: Layout, op: o.MmaOp, at: int = 0
 ) -> list[Reg]:
-    """Accumulator fragments into the blocked layout `lay` of `op`'s result."""
+    """Accumulator fragments into the blocked layout `lay` of `op`'s result, staged in
+    shared memory from byte `at` on."""
     m, n = op.result.type.shape
-    bands = _bands(em, s, lay, m, n)
-    smem = _smem(em, bands.tile.nbytes)
+    bands = _bands(em, s, lay, m, n, at)
+    smem = _smem(em, bands.tile.offset + bands.tile.nbytes)
     out: list[Reg | None] = [None] * lay.count()
     for p in range(bands.count):
         sel = [i for i, sm in enumerate(s.slots_m) if bands.has_slot(p, sm)]
@@ -320,12 +331,13 @@ def fragments_to_blocked(
 
 
 def blocked_to_fragments(
-    em: Emitter, s: Setup, regs: list[Reg], lay: Layout, op: o.MmaOp
+    em: Emitter, s: Setup, regs: list[Reg], lay: Layout, op: o.MmaOp, at: int = 0
 ) -> list[list[list[Reg]]]:
-    """An accumulator in blocked registers `regs` (layout `lay`) as fragments."""
+    """An accumulator in blocked registers `regs` (layout `lay`) as fragments, staged in
+    shared memory from byte `at` on."""
     m, n = op.result.type.shape
-    bands = _bands(em, s, lay, m, n)
-    smem = _smem(em, bands.tile.nbytes)
+    bands = _bands(em, s, lay, m, n, at)
+    smem = _smem(em, bands.tile.offset + bands.tile.nbytes)
     frags: list[list[list[Reg]]] = [[[] for _ in s.slots_n] for _ in s.slots_m]
     for p in range(bands.count):
         shift = p * bands.rows
