@@ -1,10 +1,15 @@
-"""`mma` on tensor cores: operands staged in swizzled shared memory, fragments loaded with
-`ldmatrix`, `mma.sync` m16n8k16 (f16, bf16) or m16n8k8 (tf32), accumulators moved between
-their blocked layout and the mma fragment layout through shared memory.
+"""`mma` on tensor cores: operands in swizzled shared memory, fragments loaded with
+`ldmatrix`, `mma.sync` m16n8k16 (f16, bf16) or m16n8k8 (tf32).
 
-The phases are separate functions (stage operands, warp fragment loop, accumulator in and
-out) so that a pipelined version (cp.async into the same swizzled tiles, several stages,
-accumulators kept in fragments across a K loop) can reuse the tiles, addressing and loop.
+Operands arrive in shared memory one of two ways: stored here from their registers, or
+copied there by the cp.async pipeline of the enclosing loop (`emit_pipeline`, which then
+lists them in `em.staged`). The accumulator is either in mma fragment form (a loop carries
+it: `em.fragment_values`) or in its blocked layout, converted through shared memory in row
+bands of at most 48 KiB, so accumulator tiles of any size fit.
+
+The fragment layouts and the shared tiles are kept apart from the instructions that use
+them so that Hopper's wgmma (whose operands are these swizzled tiles, read by descriptor)
+can reuse the tiles, the pipeline and the accumulator conversions.
 """
 
 from __future__ import annotations
