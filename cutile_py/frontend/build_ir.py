@@ -91,10 +91,17 @@ PY_BUILTINS = frozenset(
 
 
 class KernelBuilder:
-    def __init__(self, cap: CapturedFunction, spec: Specialization, fast_math: bool) -> None:
+    def __init__(
+        self,
+        cap: CapturedFunction,
+        spec: Specialization,
+        fast_math: bool,
+        stages: int | None = None,
+    ) -> None:
         self.cap = cap
         self.spec = spec
         self.fast_math = fast_math
+        self.stages = stages
         self.globals = cap.visible_names()
         self.b: ir.Builder = ir.Builder()
         self.env: dict[str, Any] = {}
@@ -159,6 +166,7 @@ class KernelBuilder:
             self.b.region,
             grid_rank=max(ranks, default=1),
             fast_math=self.fast_math,
+            stages=self.stages,
         )
         ir.verify(kernel)
         return kernel
@@ -649,10 +657,15 @@ def assigned_names(stmts: Sequence[ast.stmt]) -> set[str]:
     return names
 
 
-def build_kernel(cap: CapturedFunction, spec: Specialization, fast_math: bool = False) -> ir.Kernel:
+def build_kernel(
+    cap: CapturedFunction,
+    spec: Specialization,
+    fast_math: bool = False,
+    stages: int | None = None,
+) -> ir.Kernel:
     """Tile IR for `cap` specialized to `spec`; CompileError for anything unsupported."""
     try:
-        return KernelBuilder(cap, spec, fast_math).build()
+        return KernelBuilder(cap, spec, fast_math, stages).build()
     except CompileError:
         raise
     except RecursionError as e:

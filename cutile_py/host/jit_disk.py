@@ -5,9 +5,9 @@ The in-memory key (`kernel.CacheKey`) holds objects and, for modules and functio
 reads, their `id()`: fine within a process, meaningless in the next. The disk key is built from
 a stable textual form of the same things instead: the kernel's source hash and qualname, the
 specialization (dtypes by name), the values of the names the kernel reads (helper functions by
-their source hash and, recursively, what they read), the target, fast_math and the compiler
-version. A value with no stable form (an arbitrary object) makes the kernel uncacheable on
-disk; it still compiles and caches in memory.
+their source hash and, recursively, what they read), the target, the kernel's options
+(fast_math, stages) and the compiler version. A value with no stable form (an arbitrary object)
+makes the kernel uncacheable on disk; it still compiles and caches in memory.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from cutile_py.lower.pipeline import LoweredKernel
 from cutile_py.ptx.target import Target
 
 #: Bumped when the payload's layout changes (independently of the compiler version).
-FORMAT = 1
+FORMAT = 2  # 2: dynamic_shared
 
 
 class Unstable(Exception):
@@ -109,6 +109,7 @@ def disk_key(
     target: Target,
     fast_math: bool,
     compiler: str,
+    stages: int | None = None,
 ) -> str | None:
     """The hex key of a specialization's PTX on disk, or None if some part has no stable form."""
     try:
@@ -121,6 +122,7 @@ def disk_key(
             "deps": stable_deps(captured),
             "target": target.sm,
             "fast_math": fast_math,
+            "stages": stages,
         }
     except (Unstable, RecursionError):
         return None
@@ -137,6 +139,7 @@ def encode(lowered: LoweredKernel, ir_text: str) -> bytes:
         "block_threads": lowered.block_threads,
         "params": [[p.arg, p.what, p.axis, p.ptype] for p in lowered.params],
         "target": lowered.target.sm,
+        "dynamic_shared": lowered.dynamic_shared,
         "ir_text": ir_text,
     }
     return json.dumps(data, separators=(",", ":")).encode()
@@ -149,10 +152,10 @@ def decode(payload: bytes) -> tuple[LoweredKernel, str] | None:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             return None
         ptx, entry, ir_text = data["ptx"], data["entry"], data["ir_text"]
-        threads, sm = data["block_threads"], data["target"]
+        threads, sm, dynamic = data["block_threads"], data["target"], data["dynamic_shared"]
         if not (isinstance(ptx, str) and isinstance(entry, str) and isinstance(ir_text, str)):
             return None
-        if not (isinstance(threads, int) and isinstance(sm, int)):
+        if not (isinstance(threads, int) and isinstance(sm, int) and isinstance(dynamic, int)):
             return None
         params = []
         for arg, what, axis, ptype in data["params"]:
@@ -161,6 +164,7 @@ def decode(payload: bytes) -> tuple[LoweredKernel, str] | None:
             if not (isinstance(what, str) and isinstance(ptype, str)):
                 return None
             params.append(PtxParam(arg, what, axis, ptype))
-        return LoweredKernel(ptx, entry, threads, tuple(params), Target(sm)), ir_text
+        lowered = LoweredKernel(ptx, entry, threads, tuple(params), Target(sm), dynamic)
+        return lowered, ir_text
     except (ValueError, TypeError, KeyError):
         return None

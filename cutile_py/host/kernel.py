@@ -40,6 +40,9 @@ def _compiler_digest() -> str:
 #: Changes whenever generated code may change; part of every cache key.
 COMPILER_VERSION = f"0.1.0+{_compiler_digest()}"
 
+#: The most K-loop iterations a kernel may ask the cp.async pipeline to load ahead.
+MAX_STAGES = 8
+
 
 @dataclass(frozen=True)
 class CacheKey:
@@ -48,6 +51,7 @@ class CacheKey:
     spec: Specialization
     target: Target | None  # None: IR only (the interpreter)
     fast_math: bool
+    stages: int | None
     #: Values of the globals and closure variables the kernel reads (see `fingerprint`).
     deps: tuple[tuple[str, Any], ...] = ()
     compiler: str = COMPILER_VERSION
@@ -125,11 +129,14 @@ class Kernel:
         fn: Callable[..., Any],
         *,
         fast_math: bool = False,
+        stages: int | None = None,
         scope: dict[str, Any] | None = None,
     ) -> None:
         self.fn = fn
         self.fast_math = fast_math
         self.captured: CapturedFunction = capture(fn, scope)
+        _check_stages(stages, self.captured)
+        self.stages = stages
         self.name = self.captured.name
         self._signature = inspect.signature(fn)
         self._params: tuple[ParamSpec, ...] | None = None
@@ -159,14 +166,22 @@ class Kernel:
     def compiled(self, spec: Specialization, target: Target | None) -> CompiledKernel:
         deps = self.captured.fingerprint()
         key = CacheKey(
-            self.captured.source_hash, self.__qualname__, spec, target, self.fast_math, deps
+            self.captured.source_hash,
+            self.__qualname__,
+            spec,
+            target,
+            self.fast_math,
+            self.stages,
+            deps,
         )
         hit = _CACHE.get(key)
         if hit is not None:
             STATS.hits += 1
             return hit
         STATS.misses += 1
-        ir_key = CacheKey(key.source_hash, key.qualname, spec, None, self.fast_math, deps)
+        ir_key = CacheKey(
+            key.source_hash, key.qualname, spec, None, self.fast_math, self.stages, deps
+        )
         base = _CACHE.get(ir_key)
         disk_key = None
         if target is not None:
@@ -176,6 +191,7 @@ class Kernel:
                 spec=spec,
                 target=target,
                 fast_math=self.fast_math,
+                stages=self.stages,
                 compiler=COMPILER_VERSION,
             )
             from_disk = self._from_disk(disk_key, spec)
@@ -184,7 +200,7 @@ class Kernel:
                 return from_disk
         if base is None:
             STATS.compiles += 1
-            kir = build_kernel(self.captured, spec, self.fast_math)
+            kir = build_kernel(self.captured, spec, self.fast_math, self.stages)
             base = CompiledKernel(kir, print_kernel(kir), None)
             _CACHE[ir_key] = base
         if target is None:
@@ -281,16 +297,37 @@ def kernel(fn: Callable[..., Any], /) -> Kernel: ...
 
 
 @overload
-def kernel(*, fast_math: bool = False) -> Callable[[Callable[..., Any]], Kernel]: ...
+def kernel(
+    *, fast_math: bool = False, stages: int | None = None
+) -> Callable[[Callable[..., Any]], Kernel]: ...
 
 
 def kernel(
-    fn: Callable[..., Any] | None = None, /, *, fast_math: bool = False
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    fast_math: bool = False,
+    stages: int | None = None,
 ) -> Kernel | Callable[[Callable[..., Any]], Kernel]:
-    """Capture a kernel function: `@ct.kernel` or `@ct.kernel(fast_math=True)`."""
+    """Capture a kernel function: `@ct.kernel`, or with options, `@ct.kernel(fast_math=True,
+    stages=3)`. `stages`: how many K-loop iterations ahead the cp.async pipeline loads
+    tensor-core operand tiles (1 to 8; None: the compiler chooses)."""
     if fn is not None:
-        return Kernel(fn, fast_math=fast_math, scope=_defining_scope(fn))
-    return lambda f: Kernel(f, fast_math=fast_math, scope=_defining_scope(f))
+        return Kernel(fn, fast_math=fast_math, stages=stages, scope=_defining_scope(fn))
+    return lambda f: Kernel(f, fast_math=fast_math, stages=stages, scope=_defining_scope(f))
+
+
+def _check_stages(stages: object, captured: CapturedFunction) -> None:
+    """TypeError / ValueError, located at the kernel's `def`, unless `stages` is None or an int
+    in 1..MAX_STAGES (checked when decorating, not at the first launch far from the cause)."""
+    if stages is None:
+        return
+    where = f"{captured.file}:{captured.first_line}: kernel {captured.name}"
+    # bool is an int subclass, but `stages=True` is surely a mistake.
+    if isinstance(stages, bool) or not isinstance(stages, int):
+        raise TypeError(f"{where}: stages must be an int or None, got {stages!r}")
+    if not 1 <= stages <= MAX_STAGES:
+        raise ValueError(f"{where}: stages must be from 1 to {MAX_STAGES}, got {stages}")
 
 
 def _defining_scope(fn: Callable[..., Any]) -> dict[str, Any]:

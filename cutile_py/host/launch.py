@@ -48,7 +48,7 @@ def kernel_launch(
         kern,
         (g[0], g[1], g[2]),
         (lowered.block_threads, 1, 1),
-        0,
+        lowered.dynamic_shared,
         tuple(pack_params(lowered, args)),
     )
 

@@ -305,3 +305,5 @@ class Kernel:
     #: Launch grid rank (1 to 3); the grid size itself is a run-time value.
     grid_rank: int = 1
     fast_math: bool = False
+    #: K-loop iterations the cp.async pipeline loads ahead (None: the compiler chooses).
+    stages: int | None = None

@@ -25,7 +25,10 @@ def print_kernel(kernel: o.Kernel) -> str:
 
     lines = [f"kernel {kernel.name}(" + ", ".join(param(i, p) for i, p in enumerate(kernel.params))]
     lines[0] += (
-        f") grid_rank={kernel.grid_rank}" + (" fast_math" if kernel.fast_math else "") + " {"
+        f") grid_rank={kernel.grid_rank}"
+        + (" fast_math" if kernel.fast_math else "")
+        + (f" stages={kernel.stages}" if kernel.stages is not None else "")
+        + " {"
     )
 
     def region(r: o.Region, indent: str) -> None:

@@ -24,17 +24,21 @@ class LoweredKernel:
     block_threads: int
     params: tuple[PtxParam, ...]
     target: Target
+    #: Bytes of dynamic shared memory each launch passes (0: the kernel's shared is static).
+    dynamic_shared: int = 0
 
 
 def lower_kernel(kernel: Kernel, target: Target) -> LoweredKernel:
     verify(kernel)
     plan: LayoutPlan = plan_layouts(kernel)
     fb = FunctionBuilder(entry_name(kernel.name), [])
-    em = Emitter(kernel, plan, fb)
+    em = Emitter(kernel, plan, fb, max_shared=target.max_shared_bytes)
     em.preamble()
     em.region(kernel.body)
     em.finish()
     fb.ins("ret")
     module = ModuleBuilder(target, em.features)
     module.functions.append(fb)
-    return LoweredKernel(module.render(), fb.name, plan.threads, tuple(em.params), target)
+    return LoweredKernel(
+        module.render(), fb.name, plan.threads, tuple(em.params), target, fb.dynamic_shared
+    )

@@ -13,6 +13,23 @@ MIN_PTX_FOR_SM: dict[int, tuple[int, int]] = {
     100: (8, 6),
     120: (8, 7),
 }
+#: Shared memory one block may use with the opt-in (cuFuncSetAttribute
+#: MAX_DYNAMIC_SHARED_SIZE_BYTES), from the CUDA C++ Programming Guide's "Technical
+#: Specifications per Compute Capability" table: 163 KB (8.0), 99 KB (8.6, 8.9, 12.0), 227 KB
+#: (9.0, 10.0). That is the SM's largest carveout less the 1 KB CUDA reserves per block; the
+#: Ampere Tuning Guide (Unified Shared Memory/L1/Texture Cache) gives the carveouts: up to
+#: 164 KB per SM on A100 and 100 KB on compute capability 8.6.
+MAX_SHARED_OPTIN: dict[int, int] = {
+    80: 163 * 1024,
+    86: 99 * 1024,
+    89: 99 * 1024,
+    90: 227 * 1024,
+    100: 227 * 1024,
+    120: 99 * 1024,
+}
+#: Static shared memory (`.shared` arrays of fixed size) is capped at 48 KB on every target;
+#: beyond it only dynamic shared memory (`.extern .shared`) can reach the opt-in maximum.
+MAX_STATIC_SHARED = 48 * 1024
 #: The lowest `.version` for an instruction family, where it is higher than 7.0.
 MIN_PTX_FOR_FEATURE: dict[str, tuple[int, int]] = {
     "cvt.f32.bf16": (7, 1),  # widening bf16 with cvt (narrowing is 7.0)
@@ -32,6 +49,11 @@ class Target:
     @property
     def name(self) -> str:
         return f"sm_{self.sm}"
+
+    @property
+    def max_shared_bytes(self) -> int:
+        """The most shared memory one block may use (with the opt-in above 48 KB)."""
+        return MAX_SHARED_OPTIN[max(sm for sm in MAX_SHARED_OPTIN if sm <= self.sm)]
 
     def ptx_version(self, features: frozenset[str] = frozenset()) -> tuple[int, int]:
         """The lowest PTX ISA version that this target and `features` allow."""

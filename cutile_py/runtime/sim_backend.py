@@ -146,13 +146,20 @@ class SimBackend(Backend):
             raise TypeError(f"the sim backend cannot launch a {type(kernel).__name__}")
         values = [(p.ptype, p.value) for p in params]
         try:
-            check_launch(kernel.program, grid, block, shared_mem)
+            check_launch(kernel.program, grid, block, shared_mem, self._target.max_shared_bytes)
             kernel.program.pack_params(values)
         except SimError as e:
             raise RuntimeFailure(str(e)) from e
         try:
             self.last_stats = run(
-                kernel.program, self.memory, grid, block, shared_mem, values, self.options
+                kernel.program,
+                self.memory,
+                grid,
+                block,
+                shared_mem,
+                values,
+                self.options,
+                self._target.max_shared_bytes,
             )
         except SimError as e:
             failure = LaunchFailure(str(e))

@@ -22,7 +22,7 @@ from cutile_py.sim.program import BARRIER, BRANCH, EXIT, NORMAL, Program, Step
 from cutile_py.sim.races import RaceFault
 from cutile_py.sim.spaces import Batch
 
-#: The most dynamic shared memory a block may ask for (sm_90: 227 KB).
+#: The most shared memory a block may use where the launch names no target (sm_90: 227 KB).
 MAX_SHARED = 227 * 1024
 
 
@@ -44,9 +44,14 @@ class Options:
 
 
 def check_launch(
-    program: Program, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int
+    program: Program,
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    shared: int,
+    max_shared: int = MAX_SHARED,
 ) -> None:
-    """The checks the driver makes at launch (CUDA_ERROR_INVALID_VALUE there)."""
+    """The checks the driver makes at launch (CUDA_ERROR_INVALID_VALUE there); `max_shared`:
+    the target's opt-in shared memory per block (`Target.max_shared_bytes`)."""
     where = f"kernel {program.name}: launch with grid {grid}, block {block}"
     if len(grid) != 3 or len(block) != 3 or min(*grid, *block) < 1:
         raise SimError(f"{where}: every grid and block dimension must be at least 1")
@@ -61,10 +66,12 @@ def check_launch(
     most = program.directives.get("maxntid")
     if most and threads > prod(most):
         raise SimError(f"{where}: the kernel allows at most {most} threads (.maxntid)")
-    if shared < 0 or program.shared_size(shared) > MAX_SHARED:
+    if shared < 0:
+        raise SimError(f"{where}: negative dynamic shared memory ({shared} bytes)")
+    if program.shared_size(shared) > max_shared:
         raise SimError(
-            f"{where}: {program.shared_size(shared)} bytes of shared memory exceed "
-            f"{MAX_SHARED} per block"
+            f"{where}: {program.shared_size(shared)} bytes of shared memory "
+            f"({shared} dynamic) exceed the {max_shared} bytes a block may use on this target"
         )
 
 
@@ -87,10 +94,11 @@ def run(
     shared_mem: int,
     params: Sequence[tuple[str, int | float]],
     options: Options | None = None,
+    max_shared: int = MAX_SHARED,
 ) -> Stats:
     """Execute a launch to completion; SimError names kernel, line, block and thread."""
     opts = options or Options()
-    check_launch(program, grid, block, shared_mem)
+    check_launch(program, grid, block, shared_mem, max_shared)
     pmem = ParamMemory(program.pack_params(params))
     per_block = -(-prod(block) // WARP) * WARP
     total = prod(grid)
