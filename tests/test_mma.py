@@ -397,6 +397,57 @@ def test_k_loop_is_pipelined_with_fragment_accumulators() -> None:
     assert "cp.async.wait_all" in ptx[end:]
 
 
+def make_staged_gemm(stages: int) -> Any:
+    @ct.kernel(stages=stages)
+    def staged(
+        c: Mut[Tensor[f32, BM, BN]],
+        a: Tensor[f16, Dyn, Dyn],
+        b: Tensor[f16, Dyn, Dyn],
+        BK: ConstInt,
+    ) -> None:
+        acc: ct.Tile = ct.zeros((c.shape[0], c.shape[1]), f32)
+        for kk in range(ct.num_tiles(a, 1, BK)):
+            ta = ct.load(a, (ct.bid(0), kk), (c.shape[0], BK))
+            tb = ct.load(b, (kk, ct.bid(1)), (BK, c.shape[1]))
+            acc = ct.mma(ta, tb, acc)
+        c.store(acc)
+
+    return staged
+
+
+@pytest.mark.parametrize("stages", [1, 2, 5])
+def test_stage_counts(rng: np.random.Generator, stages: int) -> None:
+    """Any number of stages, more than the K loop has iterations included, gives the same
+    sums; the PTX waits on the group stages - 1 behind."""
+    ct.set_backend("sim")
+    m, n, k, bm, bn, bk = 40, 24, 72, 32, 16, 16
+    a, b = operand(rng, (m, k), f16), operand(rng, (k, n), f16)
+    kernel = make_staged_gemm(stages)
+    out = ct.full((m, n), np.nan, f32)
+    result = kernel(out.partition((bm, bn)), ct.from_numpy(a, f16), ct.from_numpy(b, f16), bk)
+    check(np.asarray(result.sync()[0].unpartition().to_numpy()), a, b, np.zeros((m, n)), "f16")
+    ptx = kernel.ptx(
+        ct.PartitionSpec((m, n), (bm, bn), f32),
+        ct.TensorSpec((m, k), f16),
+        ct.TensorSpec((k, n), f16),
+        bk,
+    )
+    assert f"cp.async.wait_group {max(stages - 2, 0)};" in ptx
+
+
+def test_stages_past_the_shared_budget_are_a_clear_error() -> None:
+    """8 stages of 128 x 64 and 64 x 128 f16 tiles are 256 KiB: more than sm_90's 227."""
+    spec = (
+        ct.PartitionSpec((256, 256), (128, 128), f32),
+        ct.TensorSpec((256, 256), f16),
+        ct.TensorSpec((256, 256), f16),
+        64,
+    )
+    with pytest.raises(LoweringError, match=r"stages=8 needs 262144 bytes.*232448"):
+        make_staged_gemm(8).ptx(*spec, target=ct.Target(90))
+    assert ".extern .shared" in make_staged_gemm(3).ptx(*spec, target=ct.Target(90))
+
+
 def _cuobjdump() -> Path | None:
     """cuobjdump with nvdisasm beside it (it disassembles through nvdisasm)."""
     found = shutil.which("cuobjdump")

@@ -25,12 +25,14 @@ from cutile_py.lower.emit_ptx import LoweringError
 from cutile_py.lower.emit_shared import WARP, _barrier, _smem
 from cutile_py.lower.layout import Layout, walk
 from cutile_py.ptx.builder import Addr, Reg, Vec, f32_imm
+from cutile_py.ptx.target import MAX_STATIC_SHARED
 
 if TYPE_CHECKING:
     from cutile_py.lower.emit_ptx import Emitter
 
-#: Static shared memory a kernel may declare; past it the phases reuse one region.
-SHARED_LIMIT = 48 * 1024
+#: Shared memory used without asking for more: accumulator bands stay within it, and
+#: pipelines choose their default stage count by it.
+SHARED_LIMIT = MAX_STATIC_SHARED
 CHUNK = 16  # bytes: one ldmatrix row, one vectorized shared access, the swizzle unit
 
 MMA_OPCODE: dict[type[DType], str] = {
