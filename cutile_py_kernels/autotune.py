@@ -1,9 +1,10 @@
 """Tile-shape choice for `gemm` / `bmm`: a fixed default, or on `cuda` the fastest candidate.
 
-A config is the output tile (BM, BN) of one block and the K step BK. Valid configs obey the
-`ct.mma` shape rule (BM a multiple of 16, BN of 8, BK of 16 for f16/bf16 and of 8 for tf32)
-and fit the 48 KB of static shared memory that `mma` stages its operands and f32 accumulator
-in.
+A config is the output tile (BM, BN) of one block, the K step BK and the number of cp.async
+pipeline stages. Valid configs obey the `ct.mma` shape rule (BM a multiple of 16, BN of 8, BK
+of 16 for f16/bf16 and of 8 for tf32), keep the f32 accumulator at most 128 registers per
+thread, and fit their operand stages in 96 KiB of shared memory (every supported GPU allows
+a block at least 99 KiB).
 
 - On `sim` and `interpret` nothing is timed (timings of a CPU simulation say nothing about a
   GPU): `Autotuner.choose` returns `default_config`, clamped to the problem.
@@ -33,20 +34,27 @@ from typing import Any
 import cutile_py as ct
 from cutile_py_kernels._common import next_pow2
 
-#: Static shared memory a kernel may declare (cutile_py.lower.emit_mma.SHARED_LIMIT).
-SHARED_LIMIT = 48 * 1024
-#: Largest f32 accumulator tile (elements) that stays in registers without spills.
-MAX_ACC = 8192
-CACHE_VERSION = 1
+#: Shared memory the operand stages may take: under every supported target's limit.
+SHARED_LIMIT = 96 * 1024
+#: Largest f32 accumulator tile (elements): 128 registers per thread of a 256-thread block.
+MAX_ACC = 128 * 256
+#: Stages when a config does not say.
+STAGES = 3
+CACHE_VERSION = 2
 
 
 @dataclass(frozen=True, order=True)
 class GemmConfig:
-    """Output tile (bm, bn) per block; K advances by bk per step of the loop."""
+    """Output tile (bm, bn) per block; K advances by bk per step of the loop, whose operand
+    tiles are loaded `stages` - 1 steps ahead."""
 
     bm: int
     bn: int
     bk: int
+    stages: int = STAGES
+
+    def astuple(self) -> list[int]:
+        return [self.bm, self.bn, self.bk, self.stages]
 
 
 def k_step(dtype: type[ct.DType]) -> int:
@@ -59,12 +67,10 @@ def _up(x: int, m: int) -> int:
 
 
 def shared_bytes(cfg: GemmConfig, dtype: type[ct.DType]) -> int:
-    """Shared memory `mma` stages for one step: the f32 accumulator (rows padded by 8 columns
-    when bn is a multiple of 16) and the A and B tiles; the lowering overlaps the two when
-    their sum is over the limit, so the need is the sum or else the larger of them."""
-    acc = cfg.bm * (cfg.bn + (8 if cfg.bn % 16 == 0 else 0)) * 4
-    ops = (cfg.bm + cfg.bn) * cfg.bk * dtype.itemsize()
-    return acc + ops if acc + ops <= SHARED_LIMIT else max(acc, ops)
+    """Shared memory of the pipeline: `stages` copies of the A and B tiles. (The f32
+    accumulator passes through shared memory only after the loop, in bands of at most
+    48 KiB, in the same space.)"""
+    return cfg.stages * (cfg.bm + cfg.bn) * cfg.bk * dtype.itemsize()
 
 
 def is_valid(cfg: GemmConfig, dtype: type[ct.DType]) -> bool:
@@ -73,6 +79,7 @@ def is_valid(cfg: GemmConfig, dtype: type[ct.DType]) -> bool:
         and cfg.bn % 8 == 0
         and cfg.bk % k_step(dtype) == 0
         and min(cfg.bm, cfg.bn, cfg.bk) > 0
+        and 1 <= cfg.stages <= 8
         and cfg.bm * cfg.bn <= MAX_ACC
         and shared_bytes(cfg, dtype) <= SHARED_LIMIT
     )
@@ -82,23 +89,33 @@ def clamp(cfg: GemmConfig, dtype: type[ct.DType], m: int, n: int, k: int) -> Gem
     """`cfg` shrunk to the problem (tiles no larger than M, N, K rounded up to the granules),
     so that tiny problems do not compute (and compile) mostly padding."""
     return GemmConfig(
-        min(cfg.bm, _up(m, 16)), min(cfg.bn, _up(n, 8)), min(cfg.bk, _up(k, k_step(dtype)))
+        min(cfg.bm, _up(m, 16)),
+        min(cfg.bn, _up(n, 8)),
+        min(cfg.bk, _up(k, k_step(dtype))),
+        cfg.stages,
     )
 
 
 def default_config(dtype: type[ct.DType], m: int, n: int, k: int) -> GemmConfig:
-    """64 x 64 output tiles, BK 32 (f16, bf16) or 16 (tf32), clamped to the problem."""
+    """64 x 64 output tiles, BK 32 (f16, bf16) or 16 (tf32), 3 stages, clamped to the
+    problem (what runs where nothing is timed)."""
     return clamp(GemmConfig(64, 64, 32 if dtype is not ct.f32 else 16), dtype, m, n, k)
 
 
+#: Output tiles tried: the 128-row ones are what large problems want; 64-row ones keep
+#: enough blocks in flight for small ones.
+TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256))
+
+
 def candidates(dtype: type[ct.DType], m: int, n: int, k: int) -> list[GemmConfig]:
-    """Valid configs over BM, BN in {32, 64, 128} and two K steps, clamped and deduplicated."""
-    ks = (32, 64) if dtype is not ct.f32 else (16, 32)
+    """Valid configs over `TILES`, two K steps and 3 or 4 stages (the longer K step with
+    3), clamped to the problem and deduplicated."""
+    g = k_step(dtype)
+    steps = ((2 * g, 3), (2 * g, 4), (4 * g, 3))
     found = {
-        clamp(GemmConfig(bm, bn, bk), dtype, m, n, k)
-        for bm in (32, 64, 128)
-        for bn in (32, 64, 128)
-        for bk in ks
+        clamp(GemmConfig(bm, bn, bk, stages), dtype, m, n, k)
+        for bm, bn in TILES
+        for bk, stages in steps
     }
     return sorted(c for c in found if is_valid(c, dtype))
 
@@ -190,7 +207,7 @@ class Autotuner:
             return {}
         out: dict[str, GemmConfig] = {}
         for name, v in dict(raw.get("entries", {})).items():
-            if isinstance(v, list) and len(v) == 3 and all(isinstance(x, int) for x in v):
+            if isinstance(v, list) and len(v) == 4 and all(isinstance(x, int) for x in v):
                 out[str(name)] = GemmConfig(*v)
         return out
 
@@ -198,8 +215,8 @@ class Autotuner:
         """Merge one entry into the file: re-read (another process may have added entries),
         write a temporary file beside it and `os.replace` it in, so that readers see the old
         file or the new one, never half of one. An I/O error only warns: tuning still works."""
-        entries = {k: [c.bm, c.bn, c.bk] for k, c in self._load().items()}
-        entries[text] = [cfg.bm, cfg.bn, cfg.bk]
+        entries = {k: c.astuple() for k, c in self._load().items()}
+        entries[text] = cfg.astuple()
         path = self.path
         tmp = ""
         try:

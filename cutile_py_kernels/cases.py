@@ -105,13 +105,18 @@ def _gemm_cases() -> Iterator[Case]:
     m, n, k = 1000, 1000, 1000
     for dt in (ct.f16, ct.bf16, ct.f32):
         cands = candidates(dt, m, n, k)
-        for cfg in sorted({default_config(dt, m, n, k), cands[-1], max(cands, key=lambda c: c.bk)}):
+        widest = max(cands, key=lambda c: (c.bm * c.bn, c.stages))
+        deepest = max(cands, key=lambda c: (c.bk, c.bm * c.bn))
+        for cfg in sorted({default_config(dt, m, n, k), widest, deepest}):
             for trans_b in (False, True):
                 b = TS((n, k) if trans_b else (k, n), dt)
-                label = f"{dt.name} {cfg.bm}x{cfg.bn}x{cfg.bk}{' trans_b' if trans_b else ''}"
+                label = (
+                    f"{dt.name} {cfg.bm}x{cfg.bn}x{cfg.bk}/{cfg.stages}"
+                    f"{' trans_b' if trans_b else ''}"
+                )
                 yield (
                     f"gemm {label}",
-                    _gemm_kernel(dt, dt, trans_b, False),
+                    _gemm_kernel(dt, dt, trans_b, False, cfg.stages),
                     (PS((m, n), (cfg.bm, cfg.bn), dt), TS((m, k), dt), b, cfg.bk),
                 )
         cfg = default_config(dt, m, n, k)

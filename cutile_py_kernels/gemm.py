@@ -21,18 +21,27 @@ One = TypeVar("One")
 #: The output dtype as the annotations name it: f32 for mypy; the factory rebinds it.
 Out = f32
 
-_made: dict[tuple[str, str, bool, bool], Any] = {}
+_made: dict[tuple[str, str, bool, bool, int], Any] = {}
 
 
-def _gemm_kernel(dt: type[ct.DType], odt: type[ct.DType], trans_b: bool, batched: bool) -> Any:
-    """The kernel for inputs `dt`, output `odt`, B as (K, N) or (N, K), 2-D or batched."""
-    key = (dt.name, odt.name, trans_b, batched)
+def _gemm_kernel(
+    dt: type[ct.DType],
+    odt: type[ct.DType],
+    trans_b: bool,
+    batched: bool,
+    stages: int = autotune.STAGES,
+) -> Any:
+    """The kernel for inputs `dt`, output `odt`, B as (K, N) or (N, K), 2-D or batched,
+    its operand loads pipelined `stages` deep."""
+    key = (dt.name, odt.name, trans_b, batched, stages)
     if key not in _made:
-        _made[key] = _make(dt, odt, trans_b, batched)
+        _made[key] = _make(dt, odt, trans_b, batched, stages)
     return _made[key]
 
 
-def _make(dt: type[ct.DType], odt: type[ct.DType], trans_b: bool, batched: bool) -> Any:
+def _make(
+    dt: type[ct.DType], odt: type[ct.DType], trans_b: bool, batched: bool, stages: int
+) -> Any:
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841 (named by the annotations below)
         Out = odt  # noqa: F841
@@ -49,7 +58,7 @@ def _make(dt: type[ct.DType], odt: type[ct.DType], trans_b: bool, batched: bool)
             t = ct.load(b, (kk, j), (bk, bn))
         return t
 
-    @ct.kernel
+    @ct.kernel(stages=stages)
     def gemm_kernel(
         c: Mut[Tensor[Out, BM, BN]],
         a: Tensor[Elem, Dyn, Dyn],
@@ -73,7 +82,7 @@ def _make(dt: type[ct.DType], odt: type[ct.DType], trans_b: bool, batched: bool)
             t = ct.load(b, (ct.bid(0), kk, j), (1, bk, bn)).reshape((bk, bn))
         return t
 
-    @ct.kernel
+    @ct.kernel(stages=stages)
     def bmm_kernel(
         c: Mut[Tensor[Out, One, BM, BN]],
         a: Tensor[Elem, Dyn, Dyn, Dyn],
@@ -110,9 +119,9 @@ def _config(
 ) -> autotune.GemmConfig:
     """The tuner's choice; its candidate launches write scratch outputs it allocates here."""
     m, n, k = mnk
-    kernel = _gemm_kernel(dt, odt, trans_b, batch is not None)
 
     def make_launch(cfg: autotune.GemmConfig) -> autotune.Launch:
+        kernel = _gemm_kernel(dt, odt, trans_b, batch is not None, cfg.stages)
         if batch is None:
             scratch = ct.zeros((m, n), odt).partition((cfg.bm, cfg.bn))
         else:
@@ -156,7 +165,7 @@ def gemm(
         return ct.zeros((m, n), odt)
     cfg = _config(dt, odt, trans_b, (m, n, k), None, a, b)
     out = ct.zeros((m, n), odt).partition((cfg.bm, cfg.bn))
-    c, _, _, _ = _gemm_kernel(dt, odt, trans_b, False)(out, a, b, cfg.bk).sync()
+    c, _, _, _ = _gemm_kernel(dt, odt, trans_b, False, cfg.stages)(out, a, b, cfg.bk).sync()
     result: Tensor[Any, Any] = c.unpartition()
     return result
 
@@ -182,6 +191,6 @@ def bmm(
         return ct.zeros((nb, m, n), odt)
     cfg = _config(dt, odt, trans_b, (m, n, k), nb, a, b)
     out = ct.zeros((nb, m, n), odt).partition((1, cfg.bm, cfg.bn))
-    c, _, _, _ = _gemm_kernel(dt, odt, trans_b, True)(out, a, b, cfg.bk).sync()
+    c, _, _, _ = _gemm_kernel(dt, odt, trans_b, True, cfg.stages)(out, a, b, cfg.bk).sync()
     result: Tensor[Any, Any] = c.unpartition()
     return result

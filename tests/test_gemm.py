@@ -113,7 +113,12 @@ def test_candidates_are_valid(dt: type[ct.DType]) -> None:
         cands = autotune.candidates(dt, *mnk)
         assert cands and all(autotune.is_valid(c, dt) for c in cands)
         assert autotune.is_valid(autotune.default_config(dt, *mnk), dt)
-    assert not autotune.is_valid(GemmConfig(128, 128, 32), dt)  # a 64 KB accumulator
+    assert not autotune.is_valid(GemmConfig(256, 256, 32), dt)  # 256 accumulator registers
+    assert not autotune.is_valid(GemmConfig(128, 256, 128, 4), dt)  # 192+ KiB of stages
+    assert not autotune.is_valid(GemmConfig(64, 64, 32, 0), dt)
+    big = autotune.candidates(dt, 4096, 4096, 4096)
+    assert GemmConfig(128, 128, 2 * autotune.k_step(dt), 4) in big
+    assert {c.stages for c in big} == {3, 4}
 
 
 class FakeTimer:
@@ -159,7 +164,7 @@ def test_tuning_picks_the_fastest_and_never_touches_the_output(
     best = min(timer.timed, key=lambda c: c.bm * c.bn * c.bk)
     data = json.loads(tuner.path.read_text())
     key = TuneKey.make(m, n, k, ct.f16, False, "sim").text()
-    assert data["entries"] == {key: [best.bm, best.bn, best.bk]}
+    assert data["entries"] == {key: [best.bm, best.bn, best.bk, best.stages]}
     assert not [p for p in tuner.path.parent.iterdir() if p.name.startswith(".tmp-")]
 
 
