@@ -202,6 +202,46 @@ def test_partly_pipelined_k_loops(
     check(got, a, b, np.zeros((m, n), np.float32), name)
 
 
+@ct.kernel
+def gemm_and_row_sums(
+    c: Mut[Tensor[f32, BM, BN]],
+    s: Mut[Tensor[f32, BM, BN]],
+    a: Tensor[f16, Dyn, Dyn],
+    b: Tensor[f16, Dyn, Dyn],
+    BK: ConstInt,
+) -> None:
+    """A pipelined K loop whose body also reduces (through shared memory): that scratch
+    must not land in the stages the cp.async copies are filling."""
+    acc: ct.Tile = ct.zeros((c.shape[0], c.shape[1]), f32)
+    total: ct.Tile = ct.zeros((c.shape[0], 1), f32)
+    for kk in range(ct.num_tiles(a, 1, BK)):
+        ta = ct.load(a, (ct.bid(0), kk), (c.shape[0], BK))
+        tb = ct.load(b, (kk, ct.bid(1)), (BK, c.shape[1]))
+        acc = ct.mma(ta, tb, acc)
+        again = ct.load(a, (ct.bid(0), kk), (c.shape[0], BK))
+        total = total + ct.sum(again.astype(f32), axis=1, keepdims=True)
+    c.store(acc)
+    s.store(ct.broadcast_to(total, (c.shape[0], c.shape[1])))
+
+
+def test_shared_scratch_in_a_pipelined_body(backend: str, rng: np.random.Generator) -> None:
+    m, n, k = 50, 40, 90
+    a, b = operand(rng, (m, k), f16), operand(rng, (k, n), f16)
+    c, s = ct.full((m, n), np.nan, f32), ct.full((m, n), np.nan, f32)
+    op = gemm_and_row_sums(
+        c.partition((32, 32)),
+        s.partition((32, 32)),
+        ct.from_numpy(a, f16),
+        ct.from_numpy(b, f16),
+        32,
+    )
+    pc, ps, *_ = op.sync()
+    check(np.asarray(pc.unpartition().to_numpy()), a, b, np.zeros((m, n)), "f16")
+    sums = np.asarray(ps.unpartition().to_numpy())
+    want = a.astype(np.float64).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(sums, np.broadcast_to(want, (m, n)), rtol=1e-5, atol=1e-4)
+
+
 def test_empty_k_loop_gives_the_initial_accumulator(backend: str) -> None:
     """K = 0: the loop never runs, the prefetched (zero-filled) stages are drained."""
     out = ct.full((32, 16), np.nan, f32)

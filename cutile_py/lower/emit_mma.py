@@ -189,10 +189,8 @@ def mma(em: Emitter, op: o.MmaOp) -> None:
     k = a.type.shape[1]
     s = setup(em, op)
     em.fb.comment(f"mma {a.type} @ {b.type} + {acc.type}: warps {s.grid.wm}x{s.grid.wn}")
-    # Inside a cp.async pipeline, shared memory past its stages is this op's scratch.
-    scratch = em.reg_tiles_at.get(id(op), 0)
-    frags = acc_fragments(em, op, acc, scratch)
-    at = scratch
+    frags = acc_fragments(em, op, acc)
+    at = 0
     stores: list[tuple[Operand, o.Value, bool]] = []
     ops: list[Operand] = []
     for which, v in enumerate((a, b)):
@@ -200,7 +198,8 @@ def mma(em: Emitter, op: o.MmaOp) -> None:
         if staged is not None:
             tile, n_major, stage = staged
             base = em.fb.reg("b32")
-            em.fb.ins("add.u32", base, _smem(em, 0), stage)
+            assert em.smem is not None
+            em.fb.ins("add.u32", base, em.smem, stage)
             ops.append(Operand(tile, base, n_major, unrounded=dt is f32))
             continue
         rows, cols = v.type.shape
@@ -210,7 +209,7 @@ def mma(em: Emitter, op: o.MmaOp) -> None:
             rows, cols = cols, rows
         tile = SharedTile(at, rows, cols, dt.itemsize(), True)
         at += round_region(tile.nbytes)
-        if at > em.max_shared:
+        if em.scratch_floor + at > em.max_shared:
             raise LoweringError(
                 f"kernel {em.kernel.name}: mma of {a.type} @ {b.type} needs {at} bytes of "
                 f"shared memory for its operand tiles, more than the {em.max_shared} bytes "
@@ -237,13 +236,12 @@ def mma(em: Emitter, op: o.MmaOp) -> None:
     if id(op.result) in em.fragment_values:
         em.define(op.result, [x for row in frags for c in row for x in c])
     else:
-        blocked = fragments_to_blocked(em, s, frags, em.layout(op.result), op, scratch)
-        em.define(op.result, blocked)
+        em.define(op.result, fragments_to_blocked(em, s, frags, em.layout(op.result), op))
 
 
-def acc_fragments(em: Emitter, op: o.MmaOp, acc: o.Value, at: int = 0) -> list[list[list[Reg]]]:
-    """The accumulator `acc` of `op` as fragments [M slot][N slot][4] (converted, if it is
-    blocked, through shared memory from byte `at` on)."""
+def acc_fragments(em: Emitter, op: o.MmaOp, acc: o.Value) -> list[list[list[Reg]]]:
+    """The accumulator `acc` of `op` as fragments [M slot][N slot][4] (converted through
+    shared scratch if it is blocked)."""
     s = setup(em, op)
     if id(acc) in em.fragment_values:
         flat = em.regs(acc)
@@ -258,7 +256,7 @@ def acc_fragments(em: Emitter, op: o.MmaOp, acc: o.Value, at: int = 0) -> list[l
     uniform = _uniform_acc(em, acc)
     if uniform is not None:
         return [[[uniform] * 4 for _ in s.slots_n] for _ in s.slots_m]
-    return blocked_to_fragments(em, s, em.regs(acc), em.layout(acc), op, at)
+    return blocked_to_fragments(em, s, em.regs(acc), em.layout(acc), op)
 
 
 def round_region(nbytes: int) -> int:
@@ -294,33 +292,34 @@ class _Bands:
         return p * self.rows <= slot.nominal * 16 < (p + 1) * self.rows
 
 
-def _bands(em: Emitter, s: Setup, lay: Layout, m: int, n: int, at: int) -> _Bands:
+def _bands(em: Emitter, s: Setup, lay: Layout, m: int, n: int) -> _Bands:
     row_dim = lay.dims[0]
     assert row_dim is not None
     base = lay.base
     unit = base.threads[row_dim] * base.unit(row_dim)
     step = lcm(unit, 16 * s.grid.wm)
-    tile = SharedTile(at, step, n, 4, False, pad=8 if n % 16 == 0 else 0)
-    budget = max(SHARED_LIMIT, em.fb.shared_bytes) - at
+    tile = SharedTile(0, step, n, 4, False, pad=8 if n % 16 == 0 else 0)
+    budget = max(SHARED_LIMIT, em.fb.shared_bytes) - em.scratch_floor
     rows = step * max(1, min(-(-m // step), budget // tile.nbytes))
-    tile = SharedTile(at, rows, n, 4, False, pad=tile.pad)
-    if at + tile.nbytes > em.max_shared:
+    tile = SharedTile(0, rows, n, 4, False, pad=tile.pad)
+    if em.scratch_floor + tile.nbytes > em.max_shared:
         raise LoweringError(
             f"kernel {em.kernel.name}: the accumulator ({m}, {n}) f32 of an mma needs "
-            f"{at + tile.nbytes} bytes of shared memory to change layout, more than the "
-            f"{em.max_shared} bytes a block may have on this target; use smaller tiles"
+            f"{em.scratch_floor + tile.nbytes} bytes of shared memory to change layout, "
+            f"more than the {em.max_shared} bytes a block may have on this target; use "
+            "smaller tiles"
         )
     return _Bands(tile, rows, -(-m // rows), row_dim)
 
 
 def fragments_to_blocked(
-    em: Emitter, s: Setup, frags: list[list[list[Reg]]], lay: Layout, op: o.MmaOp, at: int = 0
+    em: Emitter, s: Setup, frags: list[list[list[Reg]]], lay: Layout, op: o.MmaOp
 ) -> list[Reg]:
-    """Accumulator fragments into the blocked layout `lay` of `op`'s result, staged in
-    shared memory from byte `at` on."""
+    """Accumulator fragments into the blocked layout `lay` of `op`'s result, through
+    shared scratch."""
     m, n = op.result.type.shape
-    bands = _bands(em, s, lay, m, n, at)
-    smem = _smem(em, bands.tile.offset + bands.tile.nbytes)
+    bands = _bands(em, s, lay, m, n)
+    smem = _smem(em, bands.tile.nbytes)
     out: list[Reg | None] = [None] * lay.count()
     for p in range(bands.count):
         sel = [i for i, sm in enumerate(s.slots_m) if bands.has_slot(p, sm)]
@@ -338,13 +337,13 @@ def fragments_to_blocked(
 
 
 def blocked_to_fragments(
-    em: Emitter, s: Setup, regs: list[Reg], lay: Layout, op: o.MmaOp, at: int = 0
+    em: Emitter, s: Setup, regs: list[Reg], lay: Layout, op: o.MmaOp
 ) -> list[list[list[Reg]]]:
-    """An accumulator in blocked registers `regs` (layout `lay`) as fragments, staged in
-    shared memory from byte `at` on."""
+    """An accumulator in blocked registers `regs` (layout `lay`) as fragments, through
+    shared scratch."""
     m, n = op.result.type.shape
-    bands = _bands(em, s, lay, m, n, at)
-    smem = _smem(em, bands.tile.offset + bands.tile.nbytes)
+    bands = _bands(em, s, lay, m, n)
+    smem = _smem(em, bands.tile.nbytes)
     frags: list[list[list[Reg]]] = [[[] for _ in s.slots_n] for _ in s.slots_m]
     for p in range(bands.count):
         shift = p * bands.rows

@@ -73,6 +73,11 @@ class LoopPipeline:
     loads: list[StagedLoad]
     stages: int
     stage_bytes: int
+    #: Byte offset of stage 0 in shared memory: the scratch floor of the enclosing code
+    #: (an outer pipeline's stages stay untouched).
+    ring: int = 0
+    #: The scratch space of the enclosing code, restored after the loop.
+    outer_scratch: tuple[int, Reg | None] = (0, None)
     read: Reg | None = None  # byte offset of the stage this iteration reads
     write: Reg | None = None  # and of the stage it refills
     iv: Reg | None = None
@@ -87,14 +92,21 @@ class LoopPipeline:
         em, fb = self.em, self.em.fb
         self.iv, self.step = iv, step
         self.read, self.write = fb.reg("b32"), fb.reg("b32")
-        fb.ins("mov.u32", self.read, 0)
-        fb.ins("mov.u32", self.write, (self.stages - 1) * self.stage_bytes)
+        fb.ins("mov.u32", self.read, self.ring)
+        fb.ins("mov.u32", self.write, self.ring + (self.stages - 1) * self.stage_bytes)
         for s in range(self.stages - 1):
             fixed = fb.reg("b32")
-            fb.ins("mov.u32", fixed, s * self.stage_bytes)
+            fb.ins("mov.u32", fixed, self.ring + s * self.stage_bytes)
             self._issue(s, fixed)
         for sl in self.loads:
             em.staged[id(sl.operand)] = (sl.tile, sl.n_major, self.read)
+        # Shared memory that the body's other ops use (reductions, layout changes, mma
+        # operands from registers) starts past the stages in flight.
+        assert em.smem is not None
+        self.outer_scratch = (em.scratch_floor, em.scratch)
+        floor = self.ring + self.stages * self.stage_bytes
+        em.scratch_floor, em.scratch = floor, fb.reg("b32")
+        fb.ins("add.u32", em.scratch, em.smem, floor)
 
     def top(self) -> None:
         """Wait for this iteration's tiles; refill the stage the previous one read."""
@@ -127,14 +139,15 @@ class LoopPipeline:
             return
         self.em.fb.ins("cp.async.wait_all")
         _barrier(self.em)
+        self.em.scratch_floor, self.em.scratch = self.outer_scratch
 
     # -- internals ------------------------------------------------------------------------
     def _advance(self, r: Reg) -> None:
         fb = self.em.fb
         wrap = fb.reg("pred")
         fb.ins("add.u32", r, r, self.stage_bytes)
-        fb.ins("setp.eq.u32", wrap, r, self.stages * self.stage_bytes)
-        fb.ins("selp.b32", r, 0, r, wrap)
+        fb.ins("setp.eq.u32", wrap, r, self.ring + self.stages * self.stage_bytes)
+        fb.ins("selp.b32", r, self.ring, r, wrap)
 
     def _issue(self, ahead: int, stage: Reg) -> None:
         """cp.async every staged tile of iteration i + `ahead` into the stage at byte offset
@@ -145,8 +158,9 @@ class LoopPipeline:
         if ahead:
             iv = fb.reg("b32")
             fb.ins("mad.lo.s32", iv, self.step, ahead, self.iv)
+        assert em.smem is not None
         base = fb.reg("b32")
-        fb.ins("add.u32", base, _smem(em, 0), stage)
+        fb.ins("add.u32", base, em.smem, stage)
         for sl in self.loads:
             index = _index_at(em, self.loop, sl, iv)
             _copy(em, sl, index, base)
@@ -366,8 +380,10 @@ def _place(
                 rows, cols = v.type.shape
                 reg_bytes += emit_mma.round_region(rows * cols * v.type.dtype.itemsize())
 
+    ring = em.scratch_floor
+
     def need(stages: int) -> int:
-        return stages * stage_bytes + reg_bytes
+        return ring + stages * stage_bytes + reg_bytes
 
     explicit = em.kernel.stages
     if explicit is not None:
@@ -391,14 +407,11 @@ def _place(
                 f"{need(stages)} bytes of shared memory, more than the {em.max_shared} bytes "
                 "a block may have on this target; use smaller tiles"
             )
-    at = stages * stage_bytes
-    for mma in mmas:
-        em.reg_tiles_at[id(mma)] = at
-    _smem(em, need(stages))
+    _smem(em, stages * stage_bytes)  # the ring; the body's scratch comes after it
     for sl in placed:
         em.skipped.update(id(op) for op in sl.chain)
         em.base_regs(sl.copy.base)  # before the loop: the prologue and the body use it
-    return LoopPipeline(em, loop, carried, placed, stages, stage_bytes)
+    return LoopPipeline(em, loop, carried, placed, stages, stage_bytes, ring)
 
 
 # -- accumulators in and out of fragment form -------------------------------------------

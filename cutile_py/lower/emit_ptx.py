@@ -88,8 +88,10 @@ class Emitter:
     #: id(mma operand value) → (its shared tile, n-major, register with the byte offset of
     #: the pipeline stage being read): operands a cp.async pipeline loads.
     staged: dict[int, tuple[SharedTile, bool, Reg]] = field(default_factory=dict)
-    #: id(MmaOp) → byte offset for the operands it stores from registers itself.
-    reg_tiles_at: dict[int, int] = field(default_factory=dict)
+    #: Bytes at the start of shared memory a cp.async pipeline keeps in flight while its
+    #: loop body is emitted, and the address past them (None: scratch starts at `smem`).
+    scratch_floor: int = 0
+    scratch: Reg | None = None
     #: ids of ops not emitted where they stand (loads a pipeline issues ahead instead).
     skipped: set[int] = field(default_factory=set)
 
@@ -163,6 +165,12 @@ class Emitter:
     def finish(self) -> None:
         if not self.fb.shared_bytes and self.smem_line >= 0:
             del self.fb.body[self.smem_line]
+        if self.fb.shared_bytes > self.max_shared:
+            raise LoweringError(
+                f"kernel {self.kernel.name} needs {self.fb.shared_bytes} bytes of shared "
+                f"memory, more than the {self.max_shared} bytes a block may have on this "
+                "target; use smaller tiles"
+            )
 
     def base_regs(self, b: Blocked) -> BaseRegs:
         """Thread coordinates and edge guards of base `b` (in the preamble, so that every

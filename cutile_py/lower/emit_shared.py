@@ -37,10 +37,12 @@ def bits16(x: float, dt: type[DType]) -> int:
 
 
 def _smem(em: Emitter, nbytes: int) -> Reg:
-    """The shared array's address, growing it to at least `nbytes`."""
+    """The address of the shared scratch space, growing it to at least `nbytes`. Scratch
+    starts past what an enclosing cp.async pipeline keeps in flight (`em.scratch_floor`)."""
     assert em.smem is not None
-    em.fb.shared_bytes = max(em.fb.shared_bytes, -(-nbytes // 16) * 16)
-    return em.smem
+    need = em.scratch_floor + nbytes
+    em.fb.shared_bytes = max(em.fb.shared_bytes, -(-need // 16) * 16)
+    return em.scratch if em.scratch is not None else em.smem
 
 
 def _barrier(em: Emitter) -> None:
