@@ -1,4 +1,5 @@
-"""Paper §5.1, GEMM: f16/bf16 M=N=K=1024..8192 by cutile_py (`cutile_py_kernels.gemm`),
+"""Paper §5.1, GEMM: f16/bf16 M=N=K=128..8192 (the paper's 1024..8192, and the small sizes
+of decode-time projections beside them) by cutile_py (`cutile_py_kernels.gemm`),
 cuBLAS (through PyTorch and CuPy) and a Triton matmul; TFLOP/s and % of cuBLAS."""
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def run(ctx: Context) -> Result:
 
     res = Result("gemm", "GEMM f16/bf16, TFLOP/s and % of cuBLAS (paper §5.1)")
     res.columns = ["impl", "dtype", "n", "status", "time_us", "tflops", "pct_cublas", "note"]
-    sizes = [64] if ctx.quick else [1024, 2048, 4096, 8192]
+    sizes = [64] if ctx.quick else [128, 256, 512, 1024, 2048, 4096, 8192]
     have_gemm = getattr(lib, "gemm", None) is not None
     if not have_gemm:
         res.rows.append(missing_row("cutile_py_kernels.gemm is not written yet", impl="cutile_py"))
