@@ -234,6 +234,10 @@ def mma(em: Emitter, op: o.MmaOp) -> None:
         _barrier(em)
     frags = warp_mma(em, dt, k, ops[0], ops[1], s, frags)
     if id(op.result) in em.fragment_values:
+        if stores:
+            # The next user of scratch (a reduction, a layout change, this op in the next
+            # iteration) writes it without a barrier first: every warp must be done reading.
+            _barrier(em)
         em.define(op.result, [x for row in frags for c in row for x in c])
     else:
         em.define(op.result, fragments_to_blocked(em, s, frags, em.layout(op.result), op))
@@ -647,6 +651,30 @@ def _tf32(em: Emitter, regs: list[Reg]) -> list[Reg]:
     return out
 
 
+def _pairs(em: Emitter, lane: Reg, slots: list[tuple[Reg, int]]) -> list[tuple[Reg, int, int]]:
+    """B slot addresses (register + immediate) grouped for ldmatrix: consecutive pairs as one
+    `.x4` (lanes 16-31 give the second slot's rows) with the immediates folded into the
+    register, and an odd last slot as `.x2`. Per group: (register, immediate, slots)."""
+    fb = em.fb
+    if len(slots) < 2:
+        return [(reg, imm, 1) for reg, imm in slots]
+    bit, upper = fb.reg("b32"), fb.reg("pred")
+    fb.ins("and.b32", bit, lane, 16)
+    fb.ins("setp.ne.u32", upper, bit, 0)
+    out = []
+    for j in range(0, len(slots) - 1, 2):
+        (r0, i0), (r1, i1) = slots[j], slots[j + 1]
+        lo, hi, addr = fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
+        fb.ins("add.u32", lo, r0, i0)
+        fb.ins("add.u32", hi, r1, i1)
+        fb.ins("selp.b32", addr, hi, lo, upper)
+        out.append((addr, 0, 2))
+    if len(slots) % 2:
+        reg, imm = slots[-1]
+        out.append((reg, imm, 1))
+    return out
+
+
 # -- the warp's fragment loop ---------------------------------------------------------------
 class _Chunks:
     """Swizzled chunk offsets `((idx + static) ^ f) * 16` as register + immediate, where
@@ -724,6 +752,7 @@ def warp_mma(
     a_rows, a_chunks = _row_fragments(em, a.base, a_tile, lane.lane, 16, slots_m)
     if b.n_major:
         b_rows, b_chunks = _row_fragments(em, b.base, b_tile, lane.lane, 8, slots_n)
+        b_groups = _pairs(em, lane.lane, b_rows)
     else:
         assert dt is not f32, "tf32 has no transposing ldmatrix"
         # k-major B, read with .trans: lane l gives row k0 + l % 16 of 16-byte chunk nj.
@@ -742,6 +771,7 @@ def warp_mma(
             r = fb.reg("b32")
             fb.ins("add.u32", r, b_lane, col)
             b_cols.append((r, b_tile.offset + imm))
+        b_groups = _pairs(em, lane.lane, b_cols)
     opcode = MMA_OPCODE[dt]
     for ks in range(k // step):
         # Both layouts put one k step in two 16-byte chunks of a row.
@@ -757,28 +787,23 @@ def warp_mma(
                 Addr(addr, imm + a_imm),
             )
             a_regs.append(_tf32(em, regs) if a.unrounded else regs)
-        b_regs = []
-        if b.n_major:
-            b_col, b_imm = b_chunks.at(2 * ks)
-            for reg, imm in b_rows:
+        # B fragments two N slots per ldmatrix (.x4), where slots pair up.
+        b_regs: list[list[Reg]] = []
+        for reg, imm, count in b_groups:
+            regs = [fb.reg("b32") for _ in range(2 * count)]
+            if b.n_major:
+                b_col, b_imm = b_chunks.at(2 * ks)
                 addr = fb.reg("b32")
                 fb.ins("add.u32", addr, reg, b_col)
-                regs = [fb.reg("b32") for _ in range(2)]
-                fb.ins(
-                    "ldmatrix.sync.aligned.m8n8.x2.shared.b16",
-                    Vec(tuple(regs)),
-                    Addr(addr, imm + b_imm),
-                )
-                b_regs.append(_tf32(em, regs) if b.unrounded else regs)
-        else:
-            for reg, imm in b_cols:
-                regs = [fb.reg("b32") for _ in range(2)]
-                fb.ins(
-                    "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
-                    Vec(tuple(regs)),
-                    Addr(reg, imm + ks * step * b_tile.row_bytes),
-                )
-                b_regs.append(regs)
+                where = Addr(addr, imm + b_imm)
+                opcode_b = f"ldmatrix.sync.aligned.m8n8.x{2 * count}.shared.b16"
+            else:
+                where = Addr(reg, imm + ks * step * b_tile.row_bytes)
+                opcode_b = f"ldmatrix.sync.aligned.m8n8.x{2 * count}.trans.shared.b16"
+            fb.ins(opcode_b, Vec(tuple(regs)), where)
+            if b.unrounded:
+                regs = _tf32(em, regs)
+            b_regs.extend(regs[c : c + 2] for c in range(0, len(regs), 2))
         new = []
         for i in range(len(slots_m)):
             row = []
