@@ -407,6 +407,25 @@ def test_reading_a_cp_async_destination_before_the_wait_is_a_race() -> None:
     sim = Sim()
     sa, _ = sim.buffer(np.zeros(256, dtype=np.uint32))
     oa, _ = sim.buffer(np.zeros((32, 8), dtype=np.uint32))
-    with pytest.raises(Exception, match=r"race: .* thread \(1, 0, 0\) read") as e:
+    # Reported at the read (not only when the copy lands on it), naming the copying thread.
+    with pytest.raises(
+        Exception, match=r"race: this thread reads .*cp.async of thread \(1, 0, 0\)"
+    ):
         sim.launch(ptx, "cp", (1, 1, 1), (32, 1, 1), [("u64", sa), ("u64", oa), ("u32", 16)])
-    assert "cp.async.wait_group 1;" in str(e.value)  # the copy lands on a value thread 1 read
+
+
+def test_writing_a_cp_async_destination_across_barriers_is_a_race() -> None:
+    """Another thread overwrites the copy's destination between two barriers, well before
+    the issuing thread waits: the copy may land before or after that write on hardware."""
+    ptx = CP_ASYNC.replace(
+        "    ld.shared.u32 %r7, [%r4];         // no wait yet: stale\n",
+        "    bar.sync 0;\n    xor.b32 %r14, %r4, 16;\n    st.shared.u32 [%r14], %r6;\n"
+        "    bar.sync 0;\n    mov.u32 %r7, 0;\n",
+    )
+    sim = Sim()
+    sa, _ = sim.buffer(np.zeros(256, dtype=np.uint32))
+    oa, _ = sim.buffer(np.zeros((32, 8), dtype=np.uint32))
+    with pytest.raises(
+        Exception, match=r"race: this thread writes .*cp.async of thread \(1, 0, 0\) has not landed"
+    ):
+        sim.launch(ptx, "cp", (1, 1, 1), (32, 1, 1), [("u64", sa), ("u64", oa), ("u32", 16)])

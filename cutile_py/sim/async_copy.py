@@ -55,6 +55,10 @@ class AsyncCopies:
             done = mask[c.lanes] & (c.group >= 0) & (c.group < limit[c.lanes])
             if done.any():
                 lanes = c.lanes[done]
+                if b.shared.tracker is not None:
+                    size = c.data.shape[1]
+                    flat = b.shared.flat(lanes, b.slot[lanes], c.dst[done], size, "cp.async")
+                    b.shared.tracker.copy_landed(flat, size)
                 b.shared.store(lanes, b.slot[lanes], c.dst[done], 1, c.data[done])
                 rest = ~done
                 c = _Copies(c.lanes[rest], c.dst[rest], c.data[rest], c.group[rest])
@@ -125,7 +129,7 @@ def _make_issue(ins: Instruction, prog: Program) -> Handler:
             # The copy may land any time until the wait: to the race detector it writes from
             # issue on (and again when it lands), so a read by another thread in between is
             # a race even where a barrier separates it from the wait.
-            b.shared.tracker.access(lanes, flat, size, write=True)
+            b.shared.tracker.copy_issued(lanes, flat, size)
         if src_size is not None:
             n_src = b.read(src_size, "u32")[lanes].astype(np.int64)
             if (n_src > size).any():

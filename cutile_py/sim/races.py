@@ -2,7 +2,9 @@
 at least one of them writing (the hazard `compute-sanitizer --tool racecheck` reports).
 
 Per byte it keeps the last writer and the reader(s) since the block's last `bar.sync`; a
-`bar.warp.sync` forgets what the synced warp did. Atomics are not tracked.
+`bar.warp.sync` forgets what the synced warp did. Atomics are not tracked. Bytes a `cp.async`
+is still copying into belong to its thread until that thread's wait lands the copy, across
+barriers: another thread touching them in between races with the landing.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ class RaceTracker:
         self.writer = np.full(size, NONE, dtype=np.int16)
         self.reader = np.full(size, NONE, dtype=np.int16)
         self.reader_warp = np.full(size, NONE, dtype=np.int16)
+        #: The thread whose cp.async has not landed in the byte yet (barriers keep it).
+        self.in_flight = np.full(size, NONE, dtype=np.int16)
+        self.copies = False
         self.dirty = False
 
     def access(self, lanes: np.ndarray, flat: np.ndarray, span: int, write: bool) -> None:
@@ -58,6 +63,15 @@ class RaceTracker:
             idx = (flat.astype(np.intp)[:, None] + np.arange(span, dtype=np.intp)).ravel()
             t = np.repeat(tid, span)
             owner = np.repeat(np.arange(lanes.size), span)
+        if self.copies:
+            f = self.in_flight[idx]
+            clash = (f >= 0) & (f != t)
+            if clash.any():
+                k = int(np.argmax(clash))
+                verb = "writes" if write else "reads"
+                self._fail(lanes, owner, idx, k, f"{verb} shared memory that a cp.async of "
+                           f"thread {self.describe_thread(int(f[k]))} has not landed in yet",
+                           "before that thread's cp.async.wait_group lands it")  # fmt: skip
         w = self.writer[idx]
         clash = (w >= 0) & (w != t)
         if clash.any():
@@ -93,6 +107,21 @@ class RaceTracker:
             self._add_readers(self.reader, idx, t)
             self._add_readers(self.reader_warp, idx, t // 32)
 
+    def _bytes(self, flat: np.ndarray, span: int) -> np.ndarray:
+        return (flat.astype(np.intp)[:, None] + np.arange(span, dtype=np.intp)).ravel()
+
+    def copy_issued(self, lanes: np.ndarray, flat: np.ndarray, span: int) -> None:
+        """A cp.async of `span` bytes into `flat[i]` by lane `lanes[i]`: a write now, and the
+        bytes stay the thread's until `copy_landed`."""
+        self.access(lanes, flat, span, write=True)
+        self.copies = True
+        self.in_flight[self._bytes(flat, span)] = np.repeat(
+            (lanes % self.lanes_per_block).astype(np.int16), span
+        )
+
+    def copy_landed(self, flat: np.ndarray, span: int) -> None:
+        self.in_flight[self._bytes(flat, span)] = NONE
+
     @staticmethod
     def _add_readers(table: np.ndarray, idx: np.ndarray, who: np.ndarray) -> None:
         old = table[idx]
@@ -104,13 +133,18 @@ class RaceTracker:
             table[idx[several]] = MANY
 
     def _fail(
-        self, lanes: np.ndarray, owner: np.ndarray, idx: np.ndarray, k: int, what: str
+        self,
+        lanes: np.ndarray,
+        owner: np.ndarray,
+        idx: np.ndarray,
+        k: int,
+        what: str,
+        when: str = "with no barrier (bar.sync) between the two accesses",
     ) -> None:
         offset = int(idx[k]) % self.stride
         raise RaceFault(
             int(lanes[owner[k]]),
-            f"shared-memory race: this thread {what} at shared address {offset:#x} with no "
-            "barrier (bar.sync) between the two accesses",
+            f"shared-memory race: this thread {what} at shared address {offset:#x} {when}",
         )
 
     def barrier(self, slots: np.ndarray) -> None:
