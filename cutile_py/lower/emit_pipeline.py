@@ -20,7 +20,7 @@ scalar ops of the body that compute it with the induction variable advanced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cutile_py.ir import ops as o
@@ -82,7 +82,6 @@ class LoopPipeline:
     write: Reg | None = None  # and of the stage it refills
     iv: Reg | None = None
     step: Reg | None = None
-    issued: int = field(default=0)
 
     # -- emission hooks (called by Emitter.op_for) ----------------------------------------
     def prologue(self, iv: Reg, step: Reg) -> None:
@@ -118,12 +117,11 @@ class LoopPipeline:
             _barrier(self.em)  # every warp is done with the previous iteration's tiles
             self._issue(0, self.write)
             fb.ins("cp.async.wait_group", 0)
+            _barrier(self.em)
         else:
             fb.ins("cp.async.wait_group", self.stages - 2)
             _barrier(self.em)
             self._issue(self.stages - 1, self.write)
-        if self.stages == 1:
-            _barrier(self.em)
 
     def bottom(self) -> None:
         """Advance both stage offsets around the ring."""
@@ -165,7 +163,6 @@ class LoopPipeline:
             index = _index_at(em, self.loop, sl, iv)
             _copy(em, sl, index, base)
         fb.ins("cp.async.commit_group")
-        self.issued += 1
 
 
 def _index_at(em: Emitter, loop: o.ForOp, sl: StagedLoad, iv: Reg) -> list[Reg]:
