@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import cutile_py as ct
-from cutile_py import Dyn, Mut, Tensor, f16, f32
+from cutile_py import f16, f32
 from cutile_py.host import jit_disk
 from cutile_py.host.launch import kernel_launch, launch_ptx
 from cutile_py.lower.emit_ptx import PtxParam
@@ -20,6 +20,7 @@ from cutile_py.runtime.backend import RuntimeFailure
 from cutile_py.runtime.nvjitlink import assemble, nvjitlink_available
 from cutile_py.runtime.select import active_backend
 from cutile_py.runtime.sim_backend import SimBackend
+from cutile_py_kernels.gemm import _gemm_kernel
 
 if TYPE_CHECKING:
     ConstInt = int
@@ -177,21 +178,8 @@ def test_nvjitlink_assembles_extern_shared_above_48k(sm: int) -> None:
 
 
 def make_gemm(stages: int) -> Any:
-    @ct.kernel(stages=stages)
-    def gemm(
-        c: Mut[Tensor[f32, BM, BN]],
-        a: Tensor[f16, Dyn, Dyn],
-        b: Tensor[f16, Dyn, Dyn],
-        BK: ConstInt,
-    ) -> None:
-        acc: ct.Tile = ct.zeros((c.shape[0], c.shape[1]), f32)
-        for kk in range(ct.num_tiles(a, 1, BK)):
-            ta = ct.load(a, (ct.bid(0), kk), (c.shape[0], BK))
-            tb = ct.load(b, (kk, ct.bid(1)), (BK, c.shape[1]))
-            acc = ct.mma(ta, tb, acc)
-        c.store(acc)
-
-    return gemm
+    """The library's f16 -> f32 GEMM kernel, pipelined `stages` deep."""
+    return _gemm_kernel(f16, f32, False, False, stages)
 
 
 #: 64x64 f16 operand tiles with BK=64: 16 KB per stage, so 4 stages need 64 KB.

@@ -43,11 +43,11 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def make_gemm(dt: type[ct.DType]) -> Any:
+def make_gemm(dt: type[ct.DType], stages: int | None = None) -> Any:
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841 (named by the annotations below)
 
-    @ct.kernel
+    @ct.kernel(stages=stages)
     def gemm(
         c: Mut[Tensor[f32, BM, BN]],
         a: Tensor[Elem, Dyn, Dyn],
@@ -469,24 +469,6 @@ def test_k_loop_is_pipelined_with_fragment_accumulators() -> None:
     assert "cp.async.wait_all" in ptx[end:]
 
 
-def make_staged_gemm(stages: int) -> Any:
-    @ct.kernel(stages=stages)
-    def staged(
-        c: Mut[Tensor[f32, BM, BN]],
-        a: Tensor[f16, Dyn, Dyn],
-        b: Tensor[f16, Dyn, Dyn],
-        BK: ConstInt,
-    ) -> None:
-        acc: ct.Tile = ct.zeros((c.shape[0], c.shape[1]), f32)
-        for kk in range(ct.num_tiles(a, 1, BK)):
-            ta = ct.load(a, (ct.bid(0), kk), (c.shape[0], BK))
-            tb = ct.load(b, (kk, ct.bid(1)), (BK, c.shape[1]))
-            acc = ct.mma(ta, tb, acc)
-        c.store(acc)
-
-    return staged
-
-
 @pytest.mark.parametrize("stages", [1, 2, 5])
 def test_stage_counts(rng: np.random.Generator, stages: int) -> None:
     """Any number of stages, more than the K loop has iterations included, gives the same
@@ -494,7 +476,7 @@ def test_stage_counts(rng: np.random.Generator, stages: int) -> None:
     ct.set_backend("sim")
     m, n, k, bm, bn, bk = 40, 24, 72, 32, 16, 16
     a, b = operand(rng, (m, k), f16), operand(rng, (k, n), f16)
-    kernel = make_staged_gemm(stages)
+    kernel = make_gemm(f16, stages)
     out = ct.full((m, n), np.nan, f32)
     result = kernel(out.partition((bm, bn)), ct.from_numpy(a, f16), ct.from_numpy(b, f16), bk)
     check(np.asarray(result.sync()[0].unpartition().to_numpy()), a, b, np.zeros((m, n)), "f16")
@@ -516,8 +498,8 @@ def test_stages_past_the_shared_budget_are_a_clear_error() -> None:
         64,
     )
     with pytest.raises(LoweringError, match=r"stages=8 needs 262144 bytes.*232448"):
-        make_staged_gemm(8).ptx(*spec, target=ct.Target(90))
-    assert ".extern .shared" in make_staged_gemm(3).ptx(*spec, target=ct.Target(90))
+        make_gemm(f16, 8).ptx(*spec, target=ct.Target(90))
+    assert ".extern .shared" in make_gemm(f16, 3).ptx(*spec, target=ct.Target(90))
 
 
 def _cuobjdump() -> Path | None:

@@ -262,7 +262,7 @@ def _staged_load(
     """Operand `which` of `mma` as a staged load, if it is one the pipeline can take: a
     load in the loop body of a read-only tensor, reshaped (unit dims only) or transposed
     on its single-use way to the mma, in an orientation `ldmatrix` reads."""
-    producers = {id(r): op for op in loop.body.ops for r in op.results}
+    producers = _producers(loop)
     v = mma.operands[which]
     transposed = False
     chain: list[o.Op] = []
@@ -310,7 +310,7 @@ def _staged_load(
     n_major = which == 1 and transposed
     if (which == 0 and transposed) or (which == 1 and not transposed and dt is f32):
         return None
-    index_ops = _index_ops(loop, load)
+    index_ops = _index_ops(loop, load, producers)
     if index_ops is None:
         return None
     base = canonical_blocked((rows, cols), eb, em.plan.threads, max_vec=width)
@@ -322,10 +322,14 @@ def _staged_load(
     return StagedLoad(load, chain, mma.operands[which], n_major, tile, copy, index_ops)
 
 
-def _index_ops(loop: o.ForOp, load: o.LoadOp) -> list[o.Op] | None:
+def _producers(loop: o.ForOp) -> dict[int, o.Op]:
+    """id(value) → the op of the loop body (top level) that defines it."""
+    return {id(r): op for op in loop.body.ops for r in op.results}
+
+
+def _index_ops(loop: o.ForOp, load: o.LoadOp, producers: dict[int, o.Op]) -> list[o.Op] | None:
     """The body ops the load's index depends on, in body order; None if any is not a pure
     scalar op or depends on a carried value (unknown for a later iteration)."""
-    producers = {id(r): op for op in loop.body.ops for r in op.results}
     carried = {id(a) for a in loop.body.args[1:]}
     need: set[int] = set()
     todo = list(load.operands)
