@@ -84,3 +84,31 @@ def test_report_lists_missing_peers(quick_run: Path) -> None:
         except ImportError:
             assert peer in missing, peer
     assert "7.02" in report and "96.4%" in report  # the paper's numbers are quoted
+
+
+def test_gemm_summary_holds_large_sizes_to_the_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GEMM summary gives, per dtype, the range of % of cuBLAS at n >= 4096 and whether
+    the 60 % target is met (as a cuda run would, with the measurements faked)."""
+    import paper_repro.experiments.gemm as gemm
+    from paper_repro.core import Context, Row
+    from paper_repro.timing import Timer
+
+    # (impl, dtype, n) -> TFLOP/s; 100 elsewhere.
+    tflops = {
+        ("cutile_py", "f16", 4096): 390.0,
+        ("torch", "f16", 4096): 600.0,
+        ("cutile_py", "f16", 8192): 420.0,
+        ("torch", "bf16", 4096): 400.0,
+    }
+
+    def fake(ctx: Context, impl: str, dtype: str, n: int) -> list[Row]:
+        name = "cuBLAS (torch)" if impl == "torch" else impl
+        got = tflops.get((impl, dtype, n), 100.0)
+        return [{"impl": name, "dtype": dtype, "n": n, "status": "ok", "tflops": got}]
+
+    monkeypatch.setattr(gemm, "measure", fake)
+    monkeypatch.setattr(gemm, "peer_missing", lambda p: None if p == "torch" else {"impl": p})
+    res = gemm.run(Context("cuda", False, Timer("sim", reps=1, warmup=0), 0, {}))
+    # f16: 390/600 at 4096, 420/100 at 8192; bf16: 100/400 at 4096, 100/100 at 8192.
+    assert "cutile_py f16 at n >= 4096: 65.0-420.0% of cuBLAS (target 60%: met)" in res.summary
+    assert "cutile_py bf16 at n >= 4096: 25.0-100.0% of cuBLAS (target 60%: not met)" in res.summary
