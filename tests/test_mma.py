@@ -4,6 +4,7 @@ interpret, tf32 rounding, the type rule's errors, the swizzled shared layout, an
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import shutil
@@ -21,7 +22,6 @@ from cutile_py.ir.dtypes import round_to
 from cutile_py.ir.reference import mma as ref_mma
 from cutile_py.ir.reference import round_to_tf32
 from cutile_py.lower.emit_mma import SharedTile, warp_grid
-from cutile_py.lower.emit_ptx import LoweringError
 from cutile_py.runtime.nvjitlink import assemble, nvjitlink_available
 
 if TYPE_CHECKING:
@@ -62,6 +62,11 @@ def make_gemm(dt: type[ct.DType], stages: int | None = None) -> Any:
         c.store(acc)
 
     return gemm
+
+
+#: The line of `make_gemm`'s K loop (where pipeline errors point).
+_lines, _first = inspect.getsourcelines(make_gemm)
+LOOP_LINE = _first + next(i for i, t in enumerate(_lines) if t.lstrip().startswith("for kk"))
 
 
 def make_matmul(dt: type[ct.DType]) -> Any:
@@ -497,8 +502,12 @@ def test_stages_past_the_shared_budget_are_a_clear_error() -> None:
         ct.TensorSpec((256, 256), f16),
         64,
     )
-    with pytest.raises(LoweringError, match=r"stages=8 needs 262144 bytes.*232448"):
+    with pytest.raises(ct.CompileError, match=r"stages=8 needs 262144 bytes.*232448") as err:
         make_gemm(f16, 8).ptx(*spec, target=ct.Target(90))
+    # Located at the K loop of the kernel, the source line shown under it.
+    assert err.value.where is not None
+    assert (err.value.where.file, err.value.where.line) == (__file__, LOOP_LINE)
+    assert "for kk in range(ct.num_tiles(a, 1, BK)):" in str(err.value)
     assert ".extern .shared" in make_gemm(f16, 3).ptx(*spec, target=ct.Target(90))
 
 

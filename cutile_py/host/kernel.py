@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import linecache
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,12 +14,14 @@ from typing import Any, overload
 
 from cutile_py.frontend.build_ir import build_kernel
 from cutile_py.frontend.capture import CapturedFunction, capture
+from cutile_py.frontend.errors import CompileError, SourceLocation
 from cutile_py.frontend.signature import ParamSpec, Specialization, TensorArg, bind, parse_signature
 from cutile_py.host import jit_disk
 from cutile_py.host.specs import PartitionSpec, TensorSpec
 from cutile_py.host.tensor import Partition, Tensor
 from cutile_py.ir import Kernel as KernelIR
 from cutile_py.ir import print_kernel
+from cutile_py.lower.emit_ptx import LoweringError
 from cutile_py.lower.pipeline import LoweredKernel, lower_kernel
 from cutile_py.ptx.target import Target
 from cutile_py.runtime.backend import LoadedKernel
@@ -206,13 +209,24 @@ class Kernel:
         if target is None:
             result = base
         else:
-            result = CompiledKernel(base.ir, base.ir_text, lower_kernel(base.ir, target))
+            result = CompiledKernel(base.ir, base.ir_text, self._lower(base.ir, target))
             if disk_key is not None and result.lowered is not None:
                 payload = jit_disk.encode(result.lowered, result.ir_text)
                 meta = {"kernel": self.__qualname__, "target": target.name}
                 default_cache().put(disk_key, payload, meta)
         _CACHE[key] = result
         return result
+
+    def _lower(self, kir: KernelIR, target: Target) -> LoweredKernel:
+        """`lower_kernel`, its errors as a `CompileError` at the op's source line (the
+        kernel's `def` where the op has none)."""
+        try:
+            return lower_kernel(kir, target)
+        except LoweringError as e:
+            cap = self.captured
+            file, line, col = e.span or (cap.file, cap.first_line, 1)
+            text = linecache.getline(file, line)
+            raise CompileError(e.message, SourceLocation(file, line, col, text), cap.name) from e
 
     def _from_disk(self, disk_key: str | None, spec: Specialization) -> CompiledKernel | None:
         """The compiled kernel stored under `disk_key`, or None (a miss, an undecodable entry

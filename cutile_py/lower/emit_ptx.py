@@ -36,7 +36,14 @@ if TYPE_CHECKING:
 
 
 class LoweringError(Exception):
-    """The IR uses something this back end cannot lower (a compiler limitation)."""
+    """The IR uses something this back end cannot lower (a compiler limitation), or a
+    configuration that cannot run (too much shared memory); `span` is the source of the op
+    being lowered, filled in by `Emitter.op` where the raiser did not know it."""
+
+    def __init__(self, message: str, span: o.Span | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.span = span
 
 
 @dataclass(frozen=True)
@@ -286,8 +293,13 @@ class Emitter:
             return
         handler = getattr(self, f"op_{op.opname}", None)
         if handler is None:
-            raise LoweringError(f"no lowering for IR op {op.opname}")
-        handler(op)
+            raise LoweringError(f"no lowering for IR op {op.opname}", op.span)
+        try:
+            handler(op)
+        except LoweringError as e:
+            if e.span is None:  # the innermost op that knows its source
+                e.span = op.span
+            raise
 
     def op_constant(self, op: o.ConstantOp) -> None:
         dt = op.result.type.dtype
