@@ -9,8 +9,9 @@ a block at least 99 KiB).
 - On `sim` and `interpret` nothing is timed (timings of a CPU simulation say nothing about a
   GPU): `Autotuner.choose` returns `default_config`, clamped to the problem.
 - On `cuda` each candidate runs on scratch buffers that the tuner's caller allocates for it
-  (never the caller's output), timed with CUDA events; the fastest wins. The choice is cached
-  per (M, N, K rounded up to powers of two, dtype, trans_b, device name) in the JSON file
+  (never the caller's output), timed with CUDA events; the fastest wins. The choice (as its
+  unclamped template) is cached per `TuneKey` (M, N, K and the batch count rounded up to
+  powers of two, dtypes, trans_b, device name) in the JSON file
   `<cache dir>/autotune/gemm.json` (the cache dir of `cutile_py.runtime.disk_cache`:
   `CUTILE_PY_CACHE_DIR` or the user cache directory), written atomically (a temporary file
   in the same directory, then `os.replace`).
@@ -26,7 +27,7 @@ import os
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ SHARED_LIMIT = 96 * 1024
 MAX_ACC = 128 * 256
 #: Stages when a config does not say.
 STAGES = 3
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 @dataclass(frozen=True, order=True)
@@ -107,22 +108,33 @@ def default_config(dtype: type[ct.DType], m: int, n: int, k: int) -> GemmConfig:
 TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256))
 
 
-def candidates(dtype: type[ct.DType], m: int, n: int, k: int) -> list[GemmConfig]:
-    """Valid configs over `TILES`, two K steps and 3 or 4 stages (the longer K step with
-    3), clamped to the problem and deduplicated."""
+def candidate_templates(
+    dtype: type[ct.DType], m: int, n: int, k: int
+) -> dict[GemmConfig, GemmConfig]:
+    """The configs tried, each as it is written in `TILES` (the template, what the cache
+    stores) → as it runs on this problem (clamped). Templates are `TILES` with two K steps
+    and 3 or 4 stages (the longer K step with 3), kept where the clamped config is valid."""
     g = k_step(dtype)
     steps = ((2 * g, 3), (2 * g, 4), (4 * g, 3))
-    found = {
-        clamp(GemmConfig(bm, bn, bk, stages), dtype, m, n, k)
-        for bm, bn in TILES
-        for bk, stages in steps
-    }
-    return sorted(c for c in found if is_valid(c, dtype))
+    out = {}
+    for bm, bn in TILES:
+        for bk, stages in steps:
+            template = GemmConfig(bm, bn, bk, stages)
+            fitted = clamp(template, dtype, m, n, k)
+            if is_valid(fitted, dtype):
+                out[template] = fitted
+    return out
+
+
+def candidates(dtype: type[ct.DType], m: int, n: int, k: int) -> list[GemmConfig]:
+    """The distinct configs tried on this problem (the clamped templates), sorted."""
+    return sorted(set(candidate_templates(dtype, m, n, k).values()))
 
 
 @dataclass(frozen=True)
 class TuneKey:
-    """What a cached choice is valid for; sizes are bucketed to the next power of two."""
+    """What a cached choice is valid for: sizes (and the batch count, 0 for a 2-D gemm)
+    bucketed to the next power of two, operand and output dtypes, B's layout, the device."""
 
     m: int
     n: int
@@ -130,16 +142,38 @@ class TuneKey:
     dtype: str
     trans_b: bool
     device: str
+    out_dtype: str = ""
+    batch: int = 0
 
     @classmethod
     def make(
-        cls, m: int, n: int, k: int, dtype: type[ct.DType], trans_b: bool, device: str
+        cls,
+        m: int,
+        n: int,
+        k: int,
+        dtype: type[ct.DType],
+        trans_b: bool,
+        device: str,
+        out_dtype: type[ct.DType] | None = None,
+        batch: int | None = None,
     ) -> TuneKey:
-        return cls(next_pow2(m), next_pow2(n), next_pow2(k), dtype.name, trans_b, device)
+        return cls(
+            next_pow2(m),
+            next_pow2(n),
+            next_pow2(k),
+            dtype.name,
+            trans_b,
+            device,
+            (out_dtype or dtype).name,
+            0 if batch is None else next_pow2(batch),
+        )
 
     def text(self) -> str:
         t = "t" if self.trans_b else "n"
-        return f"{self.device}|{self.dtype}|{t}|{self.m}x{self.n}x{self.k}"
+        shape = f"{self.m}x{self.n}x{self.k}"
+        if self.batch:
+            shape = f"{self.batch}x{shape}"
+        return f"{self.device}|{self.dtype}->{self.out_dtype}|{t}|{shape}"
 
 
 #: Runs one launch (a fresh op on scratch buffers) for `cfg` and returns its time in ms.
@@ -171,12 +205,15 @@ class Autotuner:
     def choose(
         self,
         key: TuneKey,
-        options: Sequence[GemmConfig],
+        options: Mapping[GemmConfig, GemmConfig],
         default: GemmConfig,
         make_launch: Callable[[GemmConfig], Launch],
     ) -> GemmConfig:
-        """The cached choice for `key` if one of `options`, else the fastest of `options`
-        (cached); `default` where nothing is timed (no injected timer, not on cuda)."""
+        """`options` maps each template to the config it runs as on this problem. The
+        cached template for `key`, if one of `options`, runs as its config; else each
+        distinct config is timed and the fastest runs (its template cached: another problem
+        in the same bucket clamps it to its own sizes, not re-tuning). `default` where
+        nothing is timed (no injected timer, not on cuda)."""
         timer = self.timer
         if timer is None:
             if ct.backend() != "cuda":
@@ -187,13 +224,15 @@ class Autotuner:
             hit = self._memo.get(text) or self._load().get(text)
             if hit is not None and hit in options:
                 self._memo[text] = hit
-                return hit
+                return options[hit]
         self.sweeps += 1
-        times = {cfg: timer(cfg, make_launch(cfg)) for cfg in options}
-        best = min(options, key=lambda c: (times[c], c))
+        configs = sorted(set(options.values()))
+        times = {cfg: timer(cfg, make_launch(cfg)) for cfg in configs}
+        best = min(configs, key=lambda c: (times[c], c))
+        template = min(t for t, c in options.items() if c == best)
         with self._lock:
-            self._memo[text] = best
-            self._store(text, best)
+            self._memo[text] = template
+            self._store(text, template)
         return best
 
     # -- the JSON file ----------------------------------------------------------------------

@@ -134,10 +134,10 @@ def _config(
         return launch
 
     device = ct.profiling.device_name()
-    key = autotune.TuneKey.make(m, n, k, dt, trans_b, device)
+    key = autotune.TuneKey.make(m, n, k, dt, trans_b, device, odt, batch)
     return autotune.TUNER.choose(
         key,
-        autotune.candidates(dt, m, n, k),
+        autotune.candidate_templates(dt, m, n, k),
         autotune.default_config(dt, m, n, k),
         make_launch,
     )

@@ -164,7 +164,11 @@ def test_tuning_picks_the_fastest_and_never_touches_the_output(
     best = min(timer.timed, key=lambda c: c.bm * c.bn * c.bk)
     data = json.loads(tuner.path.read_text())
     key = TuneKey.make(m, n, k, ct.f16, False, "sim").text()
-    assert data["entries"] == {key: [best.bm, best.bn, best.bk, best.stages]}
+    # What is stored is the first template (as in TILES) that runs as the winner here.
+    template = min(t for t, c in autotune.candidate_templates(ct.f16, m, n, k).items() if c == best)
+    assert (template.bm, template.bn) in autotune.TILES
+    assert autotune.clamp(template, ct.f16, m, n, k) == best
+    assert data["entries"] == {key: template.astuple()}
     assert not [p for p in tuner.path.parent.iterdir() if p.name.startswith(".tmp-")]
 
 
@@ -180,9 +184,43 @@ def test_choice_is_reused_from_memory_and_from_disk(
     # A new process (a new tuner on the same file) reads the choice back.
     again = Autotuner(path=tuner.path, timer=FakeTimer())
     key = TuneKey.make(40, 16, 24, ct.bf16, False, "sim")
-    opts = autotune.candidates(ct.bf16, 40, 16, 24)
-    chosen = again.choose(key, opts, opts[-1], lambda cfg: pytest.fail("timed again"))
-    assert chosen == min(opts, key=lambda c: c.bm * c.bn * c.bk) and again.sweeps == 0
+    opts = autotune.candidate_templates(ct.bf16, 40, 16, 24)
+    default = autotune.default_config(ct.bf16, 40, 16, 24)
+    chosen = again.choose(key, opts, default, lambda cfg: pytest.fail("timed again"))
+    assert chosen == min(opts.values(), key=lambda c: c.bm * c.bn * c.bk) and again.sweeps == 0
+
+
+def test_one_sweep_per_bucket_whatever_the_clamping(
+    tuner: Autotuner, rng: np.random.Generator
+) -> None:
+    """M = 33 and M = 60 share a bucket (64) but clamp the tiles differently (48 and 64
+    rows): the template cached by the first sweep serves the second, every call after."""
+    b, bt = operand(rng, (40, 24), "f16")
+    for _ in range(2):
+        for m in (33, 60):
+            a, at = operand(rng, (m, 40), "f16")
+            check(ck.gemm(at, bt), a, b, "f16", "f16")
+    assert tuner.sweeps == 1
+
+
+def test_out_dtype_and_batch_are_tuned_apart(tuner: Autotuner, rng: np.random.Generator) -> None:
+    """A choice for an f16 result is not reused for an f32 one, nor a gemm's for a bmm of
+    5 problems (whose grid is 5 times larger); a bmm of 7 shares that bucket (8)."""
+    a, at = operand(rng, (60, 40), "f16")
+    b, bt = operand(rng, (40, 24), "f16")
+    ck.gemm(at, bt)
+    check(ck.gemm(at, bt, out_dtype=ct.f32), a, b, "f16", "f32")
+    assert tuner.sweeps == 2
+    for batch in (5, 7):
+        a3, at3 = operand(rng, (batch, 60, 40), "f16")
+        b3, bt3 = operand(rng, (batch, 40, 24), "f16")
+        check(ck.bmm(at3, bt3), a3, b3, "f16", "f16")
+    assert tuner.sweeps == 3
+    keys = set(json.loads(tuner.path.read_text())["entries"])
+    assert keys == {
+        TuneKey.make(60, 24, 40, ct.f16, False, "sim", odt, nb).text()
+        for odt, nb in ((ct.f16, None), (ct.f32, None), (ct.f16, 5))
+    }
 
 
 def test_cache_round_trip_and_corrupt_file(tmp_path: Path) -> None:
@@ -190,9 +228,10 @@ def test_cache_round_trip_and_corrupt_file(tmp_path: Path) -> None:
     t = Autotuner(path=path, timer=lambda cfg, launch: float(cfg.bk))
     key = TuneKey.make(100, 200, 300, ct.f32, True, "GPU X")
     assert (key.m, key.n, key.k) == (128, 256, 512)
-    opts = [GemmConfig(64, 64, 16), GemmConfig(64, 64, 8)]
-    assert t.choose(key, opts, opts[0], lambda cfg: lambda: pytest.fail("no launch")) == opts[1]
-    assert Autotuner(path=path)._load() == {key.text(): opts[1]}
+    opts = {c: c for c in (GemmConfig(64, 64, 16), GemmConfig(64, 64, 8))}
+    small = GemmConfig(64, 64, 8)
+    assert t.choose(key, opts, small, lambda cfg: lambda: pytest.fail("no launch")) == small
+    assert Autotuner(path=path)._load() == {key.text(): small}
     path.write_text("{not json")
     assert Autotuner(path=path)._load() == {}
 
@@ -204,7 +243,8 @@ def test_no_timing_off_cuda(tmp_path: Path) -> None:
         t = Autotuner(path=tmp_path / "gemm.json")
         key = TuneKey.make(8, 8, 8, ct.f16, False, "interpret")
         default = autotune.default_config(ct.f16, 8, 8, 8)
-        assert t.choose(key, [GemmConfig(16, 8, 16)], default, lambda c: pytest.fail()) == default
+        opts = {GemmConfig(16, 8, 16): GemmConfig(16, 8, 16)}
+        assert t.choose(key, opts, default, lambda c: pytest.fail()) == default
         assert not t.path.exists()
     finally:
         ct.set_backend("sim")
