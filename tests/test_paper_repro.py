@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+import cutile_py as ct
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ["bandwidth", "race", "elementwise", "gemm", "jit", "launch", "workdist", "dispatch"]
@@ -112,3 +115,36 @@ def test_gemm_summary_holds_large_sizes_to_the_target(monkeypatch: pytest.Monkey
     # f16: 390/600 at 4096, 420/100 at 8192; bf16: 100/400 at 4096, 100/100 at 8192.
     assert "cutile_py f16 at n >= 4096: 65.0-420.0% of cuBLAS (target 60%: met)" in res.summary
     assert "cutile_py bf16 at n >= 4096: 25.0-100.0% of cuBLAS (target 60%: not met)" in res.summary
+
+
+def test_gemm_replay_leaves_out_the_tuning_launches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+) -> None:
+    """On cuda the first gemm of a shape runs every tuning candidate; the replay that is
+    timed holds the one launch gemm makes once tuned (here a tuner that runs each candidate
+    stands in for the cuda one), and it computes a @ b."""
+    from cutile_py_kernels import autotune
+    from paper_repro.experiments.gemm import cutile_replay
+
+    runs: list[autotune.GemmConfig] = []
+
+    def timer(cfg: autotune.GemmConfig, launch: autotune.Launch) -> float:
+        launch().sync()
+        runs.append(cfg)
+        return float(cfg.bm)
+
+    tuner = autotune.Autotuner(path=tmp_path / "gemm.json", timer=timer)
+    monkeypatch.setattr(autotune, "TUNER", tuner)
+    ct.set_backend("sim")
+    a = rng.standard_normal((48, 40)).astype(np.float16)
+    b = rng.standard_normal((40, 24)).astype(np.float16)
+    sets = [[ct.from_numpy(a, ct.f16), ct.from_numpy(b, ct.f16)]]
+    replay = cutile_replay(sets)
+    assert tuner.sweeps == 1 and len(runs) > 1
+    assert len(replay.launches) == 1
+    for p in replay.launch(0):
+        p.wait()
+    (out,) = [x for x in replay.slots[0][0] if isinstance(x, ct.Partition)]
+    want = a.astype(np.float32) @ b.astype(np.float32)
+    got = out.unpartition().to_numpy().astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
