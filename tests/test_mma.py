@@ -137,9 +137,10 @@ def test_mma_k_loop(backend: str, rng: np.random.Generator, case: tuple[Any, ...
 
 
 def make_gemm_variant(dt: type[ct.DType], variant: str) -> Any:
-    """K loops the pipeline takes only in part: `padded` loads (padding 1 would add
+    """K loops in every shape the pipeline meets: `padded` loads (padding 1 would add
     to the sums, so the kernel pads A with 0 explicitly and B with 1: its loads stay in
-    registers), `transposed` B (loaded (N, K), n-major in shared memory), `observed`
+    registers), `transposed` B (loaded (N, K), N rows in shared memory), `a_transposed`
+    (A given (K, M), loaded (BK, BM) and transposed: K rows in shared memory), `observed`
     accumulators (read in the loop beyond the mma: they stay blocked)."""
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841
@@ -173,6 +174,20 @@ def make_gemm_variant(dt: type[ct.DType], variant: str) -> Any:
         c.store(acc)
 
     @ct.kernel
+    def a_transposed(
+        c: Mut[Tensor[f32, BM, BN]],
+        at: Tensor[Elem, Dyn, Dyn],
+        b: Tensor[Elem, Dyn, Dyn],
+        BK: ConstInt,
+    ) -> None:
+        acc: ct.Tile = ct.zeros((c.shape[0], c.shape[1]), f32)
+        for kk in range(ct.num_tiles(at, 0, BK)):
+            ta = ct.load(at, (kk, ct.bid(0)), (BK, c.shape[0]))
+            tb = ct.load(b, (kk, ct.bid(1)), (BK, c.shape[1]))
+            acc = ct.mma(ta.T, tb, acc)
+        c.store(acc)
+
+    @ct.kernel
     def observed(
         c: Mut[Tensor[f32, BM, BN]],
         a: Tensor[Elem, Dyn, Dyn],
@@ -188,10 +203,11 @@ def make_gemm_variant(dt: type[ct.DType], variant: str) -> Any:
             biggest = ct.maximum(biggest, acc)
         c.store(acc + 0.0 * biggest)
 
-    return {"padded": padded, "transposed": transposed, "observed": observed}[variant]
+    variants = {"padded": padded, "transposed": transposed, "a_transposed": a_transposed}
+    return {**variants, "observed": observed}[variant]
 
 
-@pytest.mark.parametrize("variant", ["padded", "transposed", "observed"])
+@pytest.mark.parametrize("variant", ["padded", "transposed", "a_transposed", "observed"])
 @pytest.mark.parametrize("name", ["f16", "f32"])
 def test_partly_pipelined_k_loops(
     backend: str, rng: np.random.Generator, name: str, variant: str
@@ -202,8 +218,9 @@ def test_partly_pipelined_k_loops(
     kernel = make_gemm_variant(dt, variant)
     out = ct.full((m, n), np.nan, f32)
     b_arg = np.ascontiguousarray(b.T) if variant == "transposed" else b
+    a_arg = np.ascontiguousarray(a.T) if variant == "a_transposed" else a
     # Padded with 1 past K, B adds sum_k' a[i, k'] over A's zero padding: nothing.
-    result = kernel(out.partition((bm, bn)), ct.from_numpy(a, dt), ct.from_numpy(b_arg, dt), bk)
+    result = kernel(out.partition((bm, bn)), ct.from_numpy(a_arg, dt), ct.from_numpy(b_arg, dt), bk)
     got = np.asarray(result.sync()[0].unpartition().to_numpy())
     check(got, a, b, np.zeros((m, n), np.float32), name)
 
@@ -462,16 +479,92 @@ def test_ptx_assembles_without_spills(case: tuple[str, int, int, int], sm: int) 
     assert report.registers <= 128
 
 
-def test_k_loop_is_pipelined_with_fragment_accumulators() -> None:
-    """Operands reach shared memory by cp.async only (no st.shared of them in the loop), the
-    loop waits on commit groups, and the accumulator crosses no shared memory per step."""
-    ptx = gemm_ptx("f16", 64, 64, 32, ct.Target(80))
+@pytest.mark.parametrize("variant", ["plain", "transposed", "a_transposed"])
+@pytest.mark.parametrize("name", ["f16", "f32"])
+def test_k_loop_is_pipelined_with_fragment_accumulators(name: str, variant: str) -> None:
+    """In every orientation of A and B, both operands reach shared memory by 16-byte
+    cp.async only (no ld.global, no st.shared in the loop), the loop waits on commit groups,
+    and the accumulator crosses no shared memory per step. Fragments are read with ldmatrix
+    (.trans for 16-bit K-row tiles), or word by word for tf32 K-row tiles: an A given
+    (K, M), or a B given (K, N)."""
+    dt = DTYPES[name]
+    bk = 32 if dt is f16 else 16
+    kernel = GEMM[name] if variant == "plain" else make_gemm_variant(dt, variant)
+    args = ct.PartitionSpec((256, 256), (64, 64), f32), ct.TensorSpec((256, 256), dt)
+    ptx = kernel.ptx(*args, ct.TensorSpec((256, 256), dt), bk, target=ct.Target(80))
     start, end = ptx.index("$__loop_1:"), ptx.index("$__done_2:")
     loop = ptx[start:end]
-    assert "cp.async.cg.shared.global" in loop and "cp.async.commit_group" in loop
-    assert "cp.async.wait_group" in loop
-    assert "st.shared" not in loop and "ld.shared" not in loop
+    assert loop.count("cp.async.cg.shared.global") == 2, loop  # A and B
+    assert "cp.async.commit_group" in loop and "cp.async.wait_group" in loop
+    assert "st.shared" not in loop and "ld.global" not in loop
     assert "cp.async.wait_all" in ptx[end:]
+    k_rows = {"plain": "B", "transposed": "", "a_transposed": "AB"}[variant]
+    if dt is f32:
+        assert ("ld.shared.b32" in loop) == bool(k_rows)
+        assert ("ldmatrix" in loop) == (len(k_rows) < 2)
+        assert ".trans" not in loop
+    else:
+        assert "ld.shared" not in loop
+        assert ("ldmatrix.sync.aligned.m8n8.x4.trans" in loop) == bool(k_rows)
+
+
+def _shared_wavefronts(lanes: np.ndarray, addrs: np.ndarray, nbytes: int) -> tuple[int, int]:
+    """(wavefronts, the fewest possible) of one warp-wide shared access of `nbytes` per lane:
+    lanes are served 128 bytes per phase (8 lanes of 16 bytes, or 32 of 4), and a phase
+    takes as many wavefronts as the most distinct 4-byte words one of the 32 banks holds."""
+    per_phase = min(32, 128 // nbytes)
+    got = best = 0
+    for warp in np.unique(lanes // 32):
+        mine = lanes // 32 == warp
+        for phase in range(0, 32, per_phase):
+            sel = mine & (lanes % 32 >= phase) & (lanes % 32 < phase + per_phase)
+            words = {(int(x) + off) // 4 for x in addrs[sel] for off in range(0, nbytes, 4)}
+            if words:
+                banks = np.bincount([w % 32 for w in words], minlength=32)
+                got += int(banks.max())
+                best += -(-len(words) // 32)
+    return got, best
+
+
+@pytest.mark.parametrize("variant", ["plain", "transposed", "a_transposed"])
+@pytest.mark.parametrize("name", ["f16", "f32"])
+def test_fragment_reads_are_free_of_bank_conflicts(
+    monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator, name: str, variant: str
+) -> None:
+    """Run on sim, every ldmatrix and every tf32 word read of an operand fragment takes the
+    fewest wavefronts its bytes allow (the swizzles, not a formula of this test, decide)."""
+    from cutile_py.sim import spaces
+
+    dt = DTYPES[name]
+    m, n, bk = 64, 64, 32 if dt is f16 else 16
+    k = 2 * bk
+    kernel = GEMM[name] if variant == "plain" else make_gemm_variant(dt, variant)
+    a, b = operand(rng, (m, k), dt), operand(rng, (k, n), dt)
+    a_arg = np.ascontiguousarray(a.T) if variant == "a_transposed" else a
+    b_arg = np.ascontiguousarray(b.T) if variant == "transposed" else b
+    seen: dict[str, list[int]] = {}
+    load = spaces.Batch.load
+
+    def counted(
+        self: spaces.Batch, space: str, lanes: np.ndarray, addrs: np.ndarray, esize: int, nvec: int
+    ) -> np.ndarray:
+        kind = {(2, 8): "ldmatrix", (4, 1): "word"}.get((esize, nvec))
+        if space == "shared" and kind is not None:
+            got, best = _shared_wavefronts(lanes, addrs.astype(np.int64), esize * nvec)
+            tally = seen.setdefault(kind, [0, 0])
+            tally[0] += got
+            tally[1] += best
+        return load(self, space, lanes, addrs, esize, nvec)
+
+    monkeypatch.setattr(spaces.Batch, "load", counted)
+    ct.set_backend("sim")
+    out = ct.full((m, n), np.nan, f32).partition((64, 64))
+    result = kernel(out, ct.from_numpy(a_arg, dt), ct.from_numpy(b_arg, dt), bk).sync()
+    check(np.asarray(result[0].unpartition().to_numpy()), a, b, np.zeros((m, n), np.float32), name)
+    assert "ldmatrix" in seen or variant == "a_transposed"
+    assert ("word" in seen) == (dt is f32 and variant != "transposed")
+    for kind, (got, best) in seen.items():
+        assert got == best, f"{kind}: {got} wavefronts where {best} would do"
 
 
 @pytest.mark.parametrize("stages", [1, 2, 5])

@@ -14,6 +14,7 @@ can reuse the tiles, the pipeline and the accumulator conversions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import lcm
 from typing import TYPE_CHECKING
@@ -55,6 +56,8 @@ class SharedTile:
     S the largest power of two (at most 8) dividing the chunks per row and R = 8 / S: any 8
     consecutive rows then cover all 32 banks at a fixed chunk, so ldmatrix (8 row addresses
     per matrix) and row-wise stores are conflict-free, and c ^ f(r) stays inside the row.
+    With `xor_step` 2, f(r) = 2 (r // R) % S: then 4 consecutive rows at 2 adjacent chunks
+    cover all 32 banks, as the word-wise tf32 fragment reads of a K-row tile need.
     Unswizzled tiles (the f32 accumulator stage) pad rows by `pad` elements instead.
     """
 
@@ -64,6 +67,7 @@ class SharedTile:
     eb: int  # bytes per element
     swizzled: bool
     pad: int = 0
+    xor_step: int = 1
 
     @property
     def row_bytes(self) -> int:
@@ -133,15 +137,15 @@ class _Lane:
 
 @dataclass(frozen=True)
 class Operand:
-    """An mma operand in shared memory: `tile` at `base` + its offset. A is m-major (rows
-    m, columns k); B is k-major (rows k, read with `ldmatrix.trans`) or, if `n_major`, rows
-    n (read with plain `ldmatrix`, as tf32 and transposed loads need)."""
+    """An mma operand in shared memory: `tile` at `base` + its offset, its rows along M (A)
+    or N (B), read with plain `ldmatrix`, or along K if `k_rows`, read with `ldmatrix.trans`
+    (16-bit) or word by word (tf32, from a tile of `xor_step` 2)."""
 
     tile: SharedTile
     base: Reg
-    n_major: bool = False
+    k_rows: bool
     #: f32 values not yet rounded to tf32 (copied from memory as they are): their
-    #: fragments are rounded after `ldmatrix`.
+    #: fragments are rounded once read.
     unrounded: bool = False
 
 
@@ -196,16 +200,17 @@ def mma(em: Emitter, op: o.MmaOp) -> None:
     for which, v in enumerate((a, b)):
         staged = em.staged.get(id(v))
         if staged is not None:
-            tile, n_major, stage = staged
+            tile, k_rows, stage = staged
             base = em.fb.reg("b32")
             assert em.smem is not None
             em.fb.ins("add.u32", base, em.smem, stage)
-            ops.append(Operand(tile, base, n_major, unrounded=dt is f32))
+            ops.append(Operand(tile, base, k_rows, unrounded=dt is f32))
             continue
         rows, cols = v.type.shape
-        # tf32 has no transposing ldmatrix: its B is stored n-major.
-        n_major = which == 1 and dt is f32
-        if n_major:
+        # A is stored as it is (M rows), B transposed to N rows for tf32 (read with plain
+        # ldmatrix), as it is (K rows, ldmatrix.trans) for 16-bit types.
+        transpose = which == 1 and dt is f32
+        if transpose:
             rows, cols = cols, rows
         tile = SharedTile(at, rows, cols, dt.itemsize(), True)
         at += round_region(tile.nbytes)
@@ -215,8 +220,8 @@ def mma(em: Emitter, op: o.MmaOp) -> None:
                 f"shared memory for its operand tiles, more than the {em.max_shared} bytes "
                 "a block may have on this target; use smaller tiles"
             )
-        operand = Operand(tile, _smem(em, 0), n_major)
-        stores.append((operand, v, n_major))
+        operand = Operand(tile, _smem(em, 0), k_rows=which == 1 and not transpose)
+        stores.append((operand, v, transpose))
         ops.append(operand)
     if stores:
         _smem(em, at)
@@ -471,9 +476,12 @@ def shared_addresses(
 
 
 def _xor_value(em: Emitter, dst: Reg, row: Reg, tile: SharedTile) -> None:
-    """dst = f(row) = (row / R) % S, the XOR applied to chunk indices of that row."""
+    """dst = f(row) = (row / R) * xor_step % S, the XOR applied to chunk indices of that
+    row."""
     fb = em.fb
     fb.ins("shr.u32", dst, row, _log2(tile.rows_per_step))
+    if tile.xor_step > 1:
+        fb.ins("shl.b32", dst, dst, _log2(tile.xor_step))
     fb.ins("and.b32", dst, dst, tile.xor_width - 1)
 
 
@@ -714,7 +722,7 @@ def _row_fragments(
     em: Emitter, smem: Reg, tile: SharedTile, lane: Reg, rows: int, slots: list[_Slot]
 ) -> tuple[list[tuple[Reg, int]], _Chunks]:
     """Addressing of a tile read along its rows, `rows` per fragment (A: 16 with .x4;
-    n-major B: 8 with .x2): per slot, the lane's row address; and the lane's chunk offsets
+    B with N rows: 8 with .x2): per slot, the lane's row address; and the lane's chunk offsets
     for chunk 2*kstep + (second matrix half)."""
     fb = em.fb
     lrow, half = fb.reg("b32"), fb.reg("b32")
@@ -734,6 +742,158 @@ def _row_fragments(
     return out, chunks
 
 
+#: Reads one k step of an operand's fragments: per slot, its registers in mma order.
+_Reader = Callable[[int], list[list[Reg]]]
+
+
+def _ldmatrix(em: Emitter, count: int, trans: bool, where: Addr, rounded: bool) -> list[Reg]:
+    """`ldmatrix .x{count}` (`.trans`): its registers, rounded to tf32 if not `rounded`."""
+    regs = [em.fb.reg("b32") for _ in range(count)]
+    opcode = f"ldmatrix.sync.aligned.m8n8.x{count}{'.trans' if trans else ''}.shared.b16"
+    em.fb.ins(opcode, Vec(tuple(regs)), where)
+    return regs if rounded else _tf32(em, regs)
+
+
+def _a_rows(em: Emitter, a: Operand, s: Setup) -> _Reader:
+    """A with M rows: `.x4` per M slot (16 rows, the k step's two chunks)."""
+    rows, chunks = _row_fragments(em, a.base, a.tile, s.lane.lane, 16, s.slots_m)
+
+    def read(ks: int) -> list[list[Reg]]:
+        col, col_imm = chunks.at(2 * ks)
+        out = []
+        for reg, imm in rows:
+            addr = em.fb.reg("b32")
+            em.fb.ins("add.u32", addr, reg, col)
+            out.append(_ldmatrix(em, 4, False, Addr(addr, imm + col_imm), not a.unrounded))
+        return out
+
+    return read
+
+
+def _b_rows(em: Emitter, b: Operand, s: Setup) -> _Reader:
+    """B with N rows: plain ldmatrix, 8 rows per N slot, two slots per `.x4`."""
+    rows, chunks = _row_fragments(em, b.base, b.tile, s.lane.lane, 8, s.slots_n)
+    groups = _pairs(em, s.lane.lane, rows)
+
+    def read(ks: int) -> list[list[Reg]]:
+        col, col_imm = chunks.at(2 * ks)
+        out: list[list[Reg]] = []
+        for reg, imm, count in groups:
+            addr = em.fb.reg("b32")
+            em.fb.ins("add.u32", addr, reg, col)
+            regs = _ldmatrix(em, 2 * count, False, Addr(addr, imm + col_imm), not b.unrounded)
+            out.extend(regs[c : c + 2] for c in range(0, len(regs), 2))
+        return out
+
+    return read
+
+
+def _k_rows_trans(em: Emitter, op: Operand, s: Setup, which: int) -> _Reader:
+    """A 16-bit operand with K rows, read with `ldmatrix.trans`. A: `.x4` per M slot, its
+    matrices (k 0-7, m 0-7), (k 0-7, m 8-15), (k 8-15, m 0-7), (k 8-15, m 8-15) from lanes
+    0-7, ..., 24-31; B: 8 columns of N per slot, k 0-15 from lanes 0-15, and a second slot
+    from lanes 16-31 where slots pair up (`.x4`)."""
+    fb, tile, lane = em.fb, op.tile, s.lane.lane
+    krow, half = fb.reg("b32"), fb.reg("b32")
+    if which == 0:
+        upper = fb.reg("b32")  # lanes 16-31: k rows 8-15
+        fb.ins("shr.u32", upper, lane, 1)
+        fb.ins("and.b32", upper, upper, 8)
+        fb.ins("and.b32", krow, lane, 7)
+        fb.ins("or.b32", krow, krow, upper)
+        fb.ins("shr.u32", half, lane, 3)  # lanes 8-15, 24-31: m 8-15, the next chunk
+        fb.ins("and.b32", half, half, 1)
+        slots, warps, per_slot = s.slots_m, s.grid.wm, 2
+    else:
+        fb.ins("and.b32", krow, lane, 15)
+        slots, warps, per_slot = s.slots_n, s.grid.wn, 1
+    lane_base = fb.reg("b32")
+    fb.ins("mad.lo.u32", lane_base, krow, tile.row_bytes, op.base)
+    f = _lane_xor(em, lane, tile)
+    cols: dict[str, _Chunks] = {}
+    addrs = []
+    for sl in slots:
+        if sl.reg.name not in cols:
+            # Slot statics are multiples of the warp count, the warp coordinate is below it.
+            idx = sl.reg
+            if which == 0:
+                idx = fb.reg("b32")
+                fb.ins("mad.lo.u32", idx, sl.reg, 2, half)
+            cols[sl.reg.name] = _Chunks(em, idx, f, max(per_slot * warps, tile.xor_width))
+        col, imm = cols[sl.reg.name].at(per_slot * sl.static)
+        r = fb.reg("b32")
+        fb.ins("add.u32", r, lane_base, col)
+        addrs.append((r, tile.offset + imm))
+    groups = [(r, imm, 2) for r, imm in addrs] if which == 0 else _pairs(em, lane, addrs)
+    step_bytes = MMA_K_STEP[f16] * tile.row_bytes
+
+    def read(ks: int) -> list[list[Reg]]:
+        out: list[list[Reg]] = []
+        for reg, imm, count in groups:
+            regs = _ldmatrix(em, 2 * count, True, Addr(reg, imm + ks * step_bytes), True)
+            out.extend([regs] if which == 0 else [regs[c : c + 2] for c in range(0, 2 * count, 2)])
+        return out
+
+    return read
+
+
+def _k_rows_words(em: Emitter, op: Operand, s: Setup, which: int) -> _Reader:
+    """A tf32 operand with K rows, read a word per register (ldmatrix cannot transpose
+    32-bit elements): lane (g, t) reads k = t and t + 4 at m = g and g + 8 (A: a0 (g, t),
+    a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4)) or at n = g (B: b0 (t, g), b1 (t+4, g)). The
+    tile's `xor_step` 2 swizzle puts the 4 rows x 2 chunks a warp reads on distinct banks."""
+    fb, tile, lane = em.fb, op.tile, s.lane
+    assert tile.xor_step == 2, tile
+    f, q, lane_base, within = fb.reg("b32"), fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
+    _xor_value(em, f, lane.t, tile)  # rows t + 8 ks + 4 j share it: 8 is a multiple of R S / 2
+    fb.ins("shr.u32", q, lane.g, 2)  # g's chunk within the 8 columns
+    fb.ins("and.b32", within, lane.g, 3)
+    fb.ins("shl.b32", within, within, 2)
+    fb.ins("mad.lo.u32", lane_base, lane.t, tile.row_bytes, op.base)
+    fb.ins("add.u32", lane_base, lane_base, within)
+    # Per slot, chunks per fragment (A: 16 rows of M, 4 chunks; B: 8 of N, 2).
+    slots, warps, per_slot, halves = (
+        (s.slots_m, s.grid.wm, 4, 2) if which == 0 else (s.slots_n, s.grid.wn, 2, 1)
+    )
+    cols: dict[str, _Chunks] = {}
+    addrs: list[list[tuple[Reg, int]]] = []
+    for sl in slots:
+        if sl.reg.name not in cols:
+            idx = fb.reg("b32")
+            fb.ins("mad.lo.u32", idx, sl.reg, per_slot, q)
+            cols[sl.reg.name] = _Chunks(em, idx, f, max(per_slot * warps, tile.xor_width))
+        per_half = []
+        for h in range(halves):  # A: m = g, then g + 8 (two chunks further)
+            col, imm = cols[sl.reg.name].at(per_slot * sl.static + 2 * h)
+            r = fb.reg("b32")
+            fb.ins("add.u32", r, lane_base, col)
+            per_half.append((r, tile.offset + imm))
+        addrs.append(per_half)
+
+    def read(ks: int) -> list[list[Reg]]:
+        out = []
+        for per_half in addrs:
+            regs = []
+            for j in range(2):  # k = t, then t + 4
+                for reg, imm in per_half:
+                    x = fb.reg("b32")
+                    row = (MMA_K_STEP[f32] * ks + 4 * j) * tile.row_bytes
+                    fb.ins("ld.shared.b32", x, Addr(reg, imm + row))
+                    regs.append(x)
+            out.append(_tf32(em, regs) if op.unrounded else regs)
+        return out
+
+    return read
+
+
+def _reader(em: Emitter, dt: type[DType], op: Operand, s: Setup, which: int) -> _Reader:
+    if not op.k_rows:
+        return _a_rows(em, op, s) if which == 0 else _b_rows(em, op, s)
+    if dt is f32:
+        return _k_rows_words(em, op, s, which)
+    return _k_rows_trans(em, op, s, which)
+
+
 def warp_mma(
     em: Emitter,
     dt: type[DType],
@@ -743,71 +903,17 @@ def warp_mma(
     s: Setup,
     frags: list[list[list[Reg]]],
 ) -> list[list[list[Reg]]]:
-    """Each warp's K loop (unrolled): ldmatrix its A and B fragments, one mma.sync per
-    (M slot, N slot); returns the new accumulator fragments."""
+    """Each warp's K loop (unrolled): read its A and B fragments from shared memory, one
+    mma.sync per (M slot, N slot); returns the new accumulator fragments."""
     fb = em.fb
-    lane, grid, slots_m, slots_n = s.lane, s.grid, s.slots_m, s.slots_n
-    a_tile, b_tile = a.tile, b.tile
-    step = MMA_K_STEP[dt]
-    a_rows, a_chunks = _row_fragments(em, a.base, a_tile, lane.lane, 16, slots_m)
-    if b.n_major:
-        b_rows, b_chunks = _row_fragments(em, b.base, b_tile, lane.lane, 8, slots_n)
-        b_groups = _pairs(em, lane.lane, b_rows)
-    else:
-        assert dt is not f32, "tf32 has no transposing ldmatrix"
-        # k-major B, read with .trans: lane l gives row k0 + l % 16 of 16-byte chunk nj.
-        lrow = fb.reg("b32")
-        fb.ins("and.b32", lrow, lane.lane, 15)
-        b_lane = fb.reg("b32")
-        fb.ins("mad.lo.u32", b_lane, lrow, b_tile.row_bytes, b.base)
-        f = _lane_xor(em, lane.lane, b_tile)
-        cols: dict[str, _Chunks] = {}
-        b_cols = []
-        for sn in slots_n:
-            if sn.reg.name not in cols:
-                # Slot statics are multiples of wn, the warp coordinate is below it.
-                cols[sn.reg.name] = _Chunks(em, sn.reg, f, max(grid.wn, b_tile.xor_width))
-            col, imm = cols[sn.reg.name].at(sn.static)
-            r = fb.reg("b32")
-            fb.ins("add.u32", r, b_lane, col)
-            b_cols.append((r, b_tile.offset + imm))
-        b_groups = _pairs(em, lane.lane, b_cols)
+    read_a, read_b = _reader(em, dt, a, s, 0), _reader(em, dt, b, s, 1)
     opcode = MMA_OPCODE[dt]
-    for ks in range(k // step):
-        # Both layouts put one k step in two 16-byte chunks of a row.
-        a_col, a_imm = a_chunks.at(2 * ks)
-        a_regs = []
-        for reg, imm in a_rows:
-            addr = fb.reg("b32")
-            fb.ins("add.u32", addr, reg, a_col)
-            regs = [fb.reg("b32") for _ in range(4)]
-            fb.ins(
-                "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
-                Vec(tuple(regs)),
-                Addr(addr, imm + a_imm),
-            )
-            a_regs.append(_tf32(em, regs) if a.unrounded else regs)
-        # B fragments two N slots per ldmatrix (.x4), where slots pair up.
-        b_regs: list[list[Reg]] = []
-        for reg, imm, count in b_groups:
-            regs = [fb.reg("b32") for _ in range(2 * count)]
-            if b.n_major:
-                b_col, b_imm = b_chunks.at(2 * ks)
-                addr = fb.reg("b32")
-                fb.ins("add.u32", addr, reg, b_col)
-                where = Addr(addr, imm + b_imm)
-                opcode_b = f"ldmatrix.sync.aligned.m8n8.x{2 * count}.shared.b16"
-            else:
-                where = Addr(reg, imm + ks * step * b_tile.row_bytes)
-                opcode_b = f"ldmatrix.sync.aligned.m8n8.x{2 * count}.trans.shared.b16"
-            fb.ins(opcode_b, Vec(tuple(regs)), where)
-            if b.unrounded:
-                regs = _tf32(em, regs)
-            b_regs.extend(regs[c : c + 2] for c in range(0, len(regs), 2))
+    for ks in range(k // MMA_K_STEP[dt]):
+        a_regs, b_regs = read_a(ks), read_b(ks)
         new = []
-        for i in range(len(slots_m)):
+        for i in range(len(s.slots_m)):
             row = []
-            for j in range(len(slots_n)):
+            for j in range(len(s.slots_n)):
                 d = [fb.reg("f32") for _ in range(4)]
                 fb.ins(
                     opcode,

@@ -6,7 +6,7 @@ product keeps that value in the mma fragment layout from before the loop to afte
 trip through shared memory per iteration. The body's operand loads (`ct.load` of a read-only
 tensor, possibly reshaped or transposed on the way to `mma`) become 16-byte (or, for less
 aligned tensors, 8- or 4-byte) `cp.async` copies straight into the swizzled shared tiles
-that `ldmatrix` reads, issued `stages - 1` iterations ahead into a ring of stages:
+that the fragments are read from, issued `stages - 1` iterations ahead into a ring of stages:
 
     prologue:   issue iterations 0 .. S-2, one commit group each
     iteration:  wait until this iteration's group landed; barrier (which also tells that
@@ -20,7 +20,7 @@ scalar ops of the body that compute it with the induction variable advanced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from cutile_py.ir import ops as o
@@ -58,7 +58,7 @@ class StagedLoad:
     load: o.LoadOp
     chain: list[o.Op]  # the load, then the reshapes and transposes down to the operand
     operand: o.Value  # what the mma takes
-    n_major: bool  # the tile's rows run along N (a B operand stored (N, K))
+    k_rows: bool  # the tile's rows run along K (an A stored (K, M), a B stored (K, N))
     tile: emit_mma.SharedTile  # in stage 0; stage s is `s * stage_bytes` further
     copy: Layout  # how the block's threads split the copy
     index_ops: list[o.Op]  # the body's ops that compute the load's index, in order
@@ -98,7 +98,7 @@ class LoopPipeline:
             fb.ins("mov.u32", fixed, self.ring + s * self.stage_bytes)
             self._issue(s, fixed)
         for sl in self.loads:
-            em.staged[id(sl.operand)] = (sl.tile, sl.n_major, self.read)
+            em.staged[id(sl.operand)] = (sl.tile, sl.k_rows, self.read)
         # Shared memory that the body's other ops use (reductions, layout changes, mma
         # operands from registers) starts past the stages in flight.
         assert em.smem is not None
@@ -261,7 +261,7 @@ def _staged_load(
 ) -> StagedLoad | None:
     """Operand `which` of `mma` as a staged load, if it is one the pipeline can take: a
     load in the loop body of a read-only tensor, reshaped (unit dims only) or transposed
-    on its single-use way to the mma, in an orientation `ldmatrix` reads."""
+    on its single-use way to the mma."""
     producers = _producers(loop)
     v = mma.operands[which]
     transposed = False
@@ -306,10 +306,10 @@ def _staged_load(
         width //= 2
     if width * eb < 4:
         return None  # cp.async copies 4, 8 or 16 bytes
-    # A is read m-major; B k-major (ldmatrix.trans, 16-bit only) or n-major.
-    n_major = which == 1 and transposed
-    if (which == 0 and transposed) or (which == 1 and not transposed and dt is f32):
-        return None
+    # The tile keeps the tensor's orientation: rows along K for an A loaded (K, M) and
+    # transposed, or a B loaded (K, N); those are read with ldmatrix.trans (16-bit) or word
+    # by word (tf32, whose swizzle then spreads 4 rows over the banks: xor_step 2).
+    k_rows = transposed if which == 0 else not transposed
     index_ops = _index_ops(loop, load, producers)
     if index_ops is None:
         return None
@@ -317,9 +317,9 @@ def _staged_load(
     if base.vec != width:
         return None
     copy = Layout(base, tuple(None if s == 1 else big.index(i) for i, s in enumerate(shape)))
-    tile = emit_mma.SharedTile(0, rows, cols, eb, True)
+    tile = emit_mma.SharedTile(0, rows, cols, eb, True, xor_step=2 if k_rows and dt is f32 else 1)
     chain.reverse()
-    return StagedLoad(load, chain, mma.operands[which], n_major, tile, copy, index_ops)
+    return StagedLoad(load, chain, mma.operands[which], k_rows, tile, copy, index_ops)
 
 
 def _producers(loop: o.ForOp) -> dict[int, o.Op]:
@@ -358,19 +358,8 @@ def _place(
     stage_bytes = 0
     placed = []
     for sl in loads:
-        t = sl.tile
-        placed.append(
-            StagedLoad(
-                sl.load,
-                sl.chain,
-                sl.operand,
-                sl.n_major,
-                emit_mma.SharedTile(stage_bytes, t.rows, t.cols, t.eb, True),
-                sl.copy,
-                sl.index_ops,
-            )
-        )
-        stage_bytes += emit_mma.round_region(t.nbytes)
+        placed.append(replace(sl, tile=replace(sl.tile, offset=stage_bytes)))
+        stage_bytes += emit_mma.round_region(sl.tile.nbytes)
     staged = {id(sl.operand) for sl in placed}
     # Operands the mmas store from registers themselves (a tf32 k-major B, say) each need
     # a tile of their own after the stages.

@@ -92,8 +92,9 @@ class Emitter:
     mma_setups: dict[int, Setup] = field(default_factory=dict)
     #: Values held as mma accumulator fragments (a loop carries them), not blocked.
     fragment_values: set[int] = field(default_factory=set)
-    #: id(mma operand value) → (its shared tile, n-major, register with the byte offset of
-    #: the pipeline stage being read): operands a cp.async pipeline loads.
+    #: id(mma operand value) → (its shared tile, whether its rows run along K, register
+    #: with the byte offset of the pipeline stage being read): operands a cp.async pipeline
+    #: loads.
     staged: dict[int, tuple[SharedTile, bool, Reg]] = field(default_factory=dict)
     #: Bytes at the start of shared memory a cp.async pipeline keeps in flight while its
     #: loop body is emitted, and the address past them (None: scratch starts at `smem`).
