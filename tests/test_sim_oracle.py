@@ -719,6 +719,31 @@ case("mma_m16n8k16", "mma_f16_m16n8k16", exact=False)(make_mma16("f16"))
 case("mma_m16n8k16", "mma_bf16_m16n8k16", exact=False)(make_mma16("bf16"))
 
 
+@case("mma_trans", "mma_f16_kmajor", exact=False)
+def _mma_trans(rng: np.random.Generator) -> Setup:
+    """ldmatrix.x4.trans for A given (K, M) and for two n tiles of B given (K, N)."""
+    m, n, k = 32, 32, 48
+    at = rng.standard_normal((k, m)).astype(np.float16)
+    b = rng.standard_normal((k, n)).astype(np.float16)
+    c = rng.standard_normal((m, n)).astype(np.float32)
+    args: list[Arg] = [
+        at.view(np.uint16).reshape(-1).view(np.int32),
+        b.view(np.uint16).reshape(-1).view(np.int32),
+        c.reshape(-1),
+        np.full(m * n, np.nan, np.float32),
+        m,
+        n,
+        k,
+    ]
+    a64, b64 = at.T.astype(np.float64), b.astype(np.float64)
+    return Setup(
+        args,
+        grid=(n // 16, m // 16),
+        block=32,
+        check=lambda o: mma_check(o[3], a64, b64, c.astype(np.float64), "ldmatrix.x4.trans"),
+    )
+
+
 @case("mma_tf32", "mma_tf32_m16n8k8", exact=False)
 def _mma_tf32(rng: np.random.Generator) -> Setup:
     m, n, k = 32, 16, 16
