@@ -361,7 +361,7 @@ def _place(
         placed.append(replace(sl, tile=replace(sl.tile, offset=stage_bytes)))
         stage_bytes += emit_mma.round_region(sl.tile.nbytes)
     staged = {id(sl.operand) for sl in placed}
-    # Operands the mmas store from registers themselves (a tf32 k-major B, say) each need
+    # Operands the mmas store from registers themselves (a padded load, say) each need
     # a tile of their own after the stages.
     reg_bytes = 0
     for mma in mmas:
