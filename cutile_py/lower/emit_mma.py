@@ -754,26 +754,21 @@ def _ldmatrix(em: Emitter, count: int, trans: bool, where: Addr, rounded: bool) 
     return regs if rounded else _tf32(em, regs)
 
 
-def _a_rows(em: Emitter, a: Operand, s: Setup) -> _Reader:
-    """A with M rows: `.x4` per M slot (16 rows, the k step's two chunks)."""
-    rows, chunks = _row_fragments(em, a.base, a.tile, s.lane.lane, 16, s.slots_m)
-
-    def read(ks: int) -> list[list[Reg]]:
-        col, col_imm = chunks.at(2 * ks)
-        out = []
-        for reg, imm in rows:
-            addr = em.fb.reg("b32")
-            em.fb.ins("add.u32", addr, reg, col)
-            out.append(_ldmatrix(em, 4, False, Addr(addr, imm + col_imm), not a.unrounded))
-        return out
-
-    return read
+def _per_slot(regs: list[Reg], which: int) -> list[list[Reg]]:
+    """One ldmatrix's registers per slot: A's 4 for its slot, B's 2 per slot (one or two)."""
+    return [regs] if which == 0 else [regs[c : c + 2] for c in range(0, len(regs), 2)]
 
 
-def _b_rows(em: Emitter, b: Operand, s: Setup) -> _Reader:
-    """B with N rows: plain ldmatrix, 8 rows per N slot, two slots per `.x4`."""
-    rows, chunks = _row_fragments(em, b.base, b.tile, s.lane.lane, 8, s.slots_n)
-    groups = _pairs(em, s.lane.lane, rows)
+def _mn_rows(em: Emitter, op: Operand, s: Setup, which: int) -> _Reader:
+    """An operand with M rows (A: `.x4` per slot, 16 rows) or N rows (B: 8 rows per slot,
+    two slots per `.x4`), read with plain ldmatrix at the k step's two chunks."""
+    lane = s.lane.lane
+    if which == 0:
+        rows, chunks = _row_fragments(em, op.base, op.tile, lane, 16, s.slots_m)
+        groups = [(r, imm, 2) for r, imm in rows]
+    else:
+        rows, chunks = _row_fragments(em, op.base, op.tile, lane, 8, s.slots_n)
+        groups = _pairs(em, lane, rows)
 
     def read(ks: int) -> list[list[Reg]]:
         col, col_imm = chunks.at(2 * ks)
@@ -781,8 +776,8 @@ def _b_rows(em: Emitter, b: Operand, s: Setup) -> _Reader:
         for reg, imm, count in groups:
             addr = em.fb.reg("b32")
             em.fb.ins("add.u32", addr, reg, col)
-            regs = _ldmatrix(em, 2 * count, False, Addr(addr, imm + col_imm), not b.unrounded)
-            out.extend(regs[c : c + 2] for c in range(0, len(regs), 2))
+            where = Addr(addr, imm + col_imm)
+            out.extend(_per_slot(_ldmatrix(em, 2 * count, False, where, not op.unrounded), which))
         return out
 
     return read
@@ -831,7 +826,7 @@ def _k_rows_trans(em: Emitter, op: Operand, s: Setup, which: int) -> _Reader:
         out: list[list[Reg]] = []
         for reg, imm, count in groups:
             regs = _ldmatrix(em, 2 * count, True, Addr(reg, imm + ks * step_bytes), True)
-            out.extend([regs] if which == 0 else [regs[c : c + 2] for c in range(0, 2 * count, 2)])
+            out.extend(_per_slot(regs, which))
         return out
 
     return read
@@ -888,7 +883,7 @@ def _k_rows_words(em: Emitter, op: Operand, s: Setup, which: int) -> _Reader:
 
 def _reader(em: Emitter, dt: type[DType], op: Operand, s: Setup, which: int) -> _Reader:
     if not op.k_rows:
-        return _a_rows(em, op, s) if which == 0 else _b_rows(em, op, s)
+        return _mn_rows(em, op, s, which)
     if dt is f32:
         return _k_rows_words(em, op, s, which)
     return _k_rows_trans(em, op, s, which)
