@@ -506,6 +506,12 @@ def test_k_loop_is_pipelined_with_fragment_accumulators(name: str, variant: str)
     else:
         assert "ld.shared" not in loop
         assert ("ldmatrix.sync.aligned.m8n8.x4.trans" in loop) == bool(k_rows)
+    if nvjitlink_available():
+        for sm in (80, 90):
+            target = ct.Target(sm)
+            ptx = kernel.ptx(*args, ct.TensorSpec((256, 256), dt), bk, target=target)
+            report = assemble(ptx, target)
+            assert report.spill_stores == 0 and report.spill_loads == 0, (sm, report.info_log)
 
 
 def _shared_wavefronts(lanes: np.ndarray, addrs: np.ndarray, nbytes: int) -> tuple[int, int]:
