@@ -21,7 +21,9 @@ from cutile_py.host.device_op import DeviceOp
 from cutile_py.host.streams import async_stream
 from cutile_py.runtime import cuda_driver as cu
 from cutile_py.runtime.backend import Completion, ParamValue
-from tests import elementwise_kernels as K
+from tests.support import elementwise_kernels as K
+from tests.support.completions import SlowCompletion
+from tests.support.fake_driver import StreamDriver, vector_add_ptx
 
 N = 1000
 TILE = 128
@@ -46,25 +48,6 @@ def _vec(rng: np.random.Generator, n: int = N) -> np.ndarray:
 def _add_op(rng: np.random.Generator) -> tuple[DeviceOp, np.ndarray]:
     a, b = _vec(rng), _vec(rng)
     return K.add(ct.zeros(N).partition(TILE), ct.from_numpy(a), ct.from_numpy(b)), a + b
-
-
-class SlowCompletion(Completion):
-    """Done only after `polls` calls of `done()`: an in-flight window on the CPU backends."""
-
-    def __init__(self, inner: Completion, polls: int) -> None:
-        self.inner = inner
-        self.left = polls
-        self.polls = 0
-
-    def done(self) -> bool:
-        self.polls += 1
-        self.left -= 1
-        return self.left <= 0
-
-    def wait(self) -> None:
-        while not self.done():
-            pass
-        self.inner.wait()
 
 
 def _slow(op: DeviceOp, polls: int) -> list[SlowCompletion]:
@@ -304,9 +287,8 @@ def test_cuda_streams_on_a_stand_in_driver(monkeypatch: pytest.MonkeyPatch) -> N
     pytest.importorskip("cuda.bindings")
     from cutile_py.ptx.target import Target
     from cutile_py.runtime.cuda_backend import CudaBackend
-    from tests.test_cuda_backend import vector_add_ptx
 
-    fake = _stand_in()
+    fake = StreamDriver()
     monkeypatch.setattr(cu, "_cu", lambda: fake)
     backend = CudaBackend()
     n = 256
@@ -338,45 +320,6 @@ def test_cuda_streams_on_a_stand_in_driver(monkeypatch: pytest.MonkeyPatch) -> N
     assert backend.stream_acquire() is own  # pooled, not destroyed
     with pytest.raises(TypeError, match="cannot launch on"):
         backend.launch(kernel, (2, 1, 1), (128, 1, 1), 0, params, "stream")
-
-
-def _stand_in() -> Any:
-    from tests.test_cuda_backend import FakeDriver
-
-    class StreamDriver(FakeDriver):  # type: ignore[misc]
-        """Distinct stream handles; records which stream launches and waits go to."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.streams = 0
-            self.launched_on: list[object] = []
-            self.waits: list[tuple[object, object]] = []
-            self.recorded: list[object] = []
-
-        def cuStreamCreate(self, flags: int) -> tuple[object, ...]:
-            self.streams += 1
-            name = "stream" if self.streams == 1 else f"s{self.streams}"
-            return self._ok("cuStreamCreate", name)  # type: ignore[no-any-return]
-
-        def cuStreamSynchronize(self, stream: object) -> tuple[object, ...]:
-            return self._ok("cuStreamSynchronize")  # type: ignore[no-any-return]
-
-        def cuStreamWaitEvent(
-            self, stream: object, event: object, flags: int
-        ) -> tuple[object, ...]:
-            self.waits.append((stream, event))
-            return self._ok("cuStreamWaitEvent")  # type: ignore[no-any-return]
-
-        def cuEventRecord(self, event: object, stream: object) -> tuple[object, ...]:
-            self.recorded.append(stream)
-            return super().cuEventRecord(event, stream)  # type: ignore[no-any-return]
-
-        def cuLaunchKernel(self, fn: int, *args: object) -> tuple[object, ...]:
-            self.launched_on.append(args[7])
-            fixed = (*args[:7], "stream", *args[8:])
-            return super().cuLaunchKernel(fn, *fixed)  # type: ignore[no-any-return]
-
-    return StreamDriver()
 
 
 # --- on a real GPU -------------------------------------------------------------------------

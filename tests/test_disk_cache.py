@@ -278,7 +278,7 @@ def test_unwritable_cache_never_fails_a_launch(script: Path, tmp_path: Path) -> 
 def test_in_process_disk_hit_skips_the_frontend(cache_dir: Path) -> None:
     import cutile_py as ct
     from cutile_py.host import kernel as kmod
-    from tests import elementwise_kernels as K
+    from tests.support import elementwise_kernels as K
 
     spec = (ct.PartitionSpec((64,), (16,)), ct.TensorSpec((64,)), ct.TensorSpec((64,)))
     ptx = K.add.ptx(*spec, target="sm_90")

@@ -10,7 +10,7 @@ import pytest
 import cutile_py as ct
 from cutile_py.ir.dtypes import round_to
 from cutile_py.runtime.nvjitlink import assemble
-from tests import elementwise_kernels as K
+from tests.support import elementwise_kernels as K
 
 
 @pytest.fixture(params=["sim", "interpret", pytest.param("cuda", marks=pytest.mark.gpu)])

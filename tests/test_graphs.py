@@ -16,8 +16,9 @@ import pytest
 import cutile_py as ct
 from cutile_py.runtime import cuda_driver as cu
 from cutile_py.runtime.backend import Completion, GraphExec, KernelLaunch, ParamValue
-from tests import elementwise_kernels as K
-from tests.test_async import SlowCompletion
+from tests.support import elementwise_kernels as K
+from tests.support.completions import SlowCompletion
+from tests.support.fake_driver import StreamDriver, vector_add_ptx
 
 N = 1000
 TILE = 128
@@ -312,10 +313,8 @@ def test_cuda_graph_capture_on_a_stand_in_driver(monkeypatch: pytest.MonkeyPatch
     pytest.importorskip("cuda.bindings")
     from cutile_py.ptx.target import Target
     from cutile_py.runtime.cuda_backend import CudaBackend
-    from tests.test_async import _stand_in
-    from tests.test_cuda_backend import vector_add_ptx
 
-    fake = _graph_driver(_stand_in())
+    fake = _graph_driver(StreamDriver())
     monkeypatch.setattr(cu, "_cu", lambda: fake)
     backend = CudaBackend()
     n = 256

@@ -17,7 +17,8 @@ import pytest
 import cutile_py as ct
 from cutile_py.runtime import cuda_driver as cu
 from cutile_py.runtime import dlpack
-from tests import elementwise_kernels as K
+from tests.support import elementwise_kernels as K
+from tests.support.fake_driver import FakeDriver
 
 N = 1000
 TILE = 128
@@ -218,7 +219,6 @@ def test_cuda_borrow_checks() -> None:
 def test_cuda_array_interface_on_a_stand_in_driver(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("cuda.bindings")
     from cutile_py.runtime.cuda_backend import CudaBackend
-    from tests.test_cuda_backend import FakeDriver
 
     monkeypatch.setattr(cu, "_cu", lambda: FakeDriver())
     backend = CudaBackend()

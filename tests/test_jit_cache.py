@@ -11,7 +11,7 @@ from typing import TypeVar
 import numpy as np
 
 import cutile_py as ct
-from tests import elementwise_kernels as K
+from tests.support import elementwise_kernels as K
 
 B = TypeVar("B")
 

@@ -9,7 +9,7 @@ import pytest
 
 import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, f32
-from tests import elementwise_kernels as K
+from tests.support import elementwise_kernels as K
 
 B = TypeVar("B")
 

@@ -11,7 +11,7 @@ import pytest
 import cutile_py as ct
 from cutile_py.ptx.ast import Addr, Imm, Instruction, Neg, Reg, Sink, Symbol, Vec
 from cutile_py.ptx.parser import PtxParseError, parse
-from tests import elementwise_kernels as K
+from tests.support import elementwise_kernels as K
 
 DATA = Path(__file__).parent / "data" / "ptx"
 

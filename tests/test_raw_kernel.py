@@ -10,7 +10,7 @@ import pytest
 
 import cutile_py as ct
 from cutile_py.ptx.parser import PtxParseError
-from tests.sim_harness import SAXPY
+from tests.support.sim_harness import SAXPY
 
 DATA = Path(__file__).parent / "data" / "ptx"
 

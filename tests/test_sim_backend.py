@@ -13,7 +13,7 @@ from cutile_py.runtime.backend import ParamValue, RuntimeFailure
 from cutile_py.runtime.cuda_driver import driver_available
 from cutile_py.runtime.select import default_backend_name, get_backend
 from cutile_py.runtime.sim_backend import SimBackend
-from tests.sim_harness import SAXPY
+from tests.support.sim_harness import SAXPY
 
 
 def test_sim_is_the_default_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ import pytest
 from cutile_py.ptx.parser import parse
 from cutile_py.sim.executor import run
 from cutile_py.sim.program import Program
-from tests.sim_harness import Sim
+from tests.support.sim_harness import Sim
 
 DATA = Path(__file__).parent / "data" / "ptx"
 

@@ -1,0 +1,217 @@
+"""Stand-ins for the CUDA driver's bindings, and a tiny hand-written PTX kernel they run: the
+backend's wiring (which calls, with what, how results and logs are read) checked with no GPU."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from cutile_py.ptx.target import Target
+
+
+def vector_add_ptx(target: Target) -> str:
+    """c[i] = a[i] + b[i] for i < n."""
+    major, minor = target.ptx_version()
+    return f"""\
+.version {major}.{minor}
+.target {target.name}
+.address_size 64
+
+.visible .entry vadd(.param .u64 pa, .param .u64 pb, .param .u64 pc, .param .u32 pn)
+{{
+    .reg .pred %p<2>;
+    .reg .b32 %r<6>;
+    .reg .b64 %rd<8>;
+    .reg .f32 %f<4>;
+
+    ld.param.u64 %rd1, [pa];
+    ld.param.u64 %rd2, [pb];
+    ld.param.u64 %rd3, [pc];
+    ld.param.u32 %r1, [pn];
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.s32 %r5, %r2, %r3, %r4;
+    setp.ge.u32 %p1, %r5, %r1;
+    @%p1 bra DONE;
+    mul.wide.u32 %rd4, %r5, 4;
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd2, %rd2;
+    cvta.to.global.u64 %rd3, %rd3;
+    add.s64 %rd5, %rd1, %rd4;
+    add.s64 %rd6, %rd2, %rd4;
+    add.s64 %rd7, %rd3, %rd4;
+    ld.global.f32 %f1, [%rd5];
+    ld.global.f32 %f2, [%rd6];
+    add.f32 %f3, %f1, %f2;
+    st.global.f32 [%rd7], %f3;
+DONE:
+    ret;
+}}
+"""
+
+
+class FakeDriver:
+    """Host memory behind the bindings' call shapes; runs `vadd` in NumPy, faults on `trapper`.
+
+    It checks the backend's wiring (what is called with what, how results and logs are read),
+    not the real driver's behaviour, which only the `gpu` tests check.
+    """
+
+    def __init__(self) -> None:
+        from cuda.bindings import driver
+
+        self.real = driver
+        self.memory: dict[int, ctypes.Array[ctypes.c_char]] = {}
+        self.next_address = 1 << 20
+        self.sticky = 0
+        self.calls: list[str] = []
+        self.functions: dict[int, str] = {}
+        self.max_shared: dict[int, int] = {}
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)  # enums
+
+    def _ok(self, call: str, *values: object) -> tuple[object, ...]:
+        self.calls.append(call)
+        return (self.real.CUresult(self.sticky), *values)
+
+    def cuGetErrorName(self, err: object) -> tuple[object, ...]:
+        raise RuntimeError("no driver library")
+
+    cuGetErrorString = cuGetErrorName
+
+    def cuInit(self, flags: int) -> tuple[object, ...]:
+        return self._ok("cuInit")
+
+    def cuDeviceGet(self, ordinal: int) -> tuple[object, ...]:
+        return self._ok("cuDeviceGet", ordinal)
+
+    def cuDevicePrimaryCtxRetain(self, dev: int) -> tuple[object, ...]:
+        return self._ok("cuDevicePrimaryCtxRetain", object())
+
+    def cuCtxSetCurrent(self, ctx: object) -> tuple[object, ...]:
+        return self._ok("cuCtxSetCurrent")
+
+    def cuDeviceGetAttribute(self, attr: object, dev: int) -> tuple[object, ...]:
+        major = attr == self.real.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+        return self._ok("cuDeviceGetAttribute", 9 if major else 0)
+
+    def cuDeviceGetName(self, length: int, dev: int) -> tuple[object, ...]:
+        return self._ok("cuDeviceGetName", b"Fake H200\x00\x00")
+
+    def cuStreamCreate(self, flags: int) -> tuple[object, ...]:
+        assert flags == int(self.real.CUstream_flags.CU_STREAM_NON_BLOCKING)
+        return self._ok("cuStreamCreate", "stream")
+
+    def cuStreamSynchronize(self, stream: object) -> tuple[object, ...]:
+        assert stream == "stream"
+        return self._ok("cuStreamSynchronize")
+
+    def cuMemAlloc(self, nbytes: int) -> tuple[object, ...]:
+        address = self.next_address
+        self.next_address += (nbytes + 255) // 256 * 256
+        self.memory[address] = ctypes.create_string_buffer(nbytes)
+        return self._ok("cuMemAlloc", self.real.CUdeviceptr(address))
+
+    def cuMemFree(self, address: int) -> tuple[object, ...]:
+        del self.memory[address]
+        return self._ok("cuMemFree")
+
+    def cuMemcpyHtoDAsync(self, dst: int, src: int, n: int, stream: object) -> tuple[object, ...]:
+        ctypes.memmove(self.memory[dst], src, n)
+        return self._ok("cuMemcpyHtoDAsync")
+
+    def cuMemcpyDtoHAsync(self, dst: int, src: int, n: int, stream: object) -> tuple[object, ...]:
+        ctypes.memmove(dst, self.memory[src], n)
+        return self._ok("cuMemcpyDtoHAsync")
+
+    def cuModuleLoadData(self, image: bytes) -> tuple[object, ...]:
+        assert image[:4] == b"\x7fELF"
+        return self._ok("cuModuleLoadData", "module")
+
+    def cuModuleLoadDataEx(
+        self, image: bytes, n: int, keys: list[object], values: list[object]
+    ) -> tuple[object, ...]:
+        assert image.endswith(b"\x00") and n == len(keys) == len(values)
+        self.calls.append("cuModuleLoadDataEx")
+        if b"frobnicate" in image:
+            log = values[keys.index(self.real.CUjit_option.CU_JIT_ERROR_LOG_BUFFER)]
+            assert isinstance(log, bytearray)
+            message = b"ptxas application ptx input, line 3; error : frobnicate\x00"
+            log[: len(message)] = message
+            return (self.real.CUresult.CUDA_ERROR_INVALID_PTX, None)
+        return (self.real.CUresult.CUDA_SUCCESS, "module")
+
+    def cuModuleGetFunction(self, module: object, name: bytes) -> tuple[object, ...]:
+        handle = len(self.functions) + 1
+        self.functions[handle] = name.decode()
+        self.max_shared[handle] = 48 * 1024
+        return self._ok("cuModuleGetFunction", handle)
+
+    def cuFuncGetAttribute(self, attr: object, fn: int) -> tuple[object, ...]:
+        return self._ok("cuFuncGetAttribute", self.max_shared[fn])
+
+    def cuFuncSetAttribute(self, fn: int, attr: object, value: int) -> tuple[object, ...]:
+        self.max_shared[fn] = value
+        return self._ok("cuFuncSetAttribute")
+
+    def cuLaunchKernel(self, fn: int, *args: object) -> tuple[object, ...]:
+        shared, stream, kernel_params, extra = args[6:]
+        assert isinstance(shared, int) and shared <= self.max_shared[fn]
+        assert stream == "stream" and extra == 0
+        result = self._ok("cuLaunchKernel")
+        if self.functions[fn] == "trapper":
+            assert kernel_params is None
+            self.sticky = 719  # reported by later calls, like a real fault
+            return result
+        assert isinstance(kernel_params, tuple)
+        values, types = kernel_params
+        assert [type(v) for v in values] == list(types)
+        pa, pb, pc, n = (v.value for v in values)
+        f32 = [np.frombuffer(self.memory[p].raw, dtype=np.float32, count=n) for p in (pa, pb)]
+        ctypes.memmove(self.memory[pc], (f32[0] + f32[1]).tobytes(), 4 * n)
+        return result
+
+    def cuEventCreate(self, flags: int) -> tuple[object, ...]:
+        return self._ok("cuEventCreate", "event")
+
+    def cuEventRecord(self, event: object, stream: object) -> tuple[object, ...]:
+        return (self.real.CUresult.CUDA_SUCCESS,)  # the fault shows at the event, not here
+
+    cuEventSynchronize = cuEventQuery = cuEventDestroy = cuStreamDestroy = lambda self, handle: (
+        self._ok("event or stream")
+    )
+
+
+class StreamDriver(FakeDriver):
+    """Distinct stream handles; records which stream launches and waits go to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.streams = 0
+        self.launched_on: list[object] = []
+        self.waits: list[tuple[object, object]] = []
+        self.recorded: list[object] = []
+
+    def cuStreamCreate(self, flags: int) -> tuple[object, ...]:
+        self.streams += 1
+        name = "stream" if self.streams == 1 else f"s{self.streams}"
+        return self._ok("cuStreamCreate", name)
+
+    def cuStreamSynchronize(self, stream: object) -> tuple[object, ...]:
+        return self._ok("cuStreamSynchronize")
+
+    def cuStreamWaitEvent(self, stream: object, event: object, flags: int) -> tuple[object, ...]:
+        self.waits.append((stream, event))
+        return self._ok("cuStreamWaitEvent")
+
+    def cuEventRecord(self, event: object, stream: object) -> tuple[object, ...]:
+        self.recorded.append(stream)
+        return super().cuEventRecord(event, stream)
+
+    def cuLaunchKernel(self, fn: int, *args: object) -> tuple[object, ...]:
+        self.launched_on.append(args[7])
+        fixed = (*args[:7], "stream", *args[8:])
+        return super().cuLaunchKernel(fn, *fixed)
