@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,9 +36,9 @@ _NOT_READY = 600
 
 
 def _cu() -> Any:
-    from cuda.bindings import driver
-
-    return driver
+    # Imported by name: cuda-python ships no type information, and a static import would make
+    # mypy report that in every user's kernel file that follows its imports into cutile_py.
+    return importlib.import_module("cuda.bindings.driver")
 
 
 def _doc_summary(doc: str | None) -> str:
@@ -523,9 +524,8 @@ def foreign_array(obj: object, consumer_stream: int) -> ForeignArray:
 
     The producer orders its pending work before `consumer_stream` (a `CUstream` address).
     """
-    from cuda.core.utils import StridedMemoryView
-
-    view: Any = StridedMemoryView.from_any_interface(obj, stream_ptr=consumer_stream)
+    utils: Any = importlib.import_module("cuda.core.utils")  # untyped: see _cu
+    view: Any = utils.StridedMemoryView.from_any_interface(obj, stream_ptr=consumer_stream)
     strides = view.strides
     return ForeignArray(
         address=int(view.ptr),

@@ -5,6 +5,7 @@ The untyped `cuda.bindings.nvjitlink` stays inside this module; callers see type
 
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -67,8 +68,8 @@ def _arch_option(ptx: str, target: Target) -> str:
 
 
 def _load() -> Any:
-    from cuda.bindings import nvjitlink
-
+    # Imported by name: cuda-python ships no type information (see cuda_driver._cu).
+    nvjitlink: Any = importlib.import_module("cuda.bindings.nvjitlink")
     nvjitlink.version()  # loads the shared library, which the import alone does not
     return nvjitlink
 
