@@ -186,8 +186,9 @@ def pow(x: Operand, y: Operand) -> Tile | float:
     f32 results are within 0.5 ulp + 2^-17 ulp of the exact power by analysis (log2 and
     exp2 are evaluated in f64); measured on sim over 2^20 random inputs spanning the f32
     range (`python -m cutile_py.tools.pow_accuracy`): max error 0.500000 ulp, every result
-    correctly rounded. f16 and bf16 compute in f32, then round. With `fast_math=True`: ex2.approx(y * lg2.approx(|x|)), as CUDA's
-    `__powf` (an error growing with |y log2 x|), same special cases. Of two Python numbers:
+    correctly rounded. f16 and bf16 compute in f32, then round. With `fast_math=True`:
+    ex2.approx(y * lg2.approx(|x|)), as CUDA's `__powf` (an error growing with |y log2 x|;
+    subnormal x flush to 0), same special cases. Of two Python numbers:
     a Python float (C's `pow` in double precision)."""
     if not isinstance(x, Tile) and not isinstance(y, Tile):
         return float(reference.fold("pow", x, y))
