@@ -19,7 +19,7 @@ from cutile_py.frontend.capture import CapturedFunction
 from cutile_py.frontend.errors import CompileError
 from cutile_py.frontend.signature import Specialization
 from cutile_py.frontend.values import BoundMethod, ParamRef, ShapeRef
-from cutile_py.ir import TileType, Value
+from cutile_py.ir import TileType, Value, reference
 from cutile_py.ir.dtypes import (
     DType,
     OperandType,
@@ -77,7 +77,6 @@ UNSUPPORTED_EXPRESSIONS: dict[type[ast.expr], str] = {
     ast.DictComp: "dict comprehensions are not supported in kernels",
     ast.GeneratorExp: "generator expressions are not supported in kernels",
     ast.Lambda: "lambda is not supported in kernels",
-    ast.IfExp: "conditional expressions are not supported in kernels; use ct.where(cond, x, y)",
     ast.List: "lists are not supported in kernels; use a tuple",
     ast.Dict: "dicts are not supported in kernels",
     ast.Set: "sets are not supported in kernels",
@@ -107,6 +106,10 @@ class KernelBuilder:
         self.env: dict[str, Any] = {}
         #: Names of the `@ct.function` helpers being inlined, outermost first.
         self.helper_stack: list[str] = []
+        #: Scalars `a if c else b` chose between two Python numbers: weak like them, so each
+        #: use rebuilds the choice from the numbers in the type it needs (as the interpreter,
+        #: which holds the number chosen).
+        self.weak_choices: dict[Value, tuple[Value, Any, Any]] = {}
         self.node: ast.AST = cap.tree
 
     # -- errors -----------------------------------------------------------------------------
@@ -197,11 +200,8 @@ class KernelBuilder:
         elif isinstance(s, ast.AugAssign):
             if not isinstance(s.target, ast.Name):
                 self.fail("augmented assignment is only supported to a name")
-            op = BINOPS.get(type(s.op))
-            if op is None:
-                self.fail(f"operator {type(s.op).__name__} is not supported in kernels")
             self.assign(
-                s.target, self.binary(op, self.lookup(s.target.id, s.target), self.expr(s.value))
+                s.target, self.binop(s.op, self.lookup(s.target.id, s.target), self.expr(s.value))
             )
         elif isinstance(s, ast.Expr):
             self.expr(s.value)
@@ -354,10 +354,9 @@ class KernelBuilder:
         if isinstance(e, ast.BinOp):
             if isinstance(e.op, ast.MatMult):
                 return call_builtin.matmul(self, self.expr(e.left), self.expr(e.right), e)
-            op = BINOPS.get(type(e.op))
-            if op is None:
-                self.fail(f"operator {type(e.op).__name__} is not supported in kernels")
-            return self.binary(op, self.expr(e.left), self.expr(e.right))
+            return self.binop(e.op, self.expr(e.left), self.expr(e.right))
+        if isinstance(e, ast.IfExp):
+            return self.if_expr(e)
         if isinstance(e, ast.UnaryOp):
             x = self.expr(e.operand)
             if not isinstance(x, (Value, bool, int, float)):
@@ -554,7 +553,11 @@ class KernelBuilder:
         types: list[OperandType] = []
         shapes = [with_shape]
         for x in xs:
-            if isinstance(x, Value):
+            weak = self.weak_choices.get(x) if isinstance(x, Value) else None
+            if weak is not None:
+                types += [type(weak[1]), type(weak[2])]
+                shapes.append(())
+            elif isinstance(x, Value):
                 types.append(x.type.dtype)
                 shapes.append(x.type.shape)
             elif isinstance(x, (bool, int, float)):
@@ -566,10 +569,7 @@ class KernelBuilder:
             shape = broadcast_shapes(*shapes)
         except ValueError as e:
             self.fail(str(e))
-        out = []
-        for x in xs:
-            v = x if isinstance(x, Value) else self.constant(x, dtype)
-            out.append(self.to_shape(self.b.cast(v, dtype), shape))
+        out = [self.to_shape(self.operand(x, dtype), shape) for x in xs]
         return out, dtype, shape
 
     def to_shape(self, v: Value, shape: tuple[int, ...]) -> Value:
@@ -584,11 +584,118 @@ class KernelBuilder:
         if not isinstance(a, Value) and not isinstance(b, Value):
             return _fold(self, kind, a, b)
         (x, y), dtype, _ = self.operands(a, b)
-        if kind in ("floordiv", "mod") and dtype.is_float():
-            op = "//" if kind == "floordiv" else "%"
-            self.fail(f"{op} on floating-point values is not supported yet; use integers")
         dtype = op_type(kind, dtype)  # true division of integers computes in f32
         return self.b.binary(kind, self.b.cast(x, dtype), self.b.cast(y, dtype))
+
+    def binop(self, op: ast.operator, a: Any, b: Any) -> Any:
+        """`a <op> b` for a Python operator node (`**` included)."""
+        if isinstance(op, ast.Pow):
+            return self.power(a, b)
+        kind = BINOPS.get(type(op))
+        if kind is None:
+            self.fail(f"operator {type(op).__name__} is not supported in kernels")
+        return self.binary(kind, a, b)
+
+    def power(self, a: Any, b: Any) -> Any:
+        """`a ** b`: a constant integer exponent multiplies (`reference.int_power`; a negative
+        one takes the reciprocal after); any other exponent is `ct.pow`."""
+        if not isinstance(a, Value) and not isinstance(b, Value):
+            if not all(isinstance(x, (bool, int, float)) for x in (a, b)):
+                self.fail(f"cannot apply ** to {_describe(a)} and {_describe(b)}")
+            try:
+                r = a**b
+            except (ZeroDivisionError, OverflowError) as e:
+                self.fail(f"{a!r} ** {b!r} in a compile-time expression: {e}")
+            if isinstance(r, complex):
+                self.fail(f"{a!r} ** {b!r} is complex; kernels compute real numbers")
+            return r
+        if isinstance(b, int) and isinstance(a, Value):
+            (x,), dtype, _ = self.operands(a)
+            if dtype is bool_:  # NumPy: bools to an integer power are integers
+                x, dtype = self.b.cast(x, i32), i32
+            if b < 0 and not dtype.is_float():
+                self.fail(
+                    "integers to negative integer powers are not allowed (NumPy raises); "
+                    "convert to float first, e.g. x.astype(ct.f32) ** -1"
+                )
+
+            def one() -> Value:
+                return self.to_shape(self.constant(1, dtype), x.type.shape)
+
+            r = reference.int_power(x, abs(b), lambda p, q: self.b.binary("mul", p, q), one)
+            return self.b.binary("div", one(), r) if b < 0 else r
+        (x, y), dtype, _ = self.operands(a, b)
+        if not dtype.is_float():
+            self.fail(
+                f"** of {dtype.name} values needs a constant integer exponent (x ** 3); for a "
+                "run-time or tile exponent convert to float first (x.astype(ct.f32) ** y)"
+            )
+        return self.b.binary("pow", x, y)
+
+    def if_expr(self, e: ast.IfExp) -> Any:
+        """`a if c else b` on scalars: each branch evaluated under its own side of an IfOp,
+        the result of the branches' common type (as a binary op's)."""
+        cond = self.expr(e.test)
+        if not isinstance(cond, Value):
+            if isinstance(cond, (bool, int, float)):  # decided at compile time
+                return self.expr(e.body if cond else e.orelse)
+            self.fail("the condition of `a if c else b` must be a scalar", e.test)
+        if not cond.type.is_scalar or cond.type.dtype is not bool_:
+            self.fail(
+                f"the condition of `a if c else b` must be a bool scalar, not {cond.type}; "
+                "for tiles use ct.where(cond, a, b)",
+                e.test,
+            )
+        op = self.b.if_(cond, [])
+        branches = []
+        for region, node in ((op.then, e.body), (op.orelse, e.orelse)):
+            with self.b.inside(region):
+                v = self.expr(node)
+            if isinstance(v, Value) and not v.type.is_scalar:
+                self.fail(
+                    f"`a if c else b` chooses between scalars, and this branch is a tile of "
+                    f"shape {v.type.shape}; for tiles use ct.where(cond, a, b)",
+                    node,
+                )
+            if not isinstance(v, (Value, bool, int, float)):
+                self.fail(
+                    f"`a if c else b` with a run-time condition needs numbers or scalars in "
+                    f"both branches, not {_describe(v)}",
+                    node,
+                )
+            branches.append(v)
+        a, b = branches
+        if (
+            not isinstance(a, Value)
+            and not isinstance(b, Value)
+            and not op.then.ops
+            and not (op.orelse.ops)
+        ):
+            # Two Python numbers: no IfOp, a weak choice (see `weak_choices`).
+            self.b.region.ops.remove(op)
+            dtype = result_type(type(a), type(b))
+            r = self.b.select(cond, self.constant(a, dtype), self.constant(b, dtype))
+            self.weak_choices[r] = (cond, a, b)
+            return r
+        dtype = result_type(*(v.type.dtype if isinstance(v, Value) else type(v) for v in (a, b)))
+        outs = []
+        for region, v in ((op.then, a), (op.orelse, b)):
+            with self.b.inside(region):
+                out = self.b.cast(self.operand(v, dtype), dtype)
+                self.b.yield_([out])
+            outs.append(out)
+        op.results = (Value(outs[0].type),)
+        return op.results[0]
+
+    def operand(self, x: Any, dtype: type[DType]) -> Value:
+        """A number, a weak choice or a value as an operand of `dtype` (before broadcasting)."""
+        if not isinstance(x, Value):
+            return self.constant(x, dtype)
+        weak = self.weak_choices.get(x)
+        if weak is not None and x.type.dtype is not dtype:
+            cond, a, b = weak
+            return self.b.select(cond, self.constant(a, dtype), self.constant(b, dtype))
+        return self.b.cast(x, dtype)
 
     def compare(self, kind: str, a: Any, b: Any) -> Any:
         if not isinstance(a, Value) and not isinstance(b, Value):
@@ -627,8 +734,8 @@ _FOLD: dict[str, Any] = {
     "and": lambda a, b: a & b,
     "or": lambda a, b: a | b,
     "xor": lambda a, b: a ^ b,
-    "max": max,
-    "min": min,
+    "max": lambda a, b: reference.fold("max", a, b),
+    "min": lambda a, b: reference.fold("min", a, b),
     "lt": lambda a, b: a < b,
     "le": lambda a, b: a <= b,
     "gt": lambda a, b: a > b,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from cutile_py.frontend.inline import inline_helper
 from cutile_py.frontend.values import BoundMethod, ParamRef, ShapeRef
-from cutile_py.ir import Value
+from cutile_py.ir import Value, reference
 from cutile_py.ir.builder import MAX_RANK
 from cutile_py.ir.dtypes import DType, bf16, bool_, convert_scalar, f16, f32, i32, is_dtype, op_type
 from cutile_py.ir.shapes import (
@@ -82,7 +82,9 @@ def call(
         if isinstance(args[0], ShapeRef):
             return args[0].param.bound.rank
         kb.fail("len() takes a tuple or a shape", node)
-    if fn is builtins.abs and len(args) == 1:
+    if fn is builtins.abs and len(args) == 1 and not kwargs:
+        if isinstance(args[0], (int, float)):
+            return abs(args[0])  # a Python number stays one, as in the interpreter
         return _unary(kb, "abs", args[0])
     if fn is builtins.range:
         kb.fail("range() is only supported as the iterable of a for loop", node)
@@ -430,6 +432,17 @@ def _fma(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     return kb.b.fma(*(kb.b.cast(v, dtype) for v in xs))
 
 
+def _pow(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Any:
+    x, y = a["x"], a["y"]
+    if not isinstance(x, Value) and not isinstance(y, Value):
+        if not all(isinstance(v, (bool, int, float)) for v in (x, y)):
+            kb.fail(f"ct.pow needs tiles or numbers, got {_what(x)} and {_what(y)}", node)
+        return reference.fold("pow", x, y)  # a Python float, weak as the interpreter's
+    (xv, yv), dtype, _ = kb.operands(x, y)
+    dtype = op_type("pow", dtype)
+    return kb.b.binary("pow", kb.b.cast(xv, dtype), kb.b.cast(yv, dtype))
+
+
 def _mma(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     x = _tile(kb, a["a"], "ct.mma (its a operand)", node)
     y = _tile(kb, a["b"], "ct.mma (its b operand)", node)
@@ -494,6 +507,7 @@ _BUILTINS: dict[str, Callable[[KernelBuilder, ast.AST, dict[str, Any]], Any]] = 
     "maximum": lambda kb, n, a: kb.binary("max", a["x"], a["y"]),
     "minimum": lambda kb, n, a: kb.binary("min", a["x"], a["y"]),
     "fma": _fma,
+    "pow": _pow,
     "mma": _mma,
     **{k: (lambda kind: lambda kb, n, a: _unary(kb, kind, a["x"]))(k) for k in UNARY_BUILTINS},
 }

@@ -196,8 +196,9 @@ class Builder:
         dt = x.type.dtype
         if kind in ("and", "or", "xor") and dt.is_float():
             raise IRTypeError(f"{kind} needs bool or integer operands, got {dt.name}")
-        if kind == "div" and not dt.is_float():
-            raise IRTypeError("true division needs floating-point operands")
+        if kind in ("div", "pow") and not dt.is_float():
+            name = "true division" if kind == "div" else "pow"
+            raise IRTypeError(f"{name} needs floating-point operands")
         if kind in ("add", "sub", "mul", "floordiv", "mod") and dt is bool_:
             raise IRTypeError(f"{kind} of bools is not defined")
         return self._add(o.BinaryOp((x, y), (o.Value(x.type),), kind=kind)).result

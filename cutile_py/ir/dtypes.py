@@ -127,7 +127,7 @@ OperandType = type[DType] | type[bool] | type[int] | type[float]
 
 #: Ops computed in floating point: integer and bool operands are converted to f32 first.
 FLOAT_OPS = frozenset(
-    {"div", "fma", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid"}
+    {"div", "pow", "fma", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid"}
 )
 
 
@@ -155,7 +155,7 @@ def result_type(*operands: OperandType) -> type[DType]:
 
 
 def op_type(kind: str, dtype: type[DType]) -> type[DType]:
-    """The type op `kind` computes in, given its operands' common type: true division,
+    """The type op `kind` computes in, given its operands' common type: true division, pow,
     fma and the transcendental functions compute integers and bools in f32."""
     return f32 if kind in FLOAT_OPS and not dtype.is_float() else dtype
 

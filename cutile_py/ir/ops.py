@@ -30,7 +30,7 @@ UNARY_KINDS = frozenset(
     {"neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "not"}
 )
 BINARY_KINDS = frozenset(
-    {"add", "sub", "mul", "div", "floordiv", "mod", "max", "min", "and", "or", "xor"}
+    {"add", "sub", "mul", "div", "floordiv", "mod", "max", "min", "pow", "and", "or", "xor"}
 )
 COMPARE_KINDS = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
 REDUCE_KINDS = frozenset({"sum", "max", "min", "argmax", "argmin"})

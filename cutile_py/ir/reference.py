@@ -8,6 +8,7 @@ the reference is the correctly rounded value that the compiled code must be with
 
 from __future__ import annotations
 
+import math
 import typing
 from collections.abc import Callable
 
@@ -16,6 +17,7 @@ import numpy as np
 from cutile_py.ir.dtypes import DType, f32, i32, round_to
 
 Array = np.ndarray
+T = typing.TypeVar("T")
 
 
 def _exact(fn: Callable[[Array], Array]) -> Callable[[Array], Array]:
@@ -53,6 +55,7 @@ BINARY: dict[str, Callable[[Array, Array], Array]] = {
     "mod": np.mod,
     "max": np.maximum,
     "min": np.minimum,
+    "pow": np.power,
     "and": np.bitwise_and,
     "or": np.bitwise_or,
     "xor": np.bitwise_xor,
@@ -80,9 +83,11 @@ def unary(kind: str, x: Array, dtype: type[DType]) -> Array:
 def binary(kind: str, x: Array, y: Array, dtype: type[DType]) -> Array:
     with np.errstate(all="ignore"):
         if dtype.is_float():
+            if kind == "pow":  # a math function: the correctly rounded value
+                return round_to(np.power(x.astype(np.float64), y.astype(np.float64)), dtype)
+            # floordiv and mod are NumPy's float32 floor_divide and remainder (also for f16:
+            # NumPy computes float16 divmod in float32 too).
             x32, y32 = x.astype(np.float32), y.astype(np.float32)
-            if kind == "floordiv":
-                return round_to(np.floor(x32 / y32), dtype)
             return round_to(BINARY[kind](x32, y32), dtype)
         if kind in ("floordiv", "mod"):
             # Python's floor semantics; a zero divisor gives 0 (PTX leaves it unspecified).
@@ -90,6 +95,46 @@ def binary(kind: str, x: Array, y: Array, dtype: type[DType]) -> Array:
             r = BINARY[kind](x, safe)
             return np.where(y == 0, 0, r).astype(dtype.compute)
         return BINARY[kind](x, y).astype(dtype.compute)
+
+
+Number = bool | int | float
+
+
+def fold(kind: str, a: Number, b: Number) -> Number:
+    """`max`, `min` or `pow` of two Python numbers, as a Python number: weak, as NumPy 2 keeps
+    Python scalars (NEP 50), so that it takes the type of the tiles it later meets. The
+    frontend folds these calls with this function and the interpreter runs it, so both give
+    the same number. max/min give a float if either is one, and NaN if either is NaN; pow is
+    C's `pow` in double precision (a float; NaN for a negative base with a non-integer
+    exponent, inf for zero to a negative power)."""
+    if kind == "pow":
+        with np.errstate(all="ignore"):
+            return float(np.power(np.float64(a), np.float64(b)))
+    if kind not in ("max", "min"):
+        raise ValueError(f"cannot fold {kind}")
+    if isinstance(a, float) or isinstance(b, float):
+        a, b = float(a), float(b)
+        if math.isnan(a) or math.isnan(b):
+            return math.nan
+    return max(a, b) if kind == "max" else min(a, b)
+
+
+def int_power(x: T, n: int, mul: Callable[[T, T], T], one: Callable[[], T]) -> T:
+    """`x ** n` for a constant n >= 0 by repeated squaring (x, x², x⁴, ... multiplied in for
+    each set bit of n, lowest first): about log2(n) + popcount(n) multiplications, each
+    rounded. The frontend builds these multiplications as IR and the interpreter runs them on
+    tiles, so both round identically. n == 0 gives `one()` (1 even for NaN, as NumPy)."""
+    if n < 0:
+        raise ValueError("int_power needs n >= 0")
+    result: T | None = None
+    square = x
+    while n:
+        if n & 1:
+            result = square if result is None else mul(result, square)
+        n >>= 1
+        if n:
+            square = mul(square, square)
+    return one() if result is None else result
 
 
 def compare(kind: str, x: Array, y: Array) -> Array:

@@ -126,6 +126,12 @@ class Tile:
     def __rmod__(self, other: Operand) -> Tile:
         return binary("mod", other, self)
 
+    def __pow__(self, other: Operand) -> Tile:
+        return power(self, other)
+
+    def __rpow__(self, other: Operand) -> Tile:
+        return power(other, self)
+
     def __and__(self, other: Operand) -> Tile:
         return binary("and", self, other)
 
@@ -219,6 +225,23 @@ def as_array(x: Operand, dtype: type[DType]) -> np.ndarray:
 def binary(kind: str, a: Operand, b: Operand) -> Tile:
     dt = op_type(kind, result_dtype(a, b))
     return Tile(reference.binary(kind, as_array(a, dt), as_array(b, dt), dt), dt)
+
+
+def power(a: Operand, b: Operand) -> Tile:
+    """`a ** b` as the compiled code computes it: a constant integer exponent by repeated
+    multiplication (`reference.int_power`; negative: the reciprocal after), else pow."""
+    if isinstance(a, Tile) and isinstance(b, int):
+        x = a.astype(i32) if a.dtype is bool_ else a
+        if b < 0 and not x.dtype.is_float():
+            raise TypeError("integers to negative integer powers are not allowed")
+
+        def one() -> Tile:
+            return Tile(np.ones(x.shape, x.dtype.compute), x.dtype)
+
+        r = reference.int_power(x, abs(b), lambda p, q: binary("mul", p, q), one)
+        return binary("div", one(), r) if b < 0 else r
+    dt = op_type("pow", result_dtype(a, b))
+    return Tile(reference.binary("pow", as_array(a, dt), as_array(b, dt), dt), dt)
 
 
 def compare(kind: str, a: Operand, b: Operand) -> Tile:

@@ -1,10 +1,13 @@
-"""PTX instruction sequences for f32 math (division, roots, exp/log, tanh, sigmoid).
+"""PTX instruction sequences for f32 math (division, floor division and remainder, roots,
+exp/log, pow, tanh, sigmoid).
 
-Each `emit_*` appends straight-line code (no branches) and returns a fresh f32 register.
+Each `emit_*` appends code and returns a fresh f32 register; all is straight-line except the
+exact remainder's reduction loop (`_fmod`).
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Protocol
 
@@ -18,8 +21,11 @@ __all__ = [
     "emit_div",
     "emit_exp",
     "emit_exp2",
+    "emit_floordiv",
     "emit_log",
     "emit_log2",
+    "emit_mod",
+    "emit_pow",
     "emit_rsqrt",
     "emit_sigmoid",
     "emit_sqrt",
@@ -114,6 +120,23 @@ _EXP2_Q = tuple(
         "0x1.416b42p-13",
     )
 )
+
+
+def _d(value: float) -> Imm:
+    """An f64 immediate (PTX's exact `0d` form)."""
+    return Imm("0d" + struct.pack(">d", value).hex().upper())
+
+
+# pow: ln(m) = 2 atanh(s) = 2s(1 + z/3 + z^2/5 + ...), s = f/(2+f), z = s^2 <= 0.0295 on the
+# reduced m in [sqrt(1/2), sqrt(2)): the terms through z^8/17 leave < 2^-50 relative. e^u on
+# |u| <= ln2/2 by Taylor through u^11/11! (< 2^-47 relative). Both in f64.
+_ATANH_D = tuple(_d(1.0 / (2 * j + 1)) for j in range(9))
+_EXP_D = tuple(_d(1.0 / math.factorial(j)) for j in range(12))
+_LOG2E_D = _d(1.0 / math.log(2.0))
+_LN2_D = _d(math.log(2.0))
+_POW_T_LIMIT = 200.0  # |y log2 x| beyond it: 2^t is 0 or inf in f32 either way
+_INF = Imm("0f7F800000")
+_TWO_24 = _k("0x1p+24")
 
 
 def _op(fb: FunctionBuilder, ptype: str, opcode: str, *srcs: Operand) -> Reg:
@@ -215,8 +238,8 @@ def emit_exp2(fb: FunctionBuilder, x: Reg, *, fast: bool) -> Reg:
     return _times_pow2(fb, _poly_one_plus(fb, f, _EXP2_Q), s)
 
 
-def _log_core(fb: FunctionBuilder, x: Reg) -> tuple[Reg, Reg, Reg, Reg]:
-    """(k, f, f^2/2, s*(f^2/2 + R)) for x = 2^k * (1+f), 1+f in [sqrt(1/2), sqrt(2))."""
+def _log_reduce(fb: FunctionBuilder, x: Reg) -> tuple[Reg, Reg]:
+    """(k, f) as f32, both exact, for x = 2^k * (1+f), 1+f in [sqrt(1/2), sqrt(2)), x > 0."""
     # Subnormal inputs are scaled by 2^23 first so the exponent field holds all of k.
     sub = _p(fb, "setp.lt.f32", x, _MIN_NORMAL)
     xm = _f(fb, "selp.f32", _f(fb, "mul.rn.f32", x, _TWO_23), x, sub)
@@ -228,6 +251,12 @@ def _log_core(fb: FunctionBuilder, x: Reg) -> tuple[Reg, Reg, Reg, Reg]:
     dk = _f(fb, "cvt.rn.f32.s32", k)
     mb = _b(fb, "add.s32", _b(fb, "and.b32", ix, int_imm(0x007FFFFF)), int_imm(0x3F3504F3))
     f = _f(fb, "sub.rn.f32", _f(fb, "mov.b32", mb), _ONE)  # exact
+    return dk, f
+
+
+def _log_core(fb: FunctionBuilder, x: Reg) -> tuple[Reg, Reg, Reg, Reg]:
+    """(k, f, f^2/2, s*(f^2/2 + R)) for x = 2^k * (1+f), 1+f in [sqrt(1/2), sqrt(2))."""
+    dk, f = _log_reduce(fb, x)
     # s only scales the small correction s*(hfsq + R) (< |f|^3/3), so div.approx's 2 ulp
     # move the result by < 0.1 ulp; f is never subnormal (a multiple of 2^-24) and 2+f in
     # [1.58, 2.42], so .ftz is exact here.
@@ -380,6 +409,178 @@ def emit_div(fb: FunctionBuilder, a: Reg, b: Reg, *, fast: bool) -> Reg:
     return _f(fb, "div.approx.ftz.f32" if fast else "div.rn.f32", a, b)
 
 
+def _exponent(fb: FunctionBuilder, v: Reg) -> Reg:
+    """floor(log2 v) as s32 for positive finite v, subnormals included (scaled by 2^24 first
+    so that the exponent field holds it)."""
+    tiny = _p(fb, "setp.lt.f32", v, _MIN_NORMAL)
+    vs = _f(fb, "selp.f32", _f(fb, "mul.rn.f32", v, _TWO_24), v, tiny)
+    e = _b(fb, "shr.u32", _b(fb, "mov.b32", vs), int_imm(23))
+    return _b(fb, "sub.s32", e, _b(fb, "selp.s32", int_imm(127 + 24), int_imm(127), tiny))
+
+
+def _fmod(fb: FunctionBuilder, a: Reg, b: Reg) -> Reg:
+    """C's fmodf(a, b), exactly: a - trunc(a/b)*b with a's sign; NaN for b = 0, infinite a
+    or a NaN; a itself for infinite b.
+
+    The remainder is always representable, so it is found exactly: while r = |a| >= |b|,
+    r is reduced modulo ys = |b|*2^k, k chosen so that q = r/ys < 2^24: then div.rn's q
+    truncated is floor(r/ys) or one more, r - q*ys is exact in one fma (a multiple of
+    ulp(ys) below ys in magnitude), and one add of ys fixes the one-more case. Each step
+    takes 23 bits off the exponent gap, so at most 13 steps (one for |a/b| < 2^24).
+    Infinite a or zero b make q infinite or NaN and r NaN, which ends the loop.
+    """
+    x, y = _f(fb, "abs.f32", a), _f(fb, "abs.f32", b)
+    ey = _exponent(fb, y)
+    r = _f(fb, "mov.f32", x)
+    top, done = fb.new_label("fmod"), fb.new_label("fmod_done")
+    fb.place(top)
+    small = _p(fb, "setp.ltu.f32", r, y)  # r < |b|, or r NaN
+    fb.ins("bra", done, pred=small)
+    k = _b(fb, "sub.s32", _exponent(fb, r), ey)
+    k = _b(fb, "max.s32", _b(fb, "sub.s32", k, int_imm(23)), int_imm(0))
+    # ys = y * 2^k in two exact steps (k may exceed 127): 2^k1 and 2^k2 are normal f32.
+    k1 = _b(fb, "shr.u32", k, int_imm(1))
+    k2 = _b(fb, "sub.s32", k, k1)
+    s1 = _b(fb, "mad.lo.u32", k1, int_imm(1 << 23), int_imm(0x3F800000))
+    s2 = _b(fb, "mad.lo.u32", k2, int_imm(1 << 23), int_imm(0x3F800000))
+    ys = _f(fb, "mul.rn.f32", y, _f(fb, "mov.b32", s1))
+    ys = _f(fb, "mul.rn.f32", ys, _f(fb, "mov.b32", s2))
+    q = _f(fb, "cvt.rzi.f32.f32", _f(fb, "div.rn.f32", r, ys))
+    fb.ins("fma.rn.f32", r, _f(fb, "neg.f32", q), ys, r)
+    under = _p(fb, "setp.lt.f32", r, _ZERO)
+    fb.ins("add.rn.f32", r, r, ys, pred=under)
+    fb.ins("bra.uni", top)
+    fb.place(done)
+    res = _f(fb, "copysign.f32", a, r)
+    return _f(fb, "selp.f32", _NAN, res, _p(fb, "setp.nan.f32", a, b))
+
+
+def _signed_zero(fb: FunctionBuilder, v: Reg) -> Reg:
+    """0 with the sign bit of v."""
+    return _f(fb, "mov.b32", _b(fb, "and.b32", _b(fb, "mov.b32", v), int_imm(0x80000000)))
+
+
+def _divmod(fb: FunctionBuilder, a: Reg, b: Reg) -> tuple[Reg, Reg]:
+    """(a // b, a % b) with NumPy's float semantics, step for step as its `npy_divmodf`:
+    mod = fmod(a, b) (exact), moved to b's sign by adding b; a zero remainder takes b's
+    sign; div = (a - mod) / b, snapped to the nearest integer when within 1/2 of floor(div);
+    a zero quotient takes the sign of a/b; a zero divisor gives a/b (±inf or NaN) and NaN."""
+    mod = _fmod(fb, a, b)
+    div = _f(fb, "div.rn.f32", _f(fb, "sub.rn.f32", a, mod), b)
+    nonzero = _p(fb, "setp.neu.f32", mod, _ZERO)  # NaN counts as nonzero, as in C
+    signs = _p(fb, "xor.pred", _p(fb, "setp.lt.f32", b, _ZERO), _p(fb, "setp.lt.f32", mod, _ZERO))
+    adjust = _p(fb, "and.pred", nonzero, signs)
+    mod = _f(fb, "selp.f32", _f(fb, "add.rn.f32", mod, b), mod, adjust)
+    div = _f(fb, "selp.f32", _f(fb, "sub.rn.f32", div, _ONE), div, adjust)
+    mod = _f(fb, "selp.f32", mod, _signed_zero(fb, b), nonzero)
+    floor = _f(fb, "cvt.rmi.f32.f32", div)
+    up = _p(fb, "setp.gt.f32", _f(fb, "sub.rn.f32", div, floor), _HALF)
+    floor = _f(fb, "selp.f32", _f(fb, "add.rn.f32", floor, _ONE), floor, up)
+    quotient = _f(fb, "div.rn.f32", a, b)
+    floordiv = _f(
+        fb, "selp.f32", floor, _signed_zero(fb, quotient), _p(fb, "setp.neu.f32", div, _ZERO)
+    )
+    floordiv = _f(fb, "selp.f32", quotient, floordiv, _p(fb, "setp.eq.f32", b, _ZERO))
+    return floordiv, mod
+
+
+def emit_floordiv(fb: FunctionBuilder, a: Reg, b: Reg, *, fast: bool) -> Reg:
+    """a // b as NumPy's float floor_divide (`_divmod`); fast math changes nothing."""
+    return _divmod(fb, a, b)[0]
+
+
+def emit_mod(fb: FunctionBuilder, a: Reg, b: Reg, *, fast: bool) -> Reg:
+    """a % b as NumPy's float remainder: the sign of b (`_divmod`); exact but for the final
+    addition of b where the signs differ, which rounds as NumPy's does."""
+    return _divmod(fb, a, b)[1]
+
+
+def _dop(fb: FunctionBuilder, opcode: str, *srcs: Operand) -> Reg:
+    return _op(fb, "f64", opcode, *srcs)
+
+
+def _horner_d(fb: FunctionBuilder, z: Reg, coeffs: tuple[Imm, ...]) -> Reg:
+    """c0 + c1*z + c2*z^2 + ... in f64 by Horner with fma."""
+    acc = _dop(fb, "fma.rn.f64", z, coeffs[-1], coeffs[-2])
+    for c in reversed(coeffs[:-2]):
+        acc = _dop(fb, "fma.rn.f64", acc, z, c)
+    return acc
+
+
+def _pow_magnitude(fb: FunctionBuilder, ax: Reg, y: Reg) -> Reg:
+    """|x|^y for finite nonzero |x| = ax: 2^(y log2 ax), log2 and 2^t in f64.
+
+    log2 ax = k + ln(m) log2(e) to 2^-50 relative, t = y log2 ax (|t| <= 200 after the
+    clamp) to within 2^-42 absolute, 2^t = 2^j e^(r ln2) with r = t - j exact, e^u to
+    2^-47: the f64 value is within 2^-41 relative of |x|^y, so its one rounding to f32
+    (cvt.rn, subnormal and overflow included) is within 0.5 ulp + 2^-17 ulp of the correctly
+    rounded result. Exact powers (2^n, 9 = 3^2, ...) come out exact.
+    """
+    dk, f = _log_reduce(fb, ax)
+    fd = _dop(fb, "cvt.f64.f32", f)
+    s = _dop(fb, "div.rn.f64", fd, _dop(fb, "add.rn.f64", fd, _d(2.0)))
+    ln_m = _dop(
+        fb,
+        "mul.rn.f64",
+        _dop(fb, "add.rn.f64", s, s),
+        _horner_d(fb, _dop(fb, "mul.rn.f64", s, s), _ATANH_D),
+    )
+    log2x = _dop(fb, "fma.rn.f64", ln_m, _LOG2E_D, _dop(fb, "cvt.f64.f32", dk))
+    t = _dop(fb, "mul.rn.f64", _dop(fb, "cvt.f64.f32", y), log2x)
+    t = _dop(fb, "max.f64", t, _d(-_POW_T_LIMIT))  # NaN is handled by the caller
+    t = _dop(fb, "min.f64", t, _d(_POW_T_LIMIT))
+    j = _dop(fb, "cvt.rni.f64.f64", t)
+    u = _dop(fb, "mul.rn.f64", _dop(fb, "sub.rn.f64", t, j), _LN2_D)
+    e = _horner_d(fb, u, _EXP_D)
+    # 2^j from its bits: j + 1023 in the f64 exponent field.
+    ji = _b(fb, "cvt.rni.s32.f64", j)
+    bits = _op(fb, "b64", "cvt.s64.s32", _b(fb, "add.s32", ji, int_imm(1023)))
+    scale = _dop(fb, "mov.b64", _op(fb, "b64", "shl.b64", bits, int_imm(52)))
+    return _f(fb, "cvt.rn.f32.f64", _dop(fb, "mul.rn.f64", e, scale))
+
+
+def emit_pow(fb: FunctionBuilder, x: Reg, y: Reg, *, fast: bool) -> Reg:
+    """x ** y with C's powf special cases (see `ct.pow`).
+
+    Precise: `_pow_magnitude` (within 0.5 ulp + 2^-17 ulp). Fast: ex2.approx(y *
+    lg2.approx(|x|)), as CUDA's __powf. Then, in order: |x| = 0 or inf give 0 or inf by y's
+    sign; a negative x (sign bit: -0 and -inf too) with an odd integer y negates; a finite
+    x < 0 with a non-integer y, or a NaN, gives NaN; y = ±0, x = 1, and x = -1 with y = ±inf
+    give 1.
+    """
+    ax = _f(fb, "abs.f32", x)
+    if fast:
+        lg = _f(fb, "lg2.approx.ftz.f32", ax)
+        mag = _f(fb, "ex2.approx.ftz.f32", _f(fb, "mul.ftz.f32", y, lg))
+    else:
+        mag = _pow_magnitude(fb, ax, y)
+    yneg = _p(fb, "setp.lt.f32", y, _ZERO)
+    inf_or_zero = _f(fb, "selp.f32", _INF, _ZERO, yneg)
+    zero_or_inf = _f(fb, "selp.f32", _ZERO, _INF, yneg)
+    mag = _f(fb, "selp.f32", inf_or_zero, mag, _p(fb, "setp.eq.f32", ax, _ZERO))
+    x_inf = _p(fb, "setp.eq.f32", ax, _INF)
+    mag = _f(fb, "selp.f32", zero_or_inf, mag, x_inf)
+    ty = _f(fb, "cvt.rzi.f32.f32", y)
+    y_int = _p(fb, "setp.eq.f32", ty, y)  # infinities are (even) integers
+    # Beyond 2^24 every f32 is even; below, the low bit of the integer decides.
+    odd = _p(fb, "setp.lt.f32", _f(fb, "abs.f32", y), _TWO_24)
+    low = _b(fb, "and.b32", _b(fb, "cvt.rzi.s32.f32", y), int_imm(1))
+    odd = _p(fb, "and.pred", odd, _p(fb, "setp.ne.s32", low, int_imm(0)))
+    x_sign = _p(fb, "setp.lt.s32", _b(fb, "mov.b32", x), int_imm(0))
+    negate = _p(fb, "and.pred", _p(fb, "and.pred", odd, y_int), x_sign)
+    res = _f(fb, "selp.f32", _f(fb, "neg.f32", mag), mag, negate)
+    x_neg_finite = _p(fb, "and.pred", _p(fb, "setp.lt.f32", x, _ZERO), _p(fb, "not.pred", x_inf))
+    bad = _p(fb, "and.pred", x_neg_finite, _p(fb, "setp.neu.f32", ty, y))
+    bad = _p(fb, "or.pred", bad, _p(fb, "setp.nan.f32", x, y))
+    res = _f(fb, "selp.f32", _NAN, res, bad)
+    one = _p(fb, "setp.eq.f32", y, _ZERO)
+    one = _p(fb, "or.pred", one, _p(fb, "setp.eq.f32", x, _ONE))
+    minus_one = _p(fb, "setp.eq.f32", x, _k("-0x1p+0"))
+    y_inf = _p(fb, "setp.eq.f32", _f(fb, "abs.f32", y), _INF)
+    one = _p(fb, "or.pred", one, _p(fb, "and.pred", minus_one, y_inf))
+    return _f(fb, "selp.f32", _ONE, res, one)
+
+
 class UnaryEmitter(Protocol):
     def __call__(self, fb: FunctionBuilder, x: Reg, /, *, fast: bool) -> Reg: ...
 
@@ -400,4 +601,9 @@ UNARY: dict[str, UnaryEmitter] = {
     "rsqrt": emit_rsqrt,
 }
 #: The binary ones, called as `emit(fb, a, b, fast=...)`.
-BINARY: dict[str, BinaryEmitter] = {"div": emit_div}
+BINARY: dict[str, BinaryEmitter] = {
+    "div": emit_div,
+    "floordiv": emit_floordiv,
+    "mod": emit_mod,
+    "pow": emit_pow,
+}

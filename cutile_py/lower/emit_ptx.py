@@ -431,8 +431,8 @@ class Emitter:
         def one(a: Reg, b: Reg) -> Reg:
             if dt.is_float():
                 af, bf = self.widen(a, dt), self.widen(b, dt)
-                if kind == "div":
-                    r = emit_math.emit_div(fb, af, bf, fast=fast)
+                if kind in emit_math.BINARY:
+                    r = emit_math.BINARY[kind](fb, af, bf, fast=fast)
                 elif kind in F32_BINARY:
                     r = fb.reg("f32")
                     fb.ins(F32_BINARY[kind], r, af, bf)

@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 from cutile_py.ptx.target import MAX_STATIC_SHARED, Target
 
 #: Register class of each declared PTX register type, and the prefix its names use.
-REG_PREFIX: dict[str, str] = {"pred": "p", "b16": "h", "b32": "r", "f32": "f", "b64": "rd"}
+REG_PREFIX: dict[str, str] = {
+    "pred": "p",
+    "b16": "h",
+    "b32": "r",
+    "f32": "f",
+    "b64": "rd",
+    "f64": "fd",
+}
 
 
 @dataclass(frozen=True)
