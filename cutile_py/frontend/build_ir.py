@@ -18,7 +18,7 @@ from cutile_py.frontend import call_builtin
 from cutile_py.frontend.capture import CapturedFunction
 from cutile_py.frontend.errors import CompileError
 from cutile_py.frontend.signature import Specialization
-from cutile_py.frontend.values import BoundMethod, ParamRef, ShapeRef
+from cutile_py.frontend.values import BoundMethod, ParamRef, Reduced, ShapeRef
 from cutile_py.ir import TileType, Value
 from cutile_py.ir.dtypes import (
     DType,
@@ -107,6 +107,8 @@ class KernelBuilder:
         self.env: dict[str, Any] = {}
         #: Names of the `@ct.function` helpers being inlined, outermost first.
         self.helper_stack: list[str] = []
+        #: Tiles made by reductions that dropped axes, to catch their misaligned broadcasts.
+        self.reduced: dict[Value, Reduced] = {}
         self.node: ast.AST = cap.tree
 
     # -- errors -----------------------------------------------------------------------------
@@ -565,12 +567,35 @@ class KernelBuilder:
         try:
             shape = broadcast_shapes(*shapes)
         except ValueError as e:
+            hints = [self.reduced[x] for x in xs if isinstance(x, Value) and x in self.reduced]
+            if hints:
+                self.fail(f"{e}: the {hints[0].call} dropped its axis; keep it with keepdims=True")
             self.fail(str(e))
+        for x in xs:
+            if isinstance(x, Value):
+                self.check_realigned(x, shape)
         out = []
         for x in xs:
             v = x if isinstance(x, Value) else self.constant(x, dtype)
             out.append(self.to_shape(self.b.cast(v, dtype), shape))
         return out, dtype, shape
+
+    def check_realigned(self, v: Value, shape: tuple[int, ...]) -> None:
+        """CompileError if broadcasting `v` to `shape` lines a reduction's result up with other
+        axes than those it came from: `t / ct.sum(t, axis=1)` of a square `t` divides row i by
+        the sum of row j (NumPy's rule, and never what was meant)."""
+        r = self.reduced.get(v)
+        if r is None or r.source_shape != shape:
+            return
+        trailing = tuple(range(len(shape) - len(r.kept), len(shape)))
+        if r.kept == trailing:
+            return  # e.g. a column sum of a 2-D tile: its broadcast puts it back in place
+        self.fail(
+            f"the {v.type.shape} result of {r.call} is broadcast back against a {shape} tile "
+            f"along axis {', '.join(map(str, trailing))}, not axis "
+            f"{', '.join(map(str, r.kept))} where it came from (NumPy's rule, which mixes up "
+            "rows here): keep the reduced axis with keepdims=True"
+        )
 
     def to_shape(self, v: Value, shape: tuple[int, ...]) -> Value:
         """`v` broadcast to `shape` (NumPy rules; the caller checked they apply): a lower
