@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -104,12 +108,14 @@ def test_error_names_file_line_and_column(
     assert err.where.file == __file__
     assert err.where.line == line_of(fn, needle)
     rendered = str(err)
-    first, source, caret = rendered.splitlines()[:3]
-    assert first.startswith(f"{__file__}:{err.where.line}:{err.where.col}: ")
-    assert source.strip() == err.where.text.strip()
-    # The caret sits under the reported column of the shown (dedented) line.
+    first, source, caret, *rest = rendered.splitlines()
+    w = err.where
+    assert first == f'File "{__file__}", line {w.line}, col {w.col}, in {fn.__name__}'
+    assert source == "    " + err.where.text.strip()
+    # The carets start under the reported column of the shown (dedented) line.
     indent = len(err.where.text) - len(err.where.text.lstrip())
     assert caret.index("^") - 4 == err.where.col - 1 - indent
+    assert "\n".join(rest) == err.message
 
 
 def test_column_points_at_the_offending_expression() -> None:
@@ -166,4 +172,156 @@ def test_error_inside_a_helper_shows_the_call_chain() -> None:
     err = compile_error(ct.kernel(k_calls_bad_helper))
     assert err.where is not None and err.where.line == line_of(bad_helper, "while True")
     call_line = line_of(k_calls_bad_helper, "z.store(bad_helper(")
-    assert f"in bad_helper(), called at {__file__}:{call_line}:" in str(err)
+    assert str(err) == "\n".join(
+        [
+            f'File "{__file__}", line {call_line}, col 13, in k_calls_bad_helper',
+            "    z.store(bad_helper(ct.load_tile_like(x, z)))",
+            "            ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+            f'File "{__file__}", line {err.where.line}, col 5, in bad_helper '
+            f"(called from k_calls_bad_helper, line {call_line})",
+            "    while True:",
+            "    ^^^^^^^^^^^",
+            "while loops are not supported in kernels; use `for i in range(...)`",
+        ]
+    )
+
+
+# -- how a CompileError reaches the user --------------------------------------------------------
+PACKAGE = str(Path(ct.__file__).resolve().parent)
+
+
+def compiler_frames(err: BaseException) -> list[str]:
+    """The traceback's frames that lie inside cutile_py."""
+    return [
+        f"{f.filename}:{f.lineno}"
+        for f in traceback.extract_tb(err.__traceback__)
+        if str(Path(f.filename).resolve()).startswith(PACKAGE)
+    ]
+
+
+def _launch(k: ct.Kernel, backend: str) -> None:
+    ct.set_backend(backend)
+    k(ct.zeros(64).partition(32), ct.zeros(64))
+
+
+BOUNDARIES: dict[str, Callable[[ct.Kernel], Any]] = {
+    "launch on sim": lambda k: _launch(k, "sim"),
+    "launch on interpret": lambda k: _launch(k, "interpret"),
+    ".compile": lambda k: k.compile(*ARGS),
+    ".ptx": lambda k: k.ptx(*ARGS),
+    ".ir": lambda k: k.ir(*ARGS),
+}
+
+
+@pytest.mark.parametrize("boundary", BOUNDARIES)
+def test_the_traceback_shows_the_users_frames_only(boundary: str) -> None:
+    with pytest.raises(ct.CompileError) as info:
+        BOUNDARIES[boundary](ct.kernel(k_calls_bad_helper))
+    err = info.value
+    # At most the one frame that re-raises it at the public boundary.
+    assert len(compiler_frames(err)) <= 1, compiler_frames(err)
+    text = "".join(traceback.format_exception(err))
+    assert err.__cause__ is None and err.__suppress_context__
+    assert text.count('File "') == len(traceback.extract_tb(err.__traceback__)) + 2
+    assert text.rstrip().endswith(
+        "    ^^^^^^^^^^^\nwhile loops are not supported in kernels; use `for i in range(...)`"
+    )
+    assert "cutile_py.CompileError: File " in text
+
+
+def k_shape_typo(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn]) -> None:
+    t = ct.load_tile_like(x, z)
+    z.store(ct.exp(t) + ct.full((16,), 1.0, f32))
+
+
+def k_not_a_bool(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn]) -> None:
+    t = ct.load_tile_like(x, z)
+    if ct.sum(t):
+        z.store(t)
+
+
+PINNED: list[tuple[Callable[..., Any], str, list[str]]] = [
+    (
+        k_shape_typo,
+        "ct.exp(t) +",
+        [
+            "    z.store(ct.exp(t) + ct.full((16,), 1.0, f32))",
+            "            ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+            "tiles of shapes (32,) and (16,) cannot be broadcast together",
+        ],
+    ),
+    (
+        k_not_a_bool,
+        "if ct.sum(t):",
+        [
+            "    if ct.sum(t):",
+            "       ^^^^^^^^^",
+            "an if condition must be a bool scalar, not f32; for tiles use ct.where",
+        ],
+    ),
+    (
+        k_unknown_call,
+        "helper(t)",
+        [
+            "    z.store(helper(t))",
+            "            ^^^^^^^^^",
+            "call to unsupported function 'helper': kernels may call ct builtins (see the API) "
+            "and int/float/min/max/abs/print",
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("fn,needle,lines", PINNED)
+def test_rendered_errors_read_like_pythons(
+    fn: Callable[..., Any], needle: str, lines: list[str]
+) -> None:
+    err = compile_error(ct.kernel(fn))
+    assert err.where is not None
+    head = f'File "{__file__}", line {line_of(fn, needle)}, col {err.where.col}, in {fn.__name__}'
+    assert str(err) == "\n".join([head, *lines])
+
+
+USER_SCRIPT = """\
+from typing import TypeVar
+
+import cutile_py as ct
+from cutile_py import Dyn, Mut, Tensor, f32
+
+R = TypeVar("R")
+C = TypeVar("C")
+
+
+@ct.kernel
+def normalize_rows(z: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn]) -> None:
+    t = ct.load_tile_like(x, z)
+    z.store(t / ct.sum(t, axis=1))
+
+
+ct.set_backend("{backend}")
+x = ct.zeros((16, 16))
+normalize_rows(ct.zeros((16, 16)).partition((8, 8)), x).sync()
+"""
+
+
+@pytest.mark.parametrize("backend", ["sim", "interpret"])
+def test_a_user_script_prints_a_short_python_like_error(tmp_path: Path, backend: str) -> None:
+    script = tmp_path / "user_kernel.py"
+    script.write_text(USER_SCRIPT.replace("{backend}", backend))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 1
+    lines = done.stderr.rstrip().splitlines()
+    frames = [line for line in lines if line.startswith('  File "')]
+    assert frames[0] == f'  File "{script}", line 18, in <module>'
+    assert sum(PACKAGE in f for f in frames) <= 1, done.stderr
+    assert lines[-4:] == [
+        f'cutile_py.CompileError: File "{script}", line 13, col 13, in normalize_rows',
+        "    z.store(t / ct.sum(t, axis=1))",
+        "            ^^^^^^^^^^^^^^^^^^^^^",
+        "the (8,) result of ct.sum(..., axis=1) at line 13 is broadcast back against a (8, 8) "
+        "tile along axis 1, not axis 0 where it came from (NumPy's rule, which mixes up rows "
+        "here): keep the reduced axis with keepdims=True",
+    ]
+    assert len(lines) <= 12, done.stderr

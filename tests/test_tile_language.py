@@ -512,7 +512,7 @@ def test_misuse_is_a_compile_error_at_its_source(
     assert message in err.message
     assert err.where is not None and err.where.file == __file__
     assert err.where.line == line_of(fn, needle)
-    assert str(err).startswith(f"{__file__}:{err.where.line}:{err.where.col}: ")
+    assert str(err).startswith(f'File "{__file__}", line {err.where.line}, col {err.where.col}, ')
     assert needle in err.where.text[err.where.col - 1 :] or needle in err.where.text
 
 

@@ -144,8 +144,7 @@ def _stored_tile(kb: KernelBuilder, value: Any, dst: ParamRef, what: str, node: 
     dtype = dst.bound.dtype.name
     if isinstance(value, (bool, int, float)) or (isinstance(value, Value) and value.type.is_scalar):
         kb.fail(
-            f"{what} takes a tile, not a scalar: fill one with ct.full(shape, value, "
-            f"ct.{dtype})",
+            f"{what} takes a tile, not a scalar: fill one with ct.full(shape, value, ct.{dtype})",
             node,
         )
     if not isinstance(value, Value):
@@ -425,8 +424,9 @@ def _reduction(kb: KernelBuilder, node: ast.AST, kind: str, a: dict[str, Any]) -
     out = kb.b.reshape(v, tuple(d for i, d in enumerate(shape) if i not in axes))
     if out.type.shape:
         line = kb.cap.location(node).line
-        axis = axes[0] if len(axes) == 1 else tuple(axes)
-        kb.reduced[out] = Reduced(shape, tuple(axes), f"ct.{kind}(..., axis={axis}) at line {line}")
+        which = str(axes[0]) if len(axes) == 1 else str(tuple(axes))
+        call = f"ct.{kind}(..., axis={which}) at line {line}"
+        kb.reduced[out] = Reduced(shape, tuple(axes), call)
     return out
 
 
