@@ -325,3 +325,122 @@ def test_a_user_script_prints_a_short_python_like_error(tmp_path: Path, backend:
         "here): keep the reduced axis with keepdims=True",
     ]
     assert len(lines) <= 12, done.stderr
+
+
+# -- clearer messages for common slips --------------------------------------------------------
+SCALAR_ARGS = (*ARGS, 1.0)
+
+
+def k_one_branch(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], s: float) -> None:
+    t = ct.load_tile_like(x, z)
+    if s > 0.0:
+        y = t * 2.0
+    z.store(y)
+
+
+def k_else_branch(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], s: float) -> None:
+    t = ct.load_tile_like(x, z)
+    if s > 0.0:
+        pass
+    else:
+        y = t * 2.0
+    z.store(y)
+
+
+def k_not_in_else(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], s: float) -> None:
+    t = ct.load_tile_like(x, z)
+    if s > 0.0:
+        y = t
+    elif s < -1.0:
+        y = t * 2.0
+    z.store(y)
+
+
+def k_slice_tensor(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], s: float) -> None:
+    z.store(x[0:32])
+
+
+def k_index_tensor(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], s: float) -> None:
+    z.store(ct.full(z.shape, x[3], f32))
+
+
+def k_slice_tile(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], s: float) -> None:
+    t = ct.load_tile_like(x, z)
+    z.store(t[0:32])
+
+
+def k_slice_mut(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], s: float) -> None:
+    z.store(z[:] * 2.0)
+
+
+def k_assign_into(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], s: float) -> None:
+    z[0:32] = ct.load_tile_like(x, z)
+
+
+ONE_BRANCH_FIX = "assign it before the `if` or in both branches"
+
+
+@pytest.mark.parametrize(
+    "fn,needle,message",
+    [
+        (
+            k_one_branch,
+            "y)",
+            "`y` is assigned only in the `if` branch at line {if}; " + ONE_BRANCH_FIX,
+        ),
+        (
+            k_else_branch,
+            "y)",
+            "`y` is assigned only in the `else` branch of the `if` at line {if}; " + ONE_BRANCH_FIX,
+        ),
+        (
+            k_not_in_else,
+            "y)",
+            "`y` is assigned in the `if` branch at line {if} but not in its `else` branch; "
+            + ONE_BRANCH_FIX,
+        ),
+        (
+            k_slice_tensor,
+            "x[0:32]",
+            "`x[...]` cannot read a tensor in a kernel: load a tile with "
+            "`ct.load(x, index, shape)`, whose index counts tiles of that shape "
+            "(`x[0:32]` is `ct.load(x, (0,), (32,))`)",
+        ),
+        (
+            k_index_tensor,
+            "x[3]",
+            "`x[...]` cannot read a tensor in a kernel: load a tile with "
+            "`ct.load(x, index, shape)`, whose index counts tiles of that shape "
+            "(`x[8:12]` is `ct.load(x, (2,), (4,))`)",
+        ),
+        (
+            k_slice_tile,
+            "t[0:32]",
+            "a tile cannot be indexed or sliced (`t[...]`): load the part you need with "
+            "`ct.load(src, index, shape)`, pick elements with `ct.where(mask, tile, 0)` (masks "
+            "from `ct.arange`) and reduce, or take the one element of a size-1 tile with "
+            "`.item()`",
+        ),
+        (
+            k_slice_mut,
+            "z[:]",
+            "`z[...]` cannot read a tensor in a kernel: read this block's tile with `z.load()`, "
+            "or a sub-tile of it with `ct.load(z, index, shape)`",
+        ),
+        (
+            k_assign_into,
+            "z[0:32] =",
+            "`z[0:32] = ...` cannot write into a tensor or tile in a kernel: store a whole tile "
+            "with `z.store(tile)`, or a sub-tile with `ct.store(z, index, tile)`; to change some "
+            "elements of a tile, build a new one with `ct.where(mask, new, old)`",
+        ),
+    ],
+)
+def test_common_slips_say_what_to_write(fn: Callable[..., Any], needle: str, message: str) -> None:
+    with pytest.raises(ct.CompileError) as info:
+        ct.kernel(fn).ir(*SCALAR_ARGS)
+    err = info.value
+    if_line = line_of(fn, "if s > 0.0:") if "{if}" in message else 0
+    assert err.message == message.replace("{if}", str(if_line))
+    assert err.where is not None and err.where.line == line_of(fn, needle)
+    assert err.where.text[err.where.col - 1 :].startswith(needle)
