@@ -17,6 +17,7 @@ from cutile_py import ir
 from cutile_py.frontend import call_builtin
 from cutile_py.frontend.capture import CapturedFunction
 from cutile_py.frontend.errors import CompileError
+from cutile_py.frontend.limits import too_large
 from cutile_py.frontend.signature import Specialization
 from cutile_py.frontend.values import BoundMethod, ParamRef, Reduced, ShapeRef
 from cutile_py.ir import TileType, Value
@@ -384,7 +385,12 @@ class KernelBuilder:
     # -- expressions ------------------------------------------------------------------------
     def expr(self, e: ast.expr) -> Any:
         with self.at(e):
-            return self._expr(e)
+            value = self._expr(e)
+            # Every tile comes out of some expression: the innermost one that makes a tile too
+            # large to exist is where it is refused, before anything is planned per element.
+            if isinstance(value, Value) and (why := too_large(value.type.size, value.type.dtype)):
+                self.fail(why)
+            return value
 
     def _expr(self, e: ast.expr) -> Any:
         if isinstance(e, ast.Constant):
