@@ -195,7 +195,7 @@ def k_broadcast(
     elif K == 5:
         z.store(ct.where(rv > 0, 1.0, cv) * s)
     else:
-        z.store(rv)  # a row stored into every row of the tile
+        z.store(ct.broadcast_to(rv, z.shape))  # a row repeated in every row of the tile
 
 
 def np_broadcast(k: int, x: np.ndarray, rv: np.ndarray, cv: np.ndarray, s: float) -> Any:
@@ -379,7 +379,7 @@ def k_loop_rows(z: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn], W: ConstInt
         out = acc + 1.0
     else:
         out = acc - 1.0
-    z.store(out + ct.expand_dims(best, 1).astype(f32) * 0.0)
+    z.store(ct.broadcast_to(out + ct.expand_dims(best, 1).astype(f32) * 0.0, z.shape))
 
 
 def test_loop_carried_reduction_and_branch(backend: str, rng: np.random.Generator) -> None:
@@ -512,7 +512,7 @@ def test_misuse_is_a_compile_error_at_its_source(
     assert message in err.message
     assert err.where is not None and err.where.file == __file__
     assert err.where.line == line_of(fn, needle)
-    assert str(err).startswith(f"{__file__}:{err.where.line}:{err.where.col}: ")
+    assert str(err).startswith(f'File "{__file__}", line {err.where.line}, col {err.where.col}, ')
     assert needle in err.where.text[err.where.col - 1 :] or needle in err.where.text
 
 

@@ -17,8 +17,9 @@ from cutile_py import ir
 from cutile_py.frontend import call_builtin
 from cutile_py.frontend.capture import CapturedFunction
 from cutile_py.frontend.errors import CompileError
+from cutile_py.frontend.limits import too_large
 from cutile_py.frontend.signature import Specialization
-from cutile_py.frontend.values import BoundMethod, ParamRef, ShapeRef
+from cutile_py.frontend.values import BoundMethod, ParamRef, Reduced, ShapeRef
 from cutile_py.ir import TileType, Value, reference
 from cutile_py.ir.dtypes import (
     DType,
@@ -110,6 +111,8 @@ class KernelBuilder:
         #: use rebuilds the choice from the numbers in the type it needs (as the interpreter,
         #: which holds the number chosen).
         self.weak_choices: dict[Value, tuple[Value, Any, Any]] = {}
+        #: Tiles made by reductions that dropped axes, to catch their misaligned broadcasts.
+        self.reduced: dict[Value, Reduced] = {}
         self.node: ast.AST = cap.tree
 
     # -- errors -----------------------------------------------------------------------------
@@ -225,6 +228,15 @@ class KernelBuilder:
                 self.fail("tuple unpacking needs a tuple of the same length", target)
             for t, v in zip(target.elts, value):
                 self.assign(t, v)
+        elif isinstance(target, ast.Subscript):
+            name = ast.unparse(target.value)
+            self.fail(
+                f"`{ast.unparse(target)} = ...` cannot write into a tensor or tile in a kernel: "
+                f"store a whole tile with `{name}.store(tile)`, or a sub-tile with "
+                f"`ct.store({name}, index, tile)`; to change some elements of a tile, build a "
+                "new one with `ct.where(mask, new, old)`",
+                target,
+            )
         else:
             self.fail(
                 "only names can be assigned in kernels; write results with z.store(tile)", target
@@ -253,7 +265,11 @@ class KernelBuilder:
             self.fail("the step of range() must be a non-zero compile-time integer", it)
         lo_v, hi_v, step_v = (self.scalar_i32(v, it) for v in (lo, hi, step))
         assigned = assigned_names(s.body)
-        carried = [n for n in sorted(assigned) if n in self.env and n != s.target.id]
+        carried = [
+            n
+            for n in sorted(assigned)
+            if n in self.env and not isinstance(self.env[n], _Unreadable) and n != s.target.id
+        ]
         inits = [self.materialize(self.env[n], None, n) for n in carried]
         loop = self.b.for_loop(lo_v, hi_v, step_v, inits, descending=step < 0)
         before = dict(self.env)
@@ -274,7 +290,10 @@ class KernelBuilder:
                 outs.append(v)
             self.b.yield_(outs)
         self.env = before
-        self.env[s.target.id] = _LoopVariable(s.target.id)
+        self.env[s.target.id] = _Unreadable(
+            f"the loop variable '{s.target.id}' cannot be read after its loop; copy it into "
+            "a variable that the loop carries"
+        )
         for n, r in zip(carried, loop.results):
             self.env[n] = r
 
@@ -303,9 +322,12 @@ class KernelBuilder:
         merged: dict[str, Any] = {}
         results: list[tuple[str, Value, Value]] = []
         for n in names:
-            if n not in then_env or n not in else_env:
-                continue  # defined on one path only: not visible after the if
-            a, b = then_env[n], else_env[n]
+            a, b = then_env.get(n, _MISSING), else_env.get(n, _MISSING)
+            if not _readable(a) or not _readable(b):
+                unreadable = self.one_path(n, s, _readable(a), _readable(b), a, b)
+                if unreadable is not None:
+                    merged[n] = unreadable
+                continue
             if a is b or (
                 not isinstance(a, Value)
                 and not isinstance(b, Value)
@@ -337,10 +359,38 @@ class KernelBuilder:
         for (n, _, _), r in zip(results, op.results):
             self.env[n] = r
 
+    def one_path(
+        self, n: str, s: ast.If, in_if: bool, in_else: bool, a: Any, b: Any
+    ) -> _Unreadable | None:
+        """What `n` stands for after the `if` `s` when it has no value on some path (None:
+        nothing, as on neither path was it ever assigned)."""
+        line = self.cap.location(s).line
+        fix = "assign it before the `if` or in both branches"
+        if in_if:
+            if not s.orelse:
+                return _Unreadable(
+                    f"`{n}` is assigned only in the `if` branch at line {line}; {fix}"
+                )
+            return _Unreadable(
+                f"`{n}` is assigned in the `if` branch at line {line} but not in its `else` "
+                f"branch; {fix}"
+            )
+        if in_else:
+            return _Unreadable(
+                f"`{n}` is assigned only in the `else` branch of the `if` at line {line}; {fix}"
+            )
+        # Unreadable on both paths already (say, assigned in one branch of an inner `if`).
+        return a if isinstance(a, _Unreadable) else b if isinstance(b, _Unreadable) else None
+
     # -- expressions ------------------------------------------------------------------------
     def expr(self, e: ast.expr) -> Any:
         with self.at(e):
-            return self._expr(e)
+            value = self._expr(e)
+            # Every tile comes out of some expression: the innermost one that makes a tile too
+            # large to exist is where it is refused, before anything is planned per element.
+            if isinstance(value, Value) and (why := too_large(value.type.size, value.type.dtype)):
+                self.fail(why)
+            return value
 
     def _expr(self, e: ast.expr) -> Any:
         if isinstance(e, ast.Constant):
@@ -401,7 +451,10 @@ class KernelBuilder:
         if isinstance(e, ast.Attribute):
             return self.attribute(self.expr(e.value), e.attr, e)
         if isinstance(e, ast.Subscript):
-            return self.subscript(self.expr(e.value), self.expr(e.slice), e)
+            obj = self.expr(e.value)
+            if isinstance(obj, (ParamRef, Value)):  # before the index, which may be a slice
+                self.fail(_no_indexing(obj, ast.unparse(e.value), e.slice), e)
+            return self.subscript(obj, self.expr(e.slice), e)
         if isinstance(e, ast.Call):
             fn = self.expr(e.func)
             args = [self.expr(a) for a in e.args]
@@ -419,12 +472,8 @@ class KernelBuilder:
     def lookup(self, name: str, node: ast.AST) -> Any:
         if name in self.env:
             value = self.env[name]
-            if isinstance(value, _LoopVariable):
-                self.fail(
-                    f"the loop variable '{name}' cannot be read after its loop; copy it into "
-                    "a variable that the loop carries",
-                    node,
-                )
+            if isinstance(value, _Unreadable):
+                self.fail(value.message, node)
             return value
         value = self.lookup_global(name)
         if value is _MISSING:
@@ -506,8 +555,6 @@ class KernelBuilder:
                 return obj[index]
             except IndexError:
                 self.fail(f"index {index} is out of range for a tuple of length {len(obj)}", node)
-        if isinstance(obj, Value):
-            self.fail("indexing tiles is not supported; use ct.load with a tile index", node)
         self.fail(f"subscripting {type(obj).__name__} is not supported in kernels", node)
 
     # -- typing helpers -----------------------------------------------------------------------
@@ -568,9 +615,32 @@ class KernelBuilder:
         try:
             shape = broadcast_shapes(*shapes)
         except ValueError as e:
+            hints = [self.reduced[x] for x in xs if isinstance(x, Value) and x in self.reduced]
+            if hints:
+                self.fail(f"{e}: the {hints[0].call} dropped its axis; keep it with keepdims=True")
             self.fail(str(e))
+        for x in xs:
+            if isinstance(x, Value):
+                self.check_realigned(x, shape)
         out = [self.to_shape(self.operand(x, dtype), shape) for x in xs]
         return out, dtype, shape
+
+    def check_realigned(self, v: Value, shape: tuple[int, ...]) -> None:
+        """CompileError if broadcasting `v` to `shape` lines a reduction's result up with other
+        axes than those it came from: `t / ct.sum(t, axis=1)` of a square `t` divides row i by
+        the sum of row j (NumPy's rule, and never what was meant)."""
+        r = self.reduced.get(v)
+        if r is None or r.source_shape != shape:
+            return
+        trailing = tuple(range(len(shape) - len(r.kept), len(shape)))
+        if r.kept == trailing:
+            return  # e.g. a column sum of a 2-D tile: its broadcast puts it back in place
+        self.fail(
+            f"the {v.type.shape} result of {r.call} is broadcast back against a {shape} tile "
+            f"along axis {', '.join(map(str, trailing))}, not axis "
+            f"{', '.join(map(str, r.kept))} where it came from (NumPy's rule, which mixes up "
+            "rows here): keep the reduced axis with keepdims=True"
+        )
 
     def to_shape(self, v: Value, shape: tuple[int, ...]) -> Value:
         """`v` broadcast to `shape` (NumPy rules; the caller checked they apply): a lower
@@ -707,15 +777,70 @@ class KernelBuilder:
 _MISSING = object()
 
 
-class _LoopVariable:
-    """Stands for a `for` loop's variable after the loop (its last value is not kept)."""
+class _Unreadable:
+    """Stands for a name that exists but may not be read here: a `for` loop's variable after
+    the loop (its last value is not kept), or a name assigned on one path of an `if` only."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _readable(v: Any) -> bool:
+    return v is not _MISSING and not isinstance(v, _Unreadable)
 
 
 def _py_dtype(v: Any) -> type[DType]:
     return bool_ if isinstance(v, bool) else i32 if isinstance(v, int) else f32
+
+
+def _no_indexing(obj: ParamRef | Value, name: str, index: ast.expr) -> str:
+    """Why `name[index]` is refused, and what to write instead."""
+    if isinstance(obj, ParamRef) and obj.is_partition:
+        return (
+            f"`{name}[...]` cannot read a tensor in a kernel: read this block's tile with "
+            f"`{name}.load()`, or a sub-tile of it with `ct.load({name}, index, shape)`"
+        )
+    if isinstance(obj, ParamRef):
+        same = _as_load(index)
+        example = (
+            f"`{name}[{ast.unparse(index)}]` is `ct.load({name}, {same[0]}, {same[1]})`"
+            if same is not None
+            else f"`{name}[8:12]` is `ct.load({name}, (2,), (4,))`"
+        )
+        return (
+            f"`{name}[...]` cannot read a tensor in a kernel: load a tile with "
+            f"`ct.load({name}, index, shape)`, whose index counts tiles of that shape "
+            f"({example})"
+        )
+    if obj.type.is_scalar:
+        return f"`{name}` is a scalar; it cannot be indexed"
+    return (
+        f"a tile cannot be indexed or sliced (`{name}[...]`): load the part you need with "
+        "`ct.load(src, index, shape)`, pick elements with `ct.where(mask, tile, 0)` (masks "
+        "from `ct.arange`) and reduce, or take the one element of a size-1 tile with `.item()`"
+    )
+
+
+def _as_load(index: ast.expr) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The (index, shape) of the ct.load that reads what the constant slices `index` select
+    (`8:12` → ((2,), (4,))), or None where no tile index gives it."""
+    parts = index.elts if isinstance(index, ast.Tuple) else [index]
+    tile: list[int] = []
+    shape: list[int] = []
+    for p in parts:
+        if not isinstance(p, ast.Slice) or p.step is not None:
+            return None
+        lo = 0 if p.lower is None else _int_constant(p.lower)
+        hi = None if p.upper is None else _int_constant(p.upper)
+        if lo is None or hi is None or hi <= lo or lo % (hi - lo):
+            return None
+        tile.append(lo // (hi - lo))
+        shape.append(hi - lo)
+    return tuple(tile), tuple(shape)
+
+
+def _int_constant(e: ast.expr) -> int | None:
+    return e.value if isinstance(e, ast.Constant) and type(e.value) is int else None
 
 
 def _describe(x: Any) -> str:

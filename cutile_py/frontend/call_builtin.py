@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from cutile_py.frontend.inline import inline_helper
-from cutile_py.frontend.values import BoundMethod, ParamRef, ShapeRef
+from cutile_py.frontend.values import BoundMethod, ParamRef, Reduced, ShapeRef
 from cutile_py.ir import Value, reference
 from cutile_py.ir.builder import MAX_RANK
 from cutile_py.ir.dtypes import DType, bf16, bool_, convert_scalar, f16, f32, i32, is_dtype, op_type
@@ -127,29 +127,62 @@ def _method(
     # store
     if len(args) != 1 or kwargs:
         kb.fail(f"{recv.name}.store() takes one tile", node)
-    value = args[0]
-    if isinstance(value, Value):
-        try:
-            broadcast_to_shape(value.type.shape, tile_shape)
-        except ValueError:
-            kb.fail(
-                f"cannot store a tile of shape {value.type.shape} into '{recv.name}', whose "
-                f"tiles are {tile_shape}",
-                node,
-            )
-        if value.type.dtype is not recv.bound.dtype:
-            kb.fail(
-                f"cannot store a {value.type.dtype.name} tile into '{recv.name}' "
-                f"({recv.bound.dtype.name}); convert with .astype(ct.{recv.bound.dtype.name})",
-                node,
-            )
-        value = kb.to_shape(value, tile_shape)
-    elif isinstance(value, (bool, int, float)):
-        value = kb.b.broadcast(kb.constant(value, recv.bound.dtype), tile_shape)
-    else:
-        kb.fail(f"{recv.name}.store() needs a tile", node)
+    value = _stored_tile(kb, args[0], recv, f"{recv.name}.store()", node)
+    if value.type.shape != tile_shape:
+        kb.fail(
+            f"cannot store a tile of shape {value.type.shape} into '{recv.name}', whose tiles "
+            f"are {tile_shape}: a store takes a tile of exactly that shape; "
+            + _reshape_hint(value.type.shape, tile_shape),
+            node,
+        )
     kb.b.store(recv.index, index, value)
     return None
+
+
+def _stored_tile(kb: KernelBuilder, value: Any, dst: ParamRef, what: str, node: ast.AST) -> Value:
+    """`value` checked as a tile of `dst`'s dtype (its shape is the caller's to check): a
+    scalar is never spread over a tile implicitly, as a store takes a tile of exactly the
+    destination's shape."""
+    dtype = dst.bound.dtype.name
+    if isinstance(value, (bool, int, float)) or (isinstance(value, Value) and value.type.is_scalar):
+        kb.fail(
+            f"{what} takes a tile, not a scalar: fill one with ct.full(shape, value, ct.{dtype})",
+            node,
+        )
+    if not isinstance(value, Value):
+        kb.fail(f"{what} takes a tile, got {_what(value)}", node)
+    if value.type.dtype is not dst.bound.dtype:
+        kb.fail(
+            f"cannot store a {value.type.dtype.name} tile into '{dst.name}' "
+            f"({dtype}); convert with .astype(ct.{dtype})",
+            node,
+        )
+    return value
+
+
+def _dropped_axes(have: tuple[int, ...], want: tuple[int, ...]) -> list[int]:
+    """The axes `i` of `want` such that `want` without axis `i` is `have` (one dim lost)."""
+    if len(have) + 1 != len(want):
+        return []
+    return [i for i in range(len(want)) if want[:i] + want[i + 1 :] == have]
+
+
+def _reshape_hint(have: tuple[int, ...], want: tuple[int, ...]) -> str:
+    """What to do about a tile of shape `have` where one of shape `want` belongs."""
+    dropped = _dropped_axes(have, want)
+    if dropped:
+        i = dropped[-1]
+        axes = " or ".join(str(a) for a in dropped)
+        return (
+            f"it lacks axis {axes}: keep a reduced axis with keepdims=True "
+            f"(ct.sum(t, axis={i}, keepdims=True)), or repeat the tile along it with "
+            f"ct.broadcast_to(ct.expand_dims(tile, {i}), {want})"
+        )
+    try:
+        broadcast_to_shape(have, want)
+    except ValueError:
+        return f"make a tile of shape {want} (.reshape, ct.permute, or a load of that shape)"
+    return f"to repeat it, broadcast it explicitly with ct.broadcast_to(tile, {want})"
 
 
 def _param(kb: KernelBuilder, x: Any, what: str, node: ast.AST) -> ParamRef:
@@ -271,20 +304,18 @@ def _store(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> None:
             "parameter",
             node,
         )
-    value = a["tile"]
-    if not isinstance(value, Value) or value.type.is_scalar:
-        kb.fail("ct.store needs a tile (its shape is the sub-tile's)", node)
+    value = _stored_tile(kb, a["tile"], dst, "ct.store", node)
     shape = value.type.shape
     if len(shape) != dst.bound.rank:
         kb.fail(
             f"cannot store a rank-{len(shape)} tile into '{dst.name}', which has rank "
-            f"{dst.bound.rank}",
-            node,
-        )
-    if value.type.dtype is not dst.bound.dtype:
-        kb.fail(
-            f"cannot store a {value.type.dtype.name} tile into '{dst.name}' "
-            f"({dst.bound.dtype.name}); convert with .astype(ct.{dst.bound.dtype.name})",
+            f"{dst.bound.rank}: ct.store takes a tile of exactly the sub-tile's shape; "
+            + (
+                "if it comes from a reduction, keep the reduced axis with keepdims=True, or "
+                "add the axis with ct.expand_dims(tile, axis)"
+                if len(shape) + 1 == dst.bound.rank
+                else "give it that rank with .reshape"
+            ),
             node,
         )
     within = _within(kb, dst, shape, "ct.store writes", node)
@@ -392,7 +423,13 @@ def _reduction(kb: KernelBuilder, node: ast.AST, kind: str, a: dict[str, Any]) -
         v = kb.b.cast(v, dtype)
     if keepdims:
         return v
-    return kb.b.reshape(v, tuple(d for i, d in enumerate(shape) if i not in axes))
+    out = kb.b.reshape(v, tuple(d for i, d in enumerate(shape) if i not in axes))
+    if out.type.shape:
+        line = kb.cap.location(node).line
+        which = str(axes[0]) if len(axes) == 1 else str(tuple(axes))
+        call = f"ct.{kind}(..., axis={which}) at line {line}"
+        kb.reduced[out] = Reduced(shape, tuple(axes), call)
+    return out
 
 
 def _load_tile_like(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:

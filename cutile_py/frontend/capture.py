@@ -35,7 +35,11 @@ class CapturedFunction:
         line = self.first_line + rel - 1
         col = getattr(node, "col_offset", 0) + self.indent + 1
         text = self.lines[rel - 1] if 0 < rel <= len(self.lines) else ""
-        return SourceLocation(self.file, line, col, text)
+        end = getattr(node, "end_col_offset", None)
+        # An expression spanning lines is underlined to the end of its first line.
+        same_line = getattr(node, "end_lineno", None) == rel
+        end_col = end + self.indent + 1 if end is not None and same_line else None
+        return SourceLocation(self.file, line, col, text, end_col)
 
     def error(self, node: ast.AST, message: str) -> CompileError:
         return CompileError(message, self.location(node), self.name)

@@ -56,7 +56,7 @@ def inline_helper(
                 kb.block([stmt])
         return result
     except CompileError as e:
-        raise e.through_helper(name, call_site) from None
+        raise e.through_helper(name, call_site, saved[0].name) from None
     finally:
         kb.helper_stack.pop()
         kb.cap, kb.env, kb.globals, kb.node = saved

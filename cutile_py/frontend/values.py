@@ -37,3 +37,17 @@ class BoundMethod:
 
     receiver: Any
     name: str
+
+
+@dataclass(frozen=True)
+class Reduced:
+    """How a tile came out of a reduction that dropped axes (`keepdims=False`): the shape it
+    was reduced from, the dropped axes and the call, for misaligned-broadcast errors."""
+
+    source_shape: tuple[int, ...]
+    axes: tuple[int, ...]
+    call: str  # e.g. "ct.sum(..., axis=1) at line 9"
+
+    @property
+    def kept(self) -> tuple[int, ...]:
+        return tuple(i for i in range(len(self.source_shape)) if i not in self.axes)

@@ -3,14 +3,16 @@ and on disk (PTX only; see `jit_disk` and `cutile_py.runtime.disk_cache`)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import linecache
 import sys
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 from cutile_py.frontend.build_ir import build_kernel
 from cutile_py.frontend.capture import CapturedFunction, capture
@@ -45,6 +47,25 @@ COMPILER_VERSION = f"0.1.0+{_compiler_digest()}"
 
 #: The most K-loop iterations a kernel may ask the cp.async pipeline to load ahead.
 MAX_STAGES = 8
+
+
+_P = typing.ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def user_boundary(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`method` as the user sees it: a CompileError leaves it with the compiler's own frames
+    cut from its traceback, so that the user's call is the last frame shown before the error,
+    which itself shows the kernel's source line (as Python shows a SyntaxError)."""
+
+    @functools.wraps(method)
+    def at_boundary(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except CompileError as err:
+            raise err.with_traceback(None) from None  # the kernel's source line is shown below
+
+    return at_boundary
 
 
 @dataclass(frozen=True)
@@ -247,6 +268,7 @@ class Kernel:
         return CompiledKernel(None, ir_text, lowered, build_ir=lambda: self.compiled(spec, None).ir)
 
     # -- inspection (launches nothing) ---------------------------------------------------------
+    @user_boundary
     def compile(
         self, *args: Any, target: Target | str | int | None = None, **kwargs: Any
     ) -> CompiledKernel:
@@ -255,17 +277,20 @@ class Kernel:
         spec = self.specialize(self.bind_arguments(args, kwargs))
         return self.compiled(spec, parse_target(target) or _default_target())
 
+    @user_boundary
     def ptx(self, *args: Any, target: Target | str | int | None = None, **kwargs: Any) -> str:
         """The PTX module text for these arguments (see `compile` for `target`)."""
         lowered = self.compile(*args, target=target, **kwargs).lowered
         assert lowered is not None
         return lowered.ptx
 
+    @user_boundary
     def ir(self, *args: Any, **kwargs: Any) -> str:
         """The tile IR for these arguments, printed."""
         spec = self.specialize(self.bind_arguments(args, kwargs))
         return self.compiled(spec, None).ir_text
 
+    @user_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from cutile_py.host.device_op import DeviceOp
 

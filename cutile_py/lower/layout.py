@@ -73,6 +73,10 @@ class Blocked:
         """Threads that hold distinct elements; the others (tid >= used) are replicas."""
         return prod(self.threads)
 
+    def held(self, d: int) -> int:
+        """How many elements one thread holds along dim d: `len(offsets(d))`, in O(1)."""
+        return self.reps(d) * self.unit(d)
+
     def offsets(self, d: int) -> list[int]:
         """Static element offsets of one thread along dim d (thread part excluded)."""
         u = self.unit(d)
@@ -116,11 +120,11 @@ class Layout:
         """The register holding the element at `offsets` (extra dims are ignored)."""
         k = 0
         for d in self.present:
-            k = k * len(self.base.offsets(d)) + self.base.position(d, offsets[d])
+            k = k * self.base.held(d) + self.base.position(d, offsets[d])
         return k
 
     def count(self) -> int:
-        return prod(len(self.base.offsets(d)) for d in self.present)
+        return prod(self.base.held(d) for d in self.present)
 
     def restricted(self, dims: tuple[int | None, ...]) -> Layout:
         return Layout(self.base, dims)
