@@ -7,7 +7,7 @@ import hashlib
 import inspect
 import linecache
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
@@ -55,8 +55,9 @@ class CacheKey:
     target: Target | None  # None: IR only (the interpreter)
     fast_math: bool
     stages: int | None
-    #: Values of the globals and closure variables the kernel reads (see `fingerprint`).
-    deps: tuple[tuple[str, Any], ...] = ()
+    #: What the kernel and its helpers read from outside, at any depth: globals, closure
+    #: variables, module attributes (see `CapturedFunction.fingerprint`).
+    deps: tuple[tuple[tuple[str, ...], Hashable], ...] = ()
     compiler: str = COMPILER_VERSION
 
 
