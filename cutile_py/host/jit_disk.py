@@ -23,9 +23,11 @@ import json
 import types
 from typing import Any, TypeVar
 
+from cutile_py.frontend.build_ir import ir_params
 from cutile_py.frontend.capture import CapturedFunction, capture_helper, float_bits
 from cutile_py.frontend.errors import CompileError
-from cutile_py.lower.emit_ptx import PtxParam
+from cutile_py.frontend.signature import Specialization
+from cutile_py.lower.emit_ptx import PtxParam, entry_name, entry_params
 from cutile_py.lower.pipeline import LoweredKernel
 from cutile_py.ptx.target import Target
 
@@ -148,6 +150,24 @@ def encode(lowered: LoweredKernel, ir_text: str) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
 
+def param_map(spec: Specialization) -> tuple[PtxParam, ...]:
+    """Which argument each `.param` of a specialization's entry carries, derived from its
+    signature exactly as the compiler derives it (never read from disk)."""
+    return entry_params(ir_params(spec))
+
+
+def mismatch(lowered: LoweredKernel, name: str, spec: Specialization, target: Target) -> str | None:
+    """Why a lowered kernel read from disk is not one the compiler would have made for this
+    kernel `name`, specialization and target (None if nothing says so)."""
+    if lowered.target.sm != target.sm:
+        return f"it was compiled for {lowered.target.name}, not {target.name}"
+    if lowered.entry != entry_name(name):
+        return f"its entry is {lowered.entry!r}, not {entry_name(name)!r}"
+    if lowered.params != param_map(spec):
+        return "its parameter map does not match the kernel's signature"
+    return None
+
+
 def decode(payload: bytes) -> tuple[LoweredKernel, str] | None:
     """The inverse of `encode`; None if the payload is not one (the caller recompiles)."""
     try:
@@ -169,5 +189,5 @@ def decode(payload: bytes) -> tuple[LoweredKernel, str] | None:
             params.append(PtxParam(arg, what, axis, ptype))
         lowered = LoweredKernel(ptx, entry, threads, tuple(params), Target(sm), dynamic)
         return lowered, ir_text
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):
         return None
