@@ -319,3 +319,12 @@ def test_an_entry_only_the_user_could_write_is_trusted_like_their_code(
         warnings.simplefilter("error")
         z, _ = run(x, y)
     np.testing.assert_array_equal(z, x + y)
+
+
+def test_show_says_why_a_directory_is_refused(cache_dir: Path) -> None:
+    from cutile_py.cache import show
+
+    DiskCache(cache_dir).put("a" * 64, b"payload")
+    assert "refused" not in show(DiskCache(cache_dir))
+    cache_dir.chmod(0o775)
+    assert "refused:  group or others may write to it (mode 0775)" in show(DiskCache(cache_dir))
