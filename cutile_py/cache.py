@@ -2,7 +2,8 @@
 
 `show` prints the cache's location, its entries (kernel, target, size, last use) with
 `--verbose`, their number, total size against the bound, and the oldest and newest entry;
-`clear` deletes them all. The location is `CUTILE_PY_CACHE_DIR` if set, else the user cache
+`clear` deletes them all. A directory that someone else could write is refused by launches,
+and `show` says why. The location is `CUTILE_PY_CACHE_DIR` if set, else the user cache
 directory (see `cutile_py.runtime.disk_cache`).
 """
 
@@ -38,6 +39,9 @@ def show(cache: DiskCache, verbose: bool = False) -> str:
         f"entries:  {len(entries)}",
         f"size:     {_size(total)} of {_size(cache.max_bytes)}",
     ]
+    distrust = cache.check_directory()
+    if distrust is not None:
+        lines.append(f"refused:  {distrust}; kernels compile in memory only (see the warning)")
     if entries:
         lines.append(f"oldest:   {_when(entries[0].mtime)}")
         lines.append(f"newest:   {_when(entries[-1].mtime)}")

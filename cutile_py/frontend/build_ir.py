@@ -90,6 +90,19 @@ PY_BUILTINS = frozenset(
 )
 
 
+def ir_params(spec: Specialization) -> tuple[ir.Param, ...]:
+    """The IR parameters of a specialization (they depend on the signature alone, not the body)."""
+    params: list[ir.Param] = []
+    for bp in spec.params:
+        ps = bp.spec
+        if ps.kind in ("tensor", "partition"):
+            mut = ps.kind == "partition"
+            params.append(ir.TensorParam(ps.name, bp.dtype, bp.rank, mut, bp.static_dims, bp.align))
+        else:
+            params.append(ir.ScalarParam(ps.name, bp.dtype, bp.value))
+    return tuple(params)
+
+
 class KernelBuilder:
     def __init__(
         self,
@@ -134,31 +147,19 @@ class KernelBuilder:
 
     # -- entry ------------------------------------------------------------------------------
     def build(self) -> ir.Kernel:
-        params: list[ir.Param] = []
+        params = ir_params(self.spec)
         values: list[Value | None] = []
         for i, bp in enumerate(self.spec.params):
             spec = bp.spec
             if spec.kind in ("tensor", "partition"):
-                params.append(
-                    ir.TensorParam(
-                        spec.name,
-                        bp.dtype,
-                        bp.rank,
-                        spec.kind == "partition",
-                        bp.static_dims,
-                        bp.align,
-                    )
-                )
                 values.append(None)
                 self.env[spec.name] = ParamRef(i, bp)
             elif spec.kind == "scalar":
-                params.append(ir.ScalarParam(spec.name, bp.dtype))
                 v = Value(scalar(bp.dtype), spec.name)
                 values.append(v)
                 self.env[spec.name] = v
             else:
                 self.env[spec.name] = bp.value
-                params.append(ir.ScalarParam(spec.name, bp.dtype, bp.value))
                 values.append(None)
         body = self.cap.tree.body
         self.block(body, top=True)
@@ -167,7 +168,7 @@ class KernelBuilder:
             self.fail("all Mut parameters must have the same rank (they share the launch grid)")
         kernel = ir.Kernel(
             self.cap.name,
-            tuple(params),
+            params,
             tuple(values),
             self.b.region,
             grid_rank=max(ranks, default=1),

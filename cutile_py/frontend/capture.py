@@ -1,15 +1,19 @@
-"""Capturing a kernel at definition: its source, AST, file position and the names it can see."""
+"""Capturing a kernel at definition: its source, AST, file position and the names it can see;
+and what it reads from outside (names, module attributes, helpers), the input of its cache keys."""
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import hashlib
 import inspect
+import struct
 import textwrap
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from cutile_py.frontend.errors import CompileError, SourceLocation
 
@@ -29,6 +33,9 @@ class CapturedFunction:
     #: Local names of the scope the kernel was defined in (for string annotations and TypeVars
     #: defined in a function); module globals are read live from `fn.__globals__`.
     scope: dict[str, Any]
+    #: Each free name the body reads, and each attribute chain read from one (`settings.EPS`
+    #: is ("settings", "EPS")), sorted.
+    read_paths: tuple[tuple[str, ...], ...] = ()
 
     def location(self, node: ast.AST) -> SourceLocation:
         rel = getattr(node, "lineno", 1)
@@ -44,27 +51,65 @@ class CapturedFunction:
     def error(self, node: ast.AST, message: str) -> CompileError:
         return CompileError(message, self.location(node), self.name)
 
-    def fingerprint(self) -> tuple[tuple[str, Any], ...]:
-        """The current values of the names the body reads from outside (globals, closure,
-        defining scope): part of the JIT cache key, so that a changed constant recompiles.
-        Numbers and strings count by value, anything else (modules, functions) by identity."""
-        closure = dict(zip(self.fn.__code__.co_freevars, self.fn.__closure__ or ()))
-        glob = self.fn.__globals__
-        out = []
-        for name in self.free_names:
-            if name in closure:
-                try:
-                    value = closure[name].cell_contents
-                except ValueError:
-                    continue
-            elif name in self.scope:
-                value = self.scope[name]
-            elif name in glob:
-                value = glob[name]
-            else:
+    @functools.cached_property
+    def _cells(self) -> dict[str, Any]:
+        """The closure's cells by name (fixed per function object; their contents are not)."""
+        return dict(zip(self.fn.__code__.co_freevars, self.fn.__closure__ or ()))
+
+    def lookup(self, name: str) -> Any:
+        """The current value of a name the body reads from outside: the closure's, else the
+        defining scope's, else the module's; `UNBOUND` if none has it (a builtin)."""
+        cell = self._cells.get(name)
+        if cell is not None:
+            try:
+                return cell.cell_contents
+            except ValueError:  # a free variable not yet bound
+                return UNBOUND
+        if name in self.scope:
+            return self.scope[name]
+        return self.fn.__globals__.get(name, UNBOUND)
+
+    @functools.cached_property
+    def _read_plan(self) -> tuple[tuple[str, tuple[tuple[str, ...], ...]], ...]:
+        """`read_paths` grouped by their first name."""
+        roots: dict[str, list[tuple[str, ...]]] = {}
+        for path in self.read_paths:
+            roots.setdefault(path[0], []).append(path)
+        return tuple((root, tuple(paths)) for root, paths in roots.items())
+
+    def reads(self) -> list[tuple[tuple[str, ...], Any]]:
+        """(path, current value) of everything the body reads from outside: each name, and
+        each attribute chain read from a module (`settings.EPS`, `a.b.c`, followed while the
+        value is a module). A name whose value is not a module, or is one of cutile_py's own
+        (the compiler version covers those), is one read of the name itself. Unbound names
+        (builtins) are left out."""
+        out: list[tuple[tuple[str, ...], Any]] = []
+        for root, paths in self._read_plan:
+            value = self.lookup(root)
+            if value is UNBOUND:
                 continue
-            out.append((name, _value_key(value)))
-        return tuple(out)
+            if not isinstance(value, types.ModuleType) or _is_ours(value):
+                out.append(((root,), value))
+                continue
+            for path in paths:
+                v = value
+                for attr in path[1:]:
+                    if not isinstance(v, types.ModuleType) or _is_ours(v):
+                        break
+                    try:
+                        v = getattr(v, attr)
+                    except Exception:  # a module's __getattr__ may raise anything
+                        v = UNBOUND
+                        break
+                out.append((path, v))
+        return out
+
+    def fingerprint(self) -> tuple[tuple[tuple[str, ...], Hashable], ...]:
+        """The in-memory cache key of what the body reads (see `reads`), through every helper
+        it calls, at any depth: numbers and strings by value (floats by their bits), tuples
+        item by item, user functions by identity and, recursively, what they read; anything
+        else by identity. A changed constant, module attribute or helper recompiles."""
+        return _fingerprint(self, ())
 
     def visible_names(self) -> dict[str, Any]:
         """Module globals, shadowed by the defining scope's locals and the closure's variables."""
@@ -106,6 +151,7 @@ def capture(fn: Callable[..., Any], scope: dict[str, Any] | None = None) -> Capt
                 node.end_lineno -= offset
     body_lines = tuple(line.rstrip("\n") for line in lines[offset:])
     digest = hashlib.sha256(source.encode()).hexdigest()
+    free = _free_names(fdef)
     return CapturedFunction(
         fn=fn,
         name=getattr(fn, "__name__", name),
@@ -116,7 +162,8 @@ def capture(fn: Callable[..., Any], scope: dict[str, Any] | None = None) -> Capt
         tree=fdef,
         source_hash=digest,
         scope=dict(scope or {}),
-        free_names=_free_names(fdef),
+        free_names=free,
+        read_paths=_read_paths(fdef, frozenset(free)),
     )
 
 
@@ -130,9 +177,117 @@ def _free_names(fdef: ast.FunctionDef) -> tuple[str, ...]:
     return tuple(sorted(loads - stores - params))
 
 
-def _value_key(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
+def _read_paths(fdef: ast.FunctionDef, free: frozenset[str]) -> tuple[tuple[str, ...], ...]:
+    """The longest name or attribute chain read at each place, for chains rooted at a free name."""
+    paths: set[tuple[str, ...]] = set()
+    # The body only: annotations, defaults and decorators were evaluated at the definition.
+    stack: list[ast.AST] = list(fdef.body)
+    while stack:
+        node = stack.pop()
+        chain = _chain(node)
+        if chain is not None:
+            if chain[0] in free:
+                paths.add(chain)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+    return tuple(sorted(paths))
+
+
+def _chain(node: ast.AST) -> tuple[str, ...] | None:
+    """`a.b.c` read as ("a", "b", "c"); None if `node` is not such a read."""
+    attrs: list[str] = []
+    while isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+        attrs.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+        return (node.id, *reversed(attrs))
+    return None
+
+
+class _Unbound:
+    def __repr__(self) -> str:
+        return "UNBOUND"
+
+
+#: What `CapturedFunction.lookup` returns for a name bound nowhere the kernel can see.
+UNBOUND: Any = _Unbound()
+
+_HELPERS: dict[Callable[..., Any], CapturedFunction] = {}
+#: Functions whose source cannot be read: keyed by identity alone, not tried at every launch.
+_NO_SOURCE: set[Callable[..., Any]] = set()
+
+
+def capture_helper(fn: Callable[..., Any]) -> CapturedFunction:
+    """`capture(fn)`, once per function object (a helper is captured when first called or
+    keyed, and reused by every kernel); CompileError if its source cannot be read."""
+    cap = _HELPERS.get(fn)
+    if cap is None:
+        cap = _HELPERS[fn] = capture(fn)
+    return cap
+
+
+def is_user_function(value: object) -> bool:
+    """A plain Python function outside cutile_py (a helper whose body a kernel may inline)."""
+    return isinstance(value, types.FunctionType) and not _is_ours(value)
+
+
+def _is_ours(value: object) -> bool:
+    module = value.__name__ if isinstance(value, types.ModuleType) else value.__module__
+    return isinstance(module, str) and (module == "cutile_py" or module.startswith("cutile_py."))
+
+
+def float_bits(value: float) -> int:
+    """The IEEE bits of a float: 0.0 and -0.0 differ, and every NaN equals itself."""
+    return int.from_bytes(struct.pack("<d", value), "little")
+
+
+class _Identity:
+    """A key part equal only to the same object; it holds the object, so that its `id` is not
+    reused by another while the key lives."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: object) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+
+def _fingerprint(
+    cap: CapturedFunction, stack: tuple[int, ...]
+) -> tuple[tuple[tuple[str, ...], Hashable], ...]:
+    stack = (*stack, id(cap.fn))
+    return tuple((path, _value_key(value, stack)) for path, value in cap.reads())
+
+
+def _value_key(value: Any, stack: tuple[int, ...]) -> Hashable:
+    if value is None or isinstance(value, (bool, int, str)):
         return (type(value).__name__, value)
+    if isinstance(value, float):
+        return (type(value).__name__, float_bits(value))
     if isinstance(value, tuple):
-        return tuple(_value_key(v) for v in value)
-    return ("id", id(value))
+        return ("tuple", tuple(_value_key(v, stack) for v in value))
+    if is_user_function(value) and id(value) not in stack and value not in _NO_SOURCE:
+        try:
+            helper = capture_helper(value)
+        except CompileError:
+            _NO_SOURCE.add(value)
+            return cast(Hashable, value)
+        return (value, _fingerprint(helper, stack))
+    if isinstance(value, _BY_IDENTITY):
+        return cast(Hashable, value)  # equal only to itself, and held by the key
+    return ("id", _Identity(value))
+
+
+#: Types whose equality is identity: their objects key as themselves.
+_BY_IDENTITY = (
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    TypeVar,
+)

@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cutile_py.frontend.capture import CapturedFunction, capture
+from cutile_py.frontend.capture import capture_helper
 from cutile_py.frontend.errors import CompileError
 
 if TYPE_CHECKING:
@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
 #: Deeper nesting than this is taken as unbounded recursion.
 MAX_DEPTH = 32
-_captured: dict[Callable[..., Any], CapturedFunction] = {}
 
 
 def inline_helper(
@@ -27,9 +26,7 @@ def inline_helper(
 ) -> Any:
     """Evaluate the helper's body with its parameters bound to the call's values; the value of
     its final `return` is the call's value."""
-    cap = _captured.get(fn)
-    if cap is None:
-        cap = _captured[fn] = capture(fn)
+    cap = capture_helper(fn)
     name = cap.name
     if len(kb.helper_stack) >= MAX_DEPTH:
         kb.fail(

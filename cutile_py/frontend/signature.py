@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import inspect
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cutile_py.frontend.capture import CapturedFunction
+from cutile_py.frontend.capture import CapturedFunction, float_bits
 from cutile_py.ir.dtypes import DType, bool_, f32, i32, is_dtype
 from cutile_py.language.annotations import Constant, Dyn, Mut, is_tensor_class
 
@@ -53,7 +53,19 @@ class BoundParam:
     static_dims: tuple[int | None, ...] = ()
     #: Largest power of two (≤ 16) dividing the tensor's last dim: the widest aligned vector.
     align: int = 1
-    value: int | float | bool | None = None  # for constants
+    #: For constants. Compared through `value_key`: 0.0 and -0.0 compile differently, and a
+    #: NaN must equal itself for its compiled code to be found again.
+    value: int | float | bool | None = field(default=None, compare=False)
+    value_key: tuple[str, int] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        v = self.value
+        key = (
+            None
+            if v is None
+            else (type(v).__name__, float_bits(v) if isinstance(v, float) else int(v))
+        )
+        object.__setattr__(self, "value_key", key)
 
 
 @dataclass(frozen=True)

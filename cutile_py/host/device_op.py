@@ -111,6 +111,7 @@ class DeviceOp(OpLike):
         """This launch with its parameters bound (None where the kernel's Python runs)."""
         if self.compiled.lowered is None or not self.backend.runs_ptx:
             return None
+        self.compiled.load(self.backend)  # PTX from disk that does not load recompiles here
         return kernel_launch(
             self.backend, self.compiled.lowered, self.grid, self.args, self.compiled.loaded
         )
@@ -163,6 +164,7 @@ class DeviceOp(OpLike):
     def _start(self, stream: object | None = None) -> Completion:
         """Queue the work on the backend (or run it, on the CPU backends)."""
         if self.compiled.lowered is not None and self.backend.runs_ptx:
+            self.compiled.load(self.backend)  # PTX from disk that does not load recompiles here
             return launch_ptx(
                 self.backend,
                 self.compiled.lowered,

@@ -1,13 +1,17 @@
 """The disk side of the JIT cache: a process-independent key for a specialization, and a
 compiled kernel's lowered form as plain data (see `cutile_py.runtime.disk_cache`).
 
-The in-memory key (`kernel.CacheKey`) holds objects and, for modules and functions a kernel
-reads, their `id()`: fine within a process, meaningless in the next. The disk key is built from
+The in-memory key (`kernel.CacheKey`) holds objects, and user functions, modules and other
+objects by identity: fine within a process, meaningless in the next. The disk key is built from
 a stable textual form of the same things instead: the kernel's source hash and qualname, the
-specialization (dtypes by name), the values of the names the kernel reads (helper functions by
-their source hash and, recursively, what they read), the target, the kernel's options
-(fast_math, stages) and the compiler version. A value with no stable form (an arbitrary object)
-makes the kernel uncacheable on disk; it still compiles and caches in memory.
+specialization (dtypes by name, floats by their bits), the values of the names and module
+attributes the kernel reads (`CapturedFunction.reads`; helper functions by their source hash
+and, recursively, what they read), the target, the kernel's options (fast_math, stages) and the
+compiler version. A value with no stable form (an arbitrary object) makes the kernel uncacheable
+on disk; it still compiles and caches in memory.
+
+What a payload says is checked before use: the parameter map (which argument each `.param`
+carries) is recomputed from the specialization (`param_map`), never taken from disk.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ import json
 import types
 from typing import Any, TypeVar
 
-from cutile_py.frontend.capture import CapturedFunction, capture
+from cutile_py.frontend.build_ir import ir_params
+from cutile_py.frontend.capture import CapturedFunction, capture_helper, float_bits
 from cutile_py.frontend.errors import CompileError
-from cutile_py.lower.emit_ptx import PtxParam
+from cutile_py.frontend.signature import Specialization
+from cutile_py.lower.emit_ptx import PtxParam, entry_name, entry_params
 from cutile_py.lower.pipeline import LoweredKernel
 from cutile_py.ptx.target import Target
 
@@ -49,7 +55,7 @@ def stable_form(value: Any, seen: set[int] | None = None) -> Any:
     if value is None or isinstance(value, (bool, int, str)):
         return [type(value).__name__, value]
     if isinstance(value, float):
-        return ["float", value.hex()]
+        return ["float", float_bits(value)]
     if isinstance(value, (tuple, list)):
         return [type(value).__name__, [stable_form(v, seen) for v in value]]
     if isinstance(value, (frozenset, set)):
@@ -76,7 +82,7 @@ def stable_form(value: Any, seen: set[int] | None = None) -> Any:
         return ["cutile_py", _qual(value)]
     if isinstance(value, types.FunctionType):
         try:
-            cap = capture(value)
+            cap = capture_helper(value)
         except CompileError as e:
             raise Unstable(f"cannot read the source of {_qual(value)}") from e
         return ["function", _qual(value), *_function_form(cap, seen)]
@@ -94,11 +100,10 @@ def _function_form(cap: CapturedFunction, seen: set[int]) -> list[Any]:
 
 
 def stable_deps(cap: CapturedFunction, seen: set[int] | None = None) -> list[Any]:
-    """The stable form of the values of the names `cap`'s body reads from outside (the same
-    names and lookup order as `CapturedFunction.fingerprint`)."""
-    names = cap.visible_names()
+    """The stable form of the values of the names and module attributes `cap`'s body reads
+    from outside (the same reads as `CapturedFunction.fingerprint`)."""
     seen = set() if seen is None else seen
-    return [[n, stable_form(names[n], seen)] for n in cap.free_names if n in names]
+    return [[list(path), stable_form(value, seen)] for path, value in cap.reads()]
 
 
 def disk_key(
@@ -145,6 +150,24 @@ def encode(lowered: LoweredKernel, ir_text: str) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
 
+def param_map(spec: Specialization) -> tuple[PtxParam, ...]:
+    """Which argument each `.param` of a specialization's entry carries, derived from its
+    signature exactly as the compiler derives it (never read from disk)."""
+    return entry_params(ir_params(spec))
+
+
+def mismatch(lowered: LoweredKernel, name: str, spec: Specialization, target: Target) -> str | None:
+    """Why a lowered kernel read from disk is not one the compiler would have made for this
+    kernel `name`, specialization and target (None if nothing says so)."""
+    if lowered.target.sm != target.sm:
+        return f"it was compiled for {lowered.target.name}, not {target.name}"
+    if lowered.entry != entry_name(name):
+        return f"its entry is {lowered.entry!r}, not {entry_name(name)!r}"
+    if lowered.params != param_map(spec):
+        return "its parameter map does not match the kernel's signature"
+    return None
+
+
 def decode(payload: bytes) -> tuple[LoweredKernel, str] | None:
     """The inverse of `encode`; None if the payload is not one (the caller recompiles)."""
     try:
@@ -166,5 +189,5 @@ def decode(payload: bytes) -> tuple[LoweredKernel, str] | None:
             params.append(PtxParam(arg, what, axis, ptype))
         lowered = LoweredKernel(ptx, entry, threads, tuple(params), Target(sm), dynamic)
         return lowered, ir_text
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):
         return None

@@ -9,7 +9,7 @@ import inspect
 import linecache
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -26,7 +26,7 @@ from cutile_py.ir import print_kernel
 from cutile_py.lower.emit_ptx import LoweringError
 from cutile_py.lower.pipeline import LoweredKernel, lower_kernel
 from cutile_py.ptx.target import Target
-from cutile_py.runtime.backend import LoadedKernel
+from cutile_py.runtime.backend import Backend, LoadedKernel, RuntimeFailure
 from cutile_py.runtime.disk_cache import default_cache
 
 
@@ -76,8 +76,9 @@ class CacheKey:
     target: Target | None  # None: IR only (the interpreter)
     fast_math: bool
     stages: int | None
-    #: Values of the globals and closure variables the kernel reads (see `fingerprint`).
-    deps: tuple[tuple[str, Any], ...] = ()
+    #: What the kernel and its helpers read from outside, at any depth: globals, closure
+    #: variables, module attributes (see `CapturedFunction.fingerprint`).
+    deps: tuple[tuple[tuple[str, ...], Hashable], ...] = ()
     compiler: str = COMPILER_VERSION
 
 
@@ -85,7 +86,8 @@ class CompiledKernel:
     """A specialization's IR and, for a target, its PTX.
 
     Read from the disk cache, it has the PTX and the printed IR but not the IR itself; `ir` then
-    builds it on first use (through `build_ir`)."""
+    builds it on first use (through `build_ir`), and `recompile` stands by in case its PTX does
+    not load."""
 
     def __init__(
         self,
@@ -94,6 +96,7 @@ class CompiledKernel:
         lowered: LoweredKernel | None,
         loaded: dict[str, LoadedKernel] | None = None,
         build_ir: Callable[[], KernelIR] | None = None,
+        recompile: Callable[[str], CompiledKernel] | None = None,
     ) -> None:
         if ir is None and build_ir is None:
             raise ValueError("CompiledKernel needs its IR or a way to build it")
@@ -103,6 +106,7 @@ class CompiledKernel:
         self.lowered = lowered
         #: The module loaded on each backend (by name), so a launch does not look it up again.
         self.loaded: dict[str, LoadedKernel] = {} if loaded is None else loaded
+        self._recompile = recompile
 
     @property
     def ir(self) -> KernelIR:
@@ -111,6 +115,28 @@ class CompiledKernel:
             self._ir = self._build_ir()
             self._build_ir = None
         return self._ir
+
+    def load(self, backend: Backend) -> LoadedKernel:
+        """The module loaded on `backend`, once. PTX from the disk cache that does not load
+        is compiled again from the source (the entry replaced, with one warning): a cache
+        entry never fails a launch that compiling would not."""
+        kern = self.loaded.get(backend.name)
+        if kern is not None:
+            return kern
+        assert self.lowered is not None
+        try:
+            kern = backend.load_kernel(self.lowered.ptx, self.lowered.entry)
+        except RuntimeFailure as e:
+            if self._recompile is None:
+                raise
+            fresh, self._recompile = self._recompile(str(e)), None
+            self._ir, self._build_ir = fresh._ir, fresh._build_ir
+            self.ir_text, self.lowered = fresh.ir_text, fresh.lowered
+            self.loaded.clear()  # modules of the PTX read from disk
+            assert self.lowered is not None
+            kern = backend.load_kernel(self.lowered.ptx, self.lowered.entry)
+        self.loaded[backend.name] = kern
+        return kern
 
     def __repr__(self) -> str:
         where = "none" if self.lowered is None else self.lowered.target.name
@@ -203,12 +229,9 @@ class Kernel:
             STATS.hits += 1
             return hit
         STATS.misses += 1
-        ir_key = CacheKey(
-            key.source_hash, key.qualname, spec, None, self.fast_math, self.stages, deps
-        )
-        base = _CACHE.get(ir_key)
-        disk_key = None
-        if target is not None:
+        if target is None:
+            result = self._build(spec, deps)
+        else:
             disk_key = jit_disk.disk_key(
                 captured=self.captured,
                 qualname=self.__qualname__,
@@ -218,24 +241,48 @@ class Kernel:
                 stages=self.stages,
                 compiler=COMPILER_VERSION,
             )
-            from_disk = self._from_disk(disk_key, spec)
+            from_disk = self._from_disk(disk_key, spec, target)
             if from_disk is not None:
-                _CACHE[key] = from_disk
-                return from_disk
+                result = from_disk
+            else:
+                result = self._compile(spec, target, deps, disk_key)
+        _CACHE[key] = result
+        return result
+
+    def _build(
+        self, spec: Specialization, deps: tuple[tuple[tuple[str, ...], Hashable], ...]
+    ) -> CompiledKernel:
+        """The IR of `spec` (from the memory cache, or a run of the frontend), under its key."""
+        ir_key = CacheKey(
+            self.captured.source_hash,
+            self.__qualname__,
+            spec,
+            None,
+            self.fast_math,
+            self.stages,
+            deps,
+        )
+        base = _CACHE.get(ir_key)
         if base is None:
             STATS.compiles += 1
             kir = build_kernel(self.captured, spec, self.fast_math, self.stages)
-            base = CompiledKernel(kir, print_kernel(kir), None)
-            _CACHE[ir_key] = base
-        if target is None:
-            result = base
-        else:
-            result = CompiledKernel(base.ir, base.ir_text, self._lower(base.ir, target))
-            if disk_key is not None and result.lowered is not None:
-                payload = jit_disk.encode(result.lowered, result.ir_text)
-                meta = {"kernel": self.__qualname__, "target": target.name}
-                default_cache().put(disk_key, payload, meta)
-        _CACHE[key] = result
+            base = _CACHE[ir_key] = CompiledKernel(kir, print_kernel(kir), None)
+        return base
+
+    def _compile(
+        self,
+        spec: Specialization,
+        target: Target,
+        deps: tuple[tuple[tuple[str, ...], Hashable], ...],
+        disk_key: str | None,
+    ) -> CompiledKernel:
+        """`spec` compiled for `target` from the source, and written to the disk cache."""
+        base = self._build(spec, deps)
+        result = CompiledKernel(base.ir, base.ir_text, self._lower(base.ir, target))
+        if disk_key is not None and result.lowered is not None:
+            payload = jit_disk.encode(result.lowered, result.ir_text)
+            meta = {"kernel": self.__qualname__, "target": target.name}
+            default_cache().put(disk_key, payload, meta)
         return result
 
     def _lower(self, kir: KernelIR, target: Target) -> LoweredKernel:
@@ -249,23 +296,48 @@ class Kernel:
             text = linecache.getline(file, line)
             raise CompileError(e.message, SourceLocation(file, line, col, text), cap.name) from e
 
-    def _from_disk(self, disk_key: str | None, spec: Specialization) -> CompiledKernel | None:
-        """The compiled kernel stored under `disk_key`, or None (a miss, an undecodable entry
-        — deleted —, or no stable key)."""
+    def _from_disk(
+        self, disk_key: str | None, spec: Specialization, target: Target
+    ) -> CompiledKernel | None:
+        """The compiled kernel stored under `disk_key`, or None: a miss, no stable key, or an
+        entry that is not what compiling would give (undecodable, or its parameter map, entry
+        or target differ: removed, with one warning for the last kinds)."""
         if disk_key is None:
             STATS.disk_misses += 1
             return None
         cache = default_cache()
         payload = cache.get(disk_key)
-        decoded = None if payload is None else jit_disk.decode(payload)
-        if decoded is None:
-            if payload is not None:
-                cache.discard(disk_key)
+        if payload is None:
+            STATS.disk_misses += 1
+            return None
+        try:
+            decoded = jit_disk.decode(payload)
+            why = (
+                None if decoded is None else jit_disk.mismatch(decoded[0], self.name, spec, target)
+            )
+        except Exception as e:  # a cache entry must never fail a launch
+            decoded, why = None, f"it cannot be decoded ({type(e).__name__}: {e})"
+        if decoded is None or why is not None:
+            if why is None:
+                cache.discard(disk_key)  # not a compiled kernel (an old format): recompile
+            else:
+                cache.reject(disk_key, "mismatch", why)
             STATS.disk_misses += 1
             return None
         STATS.disk_hits += 1
         lowered, ir_text = decoded
-        return CompiledKernel(None, ir_text, lowered, build_ir=lambda: self.compiled(spec, None).ir)
+
+        def recompile(failure: str) -> CompiledKernel:
+            cache.reject(disk_key, "load", f"its PTX does not load ({failure})")
+            return self._compile(spec, target, self.captured.fingerprint(), disk_key)
+
+        return CompiledKernel(
+            None,
+            ir_text,
+            lowered,
+            build_ir=lambda: self.compiled(spec, None).ir,
+            recompile=recompile,
+        )
 
     # -- inspection (launches nothing) ---------------------------------------------------------
     @user_boundary

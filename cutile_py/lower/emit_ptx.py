@@ -8,7 +8,7 @@ chunk and predicated on bounds, so edge tiles need no branches.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -54,6 +54,27 @@ class PtxParam:
     what: str  # "ptr", "dim" or "scalar"
     axis: int = 0
     ptype: str = "u64"
+
+
+#: The `.param` type of a run-time scalar parameter of each dtype.
+SCALAR_PTYPES: dict[type[DType], str] = {f32: "f32", i32: "s32", bool_: "u32", i64: "s64"}
+
+
+def entry_params(params: Sequence[o.Param]) -> tuple[PtxParam, ...]:
+    """The entry's `.param`s, in order, for a kernel's parameters: a tensor's address and its
+    dims, a run-time scalar; constants are compiled in. The one definition of the parameter
+    map: the emitter declares these, and a launch packs them (also for PTX read from disk)."""
+    out: list[PtxParam] = []
+    for i, p in enumerate(params):
+        if isinstance(p, o.TensorParam):
+            out.append(PtxParam(i, "ptr"))
+            out.extend(PtxParam(i, "dim", k, "u32") for k in range(p.rank))
+        elif p.constant is None:
+            ptype = SCALAR_PTYPES.get(p.dtype)
+            if ptype is None:
+                raise LoweringError(f"scalar parameters of type {p.dtype.name} are not supported")
+            out.append(PtxParam(i, "scalar", ptype=ptype))
+    return tuple(out)
 
 
 @dataclass
@@ -132,11 +153,11 @@ class Emitter:
     # -- preamble -------------------------------------------------------------------------
     def preamble(self) -> None:
         fb = self.fb
+        self.params.extend(entry_params(self.kernel.params))
         for i, p in enumerate(self.kernel.params):
             if isinstance(p, o.TensorParam):
                 name = f"p{i}_ptr"
                 fb.params.append((name, "u64"))
-                self.params.append(PtxParam(i, "ptr"))
                 raw, base = fb.reg("b64"), fb.reg("b64")
                 fb.ins("ld.param.u64", raw, f"[{name}]")
                 fb.ins("cvta.to.global.u64", base, raw)
@@ -144,7 +165,6 @@ class Emitter:
                 for k in range(p.rank):
                     dname = f"p{i}_dim{k}"
                     fb.params.append((dname, "u32"))
-                    self.params.append(PtxParam(i, "dim", k, "u32"))
                     r = fb.reg("b32")
                     fb.ins("ld.param.u32", r, f"[{dname}]")
                     dims.append(r)
@@ -248,14 +268,12 @@ class Emitter:
         fb, name = self.fb, f"p{i}"
         if p.dtype is f32:
             fb.params.append((name, "f32"))
-            self.params.append(PtxParam(i, "scalar", ptype="f32"))
             r = fb.reg("f32")
             fb.ins("ld.param.f32", r, f"[{name}]")
             return r
         if p.dtype is i32 or p.dtype is bool_:
             ptype = "s32" if p.dtype is i32 else "u32"
             fb.params.append((name, ptype))
-            self.params.append(PtxParam(i, "scalar", ptype=ptype))
             r = fb.reg("b32")
             fb.ins(f"ld.param.{ptype}", r, f"[{name}]")
             if p.dtype is i32:
@@ -265,7 +283,6 @@ class Emitter:
             return pr
         if p.dtype is i64:
             fb.params.append((name, "s64"))
-            self.params.append(PtxParam(i, "scalar", ptype="s64"))
             r = fb.reg("b64")
             fb.ins("ld.param.s64", r, f"[{name}]")
             return r

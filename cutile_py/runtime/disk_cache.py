@@ -21,15 +21,30 @@ Guarantees:
 - Size bound `CUTILE_PY_CACHE_MAX_BYTES` (default 1 GiB; 0 turns the cache off): after a write,
   the least recently used entries (by mtime, which a hit refreshes) are evicted until the total
   is within the bound.
+- Only regular files are read (opened without following links or blocking, then checked with
+  fstat), at most `MAX_ENTRY_BYTES` each: a FIFO, a link to a device or a huge file at an
+  entry's path is removed with one warning, never read.
+
+Trust model: an entry is the user's compiled code, and it runs like the user's own code. It is
+trusted only because nobody else could have written it: the directory and each entry must be
+owned by the current user and not writable by group or others (what pip's and Triton's caches
+expect too). The directory is created with mode 0700 and entries with 0600. A directory that
+fails the check turns the cache off for the process, an entry that fails it is removed; either
+way with one `RuntimeWarning` per cause that names the path and what to do, and the kernel
+compiles as if the cache were empty. The checksum in the header detects damage, not tampering;
+what the JIT reads from a payload it checks again (`cutile_py.host.jit_disk`). Windows has no
+POSIX owner and mode bits: there the directory's ACLs (the user's profile) are relied on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 import time
@@ -46,6 +61,19 @@ SUFFIX = ".bin"
 TMP_PREFIX = ".tmp-"
 #: A temporary file older than this is a crashed writer's and may be removed.
 STALE_TMP_SECONDS = 600.0
+#: The largest entry file read: compiled modules are far smaller, and nothing larger is loaded
+#: into memory.
+MAX_ENTRY_BYTES = 64 << 20
+#: The longest header line read by `entries()`.
+MAX_HEADER_BYTES = 1 << 16
+#: Opening an entry never follows a link, blocks (a FIFO) or leaks into a child process.
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
+)
 _KEY = re.compile(r"[0-9a-f]{8,128}")
 
 
@@ -65,6 +93,19 @@ def cache_dir() -> Path:
     """`CUTILE_PY_CACHE_DIR` if set (and not empty), else `user_cache_dir()`."""
     override = os.environ.get(ENV_DIR, "")
     return Path(override).expanduser() if override else user_cache_dir()
+
+
+def distrust(st: os.stat_result) -> str | None:
+    """Why a file or directory with this status might hold someone else's code (it is not
+    owned by the current user, or group or others may write it); None if it is the user's."""
+    if sys.platform == "win32":
+        return None  # no POSIX owner and mode bits; the profile's ACLs decide
+    uid = os.geteuid()
+    if st.st_uid != uid:
+        return f"it is owned by uid {st.st_uid}, not by you (uid {uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"group or others may write to it (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
 
 
 def max_bytes_from_env() -> int:
@@ -93,6 +134,8 @@ class DiskCacheStats:
     misses: int = 0
     writes: int = 0
     corrupt: int = 0  # entries found damaged and deleted
+    rejected: int = 0  # entries refused (not the user's, not a regular file, too large,
+    #                   or unusable by the caller) and deleted
     evictions: int = 0
 
 
@@ -107,6 +150,10 @@ class DiskCache:
     enabled: bool = True
     #: Why the cache was turned off, if it was.
     disabled_reason: str | None = None
+    #: The directory passed the trust check (it is checked once, when first used).
+    _trusted: bool = field(default=False, repr=False)
+    #: Causes of rejected entries already warned about.
+    _warned: set[str] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_bytes <= 0:
@@ -120,17 +167,18 @@ class DiskCache:
 
     # -- reading --------------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
-        """The payload stored under `key`, or None (missing, damaged, or the cache is off)."""
+        """The payload stored under `key`, or None (missing, damaged, refused, or the cache is
+        off)."""
         path = self.path_for(key)
-        if not self.enabled:
+        if not self.enabled or not self._directory_trusted():
             return None
         try:
-            blob = path.read_bytes()
-        except FileNotFoundError:
-            self.stats.misses += 1
-            return None
+            blob = self._read_entry(key, path)
         except OSError as e:
             self._disable(f"cannot read {path}: {e}")
+            return None
+        if blob is None:
+            self.stats.misses += 1
             return None
         decoded = _decode(blob)
         if decoded is None or decoded[0].get("key") != key:
@@ -142,6 +190,86 @@ class DiskCache:
             os.utime(path)
         self.stats.hits += 1
         return decoded[1]
+
+    def _read_entry(self, key: str, path: Path) -> bytes | None:
+        """The bytes of the entry file, or None: missing, or refused (and removed, with one
+        warning per cause) because it is not a regular file of the user's of a sane size."""
+        try:
+            fd = os.open(path, _OPEN_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENXIO, errno.EOPNOTSUPP):  # a link, a socket
+                self.reject(key, "not-regular", "not a regular file (a link, FIFO or device)")
+                return None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                self.reject(key, "not-regular", "not a regular file (a link, FIFO or device)")
+                return None
+            why = distrust(st)
+            if why is not None:
+                self.reject(key, "untrusted", f"{why}, so it may not be your compiled code")
+                return None
+            if st.st_size > MAX_ENTRY_BYTES:
+                self.reject(
+                    key,
+                    "too-large",
+                    f"{st.st_size} bytes, over the {MAX_ENTRY_BYTES} an entry may have",
+                )
+                return None
+            return _read_at_most(fd, st.st_size)
+        finally:
+            os.close(fd)
+
+    def reject(self, key: str, cause: str, detail: str) -> None:
+        """Remove the entry under `key` as unusable (`detail` says why), warning once per
+        `cause` for this cache; the caller recompiles, and its write replaces the entry."""
+        path = self.path_for(key)
+        self.stats.rejected += 1
+        self.discard(key)
+        if cause in self._warned:
+            return
+        self._warned.add(cause)
+        warnings.warn(
+            f"cutile_py: ignored the disk JIT cache entry {path}: {detail}. It was removed and "
+            "the kernel compiled again. Entries are written by cutile_py alone, as files only "
+            f"you can write; if this happens again, run `python -m cutile_py.cache clear` and "
+            f"check who else can write to {self.directory}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def check_directory(self) -> str | None:
+        """Why the directory may not be trusted (see the module doc), or None: it is the
+        user's alone, or it does not exist yet."""
+        try:
+            st = os.stat(self.directory)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            return f"it cannot be inspected ({e})"
+        if not stat.S_ISDIR(st.st_mode):
+            return None  # writing there fails, and turns the cache off with its own warning
+        return distrust(st)
+
+    def _directory_trusted(self) -> bool:
+        """True once the directory passed `check_directory` (or while it does not exist); a
+        failure turns the cache off with one warning that says what to do."""
+        if self._trusted:
+            return True
+        why = self.check_directory()
+        if why is None:
+            self._trusted = self.directory.is_dir()
+            return True
+        d = self.directory
+        if "may write" in why:
+            fix = f"run `chmod go-w {d}`, or set {ENV_DIR} to a directory only you can write"
+        else:
+            fix = f"set {ENV_DIR} to a directory of your own (or remove {d})"
+        self._disable(f"{d} is not used: {why}, so another user could plant code in it; {fix}")
+        return False
 
     def discard(self, key: str) -> None:
         """Remove the entry under `key` if there is one (e.g. a payload the caller can't use)."""
@@ -165,7 +293,10 @@ class DiskCache:
         head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
         tmp: str | None = None
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not self._directory_trusted():
+                return False
+            # mkstemp creates the file with mode 0600: nobody else may write an entry.
             fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=SUFFIX, dir=self.directory)
             with os.fdopen(fd, "wb") as f:
                 f.write(MAGIC + head + b"\n" + payload)
@@ -195,7 +326,7 @@ class DiskCache:
         for name in names:
             path = self.directory / name
             try:
-                st = path.stat()
+                st = path.lstat()  # a link counts as itself, never as what it points to
             except OSError:
                 continue  # removed by another process meanwhile
             if name.startswith(TMP_PREFIX):
@@ -233,11 +364,10 @@ class DiskCache:
                 continue
             path = self.directory / name
             try:
-                st = path.stat()
-                with path.open("rb") as f:
-                    head = f.read(len(MAGIC))
-                    line = f.readline(1 << 16)
-                meta = json.loads(line) if head == MAGIC else {}
+                st = path.lstat()
+                if not stat.S_ISREG(st.st_mode):
+                    continue  # `get` refuses it
+                meta = _read_header(path)
             except (OSError, ValueError):
                 continue
             inner = meta.get("meta") if isinstance(meta, dict) else None
@@ -282,6 +412,34 @@ class DiskCache:
                 RuntimeWarning,
                 stacklevel=3,
             )
+
+
+def _read_at_most(fd: int, size: int) -> bytes:
+    """Up to `size` bytes from `fd` (fewer if the file ends first)."""
+    chunks: list[bytes] = []
+    left = size
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_header(path: Path) -> Any:
+    """The JSON header of an entry file ({} if it has none), read without following a link or
+    blocking, and at most `MAX_HEADER_BYTES` of it."""
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}
+        blob = _read_at_most(fd, len(MAGIC) + MAX_HEADER_BYTES)
+    finally:
+        os.close(fd)
+    if not blob.startswith(MAGIC):
+        return {}
+    return json.loads(blob[len(MAGIC) :].split(b"\n", 1)[0])
 
 
 def _decode(blob: bytes) -> tuple[dict[str, Any], bytes] | None:
