@@ -198,8 +198,13 @@ def test_compiled_gemm_past_48k_uses_dynamic_shared(sm: int) -> None:
     assert "\n.extern .shared .align 16 .b8 smem[];\n" in deep.ptx
     shallow = make_gemm(2).compile(*GEMM_SPEC, target=Target(sm)).lowered
     assert shallow.dynamic_shared == 0 and ".extern" not in shallow.ptx
-    if nvjitlink_available():
-        assert assemble(deep.ptx, Target(sm)).cubin
+
+
+@pytest.mark.skipif(not nvjitlink_available(), reason="the nvJitLink library cannot be loaded")
+@pytest.mark.parametrize("sm", [80, 90])
+def test_compiled_gemm_past_48k_assembles(sm: int) -> None:
+    deep = make_gemm(4).compile(*GEMM_SPEC, target=Target(sm)).lowered
+    assert assemble(deep.ptx, Target(sm)).cubin
 
 
 def run_gemm(stages: int) -> None:

@@ -506,12 +506,20 @@ def test_k_loop_is_pipelined_with_fragment_accumulators(name: str, variant: str)
     else:
         assert "ld.shared" not in loop
         assert ("ldmatrix.sync.aligned.m8n8.x4.trans" in loop) == bool(k_rows)
-    if nvjitlink_available():
-        for sm in (80, 90):
-            target = ct.Target(sm)
-            ptx = kernel.ptx(*args, ct.TensorSpec((256, 256), dt), bk, target=target)
-            report = assemble(ptx, target)
-            assert report.spill_stores == 0 and report.spill_loads == 0, (sm, report.info_log)
+
+
+@pytest.mark.skipif(not nvjitlink_available(), reason="the nvJitLink library cannot be loaded")
+@pytest.mark.parametrize("sm", [80, 90])
+@pytest.mark.parametrize("variant", ["plain", "transposed", "a_transposed"])
+@pytest.mark.parametrize("name", ["f16", "f32"])
+def test_pipelined_k_loop_assembles_without_spills(name: str, variant: str, sm: int) -> None:
+    dt = DTYPES[name]
+    bk = 32 if dt is f16 else 16
+    kernel = GEMM[name] if variant == "plain" else make_gemm_variant(dt, variant)
+    args = ct.PartitionSpec((256, 256), (64, 64), f32), ct.TensorSpec((256, 256), dt)
+    target = ct.Target(sm)
+    report = assemble(kernel.ptx(*args, ct.TensorSpec((256, 256), dt), bk, target=target), target)
+    assert report.spill_stores == 0 and report.spill_loads == 0, (sm, report.info_log)
 
 
 def _shared_wavefronts(lanes: np.ndarray, addrs: np.ndarray, nbytes: int) -> tuple[int, int]:

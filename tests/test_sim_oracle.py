@@ -1888,48 +1888,91 @@ def ptx_lines(stem: str, kernel: str, opcode: str) -> list[int]:
     return found
 
 
-def expect_fault(stem: str, kernel: str, setup: Setup, opcode: str, kind: str) -> str:
+@dataclass(frozen=True)
+class Fault:
+    """A simulator fault report, taken apart: which kernel, PTX line, block and thread, and the
+    diagnosis (the text after the thread, which names neither the kernel nor the instruction,
+    so a check of it cannot be satisfied by either)."""
+
+    kernel: str
+    line: int
+    block: tuple[int, int, int]
+    thread: tuple[int, int, int]
+    diagnosis: str
+
+
+FAULT = re.compile(
+    r"kernel (?P<kernel>\w+), PTX line (?P<line>\d+) `[^`]*`: "
+    r"block \((?P<block>\d+, \d+, \d+)\) thread \((?P<thread>\d+, \d+, \d+)\): "
+    r"(?P<diagnosis>.*)$",
+    re.S,
+)
+
+
+def _triple(text: str) -> tuple[int, int, int]:
+    x, y, z = (int(v) for v in text.split(","))
+    return x, y, z
+
+
+def expect_fault(stem: str, kernel: str, setup: Setup, opcode: str, diagnosis: str) -> Fault:
+    """Launch a planted fault on sim: it must raise `ct.LaunchError` whose report names `kernel`,
+    the PTX line of one of its `opcode` instructions, a block and thread inside the launch, and
+    a diagnosis matching `diagnosis` (a regular expression anchored at its start)."""
     with pytest.raises(ct.LaunchError) as info:
         launch(stem, kernel, setup, "sim")
     msg = str(info.value)
     print(msg)
-    assert kernel in msg, f"the error does not name the kernel: {msg}"
-    lines = ptx_lines(stem, kernel, opcode)
-    assert any(re.search(rf"\bline\s*:?\s*{ln}\b", msg) for ln in lines), (
-        f"the error names none of the PTX lines of {opcode} ({lines}): {msg}"
+    m = FAULT.search(msg)
+    assert m is not None, f"the error is not a located fault report: {msg}"
+    fault = Fault(
+        m["kernel"], int(m["line"]), _triple(m["block"]), _triple(m["thread"]), m["diagnosis"]
     )
-    assert re.search(r"\bblock", msg, re.I) and re.search(r"\bthread", msg, re.I), (
-        f"the error does not name a block and a thread: {msg}"
-    )
-    assert re.search(kind, msg, re.I), f"the error does not say what went wrong ({kind}): {msg}"
-    return msg
+    assert fault.kernel == kernel, msg
+    assert fault.line in ptx_lines(stem, kernel, opcode), f"not a line of {opcode}: {msg}"
+    grid = (setup.grid,) if isinstance(setup.grid, int) else setup.grid
+    block = (setup.block,) if isinstance(setup.block, int) else setup.block
+    assert all(b < g for b, g in zip(fault.block, grid)), msg
+    assert all(t < n for t, n in zip(fault.thread, block)), msg
+    assert fault.block[len(grid) :] == (0,) * (3 - len(grid)), msg
+    assert fault.thread[len(block) :] == (0,) * (3 - len(block)), msg
+    assert re.match(diagnosis, fault.diagnosis), f"wrong diagnosis, want {diagnosis!r}: {msg}"
+    return fault
 
 
 def test_fault_out_of_bounds_store(rng: np.random.Generator) -> None:
     n = int(rng.integers(90, 120))  # y[n] lies past the allocation, inside its 256-byte granule
     setup = Setup([np.zeros(n, np.float32), n], grid=1, block=128, check=lambda o: None)
-    msg = expect_fault(
-        "fault_oob", "oob_store", setup, "st.global", r"bounds|outside|invalid|no allocation"
+    fault = expect_fault(
+        "fault_oob", "oob_store", setup, "st.global", r"out-of-bounds store of 4 bytes at 0x"
     )
-    assert re.search(rf"thread\D{{0,3}}{n}\b", msg), f"the faulting thread {n} is not named: {msg}"
+    assert fault.thread == (n, 0, 0) and fault.block == (0, 0, 0)  # only thread n is past it
+    assert f"the end of the {4 * n}-byte allocation" in fault.diagnosis
 
 
 def test_fault_out_of_bounds_store_at_granule_end() -> None:
     n = 64  # y[n] is the first byte past a 256-byte allocation
     setup = Setup([np.zeros(n, np.float32), n], grid=1, block=128, check=lambda o: None)
-    expect_fault(
-        "fault_oob", "oob_store", setup, "st.global", r"bounds|outside|invalid|no allocation"
+    fault = expect_fault(
+        "fault_oob", "oob_store", setup, "st.global", r"out-of-bounds store of 4 bytes at 0x"
     )
+    assert fault.thread == (n, 0, 0)
+    assert "0 bytes past the end of the 256-byte allocation" in fault.diagnosis
 
 
 def test_fault_out_of_bounds_shared(rng: np.random.Generator) -> None:
+    shift = int(rng.integers(1, 32))  # threads t >= 64 - shift read past sh[64]
     setup = Setup(
-        [rng.standard_normal(64).astype(np.float32), np.zeros(64, np.float32), 8],
+        [rng.standard_normal(64).astype(np.float32), np.zeros(64, np.float32), shift],
         grid=1,
         block=64,
         check=lambda o: None,
     )
-    expect_fault("fault_oob", "oob_shared", setup, "ld.shared", r"bounds|outside|shared")
+    fault = expect_fault(
+        "fault_oob", "oob_shared", setup, "ld.shared", r"out-of-bounds shared load of 4 bytes"
+    )
+    t = fault.thread[0]
+    assert t >= 64 - shift, f"thread {t} reads sh[{t + shift}], inside the array"
+    assert f"at shared address {4 * (t + shift):#x}" in fault.diagnosis
 
 
 def test_fault_missing_syncthreads_is_a_race(rng: np.random.Generator) -> None:
@@ -1939,17 +1982,35 @@ def test_fault_missing_syncthreads_is_a_race(rng: np.random.Generator) -> None:
         block=128,
         check=lambda o: None,
     )
-    expect_fault("fault_race", "race_missing_sync", setup, "ld.shared", r"race")
+    fault = expect_fault(
+        "fault_race", "race_missing_sync", setup, "ld.shared", r"shared-memory race: "
+    )
+    t = fault.thread[0]
+    writer = (t + 64) % 128  # thread t reads sh[(t + 64) % 128], which `writer` wrote
+    assert re.match(
+        rf"shared-memory race: this thread reads shared memory that thread \({writer}, 0, 0\) "
+        rf"wrote at shared address {4 * writer:#x} with no barrier",
+        fault.diagnosis,
+    ), fault.diagnosis
 
 
 def test_fault_misaligned_vector_load(rng: np.random.Generator) -> None:
+    off = int(rng.integers(1, 4))  # x + off is 4-byte aligned, never 16-byte aligned
     setup = Setup(
-        [rng.standard_normal(4 * 64 + 4).astype(np.float32), np.zeros(64, np.float32), 1],
+        [rng.standard_normal(4 * 64 + 4).astype(np.float32), np.zeros(64, np.float32), off],
         grid=1,
         block=64,
         check=lambda o: None,
     )
-    expect_fault("fault_misaligned", "misaligned_v4", setup, "ld.global", r"align")
+    fault = expect_fault(
+        "fault_misaligned",
+        "misaligned_v4",
+        setup,
+        "ld.global",
+        r"misaligned global load: address 0x[0-9a-f]+ is not a multiple of 16",
+    )
+    address = re.search(r"address (0x[0-9a-f]+)", fault.diagnosis)
+    assert address is not None and int(address[1], 16) % 16 == 4 * off
 
 
 def test_fault_partial_barrier(rng: np.random.Generator) -> None:
@@ -1959,4 +2020,14 @@ def test_fault_partial_barrier(rng: np.random.Generator) -> None:
         block=128,
         check=lambda o: None,
     )
-    expect_fault("fault_barrier", "partial_barrier", setup, "bar.sync", r"barrier|bar\.sync")
+    fault = expect_fault(
+        "fault_barrier",
+        "partial_barrier",
+        setup,
+        "bar.sync",
+        r"bar reached by only 32 of the 128 live threads of the block; "
+        r"thread \((\d+), 0, 0\) did not arrive",
+    )
+    assert fault.thread[0] < 32  # the report is at a thread that did arrive
+    missing = re.search(r"thread \((\d+), 0, 0\) did not", fault.diagnosis)
+    assert missing is not None and 32 <= int(missing[1]) < 128
