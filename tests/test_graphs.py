@@ -129,7 +129,27 @@ def test_bf16_update_takes_float32(rng: np.random.Generator) -> None:
     g.replay()
     ref = ct.from_numpy(new_w, dtype=ct.bf16).to_numpy()
     assert np.array_equal(g.read(w), ref)
-    assert g.read(z).dtype == np.float32 and g.read(z).shape == (N,)
+    assert g.read(z).dtype == np.float16 and g.read(z).shape == (N,)
+    assert g.read(w).dtype == np.float32  # NumPy has no bf16
+
+
+def test_what_read_returns_update_accepts(rng: np.random.Generator) -> None:
+    """f16 reads back as float16 (also from to_numpy), bf16 as float32; either array goes
+    straight back into `g.update`, unchanged."""
+    x16, w32 = _vec(rng).astype(np.float16), _vec(rng)
+    z = ct.zeros(N, ct.f16).partition(TILE)
+    x, w = ct.from_numpy(x16), ct.from_numpy(w32, dtype=ct.bf16)
+    g = ct.graph(K.mixed_f16(z, x, w))
+    g.replay()
+    out = g.read(z)
+    assert out.dtype == np.float16
+    g.update(x, out)
+    g.update(w, g.read(w))
+    assert np.array_equal(g.read(x), out)
+    (z, x, w) = g.release()
+    assert x.to_numpy().dtype == np.float16 and np.array_equal(x.to_numpy(), out)
+    assert z.unpartition().to_numpy().dtype == np.float16
+    assert w.to_numpy().dtype == np.float32
 
 
 # --- ownership across the graph boundary ---------------------------------------------------

@@ -25,7 +25,7 @@ from cutile_py.host.device_op import DeviceOp, OpLike
 from cutile_py.host.errors import BorrowError, LaunchError, MovedError
 from cutile_py.host.streams import StreamLike, as_stream, async_stream, settle, wait_done
 from cutile_py.host.tensor import Holder, Owned, Partition, Tensor, caller_location
-from cutile_py.ir.dtypes import bf16, from_storage, to_storage
+from cutile_py.ir.dtypes import bf16, to_host, to_storage
 from cutile_py.runtime.backend import Completion, Finished, GraphExec, RuntimeFailure
 
 AnyTensor = Tensor[Any, Any]
@@ -210,7 +210,7 @@ class Graph:
         self._check_live("read a tensor")
         t, _ = self._member(tensor, "read")
         raw = self.backend.download(t.buffer, t.nbytes)
-        return from_storage(raw.view(t.dtype.storage), t.dtype).reshape(t.shape)
+        return to_host(raw.view(t.dtype.storage), t.dtype).reshape(t.shape)
 
     def update(self, tensor: Tensor[Any, Any] | Partition, values: np.ndarray) -> None:
         """Copy `values` (the tensor's shape and dtype; float32 for bf16) into one of the

@@ -12,7 +12,7 @@ import numpy as np
 from typing_extensions import TypeVarTuple, Unpack
 
 from cutile_py.host.errors import BorrowError, MovedError
-from cutile_py.ir.dtypes import DType, from_storage
+from cutile_py.ir.dtypes import DType, to_host
 from cutile_py.runtime import dlpack
 from cutile_py.runtime.backend import Backend, Buffer, HostBuffer
 
@@ -139,10 +139,11 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
         return self._buffer
 
     def to_numpy(self) -> np.ndarray:
-        """A host copy. bf16 has no NumPy dtype and reads as float32 (exactly)."""
+        """A host copy in the tensor's own NumPy dtype (f16 as float16); bf16, which NumPy lacks,
+        reads as float32 (exactly)."""
         self._check_usable("read the tensor")
         raw = self._backend.download(self._buffer, self.nbytes)
-        return from_storage(raw.view(self._dtype.storage), self._dtype).reshape(self._shape)
+        return to_host(raw.view(self._dtype.storage), self._dtype).reshape(self._shape)
 
     def partition(self, tile_shape: Sequence[int] | int) -> Partition:
         """Split into disjoint tiles of `tile_shape` for a `Mut` parameter; consumes this tensor."""

@@ -219,3 +219,11 @@ def from_storage(raw: np.ndarray, dtype: type[DType]) -> np.ndarray:
     if dtype is bf16:
         return (raw.astype(np.uint32) << 16).view(np.float32)
     return raw.astype(dtype.compute)
+
+
+def to_host(raw: np.ndarray, dtype: type[DType]) -> np.ndarray:
+    """Host storage form → the array a user reads back: the dtype's own NumPy type (f16 as
+    float16), and bf16, which NumPy lacks, as float32 (exactly)."""
+    if dtype is bf16:
+        return from_storage(raw, dtype)
+    return raw.astype(dtype.storage)
