@@ -74,11 +74,10 @@ def view(t: Tensor[Any, Any], shape: Sequence[int]) -> Tensor[Any, Any]:
 
 
 def as_rows(name: str, t: Tensor[Any, Any]) -> Tensor[Any, Any]:
-    """`t` (..., N) as a 2-D (rows, N) view."""
-    if len(t.shape) == 0 or t.size == 0:
-        raise ValueError(f"{name}: expected a non-empty tensor with at least one axis")
-    n = t.shape[-1]
-    return view(t, (t.size // n, n))
+    """`t` (..., N) as a 2-D (rows, N) view (either may be 0)."""
+    if len(t.shape) == 0:
+        raise ValueError(f"{name}: expected a tensor with at least one axis, got a scalar")
+    return view(t, (prod(t.shape[:-1]), t.shape[-1]))
 
 
 def next_pow2(n: int) -> int:

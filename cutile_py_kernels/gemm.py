@@ -161,7 +161,7 @@ def gemm(
     if kb != k:
         form = "b (N, K)" if trans_b else "b (K, N)"
         raise ValueError(f"gemm: expected a (M, K) and {form}, got {a.shape} and {b.shape}")
-    if m == 0 or n == 0:
+    if m * n * k == 0:  # an empty sum over k is 0
         return ct.zeros((m, n), odt)
     cfg = _config(dt, odt, trans_b, (m, n, k), None, a, b)
     out = ct.zeros((m, n), odt).partition((cfg.bm, cfg.bn))
@@ -187,7 +187,7 @@ def bmm(
     if b.shape[0] != nb or kb != k:
         form = "b (B, N, K)" if trans_b else "b (B, K, N)"
         raise ValueError(f"bmm: expected a (B, M, K) and {form}, got {a.shape} and {b.shape}")
-    if nb == 0 or m == 0 or n == 0:
+    if nb * m * n * k == 0:  # an empty sum over k is 0
         return ct.zeros((nb, m, n), odt)
     cfg = _config(dt, odt, trans_b, (m, n, k), nb, a, b)
     out = ct.zeros((nb, m, n), odt).partition((1, cfg.bm, cfg.bn))

@@ -39,6 +39,8 @@ def gemv(a: Tensor[Any, Any], x: Tensor[Any, Any]) -> Tensor[Any, Any]:
     if len(a.shape) != 2 or len(x.shape) != 1 or a.shape[1] != x.shape[0]:
         raise ValueError(f"gemv: expected a (M, K) and x (K,), got {a.shape} and {x.shape}")
     m, k = a.shape
+    if m * k == 0:  # an empty sum is 0
+        return ct.zeros((m,), dt)
     bk = min(next_pow2(k), 256 if dt is f32 else 512)
     bm = min(prev_pow2(max(1, 2048 // bk)), next_pow2(m))
     out = ct.zeros((m,), dt).partition(bm)

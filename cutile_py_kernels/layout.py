@@ -72,6 +72,8 @@ def embedding(table: Tensor[Any, Any], ids: Tensor[Any, Any]) -> Tensor[Any, Any
     if len(table.shape) != 2:
         raise ValueError(f"embedding: table must be 2-D (V, D), got shape {table.shape}")
     n, d = ids.size, table.shape[1]
+    if n * d == 0:
+        return ct.zeros((*ids.shape, d), dt)
     plan = row_plan(n, d, dt if dt is not i32 else ct.f32)
     out = ct.zeros((n, d), dt).partition((1, plan.width))
     y, _, _ = _embedding_kernel(dt)(out, table, view(ids, (n,))).sync()

@@ -204,6 +204,8 @@ def rms_norm(x: Tensor[Any, Any], weight: Tensor[Any, Any], eps: float = 1e-6) -
     rows = as_rows("rms_norm", x)
     n = rows.shape[1]
     check_shape("rms_norm", "weight", weight, (n,))
+    if rows.size == 0:
+        return ct.zeros(x.shape, dt)
     tile_k, loop_k, _, _ = _rms_kernels(dt)
     (y,) = _launch_rows(tile_k, loop_k, 1, rows, weight, 1.0 / n, float(eps))
     return view(y, x.shape)
@@ -218,6 +220,8 @@ def add_rms_norm(
     rows = as_rows("add_rms_norm", x)
     n = rows.shape[1]
     check_shape("add_rms_norm", "weight", weight, (n,))
+    if rows.size == 0:
+        return ct.zeros(x.shape, dt), ct.zeros(x.shape, dt)
     _, _, tile_k, loop_k = _rms_kernels(dt)
     res = view(residual, rows.shape)
     y, h = _launch_rows(tile_k, loop_k, 2, rows, res, weight, 1.0 / n, float(eps))
@@ -234,6 +238,8 @@ def layer_norm(
     n = rows.shape[1]
     check_shape("layer_norm", "weight", weight, (n,))
     check_shape("layer_norm", "bias", bias, (n,))
+    if rows.size == 0:
+        return ct.zeros(x.shape, dt)
     tile_k, loop_k = _layer_norm_kernels(dt)
     (y,) = _launch_rows(tile_k, loop_k, 1, rows, weight, bias, n, float(eps))
     return view(y, x.shape)

@@ -91,6 +91,8 @@ def rope(
         if pos.size and pos.min() < 0:
             raise ValueError("rope: positions must be >= 0")
         max_position = int(pos.max()) + 1 if pos.size else 1
+    if x.size == 0:
+        return ct.zeros(x.shape, dt)
     cos, sin = _tables(ct.backend(), d // 2, float(theta), int(max_position))
     hb = heads if heads * d <= BLOCK_ELEMS[dt] else prev_pow2(max(1, BLOCK_ELEMS[dt] // d))
     out = ct.zeros(x.shape, dt).partition((1, hb, d))

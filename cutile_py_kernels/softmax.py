@@ -119,6 +119,8 @@ def softmax(x: Tensor[Any, Any], causal: bool = False) -> Tensor[Any, Any]:
     r, n = rows.shape
     if causal and (len(x.shape) < 2 or x.shape[-2] != n):
         raise ValueError(f"softmax: causal=True needs x of shape (..., S, S), got {x.shape}")
+    if rows.size == 0:
+        return ct.zeros(x.shape, dt)
     tile_k, loop_k = _softmax_kernels(dt)
     plan = row_plan(r, n, dt)
     if plan.loop:
@@ -136,6 +138,10 @@ def argmax(x: Tensor[Any, Any]) -> Tensor[Any, Any]:
     dt = check_float("argmax", x)
     rows = as_rows("argmax", x)
     r, n = rows.shape
+    if r == 0:
+        return ct.zeros(x.shape[:-1], i32)
+    if n == 0:  # as NumPy
+        raise ValueError(f"argmax: rows of x {x.shape} are empty; an empty row has no argmax")
     tile_k, loop_k = _argmax_kernels(dt)
     plan = row_plan(r, n, dt)
     if plan.loop:

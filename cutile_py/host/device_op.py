@@ -17,7 +17,13 @@ from cutile_py.host.interpret_run import run_interpreted
 from cutile_py.host.launch import kernel_launch, launch_ptx
 from cutile_py.host.streams import StreamLike, as_stream, async_stream, settle, wait_done
 from cutile_py.host.tensor import Holder, Owned, Partition, Tensor
-from cutile_py.runtime.backend import Backend, Completion, KernelLaunch, RuntimeFailure
+from cutile_py.runtime.backend import (
+    Backend,
+    Completion,
+    Finished,
+    KernelLaunch,
+    RuntimeFailure,
+)
 from cutile_py.runtime.select import active_backend
 
 if TYPE_CHECKING:
@@ -161,8 +167,15 @@ class DeviceOp(OpLike):
                 obj._shared = [r for r in obj._shared if r() is not self and r() is not None]
         self._held = []
 
+    @property
+    def empty(self) -> bool:
+        """A launch over an empty partition: no blocks, nothing to run (API.md rule 6)."""
+        return 0 in self.grid
+
     def _start(self, stream: object | None = None) -> Completion:
         """Queue the work on the backend (or run it, on the CPU backends)."""
+        if self.empty:
+            return Finished()
         if self.compiled.lowered is not None and self.backend.runs_ptx:
             self.compiled.load(self.backend)  # PTX from disk that does not load recompiles here
             return launch_ptx(
@@ -323,8 +336,6 @@ def _grid(kernel: str, names: list[str], args: tuple[Any, ...]) -> tuple[int, ..
                 )
     if grid is None:
         raise ValueError(f"kernel {kernel} has no Mut parameter to take the launch grid from")
-    if any(n == 0 for n in grid):
-        raise ValueError(f"kernel {kernel}: the partition of '{first}' has no tiles (grid {grid})")
     if len(grid) > 1 and max(grid[1:]) > 65535:
         raise ValueError(f"kernel {kernel}: grid {grid} exceeds 65535 tiles along axis 1 or 2")
     return grid

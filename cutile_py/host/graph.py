@@ -130,13 +130,14 @@ class Graph:
         self._held = []
 
     def _capture(self) -> GraphExec:
+        live = [d for d in self._launches if not d.empty]  # a launch over no tiles runs nothing
         try:
-            bound = [d._kernel_launch() for d in self._launches]
+            bound = [d._kernel_launch() for d in live]
             if all(k is not None for k in bound):
                 return self.backend.graph([k for k in bound if k is not None])
         except RuntimeFailure as e:
             raise LaunchError(f"{self.describe()}: capture failed: {e}") from e
-        return _InterpretedReplay(self._launches)
+        return _InterpretedReplay(live)
 
     def _check_live(self, action: str) -> None:
         if self._released_at is not None:
