@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -153,6 +153,60 @@ def test_what_read_returns_update_accepts(rng: np.random.Generator) -> None:
 
 
 # --- ownership across the graph boundary ---------------------------------------------------
+
+
+def _reading_chain(
+    rng: np.random.Generator, read: Callable[[tuple[Any, ...]], np.ndarray], seen: list[Any]
+) -> tuple[ct.DeviceOp | Any, np.ndarray]:
+    """add, then a step whose function reads the first step's data on the host."""
+    a, b = _vec(rng), _vec(rng)
+    z, x, y = ct.zeros(N).partition(TILE), ct.from_numpy(a), ct.from_numpy(b)
+    w = ct.zeros(N).partition(TILE)
+
+    def step(r: tuple[Any, ...]) -> ct.DeviceOp:
+        seen.append(read(r))
+        return K.add(w, r[1], r[2])
+
+    return K.add(z, x, y).then(step), a + b
+
+
+@pytest.mark.parametrize("what", ["input", "output"])
+def test_a_host_read_during_capture_is_a_borrow_error(what: str, rng: np.random.Generator) -> None:
+    """A chain's function runs once, at capture, before any data exists: reading a tensor the
+    graph holds would bake stale data into every replay, so it raises instead, naming the graph;
+    run eagerly, the same chain reads the real data."""
+
+    def read(r: tuple[Any, ...]) -> np.ndarray:
+        return r[1].to_numpy() if what == "input" else r[0].unpartition().to_numpy()
+
+    seen: list[Any] = []
+    chain, ref = _reading_chain(rng, read, seen)
+    with pytest.raises(ct.BorrowError, match=r"held by the graph 'step' being captured") as e:
+        ct.graph(chain, name="step")
+    assert "read the tensor with the graph's .read() after a replay" in str(e.value).lower()
+    assert seen == []
+    chain, ref = _reading_chain(rng, read, seen)
+    with pytest.raises(ct.BorrowError, match=r"held by the graph of add being captured"):
+        ct.graph(chain)
+
+    seen.clear()
+    chain, ref = _reading_chain(rng, read, seen)
+    out = chain.sync()  # eagerly, the read sees the first launch's result
+    if what == "output":
+        np.testing.assert_allclose(seen[0], ref, rtol=1e-6)
+    else:
+        assert seen[0].shape == (N,)
+    np.testing.assert_allclose(out[0].unpartition().to_numpy(), ref, rtol=1e-6)
+
+
+def test_tensors_outside_the_graph_stay_readable_during_capture(rng: np.random.Generator) -> None:
+    other = ct.from_numpy(_vec(rng))
+    seen: list[Any] = []
+    chain, _ = _reading_chain(rng, lambda r: other.to_numpy(), seen)
+    g = ct.graph(chain)
+    g.replay()
+    assert len(seen) == 1 and seen[0].shape == (N,)
+    g.release()
 
 
 def test_graphed_tensors_belong_to_the_graph(rng: np.random.Generator) -> None:

@@ -16,7 +16,7 @@ from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedErr
 from cutile_py.host.interpret_run import run_interpreted
 from cutile_py.host.launch import kernel_launch, launch_ptx
 from cutile_py.host.streams import StreamLike, as_stream, async_stream, settle, wait_done
-from cutile_py.host.tensor import Holder, Owned, Partition, Tensor
+from cutile_py.host.tensor import Holder, Owned, Partition, Tensor, capturing
 from cutile_py.runtime.backend import (
     Backend,
     Completion,
@@ -130,6 +130,9 @@ class DeviceOp(OpLike):
                 "that have not been launched"
             )
         launches.append(self)
+        capture = capturing.get()
+        if capture is not None:
+            capture.record(self.name, self.args)
         # Its arguments go on to the chain's next step now, and to the graph at the end.
         self._graph_holds = list(self._held)
         self._graphed = True

@@ -24,7 +24,15 @@ import numpy as np
 from cutile_py.host.device_op import DeviceOp, OpLike
 from cutile_py.host.errors import BorrowError, LaunchError, MovedError
 from cutile_py.host.streams import StreamLike, as_stream, async_stream, settle, wait_done
-from cutile_py.host.tensor import Holder, Owned, Partition, Tensor, caller_location
+from cutile_py.host.tensor import (
+    Capture,
+    Holder,
+    Owned,
+    Partition,
+    Tensor,
+    caller_location,
+    capturing,
+)
 from cutile_py.ir.dtypes import bf16, to_host, to_storage
 from cutile_py.runtime.backend import Completion, Finished, GraphExec, RuntimeFailure
 
@@ -57,7 +65,11 @@ class Graph:
         self._in_flight: Completion | None = None
         self._held: list[tuple[Owned, bool]] = []
         launches: list[DeviceOp] = []
-        self._result = op._record(launches)  # nothing runs; the ops hold nothing after this
+        token = capturing.set(Capture(name))  # no host reads of the launches' memory meanwhile
+        try:
+            self._result = op._record(launches)  # nothing runs; the ops hold nothing after this
+        finally:
+            capturing.reset(token)
         self._launches = launches
         if not launches:
             raise ValueError("ct.graph: the op made no launches")

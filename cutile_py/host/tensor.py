@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from math import prod
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -32,6 +34,33 @@ class Holder(Protocol):
     def holding(self) -> str:
         """Who holds, and what to do about it (for BorrowError messages)."""
         ...
+
+
+@dataclass
+class Capture:
+    """A `ct.graph` capture in progress: the memory its recorded launches use. A chain's
+    functions run once, during capture, before any data exists, so they may not read it."""
+
+    name: str | None
+    kernels: list[str] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+
+    def describe(self) -> str:
+        if self.name is not None:
+            return f"graph {self.name!r}"
+        return f"graph of {', '.join(dict.fromkeys(self.kernels))}"
+
+    def record(self, kernel: str, args: Sequence[object]) -> None:
+        """Note a launch the capture recorded (its tensors' memory is the graph's from now)."""
+        self.kernels.append(kernel)
+        for a in args:
+            t = a.tensor if isinstance(a, Partition) else a
+            if isinstance(t, Tensor):
+                self.spans.append((t.buffer.address, t.buffer.address + t.nbytes))
+
+
+#: The capture running on this thread or task, if any (set by `ct.graph`).
+capturing: ContextVar[Capture | None] = ContextVar("cutile_py_capture", default=None)
 
 
 class Owned:
@@ -141,9 +170,25 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
     def to_numpy(self) -> np.ndarray:
         """A host copy in the tensor's own NumPy dtype (f16 as float16); bf16, which NumPy lacks,
         reads as float32 (exactly)."""
-        self._check_usable("read the tensor")
+        self._check_host_access("read the tensor")
         raw = self._backend.download(self._buffer, self.nbytes)
         return to_host(raw.view(self._dtype.storage), self._dtype).reshape(self._shape)
+
+    def _check_host_access(self, action: str) -> None:
+        """Like `_check_usable`, and no host access to memory a graph being captured uses."""
+        self._check_usable(action)
+        capture = capturing.get()
+        if capture is None or self.nbytes == 0:
+            return
+        lo = self._buffer.address
+        hi = lo + self.nbytes
+        if any(lo < h and l < hi for l, h in capture.spans):
+            raise BorrowError(
+                f"cannot {action}: this tensor is held by the {capture.describe()} being "
+                "captured. A chain's functions run once, at capture, before any launch has "
+                "run: they may only build the next op. Read the tensor with the graph's "
+                ".read() after a replay."
+            )
 
     def partition(self, tile_shape: Sequence[int] | int) -> Partition:
         """Split into disjoint tiles of `tile_shape` for a `Mut` parameter; consumes this tensor."""
@@ -175,7 +220,7 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
         Like `ct.RawKernel`, this leaves the checked model: cutile_py cannot see what the
         consumer does with the memory. The memory stays alive while the consumer holds it.
         """
-        self._check_usable("export the tensor")
+        self._check_host_access("export the tensor")
         if copy:
             raise BufferError("cutile_py exports without copying; pass copy=None or False")
         device = self.__dlpack_device__()
@@ -202,7 +247,7 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
             )
         if self._dtype.name == "bf16":
             raise AttributeError("__cuda_array_interface__ has no bf16 type; use __dlpack__")
-        self._check_usable("export the tensor")
+        self._check_host_access("export the tensor")
         return {
             "shape": self._shape,
             "typestr": self._dtype.storage.str,
