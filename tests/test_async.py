@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +23,7 @@ from cutile_py.host.streams import async_stream
 from cutile_py.runtime import cuda_driver as cu
 from cutile_py.runtime.backend import Completion, ParamValue
 from tests.support import elementwise_kernels as K
-from tests.support.completions import SlowCompletion
+from tests.support.completions import SlowCompletion, until
 from tests.support.fake_driver import StreamDriver, vector_add_ptx
 
 N = 1000
@@ -105,6 +106,117 @@ def test_await_does_not_block_the_event_loop(rng: np.random.Generator) -> None:
     np.testing.assert_allclose(z.unpartition().to_numpy(), ref, rtol=1e-6)
 
 
+def _blocks_until(op: DeviceOp, release: threading.Event) -> list[str]:
+    """Make `op`'s launch (which executes on sim and interpret) wait for `release`: if the
+    launch ran on the event loop's thread, nothing could set it, and the wait times out."""
+    start = op._start
+    threads: list[str] = []
+
+    def blocking_start(stream: object | None = None) -> Completion:
+        threads.append(threading.current_thread().name)
+        if not release.wait(timeout=10):
+            raise AssertionError("the launch blocked the event loop: no other task ran")
+        return start(stream)
+
+    op._start = blocking_start  # type: ignore[method-assign]
+    return threads
+
+
+def test_an_executing_launch_leaves_the_event_loop_free(rng: np.random.Generator) -> None:
+    op, ref = _add_op(rng)
+    release = threading.Event()
+    threads = _blocks_until(op, release)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while ticks < 5:  # five turns of a 1 ms ticker while the launch executes
+            await asyncio.sleep(0.001)
+            ticks += 1
+        release.set()
+
+    async def main() -> tuple[Any, ...]:
+        t = asyncio.create_task(ticker())
+        out = await op
+        await t
+        return out
+
+    z, x, _ = asyncio.run(main())
+    assert ticks == 5 and threads and threads[0] != threading.main_thread().name
+    np.testing.assert_allclose(z.unpartition().to_numpy(), ref, rtol=1e-6)
+    assert x.to_numpy().shape == (N,)
+
+
+def test_cancelling_an_executing_launch_waits_for_it(rng: np.random.Generator) -> None:
+    op, ref = _add_op(rng)
+    release = threading.Event()
+    threads = _blocks_until(op, release)
+    z, x, _ = op.args
+
+    async def main() -> None:
+        task = asyncio.create_task(_await(op))
+        await until(lambda: bool(threads))  # executing in the worker thread
+        task.cancel()
+        await asyncio.sleep(0.01)
+        assert not task.done()  # the cancellation waits for the launch ...
+        with pytest.raises(ct.BorrowError, match="pending launch of kernel add made at"):
+            x.to_numpy()  # ... which still holds its arguments
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    np.testing.assert_allclose(z.unpartition().to_numpy(), ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["create_task", "ensure_future", "gather", "wait_for"])
+def test_a_task_cancelled_before_its_op_ran_hands_the_arguments_back(
+    rng: np.random.Generator, how: str
+) -> None:
+    a, b = _vec(rng), _vec(rng)
+    z, x, y = ct.zeros(N).partition(TILE), ct.from_numpy(a), ct.from_numpy(b)
+    op = K.add(z, x, y)
+    with pytest.raises(ct.BorrowError, match=r"made at .*test_async.py:\d+, not run yet"):
+        x.to_numpy()
+
+    async def main() -> None:
+        if how == "wait_for":
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(op, timeout=0)
+            return
+        task: asyncio.Future[Any]
+        if how == "create_task":
+            task = asyncio.create_task(op)
+        elif how == "ensure_future":
+            task = asyncio.ensure_future(op)
+        else:
+            task = asyncio.gather(op)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # At once, with the task object still alive: nothing ran, nothing is held.
+        np.testing.assert_array_equal(x.to_numpy(), a)
+        np.testing.assert_array_equal(z.unpartition().to_numpy(), np.zeros(N, np.float32))
+
+    asyncio.run(main())
+    np.testing.assert_array_equal(y.to_numpy(), b)
+    with pytest.raises(ct.BorrowError, match=r"never ran .*cancelled before it started"):
+        op.sync()
+
+
+@pytest.mark.parametrize("runner", ["create_task", "run"])
+def test_an_op_is_a_coroutine_for_asyncio(rng: np.random.Generator, runner: str) -> None:
+    op, ref = _add_op(rng)
+    chain = op.then(lambda res: K.add(ct.zeros(N).partition(TILE), res[0].unpartition(), res[1]))
+
+    async def main() -> tuple[Any, ...]:
+        return await asyncio.create_task(chain)
+
+    out = asyncio.run(main()) if runner == "create_task" else asyncio.run(chain)
+    x = op.args[1].to_numpy()
+    np.testing.assert_allclose(out[0].unpartition().to_numpy(), ref + x, rtol=1e-5, atol=1e-6)
+
+
 def test_then_chain_feeds_results_forward(rng: np.random.Generator) -> None:
     a, b, c = _vec(rng), _vec(rng), _vec(rng)
     x, y, w = (ct.from_numpy(v) for v in (a, b, c))
@@ -172,14 +284,14 @@ def test_gather_of_many_ops(rng: np.random.Generator) -> None:
 
 def test_arguments_are_held_until_the_await_completes(rng: np.random.Generator) -> None:
     op, ref = _add_op(rng)
-    _slow(op, polls=20)
+    made = _slow(op, polls=20)
     z, x, _ = op.args
 
     async def main() -> None:
         task = asyncio.create_task(_await(op))
-        await asyncio.sleep(0)  # the op is launched and in flight
+        await until(lambda: bool(made))  # the op is launched and in flight
         assert op._completion is not None and not op._completion.done()
-        with pytest.raises(ct.BorrowError, match="held by pending"):
+        with pytest.raises(ct.BorrowError, match="held by the pending"):
             x.to_numpy()
         with pytest.raises(ct.BorrowError):
             z.unpartition()
@@ -187,7 +299,7 @@ def test_arguments_are_held_until_the_await_completes(rng: np.random.Generator) 
             K.add(z, x, x)
         # A tensor held shared may still be read by another launch.
         other = K.add(ct.zeros(N).partition(TILE), x, x)
-        with pytest.raises(ct.BorrowError, match="held by pending"):
+        with pytest.raises(ct.BorrowError, match="held by the pending"):
             other.sync()[1].to_numpy()  # x is still the first op's
         await task
 
@@ -216,8 +328,7 @@ def test_cancellation_mid_flight_hands_the_arguments_back(rng: np.random.Generat
 
     async def main() -> None:
         task = asyncio.create_task(_await(op))
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await until(lambda: bool(made))
         assert made and not made[0].done()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,7 +18,7 @@ import cutile_py as ct
 from cutile_py.runtime import cuda_driver as cu
 from cutile_py.runtime.backend import Completion, GraphExec, KernelLaunch, ParamValue
 from tests.support import elementwise_kernels as K
-from tests.support.completions import SlowCompletion
+from tests.support.completions import SlowCompletion, until
 from tests.support.fake_driver import StreamDriver, vector_add_ptx
 
 N = 1000
@@ -232,7 +233,7 @@ def test_graphed_tensors_belong_to_the_graph(rng: np.random.Generator) -> None:
 def test_an_input_also_held_by_a_pending_op_cannot_be_updated(rng: np.random.Generator) -> None:
     g, _, x, _, _ = _add_graph(rng)
     pending = K.add(ct.zeros(N).partition(TILE), x, x)
-    with pytest.raises(ct.BorrowError, match="also held by pending launch of kernel add"):
+    with pytest.raises(ct.BorrowError, match="also held by the pending launch of kernel add"):
         g.update(x, _vec(rng))
     pending.sync()
     g.update(x, _vec(rng))
@@ -320,7 +321,7 @@ def test_no_update_or_read_while_a_replay_is_in_flight(rng: np.random.Generator)
 
     async def main() -> None:
         task = asyncio.create_task(g.replay_async())
-        await asyncio.sleep(0)
+        await until(lambda: bool(slow.made))
         assert slow.made and not slow.made[0].done()
         with pytest.raises(ct.BorrowError, match="still running"):
             g.update(x, _vec(rng))
@@ -353,6 +354,83 @@ def test_cancelling_a_replay_waits_for_it(rng: np.random.Generator) -> None:
     asyncio.run(main())
     np.testing.assert_allclose(g.read(z), ref, rtol=1e-6)
     g.release()
+
+
+class _BlockingReplay(GraphExec):
+    """Replays that wait for `release` before executing: if a replay ran on the event loop's
+    thread, no task could set it, and the wait times out."""
+
+    def __init__(self, inner: GraphExec) -> None:
+        self.inner = inner
+        self.release = threading.Event()
+        self.threads: list[str] = []
+
+    def launch(self, stream: object | None = None) -> Completion:
+        self.threads.append(threading.current_thread().name)
+        if not self.release.wait(timeout=10):
+            raise AssertionError("the replay blocked the event loop: no other task ran")
+        return self.inner.launch(stream)
+
+    def destroy(self) -> None:
+        self.inner.destroy()
+
+
+def test_an_executing_replay_leaves_the_event_loop_free(rng: np.random.Generator) -> None:
+    g, z, x, _, ref = _add_graph(rng)
+    blocking = g._exec = _BlockingReplay(g._exec)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while ticks < 5:
+            await asyncio.sleep(0.001)
+            ticks += 1
+        with pytest.raises(ct.BorrowError, match="still running"):
+            g.read(z)  # the replay is executing in the worker thread
+        blocking.release.set()
+
+    async def main() -> None:
+        t = asyncio.create_task(ticker())
+        await g.replay_async()
+        await t
+
+    asyncio.run(main())
+    assert ticks == 5 and blocking.threads[0] != threading.main_thread().name
+    np.testing.assert_allclose(g.read(z), ref, rtol=1e-6)
+    g.release()
+    assert x.to_numpy().shape == (N,)
+
+
+def test_a_replay_orphaned_by_a_closed_event_loop_is_waited_for(
+    rng: np.random.Generator,
+) -> None:
+    g, z, x, _, ref = _add_graph(rng)
+    slow = g._exec = _SlowReplay(g._exec)
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(g.replay_async())
+    loop.run_until_complete(until(lambda: bool(slow.made)))  # the replay is in flight ...
+    assert not task.done() and not slow.made[0].done()
+    loop.close()  # ... and its await will never resume
+    np.testing.assert_allclose(g.read(z), ref, rtol=1e-6)  # waits for the replay
+    assert slow.made[0].left <= 0
+    z2, x2, _ = g.release()
+    assert z2 is z and x2 is x
+    np.testing.assert_allclose(z.unpartition().to_numpy(), ref, rtol=1e-6)
+    del task
+    gc.collect()
+
+
+def test_release_waits_for_a_replay_whose_loop_has_closed(rng: np.random.Generator) -> None:
+    g, z, _, _, ref = _add_graph(rng)
+    blocking = g._exec = _BlockingReplay(g._exec)
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(g.replay_async())
+    loop.run_until_complete(until(lambda: bool(blocking.threads)))  # executing in the worker
+    loop.close()
+    assert not task.done()
+    threading.Timer(0.05, blocking.release.set).start()
+    g.release()  # waits for the worker's replay, then succeeds
+    np.testing.assert_allclose(z.unpartition().to_numpy(), ref, rtol=1e-6)
 
 
 def test_dropping_a_graph_releases_its_tensors(rng: np.random.Generator) -> None:

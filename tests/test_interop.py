@@ -135,7 +135,7 @@ def test_unconsumed_capsule_frees_its_record() -> None:
 def test_dlpack_export_checks_ownership(rng: np.random.Generator) -> None:
     x = ct.from_numpy(_vec(rng))
     op = K.add(ct.zeros(N).partition(TILE), x, x)
-    with pytest.raises(ct.BorrowError, match=r"cannot export the tensor.*held by pending"):
+    with pytest.raises(ct.BorrowError, match=r"cannot export the tensor.*held by the pending"):
         np.from_dlpack(x)
     op.sync()
     with pytest.raises(BufferError, match="without copying"):

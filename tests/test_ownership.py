@@ -98,7 +98,7 @@ def test_a_shared_tensor_may_be_passed_twice(rng: np.random.Generator) -> None:
 def test_arguments_are_held_until_sync_and_returned_as_the_same_objects() -> None:
     z, x, y = ct.zeros(16).partition(8), ct.ones(16), ct.ones(16)
     op = K.add(z, x, y)
-    with pytest.raises(ct.BorrowError, match="held by pending launch of kernel add"):
+    with pytest.raises(ct.BorrowError, match="held by the pending launch of kernel add"):
         x.to_numpy()
     with pytest.raises(ct.BorrowError):
         z.unpartition()
@@ -108,7 +108,7 @@ def test_arguments_are_held_until_sync_and_returned_as_the_same_objects() -> Non
     other = K.add(ct.zeros(16).partition(8), x, y)
     out = op.sync()
     assert out[0] is z and out[1] is x and out[2] is y
-    with pytest.raises(ct.BorrowError, match="held by pending launch"):
+    with pytest.raises(ct.BorrowError, match="held by the pending launch"):
         x.partition(4)  # still shared-held by `other`
     other.sync()
     np.testing.assert_array_equal(z.unpartition().to_numpy(), np.full(16, 2, np.float32))

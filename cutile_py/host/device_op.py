@@ -8,15 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Generator
+from abc import abstractmethod
+from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
 from cutile_py.host.interpret_run import run_interpreted
 from cutile_py.host.launch import kernel_launch, launch_ptx
-from cutile_py.host.streams import StreamLike, as_stream, async_stream, settle, wait_done
-from cutile_py.host.tensor import Holder, Owned, Partition, Tensor, capturing
+from cutile_py.host.streams import (
+    HOST_EXECUTION,
+    StreamLike,
+    as_stream,
+    async_stream,
+    finish_first,
+    off_loop,
+    settle,
+    wait_done,
+)
+from cutile_py.host.tensor import Holder, Owned, Partition, Tensor, capturing, user_location
 from cutile_py.runtime.backend import (
     Backend,
     Completion,
@@ -32,8 +41,17 @@ if TYPE_CHECKING:
     from cutile_py.host.pipeline import Chain
 
 
-class OpLike(ABC):
-    """Device work that owns its arguments until it completes and then hands them back."""
+class OpLike(Coroutine[Any, Any, "tuple[Any, ...]"]):
+    """Device work that owns its arguments until it completes and then hands them back.
+
+    An op is a coroutine, so `asyncio.create_task(op)`, `asyncio.gather(op, ...)`,
+    `asyncio.wait_for(op, t)` and `asyncio.run(op)` take it as they are. A task cancelled
+    before the op ever ran hands the arguments back at once; after it has started, the
+    cancellation waits for the device work (API.md rule 4).
+    """
+
+    #: The run driven through the coroutine protocol (`send`/`throw`), once started.
+    _driver: Generator[Any, None, tuple[Any, ...]] | None = None
 
     @abstractmethod
     def sync(self) -> tuple[Any, ...]:
@@ -59,6 +77,30 @@ class OpLike(ABC):
     def __await__(self) -> Generator[Any, None, tuple[Any, ...]]:
         """`await op`: like `sync()`, without blocking the event loop."""
         return self._run_async().__await__()
+
+    # --- the coroutine protocol (what an asyncio task drives) -----------------------------
+
+    def send(self, value: Any, /) -> Any:
+        if self._driver is None:
+            self._driver = self.__await__()
+        return self._driver.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None, /) -> Any:
+        exc = typ if isinstance(typ, BaseException) else typ() if val is None else val
+        if self._driver is None:
+            # Nothing ran and nothing will: the arguments go back to their owners now.
+            self._abandon("its task was cancelled before it started")
+            raise exc.with_traceback(tb) if tb is not None else exc
+        return self._driver.throw(exc)
+
+    def close(self) -> None:
+        if self._driver is not None:
+            self._driver.close()
+
+    @abstractmethod
+    def _abandon(self, why: str) -> None:
+        """Drop the launches not yet started, handing their arguments back (`why`: for the
+        message a later use gets)."""
 
     def then(self, fn: Callable[[tuple[Any, ...]], OpLike]) -> Chain:
         """An op that runs this one, passes its result to `fn` and runs the op `fn` returns."""
@@ -97,9 +139,14 @@ class DeviceOp(OpLike):
         self.args = args
         self.grid = grid
         self._completion: Completion | None = None
+        #: An awaited launch executing off the event loop (CPU backends), until it returns.
+        self._launching: asyncio.Future[None] | None = None
         self._held: list[tuple[Owned, bool]] = []
         self._finished = False
         self._graphed = False
+        #: Where the user made the op, and why it ended without running (for messages).
+        self._made_at = user_location()
+        self._abandoned: str | None = None
         #: What the op held when `ct.graph` captured it: the graph holds these instead.
         self._graph_holds: list[tuple[Owned, bool]] = []
 
@@ -107,7 +154,17 @@ class DeviceOp(OpLike):
         return f"launch of kernel {self.name}"
 
     def holding(self) -> str:
-        return f"pending {self.describe()}; call .sync() on that op first"
+        if self._completion is None and self._launching is None:
+            return (
+                f"the pending {self.describe()} made at {self._made_at}, not run yet; run it "
+                "(.sync() or await it), or drop it, to get the arguments back"
+            )
+        return f"the pending {self.describe()} made at {self._made_at}; await or .sync() it first"
+
+    def _abandon(self, why: str) -> None:
+        if self._completion is None and self._launching is None and not self._finished:
+            self._abandoned = why
+            self._finish()
 
     def param_names(self) -> list[str]:
         """The names of the parameters, in argument order (for messages)."""
@@ -193,7 +250,11 @@ class DeviceOp(OpLike):
 
     def _launch(self, stream: object | None = None) -> None:
         try:
-            self._completion = self._start(stream)
+            if self.backend.executes_on_host:
+                with HOST_EXECUTION:
+                    self._completion = self._start(stream)
+            else:
+                self._completion = self._start(stream)
         except RuntimeFailure as e:
             self._finish()
             raise LaunchError(f"kernel {self.name} failed to launch: {e}") from e
@@ -209,6 +270,11 @@ class DeviceOp(OpLike):
         if self._graphed:
             raise BorrowError(
                 f"this {self.describe()} was captured by ct.graph(); replay the graph instead"
+            )
+        if self._abandoned is not None:
+            raise BorrowError(
+                f"this {self.describe()} never ran ({self._abandoned}) and has returned its "
+                "arguments; make a new launch"
             )
         if self._finished:
             raise BorrowError(
@@ -248,8 +314,26 @@ class DeviceOp(OpLike):
 
     async def _run_async(self) -> tuple[Any, ...]:
         self._check_pending()
-        if self._completion is None:
-            self._launch(async_stream(self.backend))
+        if self._completion is None and self._launching is None:
+            stream = async_stream(self.backend)
+            # A task, so that every awaiter of this op waits for one launch.
+            self._launching = asyncio.ensure_future(
+                off_loop(self.backend, lambda: self._launch(stream))
+            )
+        if self._launching is not None:
+            launching = self._launching
+            try:
+                await asyncio.shield(launching)
+            except asyncio.CancelledError:
+                await finish_first(launching)  # rule 4: the launch ends before we let go
+                if self._completion is not None:
+                    await settle(self._completion)
+                self._finish()
+                raise
+            finally:
+                if launching.done():
+                    self._launching = None
+        self._check_pending()  # a failed launch, or another awaiter that got there first
         completion = self._completion
         assert completion is not None
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import weakref
 from typing import Any
 
@@ -23,7 +24,15 @@ import numpy as np
 
 from cutile_py.host.device_op import DeviceOp, OpLike
 from cutile_py.host.errors import BorrowError, LaunchError, MovedError
-from cutile_py.host.streams import StreamLike, as_stream, async_stream, settle, wait_done
+from cutile_py.host.streams import (
+    HOST_EXECUTION,
+    StreamLike,
+    as_stream,
+    async_stream,
+    off_loop,
+    settle,
+    wait_done,
+)
 from cutile_py.host.tensor import (
     Capture,
     Holder,
@@ -51,6 +60,19 @@ class _InterpretedReplay(GraphExec):
         return Finished()
 
 
+class _Executing(Completion):
+    """A replay that a worker thread is about to run or running (sim, interpret)."""
+
+    def __init__(self) -> None:
+        self.finished = threading.Event()
+
+    def done(self) -> bool:
+        return self.finished.is_set()
+
+    def wait(self) -> None:
+        self.finished.wait()
+
+
 class Graph:
     """A captured op; `replay()` runs it again on the same tensors. Made by `ct.graph(op)`."""
 
@@ -63,6 +85,8 @@ class Graph:
         self._name = name
         self._released_at: str | None = None
         self._in_flight: Completion | None = None
+        #: The event loop of the last `replay_async` (see `_settle_orphaned_replay`).
+        self._replay_loop: asyncio.AbstractEventLoop | None = None
         self._held: list[tuple[Owned, bool]] = []
         launches: list[DeviceOp] = []
         token = capturing.set(Capture(name))  # no host reads of the launches' memory meanwhile
@@ -152,6 +176,7 @@ class Graph:
         return _InterpretedReplay(live)
 
     def _check_live(self, action: str) -> None:
+        self._settle_orphaned_replay()
         if self._released_at is not None:
             raise MovedError(
                 f"cannot {action}: this {self.describe()} was released at {self._released_at}; "
@@ -180,12 +205,33 @@ class Graph:
             )
         return (target.tensor if isinstance(target, Partition) else target), entry[1]
 
+    def _settle_orphaned_replay(self) -> None:
+        """A replay whose `replay_async` can no longer resume (its event loop stopped or was
+        closed with the await pending): wait for the device here, so that the graph stays
+        usable and releasable. One awaited from a running loop is that await's to finish."""
+        completion = self._in_flight
+        loop = self._replay_loop
+        if completion is None or loop is None or loop.is_running():
+            return
+        self._replay_loop = None
+        if isinstance(completion, _Executing):
+            completion.wait()
+            if self._in_flight is None:  # it failed to launch; nothing runs
+                return
+            completion = self._in_flight
+        self._complete(completion)
+
     # --- replaying ------------------------------------------------------------------------------
 
     def _launch(self, stream: object | None) -> Completion:
         try:
-            self._in_flight = self._exec.launch(stream)
+            if self.backend.executes_on_host:
+                with HOST_EXECUTION:
+                    self._in_flight = self._exec.launch(stream)
+            else:
+                self._in_flight = self._exec.launch(stream)
         except RuntimeFailure as e:
+            self._in_flight = None
             raise LaunchError(f"{self.describe()}: replay failed to launch: {e}") from e
         return self._in_flight
 
@@ -207,7 +253,28 @@ class Graph:
         """Like `replay()`, without blocking the event loop. Cancelling the awaiting task waits
         for the replay to finish before `CancelledError` propagates."""
         self._check_live("replay the graph")
-        completion = self._launch(async_stream(self.backend))
+        self._replay_loop = asyncio.get_running_loop()
+        stream = async_stream(self.backend)
+        if self.backend.executes_on_host:
+            running = _Executing()
+            self._in_flight = running  # until the worker thread has run the replay
+
+            def work() -> Completion:
+                try:
+                    return self._launch(stream)
+                finally:
+                    running.finished.set()
+
+            try:
+                completion = await off_loop(self.backend, work)
+            except asyncio.CancelledError:
+                # off_loop let the launch finish first; the replay, too, ends before we let go.
+                if self._in_flight is not None:
+                    await settle(self._in_flight)
+                self._in_flight = None
+                raise
+        else:
+            completion = self._launch(stream)
         try:
             await wait_done(completion)
         except asyncio.CancelledError:

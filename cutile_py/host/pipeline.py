@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,16 @@ class _Once(OpLike):
 
     def describe(self) -> str:
         return type(self).__name__.lower()
+
+    def _abandon(self, why: str) -> None:
+        if not self._used:
+            self._used = True
+            for op in self._members():
+                op._abandon(why)
+
+    @abstractmethod
+    def _members(self) -> list[OpLike]:
+        """The ops this one runs that exist now."""
 
 
 class Chain(_Once):
@@ -77,6 +88,9 @@ class Chain(_Once):
     def _ops(self) -> list[DeviceOp]:
         return [] if self._used else self.first._ops()
 
+    def _members(self) -> list[OpLike]:
+        return [self.first]
+
 
 class Zip(_Once):
     """`ct.zip(op1, op2, ...)`: the ops run together; the result is the tuple of their results."""
@@ -91,11 +105,15 @@ class Zip(_Once):
     def _ops(self) -> list[DeviceOp]:
         return [] if self._used else [d for op in self.ops for d in op._ops()]
 
+    def _members(self) -> list[OpLike]:
+        return list(self.ops)
+
     def sync(self) -> tuple[Any, ...]:
         self._use()
         # Everything is queued before anything is waited for, so that the ops can overlap.
         for d in self._ops_now():
-            if d._completion is None and not d._finished:
+            # (On the CPU backends a launch executes: each member's await runs it off the loop.)
+            if d._completion is None and not d._finished and not d.backend.executes_on_host:
                 try:
                     d._launch()
                 except BaseException:

@@ -5,16 +5,20 @@ nothing on the CPU backends (their launches finish before returning). Awaited op
 over a few pooled streams per backend so that independent ones can overlap on the device.
 
 Waiting polls `Completion.done()` from the event loop (`call_soon` a few times, then
-`call_later` with a doubling delay): no thread per launch, and the loop stays free.
+`call_later` with a doubling delay): no thread per launch, and the loop stays free. The CPU
+backends execute a launch before returning, so an awaited launch there runs in one worker
+thread (`off_loop`), in the order awaited, while the loop serves other tasks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import weakref
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol, TypeVar
 
 from cutile_py.runtime.backend import Backend, Completion
 from cutile_py.runtime.select import active_backend
@@ -113,6 +117,50 @@ def async_stream(backend: Backend) -> object | None:
         _pools[backend] = pool
     stream = next(pool)
     return None if stream is None else stream.handle
+
+
+T = TypeVar("T")
+
+#: Held while a launch or replay executes on the host (sim, interpret), so that a worker
+#: thread's launch and a synchronous one from the loop's thread never run at once.
+HOST_EXECUTION = threading.RLock()
+_worker: ThreadPoolExecutor | None = None
+
+
+def _host_worker() -> ThreadPoolExecutor:
+    global _worker
+    if _worker is None:
+        # One thread: launches execute one at a time, in the order they were awaited.
+        _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cutile_py-host")
+    return _worker
+
+
+async def off_loop(backend: Backend, work: Callable[[], T]) -> T:
+    """`work()` (a launch or replay on `backend`) without blocking the event loop: on a
+    backend that executes on the host, in the worker thread; on cuda, which only queues the
+    work, right here. If the awaiting task is cancelled meanwhile, `work` still finishes
+    first (the arguments stay the op's until it has), then `CancelledError` propagates."""
+    if not backend.executes_on_host:
+        return work()
+    loop = asyncio.get_running_loop()
+    fut = loop.run_in_executor(_host_worker(), work)
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await finish_first(fut)
+        raise
+
+
+async def finish_first(fut: asyncio.Future[T]) -> None:
+    """Wait until `fut` is done, whatever cancellations arrive meanwhile (API rule 4); its
+    outcome is left to whoever asks for it."""
+    while not fut.done():
+        try:
+            await asyncio.wait([fut])
+        except asyncio.CancelledError:
+            continue
+    if not fut.cancelled():
+        fut.exception()  # retrieved: an error here is reported by the op, not asyncio's log
 
 
 async def wait_done(completion: Completion) -> None:

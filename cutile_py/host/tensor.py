@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import weakref
 from collections.abc import Sequence
@@ -25,6 +26,17 @@ Shape = TypeVarTuple("Shape")
 def caller_location(depth: int = 2) -> str:
     """`file:line` of the user code `depth` frames up (where a tensor was moved)."""
     frame = sys._getframe(depth)
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def user_location() -> str:
+    """`file:line` of the innermost caller outside cutile_py (where the user made an op)."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 

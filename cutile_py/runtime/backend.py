@@ -115,6 +115,9 @@ class Backend(ABC):
     name: str
     #: True where kernels run as PTX (cuda, sim); False where the kernel's Python runs (interpret).
     runs_ptx: bool
+    #: True where a launch executes on the host before returning (sim, interpret), False where
+    #: it is only queued on a device (cuda).
+    executes_on_host: bool = False
 
     @property
     @abstractmethod
@@ -213,6 +216,7 @@ class InterpretBackend(Backend):
 
     name = "interpret"
     runs_ptx = False
+    executes_on_host = True
 
     @property
     def target(self) -> Target:

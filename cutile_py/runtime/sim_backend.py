@@ -52,6 +52,7 @@ class SimBackend(Backend):
 
     name = "sim"
     runs_ptx = True
+    executes_on_host = True
 
     def __init__(
         self,

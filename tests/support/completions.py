@@ -3,6 +3,10 @@ launches otherwise finish before returning."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
+
 from cutile_py.runtime.backend import Completion
 
 
@@ -23,3 +27,13 @@ class SlowCompletion(Completion):
         while not self.done():
             pass
         self.inner.wait()
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Let the event loop run until `condition()` holds: on sim and interpret an awaited launch
+    executes in a worker thread, so its start is not one loop turn away."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(0.001)
