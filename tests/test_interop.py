@@ -148,6 +148,112 @@ def test_dlpack_export_checks_ownership(rng: np.random.Generator) -> None:
 # --- foreign streams ---------------------------------------------------------------------
 
 
+# --- several views of one memory: ownership belongs to the span ---------------------------
+
+
+def _two_views(rng: np.random.Generator) -> tuple[np.ndarray, Any, Any]:
+    a = _vec(rng)
+    return a, ct.from_dlpack(a), ct.from_dlpack(a)
+
+
+def test_a_mut_op_on_one_view_holds_every_view(rng: np.random.Generator) -> None:
+    a, t1, t2 = _two_views(rng)
+    b, c = _vec(rng), _vec(rng)
+    x, y = ct.from_numpy(b), ct.from_numpy(c)
+    op = K.add(t1.partition(TILE), x, y)  # pending, and writes a's memory
+    with pytest.raises(ct.BorrowError, match=r"also viewed by another tensor.*kernel add made at"):
+        t2.to_numpy()
+    with pytest.raises(ct.BorrowError, match="also viewed"):
+        np.from_dlpack(t2)
+    p2 = t2.partition(TILE)  # (partitioning touches no memory)
+    with pytest.raises(ct.BorrowError, match=r"parameter 'z'.*also viewed"):
+        K.add(p2, x, y)
+    t2 = p2.unpartition()
+    with pytest.raises(ct.BorrowError, match=r"parameter 'x'.*also viewed"):
+        K.add(ct.zeros(N).partition(TILE), t2, y)  # a read of memory being written
+    z, _, _ = op.sync()
+    np.testing.assert_allclose(t2.to_numpy(), b + c, rtol=1e-6)  # the op's write, seen
+    np.testing.assert_allclose(a, b + c, rtol=1e-6)
+    # Let go, every view is free again: a Mut launch on the second one runs.
+    K.add(t2.partition(TILE), x, x).sync()
+    np.testing.assert_allclose(a, 2 * b, rtol=1e-6)
+    np.testing.assert_allclose(z.unpartition().to_numpy(), 2 * b, rtol=1e-6)
+
+
+def test_a_reading_op_on_one_view_allows_reads_of_another(rng: np.random.Generator) -> None:
+    a, t1, t2 = _two_views(rng)
+    t3 = ct.from_dlpack(a)
+    b = _vec(rng)
+    x = ct.from_numpy(b)
+    first = K.add(ct.zeros(N).partition(TILE), t1, x)  # reads a's memory, pending
+    second = K.add(ct.zeros(N).partition(TILE), t2, x)  # another read: allowed
+    with pytest.raises(ct.BorrowError, match=r"parameter 'z'.*also viewed"):
+        K.add(t3.partition(TILE), x, x)  # a write is not
+    with pytest.raises(ct.BorrowError, match="also viewed"):
+        ct.from_dlpack(a).to_numpy()  # nor the host, while launches use the memory
+    for op in (first, second):
+        np.testing.assert_allclose(op.sync()[0].unpartition().to_numpy(), a + b, rtol=1e-6)
+    np.testing.assert_array_equal(t2.to_numpy(), a)
+
+
+def test_a_graph_holding_one_view_holds_every_view(rng: np.random.Generator) -> None:
+    a, t1, t2 = _two_views(rng)
+    b = _vec(rng)
+    x = ct.from_numpy(b)
+    g = ct.graph(K.add(t1.partition(TILE), x, x), name="double")
+    with pytest.raises(ct.BorrowError, match=r"also viewed.*graph 'double'"):
+        t2.to_numpy()
+    with pytest.raises(ct.BorrowError, match=r"parameter 'x'.*graph 'double'"):
+        K.add(ct.zeros(N).partition(TILE), t2, x)
+    g.replay()
+    g.release()
+    np.testing.assert_allclose(t2.to_numpy(), 2 * b, rtol=1e-6)
+    np.testing.assert_allclose(a, 2 * b, rtol=1e-6)
+
+
+def test_graph_update_refuses_memory_a_pending_op_holds_through_another_view(
+    rng: np.random.Generator,
+) -> None:
+    a, t1, t2 = _two_views(rng)
+    g = ct.graph(K.add(ct.zeros(N).partition(TILE), t1, t1))
+    op = K.add(ct.zeros(N).partition(TILE), t2, t2)  # reads a, pending: the graph may not write
+    with pytest.raises(ct.BorrowError, match=r"update: the memory of .* kernel add made at"):
+        g.update(t1, _vec(rng))
+    op.sync()
+    a = _vec(rng)
+    g.update(t1, a)
+    g.replay()
+    z, _, _ = g.release()
+    np.testing.assert_allclose(z.unpartition().to_numpy(), 2 * a, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "views",
+    [
+        [slice(None), slice(None)],  # the same array twice
+        [slice(0, N // 2), slice(None)],  # a prefix first, then all of it (one start address)
+        [slice(N // 4, N), slice(0, N // 2)],  # overlapping halves
+        [slice(0, N // 2), slice(N // 2, N), slice(None)],  # two halves, then their union
+    ],
+)
+@pytest.mark.parametrize("keep", ["first", "last"])
+def test_views_of_one_array_stay_reachable_while_any_lives(
+    rng: np.random.Generator, views: list[slice], keep: str
+) -> None:
+    a = _vec(rng)
+    tensors = [ct.from_dlpack(a[s]) for s in views]
+    i = 0 if keep == "first" else len(views) - 1
+    kept, sl = tensors[i], views[i]
+    del tensors
+    gc.collect()
+    want = a[sl].copy()
+    z, _, _ = K.add(ct.zeros(want.size).partition(TILE), kept, kept).sync()
+    np.testing.assert_allclose(z.unpartition().to_numpy(), 2 * want, rtol=1e-6)
+    out = ct.from_dlpack(a)
+    K.add(out.partition(TILE), ct.from_numpy(a), ct.from_numpy(a)).sync()
+    np.testing.assert_allclose(kept.to_numpy(), 2 * want, rtol=1e-6)  # one memory, one view
+
+
 def test_foreign_streams_are_accepted_where_a_stream_is(rng: np.random.Generator) -> None:
     a, b = _vec(rng), _vec(rng)
     s = ForeignStream()
@@ -258,6 +364,13 @@ def test_torch_interop_on_the_gpu(backend: str) -> None:
     torch.testing.assert_close(out, a + b)
     z = ct.from_numpy(np.arange(N, dtype=np.float32))
     torch.testing.assert_close(torch.from_dlpack(z).cpu(), torch.arange(N, dtype=torch.float32))
+    # The export, re-imported, is the same memory: a launch writing z holds it too.
+    view = ct.from_dlpack(torch.from_dlpack(z))
+    op = K.add(z.partition(TILE), ct.from_dlpack(a), ct.from_dlpack(b))
+    with pytest.raises(ct.BorrowError, match="also viewed"):
+        view.to_numpy()
+    op.sync()
+    torch.testing.assert_close(torch.from_dlpack(view), a + b)
 
 
 @pytest.mark.gpu

@@ -7,7 +7,6 @@ or a chain or zip of them (`cutile_py.host.pipeline`).
 from __future__ import annotations
 
 import asyncio
-import weakref
 from abc import abstractmethod
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
@@ -16,7 +15,6 @@ from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedErr
 from cutile_py.host.interpret_run import run_interpreted
 from cutile_py.host.launch import kernel_launch, launch_ptx
 from cutile_py.host.streams import (
-    HOST_EXECUTION,
     StreamLike,
     as_stream,
     async_stream,
@@ -25,8 +23,17 @@ from cutile_py.host.streams import (
     settle,
     wait_done,
 )
-from cutile_py.host.tensor import Holder, Owned, Partition, Tensor, capturing, user_location
+from cutile_py.host.tensor import (
+    Owned,
+    Partition,
+    Tensor,
+    capturing,
+    release_holds,
+    take_hold,
+    user_location,
+)
 from cutile_py.runtime.backend import (
+    HOST_EXECUTION,
     Backend,
     Completion,
     Finished,
@@ -210,21 +217,14 @@ class DeviceOp(OpLike):
         return op
 
     def _acquire(self) -> None:
-        me: weakref.ref[Holder] = weakref.ref(self)
         for a in self.args:
             if isinstance(a, Partition):
-                a._exclusive = me
-                self._held.append((a, True))
+                self._held.append(take_hold(self, a, exclusive=True))
             elif isinstance(a, Tensor) and not any(h is a for h, _ in self._held):
-                a._shared.append(me)
-                self._held.append((a, False))
+                self._held.append(take_hold(self, a, exclusive=False))
 
     def _release(self) -> None:
-        for obj, exclusive in self._held:
-            if exclusive:
-                obj._exclusive = None
-            else:
-                obj._shared = [r for r in obj._shared if r() is not self and r() is not None]
+        release_holds(self, self._held)
         self._held = []
 
     @property
@@ -384,6 +384,10 @@ def _check_ownership(kernel: str, names: list[str], args: tuple[Any, ...]) -> Ba
                 # Shared holds allow more shared use; exclusive ones allow none.
                 if not (isinstance(a, Tensor) and not a.held_exclusively and not a.is_moved):
                     raise BorrowError(f"kernel {kernel}, parameter '{name}': {e}") from None
+            try:
+                a._check_aliases("pass it to a launch", exclusive=isinstance(a, Partition))
+            except BorrowError as e:
+                raise BorrowError(f"kernel {kernel}, parameter '{name}': {e}") from None
             t = _storage(a)
             assert t is not None
             if t.backend is not backend:

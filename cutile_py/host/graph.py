@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import weakref
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,6 @@ import numpy as np
 from cutile_py.host.device_op import DeviceOp, OpLike
 from cutile_py.host.errors import BorrowError, LaunchError, MovedError
 from cutile_py.host.streams import (
-    HOST_EXECUTION,
     StreamLike,
     as_stream,
     async_stream,
@@ -35,15 +33,23 @@ from cutile_py.host.streams import (
 )
 from cutile_py.host.tensor import (
     Capture,
-    Holder,
     Owned,
     Partition,
     Tensor,
+    alias_holder,
     caller_location,
     capturing,
+    release_holds,
+    take_hold,
 )
 from cutile_py.ir.dtypes import bf16, to_host, to_storage
-from cutile_py.runtime.backend import Completion, Finished, GraphExec, RuntimeFailure
+from cutile_py.runtime.backend import (
+    HOST_EXECUTION,
+    Completion,
+    Finished,
+    GraphExec,
+    RuntimeFailure,
+)
 
 AnyTensor = Tensor[Any, Any]
 
@@ -142,27 +148,20 @@ class Graph:
                 holds[id(obj)] = (obj, exclusive or (prev is not None and prev[1]))
         # Memory that a launch writes is the graph's alone, through every object that views it.
         written = [_span(o) for o, x in holds.values() if x]
-        me: weakref.ref[Holder] = weakref.ref(self)
         for key, (obj, exclusive) in holds.items():
             lo, hi = _span(obj)
             exclusive = exclusive or any(lo < h and l < hi for l, h in written)
             label = self._members.get(key, (obj, f"a {obj._kind}"))[1]
             holder = obj._holder()
-            if holder is not None and (exclusive or obj.held_exclusively):
+            if holder is None or not (exclusive or obj.held_exclusively):
+                holder = alias_holder(obj, exclusive, ignore=self)
+            if holder is not None:
                 self._release_holds()
                 raise BorrowError(f"ct.graph: {label} is held by {holder.holding()}")
-            if exclusive:
-                obj._exclusive = me
-            else:
-                obj._shared.append(me)
-            self._held.append((obj, exclusive))
+            self._held.append(take_hold(self, obj, exclusive))
 
     def _release_holds(self) -> None:
-        for obj, exclusive in self._held:
-            if exclusive:
-                obj._exclusive = None
-            else:
-                obj._shared = [r for r in obj._shared if r() is not self and r() is not None]
+        release_holds(self, self._held)
         self._held = []
 
     def _capture(self) -> GraphExec:
@@ -303,6 +302,12 @@ class Graph:
                 raise BorrowError(
                     f"{self.describe()}.update: {label} is also held by {other.holding()}"
                 )
+        other = alias_holder(t, exclusive=True, ignore=self)
+        if other is not None:
+            raise BorrowError(
+                f"{self.describe()}.update: the memory of {label} is also viewed by another "
+                f"tensor, held by {other.holding()}"
+            )
         arr = np.asarray(values)
         if arr.shape != t.shape:
             raise ValueError(

@@ -7,7 +7,6 @@ are no aliasing checks (the sim backend's memory checks still apply).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,7 +14,7 @@ import numpy as np
 
 from cutile_py.host.device_op import DeviceOp
 from cutile_py.host.errors import BorrowError, MovedError
-from cutile_py.host.tensor import Holder, Partition, Tensor
+from cutile_py.host.tensor import Partition, Tensor, take_hold
 from cutile_py.ptx.ast import Param
 from cutile_py.ptx.parser import parse
 from cutile_py.runtime.backend import Backend, Completion, KernelLaunch, ParamValue
@@ -68,6 +67,7 @@ class RawKernel:
             if isinstance(a, Tensor):
                 try:
                     a._check_usable("pass it to a launch")
+                    a._check_aliases("pass it to a launch", exclusive=True)
                 except BorrowError as e:
                     kind = MovedError if isinstance(e, MovedError) else BorrowError
                     raise kind(f"raw kernel {self.name}, parameter '{p.name}': {e}") from None
@@ -140,11 +140,9 @@ class RawKernelOp(DeviceOp):
         self.shared_mem = shared_mem
 
     def _acquire(self) -> None:
-        me: weakref.ref[Holder] = weakref.ref(self)
         for a in self.args:
             if isinstance(a, Tensor) and not any(h is a for h, _ in self._held):
-                a._exclusive = me
-                self._held.append((a, True))
+                self._held.append(take_hold(self, a, exclusive=True))
 
     def _kernel_launch(self) -> KernelLaunch:
         kernel = self.backend.load_kernel(self.raw.ptx, self.raw.name)

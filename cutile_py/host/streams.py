@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -121,9 +120,6 @@ def async_stream(backend: Backend) -> object | None:
 
 T = TypeVar("T")
 
-#: Held while a launch or replay executes on the host (sim, interpret), so that a worker
-#: thread's launch and a synchronous one from the loop's thread never run at once.
-HOST_EXECUTION = threading.RLock()
 _worker: ThreadPoolExecutor | None = None
 
 

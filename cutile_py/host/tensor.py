@@ -75,6 +75,72 @@ class Capture:
 capturing: ContextVar[Capture | None] = ContextVar("cutile_py_capture", default=None)
 
 
+@dataclass
+class _SpanHold:
+    """A hold on memory other objects may also view (see `escaped`)."""
+
+    lo: int
+    hi: int
+    exclusive: bool
+    holder: weakref.ref[Holder]
+    obj: weakref.ref[Owned]
+
+
+#: Holds on escaped memory, by span: ownership there belongs to the memory, not the object.
+_span_holds: list[_SpanHold] = []
+
+
+def take_hold(holder: Holder, obj: Owned, exclusive: bool) -> tuple[Owned, bool]:
+    """Make `holder` hold `obj` (exclusively: a `Mut` partition, a graph's written memory);
+    returns the entry for `release_holds`."""
+    me: weakref.ref[Holder] = weakref.ref(holder)
+    if exclusive:
+        obj._exclusive = me
+    else:
+        obj._shared.append(me)
+    t = obj._storage()
+    if t._escaped and t.nbytes:
+        lo = t._buffer.address
+        _span_holds.append(_SpanHold(lo, lo + t.nbytes, exclusive, me, weakref.ref(obj)))
+    return obj, exclusive
+
+
+def release_holds(holder: Holder, held: list[tuple[Owned, bool]]) -> None:
+    """End `holder`'s holds on `held` (what `take_hold` returned)."""
+    for obj, exclusive in held:
+        if exclusive:
+            obj._exclusive = None
+        else:
+            obj._shared = [r for r in obj._shared if r() is not holder and r() is not None]
+        if obj._storage()._escaped:
+            _span_holds[:] = [h for h in _span_holds if _outlives(h, holder, obj)]
+
+
+def _outlives(h: _SpanHold, holder: Holder, obj: Owned) -> bool:
+    """Whether `h` stays when `holder` lets go of `obj` (holds of dropped holders go too)."""
+    other = h.holder()
+    return other is not None and not (other is holder and h.obj() is obj)
+
+
+def alias_holder(obj: Owned, exclusive: bool, ignore: object = None) -> Holder | None:
+    """Who holds, through another object, memory that `obj` views: any holder if the use is
+    exclusive (a `Mut` launch, or the host touching it), else an exclusive one. None for
+    memory that never escaped (only cutile_py's own objects view it, one at a time)."""
+    t = obj._storage()
+    if not t._escaped or not _span_holds or not t.nbytes:
+        return None
+    lo = t._buffer.address
+    hi = lo + t.nbytes
+    for h in _span_holds:
+        holder = h.holder()
+        other = h.obj()
+        if holder is None or other is None or other is obj or holder is ignore:
+            continue
+        if (exclusive or h.exclusive) and h.lo < hi and lo < h.hi:
+            return holder
+    return None
+
+
 class Owned:
     """Ownership state shared by tensors and partitions.
 
@@ -116,6 +182,21 @@ class Owned:
         if holder is not None:
             raise BorrowError(f"cannot {action}: this {self._kind} is held by {holder.holding()}")
 
+    def _storage(self) -> Tensor[Any, Unpack[tuple[Any, ...]]]:
+        """The tensor whose memory this value views."""
+        raise NotImplementedError
+
+    def _check_aliases(self, action: str, exclusive: bool) -> None:
+        """Raise if another object over this value's memory (a second `ct.from_dlpack` of one
+        array, or a re-import of an exported tensor) is held against this use."""
+        holder = alias_holder(self, exclusive)
+        if holder is not None:
+            raise BorrowError(
+                f"cannot {action}: its memory is also viewed by another tensor (a second "
+                f"ct.from_dlpack of the same array, or an exported tensor), held by "
+                f"{holder.holding()}"
+            )
+
     def _move(self, by: str) -> None:
         self._check_usable(f"call {by}")
         self._moved_at = caller_location(3)
@@ -142,6 +223,7 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
         backend: Backend,
         *,
         borrowed_from: object = None,
+        escaped: bool = False,
     ) -> None:
         super().__init__()
         self._buffer = buffer
@@ -149,6 +231,12 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
         self._dtype = dtype
         self._backend = backend
         self._borrowed_from = borrowed_from  # keeps foreign memory alive; never freed by us
+        #: Whether objects outside this one's line (partition/unpartition) may view the memory:
+        #: borrowed with from_dlpack, or exported. Holds on it are then also kept by span.
+        self._escaped = escaped or borrowed_from is not None
+
+    def _storage(self) -> Tensor[Any, Unpack[tuple[Any, ...]]]:
+        return self
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -187,8 +275,10 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
         return to_host(raw.view(self._dtype.storage), self._dtype).reshape(self._shape)
 
     def _check_host_access(self, action: str) -> None:
-        """Like `_check_usable`, and no host access to memory a graph being captured uses."""
+        """Like `_check_usable` (also through aliases of the memory), and no host access to
+        memory a graph being captured uses."""
         self._check_usable(action)
+        self._check_aliases(action, exclusive=True)
         capture = capturing.get()
         if capture is None or self.nbytes == 0:
             return
@@ -238,6 +328,7 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
         device = self.__dlpack_device__()
         if dl_device is not None and tuple(dl_device) != device:
             raise BufferError(f"the tensor is on DLPack device {device}, not {tuple(dl_device)}")
+        self._escaped = True
         storage = self._dtype.storage
         code = dlpack.dtype_code(storage.kind, 8 * storage.itemsize, self._dtype.name == "bf16")
         self._backend.stream_synchronize(None)  # pending uploads land before the consumer reads
@@ -260,6 +351,7 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
         if self._dtype.name == "bf16":
             raise AttributeError("__cuda_array_interface__ has no bf16 type; use __dlpack__")
         self._check_host_access("export the tensor")
+        self._escaped = True
         return {
             "shape": self._shape,
             "typestr": self._dtype.storage.str,
@@ -306,11 +398,21 @@ class Partition(Owned):
         """The partitioned storage (internal: the host uses it for launches)."""
         return self._tensor
 
+    def _storage(self) -> Tensor[Any, Unpack[tuple[Any, ...]]]:
+        return self._tensor
+
     def unpartition(self) -> Tensor[Any, Unpack[tuple[Any, ...]]]:
         """The whole tensor back; consumes this partition."""
         self._move(".unpartition()")
         t = self._tensor
-        return Tensor(t.buffer, t.shape, t.dtype, t.backend, borrowed_from=t._borrowed_from)
+        return Tensor(
+            t.buffer,
+            t.shape,
+            t.dtype,
+            t.backend,
+            borrowed_from=t._borrowed_from,
+            escaped=t._escaped,
+        )
 
     def __repr__(self) -> str:
         state = " (moved)" if self._moved_at else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,6 +10,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from cutile_py.ptx.target import Target
+
+#: Held while a launch or replay executes on the host (sim, interpret), so that a worker
+#: thread's launch, one from the event loop's thread, and changes to the simulator's memory
+#: map never overlap.
+HOST_EXECUTION = threading.RLock()
 
 
 class RuntimeFailure(RuntimeError):

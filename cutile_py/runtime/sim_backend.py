@@ -20,6 +20,7 @@ from cutile_py.ptx.ast import Module
 from cutile_py.ptx.parser import PtxParseError, parse
 from cutile_py.ptx.target import Target
 from cutile_py.runtime.backend import (
+    HOST_EXECUTION,
     Backend,
     Buffer,
     Completion,
@@ -79,19 +80,24 @@ class SimBackend(Backend):
 
     # --- memory -------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> Buffer:
-        buf = HostBuffer(nbytes)
-        if nbytes:
-            address = self.memory.register(buf.bytes, "allocation")
-            weakref.finalize(buf, self.memory.unregister, address)
-        return buf
+        return self._addressable(HostBuffer(nbytes), "allocation")
 
     def borrow_host(self, data: np.ndarray) -> Buffer:
-        buf = HostBuffer.over(data)
-        # A view of memory the simulator already knows (another tensor's) stays reachable as is.
-        if buf.nbytes and not self.memory.covers(buf.address, buf.nbytes):
-            address = self.memory.register(buf.bytes, "borrowed host array")
-            weakref.finalize(buf, self.memory.unregister, address)
+        return self._addressable(HostBuffer.over(data), "borrowed host array")
+
+    def _addressable(self, buf: HostBuffer, name: str) -> HostBuffer:
+        """Let launches reach `buf` while it lives. Other buffers may view the same memory
+        (two tensors borrowing one array, a re-import of an exported tensor): the memory stays
+        addressable until the last of them is gone."""
+        if buf.nbytes:
+            with HOST_EXECUTION:  # not while a launch in a worker thread reads the map
+                self.memory.acquire(buf.bytes, name)
+            weakref.finalize(buf, self._release, buf.address)
         return buf
+
+    def _release(self, address: int) -> None:
+        with HOST_EXECUTION:
+            self.memory.release(address)
 
     def upload(self, buf: Buffer, data: np.ndarray) -> None:
         if not isinstance(buf, HostBuffer):

@@ -6,6 +6,7 @@ aligned to the access size, raises `MemoryFault` naming the first offending lane
 
 from __future__ import annotations
 
+import ctypes
 from bisect import bisect_right, insort
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,6 +98,10 @@ class GlobalMemory:
         self._starts: list[int] = []
         self._allocs: dict[int, Allocation] = {}
         self._starts_arr: np.ndarray | None = None
+        #: Of each allocation made by `acquire`: how many acquisitions it serves, and the
+        #: arrays that own its bytes (a merged span's own array does not).
+        self._users: dict[int, int] = {}
+        self._owners: dict[int, list[np.ndarray]] = {}
 
     def register(self, data: np.ndarray, name: str = "allocation", readonly: bool = False) -> int:
         """Make the bytes of `data` (uint8, contiguous) addressable; returns their address."""
@@ -110,6 +115,56 @@ class GlobalMemory:
         insort(self._starts, start)
         self._starts_arr = None
         return start
+
+    def acquire(self, data: np.ndarray, name: str) -> None:
+        """Make the bytes of `data` addressable until `release` has been called once per
+        `acquire`. Several host objects may view one array (two tensors over it, or a tensor
+        and an exported view): overlapping spans count their users and merge into one
+        allocation, which stays while any of them lives."""
+        assert data.dtype == np.uint8 and data.flags.c_contiguous
+        lo = int(data.ctypes.data)
+        hi = lo + int(data.size)
+        if lo == hi:
+            return
+        overlapping = self._overlapping(lo, hi)
+        if len(overlapping) == 1 and overlapping[0].start <= lo and hi <= overlapping[0].end:
+            self._users[overlapping[0].start] += 1
+            return
+        new_lo = min([lo] + [a.start for a in overlapping])
+        new_hi = max([hi] + [a.end for a in overlapping])
+        owners = [data]
+        users = 1
+        for a in overlapping:
+            owners += self._owners.pop(a.start)
+            users += self._users.pop(a.start)
+            self.unregister(a.start)
+        span = data
+        if (new_lo, new_hi) != (lo, hi):
+            # The union of views of one array: its bytes stay owned by `owners`.
+            span = np.ctypeslib.as_array((ctypes.c_uint8 * (new_hi - new_lo)).from_address(new_lo))
+        self.register(span, overlapping[0].name if overlapping else name)
+        self._users[new_lo] = users
+        self._owners[new_lo] = owners
+
+    def release(self, address: int) -> None:
+        """End one `acquire` of the memory at `address`."""
+        i = bisect_right(self._starts, address) - 1
+        start = self._starts[i]
+        self._users[start] -= 1
+        if self._users[start] == 0:
+            del self._users[start], self._owners[start]
+            self.unregister(start)
+
+    def _overlapping(self, lo: int, hi: int) -> list[Allocation]:
+        found = []
+        i = bisect_right(self._starts, hi - 1) - 1
+        while i >= 0 and self._allocs[self._starts[i]].end > lo:
+            a = self._allocs[self._starts[i]]
+            if a.start not in self._users:
+                raise ValueError(f"memory at {lo:#x} overlaps the {a.name} at {a.start:#x}")
+            found.append(a)
+            i -= 1
+        return found[::-1]
 
     def covers(self, address: int, nbytes: int) -> bool:
         """Whether [address, address + nbytes) lies inside one registered allocation."""
