@@ -11,12 +11,12 @@ import pytest
 import cutile_py as ct
 from cutile_py import f16, f32
 from cutile_py.host import jit_disk
-from cutile_py.host.launch import kernel_launch, launch_ptx
+from cutile_py.host.launch import kernel_launch
 from cutile_py.lower.emit_ptx import PtxParam
 from cutile_py.lower.pipeline import LoweredKernel
 from cutile_py.ptx.builder import FunctionBuilder, ModuleBuilder, int_imm
 from cutile_py.ptx.target import MAX_STATIC_SHARED, Target
-from cutile_py.runtime.backend import RuntimeFailure
+from cutile_py.runtime.backend import KernelLaunch, RuntimeFailure
 from cutile_py.runtime.nvjitlink import assemble, nvjitlink_available
 from cutile_py.runtime.select import active_backend
 from cutile_py.runtime.sim_backend import SimBackend
@@ -120,6 +120,13 @@ def test_target_shared_limits() -> None:
     }
 
 
+def _run_prepared(k: KernelLaunch) -> None:
+    """The launch through the backend's prepared path, as `op.sync()` makes it."""
+    backend = active_backend()
+    prepared = backend.prepare(k.kernel, k.grid, k.block, k.shared_mem, [p.ptype for p in k.params])
+    prepared.launch_and_wait([p.value for p in k.params])
+
+
 @pytest.mark.parametrize("words", [WORDS, MAX_STATIC_SHARED // 4])
 def test_sim_runs_the_whole_region(words: int) -> None:
     """Through the host launch path: the launch passes `dynamic_shared` as its shared_mem."""
@@ -128,7 +135,7 @@ def test_sim_runs_the_whole_region(words: int) -> None:
     backend = active_backend()
     launch = kernel_launch(backend, lowered, (GRID,), (out,), {})
     assert launch.shared_mem == lowered.dynamic_shared
-    launch_ptx(backend, lowered, (GRID,), (out,), {}).wait()
+    _run_prepared(launch)
     np.testing.assert_array_equal(out.to_numpy(), expected(words))
 
 
@@ -235,5 +242,5 @@ def test_cuda_runs_the_whole_region() -> None:
     backend = active_backend()
     lowered = reverse_through_shared(SHARED, backend.target)
     out = ct.zeros((GRID, WORDS), dtype=ct.i32)
-    launch_ptx(backend, lowered, (GRID,), (out,), {}).wait()
+    _run_prepared(kernel_launch(backend, lowered, (GRID,), (out,), {}))
     np.testing.assert_array_equal(out.to_numpy(), expected(WORDS))

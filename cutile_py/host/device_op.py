@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 from abc import abstractmethod
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
 from cutile_py.host.interpret_run import run_interpreted
-from cutile_py.host.launch import kernel_launch, launch_ptx
+from cutile_py.host.launch import kernel_launch
 from cutile_py.host.streams import (
     StreamLike,
     as_stream,
@@ -38,6 +38,7 @@ from cutile_py.runtime.backend import (
     Completion,
     Finished,
     KernelLaunch,
+    LaunchFailure,
     RuntimeFailure,
 )
 from cutile_py.runtime.select import active_backend
@@ -206,13 +207,16 @@ class DeviceOp(OpLike):
     @classmethod
     def for_kernel(cls, kernel: Kernel, args: tuple[Any, ...]) -> DeviceOp:
         """Check `args` against `kernel`, compile on first use, and take ownership."""
-        spec = kernel.specialize(args)  # TypeError / ValueError naming the parameter
-        names = [p.name for p in kernel.params]
-        backend = _check_ownership(kernel.name, names, args)
-        grid = _grid(kernel.name, names, args)
-        target = backend.target if backend.runs_ptx else None
-        compiled = kernel.compiled(spec, target)  # CompileError, before anything is held
-        op = cls(backend, kernel, args, spec, compiled, grid)
+        backend = active_backend()
+        plan = kernel.plan(backend, args)
+        names = kernel.param_names
+        if plan is None:
+            kernel.specialize(args)  # TypeError / ValueError naming the parameter, first
+            _check_ownership(kernel.name, names, args, backend)
+            plan = kernel.make_plan(backend, args, _grid(kernel.name, names, args))
+        else:
+            _check_ownership(kernel.name, names, args, backend)
+        op = cls(backend, kernel, args, plan.spec, plan.compiled, plan.grid)
         op._acquire()
         return op
 
@@ -232,29 +236,30 @@ class DeviceOp(OpLike):
         """A launch over an empty partition: no blocks, nothing to run (API.md rule 6)."""
         return 0 in self.grid
 
-    def _start(self, stream: object | None = None) -> Completion:
-        """Queue the work on the backend (or run it, on the CPU backends)."""
+    def _start(self, stream: object | None = None, wait: bool = False) -> Completion:
+        """Queue the work on the backend (or run it, on the CPU backends). `wait`: the caller
+        waits at once (a synchronous launch), so the backend may wait without an event."""
         if self.empty:
             return Finished()
         if self.compiled.lowered is not None and self.backend.runs_ptx:
-            self.compiled.load(self.backend)  # PTX from disk that does not load recompiles here
-            return launch_ptx(
-                self.backend,
-                self.compiled.lowered,
-                self.grid,
-                self.args,
-                self.compiled.loaded,
-                stream,
-            )
+            launch = self.compiled.prepared(self.backend, self.grid)  # may recompile
+            values = self.compiled.param_reader()(self.args)
+            if not wait:
+                return launch.launch(values, stream)
+            try:
+                launch.launch_and_wait(values, stream)
+            except LaunchFailure as e:
+                return Finished(e)  # a fault on the device: `_complete` reports it
+            return Finished()
         return run_interpreted(self.kernel.fn, self.spec, self.grid, self.args)
 
-    def _launch(self, stream: object | None = None) -> None:
+    def _launch(self, stream: object | None = None, wait: bool = False) -> None:
         try:
             if self.backend.executes_on_host:
                 with HOST_EXECUTION:
-                    self._completion = self._start(stream)
+                    self._completion = self._start(stream, wait) if wait else self._start(stream)
             else:
-                self._completion = self._start(stream)
+                self._completion = self._start(stream, wait) if wait else self._start(stream)
         except RuntimeFailure as e:
             self._finish()
             raise LaunchError(f"kernel {self.name} failed to launch: {e}") from e
@@ -296,7 +301,7 @@ class DeviceOp(OpLike):
         """Run (if not yet run), wait for completion and hand back the arguments, in order."""
         self._check_pending()
         if self._completion is None:
-            self._launch()
+            self._launch(wait=True)
         return self._complete()
 
     def sync_on(self, stream: StreamLike) -> tuple[Any, ...]:
@@ -309,7 +314,7 @@ class DeviceOp(OpLike):
                 f"the op on {self.backend.name}"
             )
         if self._completion is None:
-            self._launch(stream.handle)
+            self._launch(stream.handle, wait=True)
         return self._complete()
 
     async def _run_async(self) -> tuple[Any, ...]:
@@ -371,9 +376,10 @@ def _storage(a: Any) -> Tensor[Any] | None:
     return a if isinstance(a, Tensor) else None
 
 
-def _check_ownership(kernel: str, names: list[str], args: tuple[Any, ...]) -> Backend:
-    """Moved, borrowed and aliased arguments; returns the backend the tensors live on."""
-    backend = active_backend()
+def _check_ownership(
+    kernel: str, names: Sequence[str], args: tuple[Any, ...], backend: Backend
+) -> None:
+    """Moved, borrowed and aliased arguments, and tensors of another backend."""
     for name, a in zip(names, args):
         if isinstance(a, (Tensor, Partition)):
             try:
@@ -410,10 +416,9 @@ def _check_ownership(kernel: str, names: list[str], args: tuple[Any, ...]) -> Ba
                     f"kernel {kernel}: parameters '{n1}' and '{n2}' receive {same}, "
                     "and at least one is Mut (exclusive)"
                 )
-    return backend
 
 
-def _grid(kernel: str, names: list[str], args: tuple[Any, ...]) -> tuple[int, ...]:
+def _grid(kernel: str, names: Sequence[str], args: tuple[Any, ...]) -> tuple[int, ...]:
     grid: tuple[int, ...] | None = None
     first = ""
     for name, a in zip(names, args):

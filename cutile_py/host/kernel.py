@@ -7,6 +7,7 @@ import functools
 import hashlib
 import inspect
 import linecache
+import struct
 import sys
 import typing
 from collections.abc import Callable, Hashable
@@ -19,6 +20,7 @@ from cutile_py.frontend.capture import CapturedFunction, capture
 from cutile_py.frontend.errors import CompileError, SourceLocation
 from cutile_py.frontend.signature import ParamSpec, Specialization, TensorArg, bind, parse_signature
 from cutile_py.host import jit_disk
+from cutile_py.host.launch import ParamReader
 from cutile_py.host.specs import PartitionSpec, TensorSpec
 from cutile_py.host.tensor import Partition, Tensor
 from cutile_py.ir import Kernel as KernelIR
@@ -26,7 +28,7 @@ from cutile_py.ir import print_kernel
 from cutile_py.lower.emit_ptx import LoweringError
 from cutile_py.lower.pipeline import LoweredKernel, lower_kernel
 from cutile_py.ptx.target import Target
-from cutile_py.runtime.backend import Backend, LoadedKernel, RuntimeFailure
+from cutile_py.runtime.backend import Backend, LoadedKernel, PreparedLaunch, RuntimeFailure
 from cutile_py.runtime.disk_cache import default_cache
 
 
@@ -107,6 +109,9 @@ class CompiledKernel:
         #: The module loaded on each backend (by name), so a launch does not look it up again.
         self.loaded: dict[str, LoadedKernel] = {} if loaded is None else loaded
         self._recompile = recompile
+        #: Launches made ready per (backend name, grid), and how to read their parameters.
+        self._prepared: dict[tuple[str, tuple[int, ...]], PreparedLaunch] = {}
+        self._reader: ParamReader | None = None
 
     @property
     def ir(self) -> KernelIR:
@@ -133,10 +138,37 @@ class CompiledKernel:
             self._ir, self._build_ir = fresh._ir, fresh._build_ir
             self.ir_text, self.lowered = fresh.ir_text, fresh.lowered
             self.loaded.clear()  # modules of the PTX read from disk
+            self._prepared.clear()
+            self._reader = None
             assert self.lowered is not None
             kern = backend.load_kernel(self.lowered.ptx, self.lowered.entry)
         self.loaded[backend.name] = kern
         return kern
+
+    def prepared(self, backend: Backend, grid: tuple[int, ...]) -> PreparedLaunch:
+        """This kernel ready to launch on `backend` over `grid`, made once."""
+        launch = self._prepared.get((backend.name, grid))
+        if launch is None:
+            kern = self.load(backend)  # may recompile, replacing `lowered`
+            lowered = self.lowered
+            assert lowered is not None
+            g = (*grid, 1, 1, 1)[:3]
+            launch = backend.prepare(
+                kern,
+                (g[0], g[1], g[2]),
+                (lowered.block_threads, 1, 1),
+                lowered.dynamic_shared,
+                self.param_reader().ptypes,
+            )
+            self._prepared[(backend.name, grid)] = launch
+        return launch
+
+    def param_reader(self) -> ParamReader:
+        """How a launch reads its `.param` values off the arguments."""
+        if self._reader is None:
+            assert self.lowered is not None
+            self._reader = ParamReader(self.lowered)
+        return self._reader
 
     def __repr__(self) -> str:
         where = "none" if self.lowered is None else self.lowered.target.name
@@ -156,7 +188,18 @@ class CacheStats:
     compiles: int = 0
 
 
-_CACHE: dict[CacheKey, CompiledKernel] = {}
+class _MemoryCache(dict[CacheKey, CompiledKernel]):
+    """The in-memory JIT cache. Launch plans hold compiled kernels too: clearing the cache
+    moves to a new generation, and plans of an older one are made again."""
+
+    generation = 0
+
+    def clear(self) -> None:
+        super().clear()
+        type(self).generation += 1
+
+
+_CACHE = _MemoryCache()
 STATS = CacheStats()
 
 
@@ -190,6 +233,8 @@ class Kernel:
         self.name = self.captured.name
         self._signature = inspect.signature(fn)
         self._params: tuple[ParamSpec, ...] | None = None
+        #: Launch plans by (backend, `launch_key` of the arguments): see `plan`.
+        self._plans: dict[tuple[Backend, tuple[Any, ...]], LaunchPlan] = {}
         self.__doc__ = fn.__doc__
         self.__name__ = self.name
         self.__qualname__ = getattr(fn, "__qualname__", self.name)
@@ -362,14 +407,101 @@ class Kernel:
         spec = self.specialize(self.bind_arguments(args, kwargs))
         return self.compiled(spec, None).ir_text
 
+    @functools.cached_property
+    def param_names(self) -> tuple[str, ...]:
+        """The parameters' names, in order."""
+        return tuple(p.name for p in self.params)
+
+    def plan(self, backend: Backend, args: tuple[Any, ...]) -> LaunchPlan | None:
+        """The launch plan made earlier for arguments like `args` on `backend` (same dtypes,
+        shapes, tiles, alignment, scalar types and constant values), if what the kernel reads
+        is unchanged and its int scalars still fit; else None (then `make_plan`)."""
+        try:
+            plan = self._plans.get((backend, launch_key(args, self._shape_info()[0])))
+        except TypeError:  # an unhashable argument: `make_plan` says what is wrong with it
+            return None
+        if (
+            plan is None
+            or plan.generation != _MemoryCache.generation
+            or plan.deps != self.captured.fingerprint()
+        ):
+            return None
+        for i in self._shape_info()[1]:
+            if not -(2**31) <= args[i] < 2**31:
+                return None  # `make_plan` raises the error naming the parameter
+        STATS.hits += 1  # an in-memory hit, found without rebuilding the cache key
+        return plan
+
+    def make_plan(
+        self, backend: Backend, args: tuple[Any, ...], grid: tuple[int, ...]
+    ) -> LaunchPlan:
+        """Check `args` against the signature (TypeError / ValueError naming the parameter),
+        compile on first use, and remember the plan for the next launch like it."""
+        deps = self.captured.fingerprint()
+        spec = self.specialize(args)
+        target = backend.target if backend.runs_ptx else None
+        compiled = self.compiled(spec, target)  # CompileError, before anything is held
+        plan = LaunchPlan(deps, _MemoryCache.generation, spec, compiled, grid)
+        if len(self._plans) >= MAX_PLANS:
+            self._plans.clear()  # a kernel launched over ever-new shapes: start over
+        self._plans[(backend, launch_key(args, self._shape_info()[0]))] = plan
+        return plan
+
+    def _shape_info(self) -> tuple[frozenset[int], tuple[int, ...]]:
+        """Indices of the Constant parameters, and of the int scalar ones."""
+        info = self.__dict__.get("_param_kinds")
+        if info is None:
+            consts = frozenset(i for i, p in enumerate(self.params) if p.kind == "constant")
+            ints = tuple(
+                i for i, p in enumerate(self.params) if p.kind == "scalar" and p.py_type is int
+            )
+            info = self.__dict__["_param_kinds"] = (consts, ints)
+        return info
+
     @user_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from cutile_py.host.device_op import DeviceOp
 
-        return DeviceOp.for_kernel(self, self.bind_arguments(args, kwargs))
+        if kwargs or len(args) != len(self._signature.parameters):
+            args = self.bind_arguments(args, kwargs)
+        return DeviceOp.for_kernel(self, args)
 
     def __repr__(self) -> str:
         return f"<cutile_py kernel {self.__qualname__}>"
+
+
+#: Plans one kernel keeps (one per distinct argument signature and backend).
+MAX_PLANS = 256
+
+
+@dataclass(frozen=True, eq=False)
+class LaunchPlan:
+    """What launching a kernel on arguments like these needs, computed once: the
+    specialization, the compiled kernel and the grid (from the partitions' tile counts)."""
+
+    deps: tuple[tuple[tuple[str, ...], Hashable], ...]
+    generation: int
+    spec: Specialization
+    compiled: CompiledKernel
+    grid: tuple[int, ...]
+
+
+def launch_key(args: tuple[Any, ...], constants: frozenset[int]) -> tuple[Any, ...]:
+    """What of `args` a launch plan depends on: each tensor's dtype, shape, tiles and address
+    alignment; each scalar's type; each constant's value (a float by its bits)."""
+    key: list[Any] = []
+    for i, a in enumerate(args):
+        cls = type(a)
+        if cls is Partition:
+            t = a.tensor
+            key.append((t.dtype, t.shape, a.tile_shape, _base_align(t)))
+        elif cls is Tensor:
+            key.append((a.dtype, a.shape, None, _base_align(a)))
+        elif i in constants:
+            key.append((cls, struct.pack("<d", a) if isinstance(a, float) else a))
+        else:
+            key.append(cls)
+    return tuple(key)
 
 
 def _default_target() -> Target:
@@ -385,10 +517,8 @@ def _base_align(t: Tensor[Any, Any]) -> int:
     address = t.buffer.address
     if address % size:
         return 1
-    align = 1
-    while align < 16 and (address // size) % (align * 2) == 0:
-        align *= 2
-    return align
+    elements = address // size
+    return min(elements & -elements, 16) if elements else 16
 
 
 def _arg_info(a: Any) -> Any:

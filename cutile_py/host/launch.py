@@ -8,28 +8,45 @@ from cutile_py.host.tensor import Partition
 from cutile_py.lower.pipeline import LoweredKernel
 from cutile_py.runtime.backend import (
     Backend,
-    Completion,
     KernelLaunch,
     LoadedKernel,
     ParamValue,
 )
 
+_PTR, _DIM, _INT, _FLOAT = range(4)
+
+
+class ParamReader:
+    """Reads a launch's `.param` values off its arguments, in the order the PTX declares them
+    (a plan made once per compiled kernel: one pass over the arguments per launch)."""
+
+    def __init__(self, lowered: LoweredKernel) -> None:
+        steps = []
+        for p in lowered.params:
+            kind = {"ptr": _PTR, "dim": _DIM}.get(p.what)
+            if kind is None:
+                kind = _INT if p.ptype in ("s32", "u32", "s64") else _FLOAT
+            steps.append((p.arg, kind, p.axis))
+        self._steps = tuple(steps)
+        self.ptypes = tuple(p.ptype for p in lowered.params)
+
+    def __call__(self, args: tuple[Any, ...]) -> list[int | float]:
+        out: list[int | float] = []
+        for arg, kind, axis in self._steps:
+            a = args[arg]
+            if kind == _PTR:
+                out.append((a.tensor if isinstance(a, Partition) else a).buffer.address)
+            elif kind == _DIM:
+                out.append((a.tensor if isinstance(a, Partition) else a).shape[axis])
+            else:
+                out.append(int(a) if kind == _INT else float(a))
+        return out
+
 
 def pack_params(lowered: LoweredKernel, args: tuple[Any, ...]) -> list[ParamValue]:
     """The `.param` values of a launch, in the order the PTX declares them."""
-    out = []
-    for p in lowered.params:
-        a = args[p.arg]
-        t = a.tensor if isinstance(a, Partition) else a
-        if p.what == "ptr":
-            out.append(ParamValue("u64", t.buffer.address))
-        elif p.what == "dim":
-            out.append(ParamValue("u32", t.shape[p.axis]))
-        else:
-            out.append(
-                ParamValue(p.ptype, int(a) if p.ptype in ("s32", "u32", "s64") else float(a))
-            )
-    return out
+    reader = ParamReader(lowered)
+    return [ParamValue(t, v) for t, v in zip(reader.ptypes, reader(args))]
 
 
 def kernel_launch(
@@ -51,16 +68,3 @@ def kernel_launch(
         lowered.dynamic_shared,
         tuple(pack_params(lowered, args)),
     )
-
-
-def launch_ptx(
-    backend: Backend,
-    lowered: LoweredKernel,
-    grid: tuple[int, ...],
-    args: tuple[Any, ...],
-    loaded: dict[str, LoadedKernel],
-    stream: object | None = None,
-) -> Completion:
-    """Launch on `backend` (on `stream`, a backend stream handle, where one is given)."""
-    k = kernel_launch(backend, lowered, grid, args, loaded)
-    return backend.launch(k.kernel, k.grid, k.block, k.shared_mem, k.params, stream)

@@ -151,7 +151,7 @@ class RawKernelOp(DeviceOp):
             kernel, (g[0], g[1], g[2]), self.block, self.shared_mem, tuple(self.values)
         )
 
-    def _start(self, stream: object | None = None) -> Completion:
+    def _start(self, stream: object | None = None, wait: bool = False) -> Completion:
         k = self._kernel_launch()
         return self.backend.launch(k.kernel, k.grid, k.block, k.shared_mem, k.params, stream)
 

@@ -86,6 +86,38 @@ class KernelLaunch:
     params: tuple[ParamValue, ...]
 
 
+class PreparedLaunch(ABC):
+    """A kernel with its grid, block, dynamic shared memory and parameter types fixed, so that
+    each launch passes only the parameter values (in declared order)."""
+
+    @abstractmethod
+    def launch(self, values: Sequence[int | float], stream: object | None = None) -> Completion:
+        """Queue one launch on `stream` (None: the backend's default)."""
+
+    def launch_and_wait(self, values: Sequence[int | float], stream: object | None = None) -> None:
+        """Launch and wait (a synchronous launch needs no completion object); a fault of the
+        kernel raises `LaunchFailure`."""
+        self.launch(values, stream).wait()
+
+
+@dataclass(frozen=True, eq=False)
+class _PreparedThroughLaunch(PreparedLaunch):
+    """What a backend without its own preparation does: `Backend.launch` with the values."""
+
+    backend: Backend
+    kernel: LoadedKernel
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    ptypes: tuple[str, ...]
+
+    def launch(self, values: Sequence[int | float], stream: object | None = None) -> Completion:
+        params = [ParamValue(t, v) for t, v in zip(self.ptypes, values)]
+        return self.backend.launch(
+            self.kernel, self.grid, self.block, self.shared_mem, params, stream
+        )
+
+
 class GraphExec(ABC):
     """Captured launches, replayed in order as one unit of work."""
 
@@ -147,6 +179,17 @@ class Backend(ABC):
 
     def load_kernel(self, ptx: str, name: str) -> LoadedKernel:
         raise RuntimeFailure(f"the {self.name} backend does not run PTX")
+
+    def prepare(
+        self,
+        kernel: LoadedKernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        ptypes: Sequence[str],
+    ) -> PreparedLaunch:
+        """`kernel` ready to launch with only its parameter values (of PTX types `ptypes`)."""
+        return _PreparedThroughLaunch(self, kernel, grid, block, shared_mem, tuple(ptypes))
 
     def launch(
         self,

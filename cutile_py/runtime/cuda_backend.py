@@ -13,6 +13,7 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from cutile_py.runtime.backend import (
     LaunchFailure,
     LoadedKernel,
     ParamValue,
+    PreparedLaunch,
     RuntimeFailure,
 )
 from cutile_py.runtime.nvjitlink import (
@@ -144,6 +146,94 @@ class CudaCompletion(Completion):
             cu.event_synchronize(self._event)
         except cu.CudaDriverError as e:
             raise LaunchFailure(f"kernel {self.kernel_name!r} failed on the device: {e}") from e
+
+
+class CudaPreparedLaunch(PreparedLaunch):
+    """A kernel with its launch shape fixed: a launch packs the values into a reusable
+    parameter block (one per thread) and makes one driver call; a synchronous launch then
+    waits on the stream, with no event."""
+
+    def __init__(
+        self,
+        backend: CudaBackend,
+        kernel: CudaKernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        ptypes: tuple[str, ...],
+    ) -> None:
+        self._backend = backend
+        self._kernel = kernel
+        self._grid = grid
+        self._block = block
+        self._shared_mem = shared_mem
+        self._ptypes = ptypes
+        self._params = threading.local()
+        cu.ParamBlock(ptypes)  # unsupported parameter types fail here, not at a launch
+        self._what = (
+            f"launching kernel {kernel.name!r} (grid {grid}, block {block}, {shared_mem} B shared)"
+        )
+
+    def _queue(self, dev: _Device, values: Sequence[int | float], stream: object | None) -> Any:
+        on = dev.stream
+        if stream is not None and stream is not dev.stream:
+            if not isinstance(stream, cu.Stream):
+                raise TypeError(f"the cuda backend cannot launch on a {type(stream).__name__}")
+            on = stream
+        params: cu.ParamBlock | None = getattr(self._params, "block", None)
+        if params is None:
+            params = self._params.block = cu.ParamBlock(self._ptypes)
+        try:
+            params.pack(values)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"kernel {self._kernel.name!r}: {e}") from e
+        kernel = self._kernel
+        try:
+            if self._shared_mem > kernel.max_dynamic_shared:
+                cu.set_max_dynamic_shared(kernel.function, self._shared_mem)
+                kernel.max_dynamic_shared = self._shared_mem
+            if on is not dev.stream:
+                self._backend._order_after_default(dev, on)
+            cu.launch_kernel_packed(
+                kernel.function, self._grid, self._block, self._shared_mem, on, params
+            )
+        except cu.CudaDriverError as e:
+            raise self._backend._failure(self._what, e) from e
+        return on
+
+    def launch(self, values: Sequence[int | float], stream: object | None = None) -> Completion:
+        backend = self._backend
+        dev = backend.activate()
+        try:
+            # Made before the launch, so that a fault of this kernel cannot surface here.
+            event = cu.event_create()
+        except cu.CudaDriverError as e:
+            raise backend._failure(self._what, e) from e
+        try:
+            on = self._queue(dev, values, stream)
+        except BaseException:
+            _destroy_event(dev.ctx, event)
+            raise
+        try:
+            cu.event_record(event, on)
+        except cu.CudaDriverError as e:
+            _destroy_event(dev.ctx, event)
+            if e.is_device_fault:
+                raise LaunchFailure(
+                    f"kernel {self._kernel.name!r} (or work queued before it) failed on the "
+                    f"device: {e}"
+                ) from e
+            raise backend._failure(self._what, e) from e
+        return CudaCompletion(backend, event, self._kernel.name)
+
+    def launch_and_wait(self, values: Sequence[int | float], stream: object | None = None) -> None:
+        on = self._queue(self._backend.activate(), values, stream)
+        try:
+            cu.stream_synchronize(on)
+        except cu.CudaDriverError as e:
+            raise LaunchFailure(
+                f"kernel {self._kernel.name!r} (or work queued before it) failed on the device: {e}"
+            ) from e
 
 
 class CudaGraph(GraphExec):
@@ -403,6 +493,18 @@ class CudaBackend(Backend):
 
     # --- launches ---------------------------------------------------------------------------
 
+    def prepare(
+        self,
+        kernel: LoadedKernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        ptypes: Sequence[str],
+    ) -> CudaPreparedLaunch:
+        if not isinstance(kernel, CudaKernel):
+            raise TypeError(f"the cuda backend cannot launch a {type(kernel).__name__}")
+        return CudaPreparedLaunch(self, kernel, grid, block, shared_mem, tuple(ptypes))
+
     def launch(
         self,
         kernel: LoadedKernel,
@@ -412,46 +514,8 @@ class CudaBackend(Backend):
         params: Sequence[ParamValue],
         stream: object | None = None,
     ) -> Completion:
-        if not isinstance(kernel, CudaKernel):
-            raise TypeError(f"the cuda backend cannot launch a {type(kernel).__name__}")
-        dev = self.activate()
-        on = dev.stream
-        if stream is not None and stream is not dev.stream:
-            if not isinstance(stream, cu.Stream):
-                raise TypeError(f"the cuda backend cannot launch on a {type(stream).__name__}")
-            on = stream
-        try:
-            packed = cu.pack_params([(p.ptype, p.value) for p in params])
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"kernel {kernel.name!r}: {e}") from e
-        what = (
-            f"launching kernel {kernel.name!r} (grid {grid}, block {block}, {shared_mem} B shared)"
-        )
-        try:
-            if shared_mem > kernel.max_dynamic_shared:
-                cu.set_max_dynamic_shared(kernel.function, shared_mem)
-                kernel.max_dynamic_shared = shared_mem
-            if on is not dev.stream:
-                self._order_after_default(dev, on)
-            # Made before the launch, so that a fault of this kernel cannot surface here.
-            event = cu.event_create()
-        except cu.CudaDriverError as e:
-            raise self._failure(what, e) from e
-        try:
-            cu.launch_kernel(kernel.function, grid, block, shared_mem, on, packed)
-        except cu.CudaDriverError as e:
-            _destroy_event(dev.ctx, event)
-            raise self._failure(what, e) from e
-        try:
-            cu.event_record(event, on)
-        except cu.CudaDriverError as e:
-            _destroy_event(dev.ctx, event)
-            if e.is_device_fault:
-                raise LaunchFailure(
-                    f"kernel {kernel.name!r} (or work queued before it) failed on the device: {e}"
-                ) from e
-            raise self._failure(what, e) from e
-        return CudaCompletion(self, event, kernel.name)
+        prepared = self.prepare(kernel, grid, block, shared_mem, [p.ptype for p in params])
+        return prepared.launch([p.value for p in params], stream)
 
     # --- graphs -----------------------------------------------------------------------------
 

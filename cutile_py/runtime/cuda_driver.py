@@ -9,6 +9,7 @@ import ctypes
 import functools
 import importlib
 import re
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -390,6 +391,10 @@ def _bf16_bits(value: float) -> int:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
 
 
+def _f16_bits(value: int | float) -> int:
+    return int(np.array(value, dtype=np.float16).view(np.uint16))
+
+
 def param_ctype(ptype: str, value: int | float) -> ctypes._SimpleCData[Any]:
     """`value` as the ctypes scalar whose bytes a `.param .<ptype>` parameter expects."""
     t = ptype.lstrip(".")
@@ -406,7 +411,7 @@ def param_ctype(ptype: str, value: int | float) -> ctypes._SimpleCData[Any]:
     if t == "f64":
         return ctypes.c_double(float(value))
     if t == "f16":
-        return ctypes.c_uint16(int(np.array(value, dtype=np.float16).view(np.uint16)))
+        return ctypes.c_uint16(_f16_bits(value))
     if t == "bf16":
         return ctypes.c_uint16(_bf16_bits(float(value)))
     raise ValueError(f"unsupported kernel parameter type .{t}")
@@ -428,6 +433,81 @@ def pack_params(params: Sequence[tuple[str, int | float]]) -> KernelParams:
         except (TypeError, ValueError) as e:
             raise type(e)(f"parameter {i}: {e}") from e
     return KernelParams(tuple(values))
+
+
+#: Each parameter's slot in a `ParamBlock`: 8 bytes (aligned for every scalar type), packed
+#: little-endian by `struct`, whose range checks reject what does not fit the type.
+_SLOT_FORMAT = {
+    "u64": "Q",
+    "s64": "q",
+    "b64": "Q",
+    "f64": "d",
+    "u32": "I4x",
+    "s32": "i4x",
+    "b32": "I4x",
+    "f32": "f4x",
+    "u16": "H6x",
+    "s16": "h6x",
+    "b16": "H6x",
+    "f16": "H6x",  # as bits: NumPy's rounding, and inf where struct's "e" would raise
+    "bf16": "H6x",
+    "u8": "B7x",
+    "s8": "b7x",
+    "b8": "B7x",
+}
+
+
+class ParamBlock:
+    """Reusable parameter memory for one kernel signature: the `void**` array `cuLaunchKernel`
+    reads, pointing at one 8-byte slot per parameter. `pack` writes all values in one call;
+    the driver copies them at launch, so the block is free again when the launch returns.
+    One block per thread (a launch releases the GIL)."""
+
+    def __init__(self, ptypes: Sequence[str]) -> None:
+        self.ptypes = tuple(t.lstrip(".") for t in ptypes)
+        unknown = [t for t in self.ptypes if t not in _SLOT_FORMAT]
+        if unknown:
+            raise ValueError(f"unsupported kernel parameter type .{unknown[0]}")
+        self._halves = tuple(
+            (i, t == "bf16") for i, t in enumerate(self.ptypes) if t in ("f16", "bf16")
+        )
+        fmt = "".join(_SLOT_FORMAT[t] for t in self.ptypes)
+        self._struct = struct.Struct("<" + fmt)
+        n = len(self.ptypes)
+        self._slots = ctypes.create_string_buffer(max(8 * n, 8))
+        base = ctypes.addressof(self._slots)
+        self._pointers = (ctypes.c_void_p * max(n, 1))(*(base + 8 * i for i in range(n)))
+        #: What `launch_kernel_packed` passes: the address of the `void**` array (0: none).
+        self.address = ctypes.addressof(self._pointers) if n else 0
+
+    def pack(self, values: Sequence[int | float]) -> None:
+        """Write `values`; TypeError / ValueError name the parameter that does not fit."""
+        if self._halves:
+            values = list(values)
+            for i, brain in self._halves:
+                values[i] = _bf16_bits(float(values[i])) if brain else _f16_bits(values[i])
+        try:
+            self._struct.pack_into(self._slots, 0, *values)
+        except (struct.error, TypeError, OverflowError):
+            pack_params(list(zip(self.ptypes, values)))  # raises the precise error
+            raise
+
+
+def launch_kernel_packed(
+    function: Function,
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    shared_mem: int,
+    stream: Stream,
+    params: ParamBlock,
+) -> None:
+    """`launch_kernel` with parameters already packed into `params`."""
+    _check(
+        "cuLaunchKernel",
+        _cu().cuLaunchKernel(
+            function.raw, *grid, *block, shared_mem, stream.raw, params.address or None, 0
+        ),
+    )
 
 
 def launch_kernel(

@@ -166,10 +166,15 @@ class FakeDriver:
             assert kernel_params is None
             self.sticky = 719  # reported by later calls, like a real fault
             return result
-        assert isinstance(kernel_params, tuple)
-        values, types = kernel_params
-        assert [type(v) for v in values] == list(types)
-        pa, pb, pc, n = (v.value for v in values)
+        if isinstance(kernel_params, int):  # the address of the `void**` array (vadd's four)
+            slots = (ctypes.c_void_p * 4).from_address(kernel_params)
+            pa, pb, pc = (ctypes.c_uint64.from_address(slots[i]).value for i in range(3))
+            n = ctypes.c_uint32.from_address(slots[3]).value
+        else:
+            assert isinstance(kernel_params, tuple)
+            values, types = kernel_params
+            assert [type(v) for v in values] == list(types)
+            pa, pb, pc, n = (v.value for v in values)
         f32 = [np.frombuffer(self.memory[p].raw, dtype=np.float32, count=n) for p in (pa, pb)]
         ctypes.memmove(self.memory[pc], (f32[0] + f32[1]).tobytes(), 4 * n)
         return result

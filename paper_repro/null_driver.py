@@ -1,0 +1,91 @@
+"""A null device: the CUDA driver's bindings replaced by calls that succeed at once.
+
+The real `cuda` backend runs over it unchanged, so timing a launch times only cutile_py's
+host work (argument checks, ownership, parameter packing, the calls it makes): the numbers
+`python -m paper_repro host` reports on any CPU. Memory is never touched; kernels never run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from cutile_py.runtime import cuda_driver
+
+
+class NullDriver:
+    """`cuda.bindings.driver` with every function returning success and a fresh handle."""
+
+    def __init__(self, real: Any, compute_capability: tuple[int, int] = (9, 0)) -> None:
+        self._real = real
+        self._ok = real.CUresult.CUDA_SUCCESS
+        self._cc = compute_capability
+        self._next_address = 1 << 32
+        self._handles = itertools.count(1)
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._real, name)
+        if not name.startswith("cu") or not callable(real) or isinstance(real, type):
+            return real  # enums and handle types
+        return self._generic
+
+    def _generic(self, *args: Any) -> tuple[Any, ...]:
+        self.calls += 1
+        return (self._ok, next(self._handles))
+
+    def cuDeviceGetAttribute(self, attr: Any, dev: Any) -> tuple[Any, ...]:
+        names = self._real.CUdevice_attribute
+        if attr == names.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+            return (self._ok, self._cc[0])
+        if attr == names.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+            return (self._ok, self._cc[1])
+        return (self._ok, 227 * 1024)  # shared memory limits and the like
+
+    def cuDeviceGetName(self, length: int, dev: Any) -> tuple[Any, ...]:
+        return (self._ok, b"null device\x00")
+
+    def cuDeviceGetCount(self) -> tuple[Any, ...]:
+        return (self._ok, 1)
+
+    def cuDriverGetVersion(self) -> tuple[Any, ...]:
+        return (self._ok, 13000)
+
+    def cuMemAlloc(self, nbytes: int) -> tuple[Any, ...]:
+        self.calls += 1
+        address = self._next_address
+        self._next_address += (nbytes + 4095) // 4096 * 4096 or 4096  # never reused
+        return (self._ok, self._real.CUdeviceptr(address))
+
+    cuMemAllocAsync = cuMemAlloc
+
+    def cuMemAllocFromPoolAsync(self, nbytes: int, *args: Any) -> tuple[Any, ...]:
+        return self.cuMemAlloc(nbytes)
+
+    def cuFuncGetAttribute(self, attr: Any, fn: Any) -> tuple[Any, ...]:
+        return (self._ok, 48 * 1024)
+
+    def cuEventQuery(self, event: Any) -> tuple[Any, ...]:
+        return (self._ok,)
+
+    def cuEventElapsedTime(self, start: Any, end: Any) -> tuple[Any, ...]:
+        return (self._ok, 0.0)
+
+    def cuStreamIsCapturing(self, stream: Any) -> tuple[Any, ...]:
+        status = self._real.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+        return (self._ok, status)
+
+
+@contextlib.contextmanager
+def null_device(compute_capability: tuple[int, int] = (9, 0)) -> Iterator[NullDriver]:
+    """Make the cuda backend's driver calls go to a `NullDriver` meanwhile."""
+    real = cuda_driver._cu()
+    driver = NullDriver(real, compute_capability)
+    saved: Callable[[], Any] = cuda_driver._cu
+    cuda_driver._cu = lambda: driver
+    try:
+        yield driver
+    finally:
+        cuda_driver._cu = saved
