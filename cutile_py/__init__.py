@@ -5,7 +5,16 @@ The public names of API.md, and nothing else.
 
 from cutile_py import profiling
 from cutile_py.frontend.errors import CompileError
-from cutile_py.host.creation import arange, from_dlpack, from_numpy, full, ones, randn, zeros
+from cutile_py.host.creation import (
+    arange,
+    empty,
+    from_dlpack,
+    from_numpy,
+    full,
+    ones,
+    randn,
+    zeros,
+)
 from cutile_py.host.device_op import DeviceOp, OpLike
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
 from cutile_py.host.graph import Graph, graph
@@ -139,5 +148,6 @@ __all__ = [
     "tanh",
     "where",
     "zeros",
+    "empty",
     "zip",
 ]

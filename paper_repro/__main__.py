@@ -17,7 +17,17 @@ from paper_repro.machine import describe
 from paper_repro.report import write_report, write_result
 from paper_repro.timing import Timer
 
-EXPERIMENTS = ["bandwidth", "race", "elementwise", "gemm", "jit", "launch", "workdist", "dispatch"]
+EXPERIMENTS = [
+    "bandwidth",
+    "race",
+    "elementwise",
+    "gemm",
+    "jit",
+    "launch",
+    "host",
+    "workdist",
+    "dispatch",
+]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

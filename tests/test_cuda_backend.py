@@ -11,10 +11,12 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+import cutile_py as ct
 from cutile_py.ptx.target import Target
 from cutile_py.runtime import cuda_backend
 from cutile_py.runtime import cuda_driver as cu
@@ -169,6 +171,36 @@ def test_backend_wiring_on_a_stand_in_driver(fake: FakeDriver) -> None:
     address = bufs[0].address
     del bufs[0]  # the finalizer frees it
     assert address not in fake.memory
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value", "call"),
+    [
+        (ct.f32, 1.5, "cuMemsetD32Async"),
+        (ct.f16, -2.25, "cuMemsetD16Async"),
+        (ct.bf16, 3.0, "cuMemsetD16Async"),
+        (ct.i32, -7, "cuMemsetD32Async"),
+        (ct.bool_, True, "cuMemsetD8Async"),
+        (ct.i64, -1, "cuMemsetD32Async"),  # equal 32-bit halves
+        (ct.i64, 2**40 + 3, "cuMemcpyHtoDAsync"),  # no 64-bit memset: uploaded
+    ],
+)
+def test_full_fills_on_the_device(
+    fake: FakeDriver, monkeypatch: pytest.MonkeyPatch, dtype: Any, value: float, call: str
+) -> None:
+    from cutile_py.runtime import select
+
+    monkeypatch.setitem(select._instances, "cuda", CudaBackend())
+    monkeypatch.setattr(select, "_active", "cuda")
+    n = 1000
+    t = ct.full((n,), value, dtype)
+    uploads = [c for c in fake.calls if c.startswith("cuMemcpyHtoD")]
+    assert call in fake.calls and (uploads == [] or call.startswith("cuMemcpyHtoD"))
+    want = np.full(n, value, dtype=np.float32 if dtype is ct.bf16 else dtype.storage)
+    np.testing.assert_array_equal(t.to_numpy(), want)
+    e = ct.empty((3, 5), ct.f16)
+    assert e.shape == (3, 5) and e.dtype is ct.f16 and e.nbytes == 30
+    assert fake.calls.count(call) == 1  # empty fills nothing
 
 
 def test_backend_fault_names_the_kernel(fake: FakeDriver) -> None:

@@ -1,4 +1,4 @@
-"""Making tensors: `zeros`, `ones`, `full`, `arange`, `randn`, `from_numpy`, `from_dlpack`.
+"""Making tensors: `empty`, `zeros`, `ones`, `full`, `arange`, `randn`, `from_numpy`, `from_dlpack`.
 
 `zeros`, `ones` and `full` also make tiles when called inside a kernel, as in NumPy and cuTile
 Python; their return type serves both uses (`TensorOrTile`).
@@ -7,6 +7,7 @@ Python; their return type serves both uses (`TensorOrTile`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from math import prod
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,15 +57,28 @@ def _upload(values: np.ndarray, dtype: type[DType]) -> AnyTensor:
     return Tensor(buf, tuple(values.shape), dtype, backend)
 
 
+def empty(shape: Sequence[int] | int, dtype: Any = f32) -> AnyTensor:
+    """A tensor whose contents are undefined until written (no fill: for outputs a kernel
+    writes whole)."""
+    dt = _dtype(dtype)
+    dims = _shape(shape)
+    backend = active_backend()
+    buf = backend.alloc(max(prod(dims) * dt.itemsize(), 1))
+    return Tensor(buf, dims, dt, backend)
+
+
 @builtin("full")
 def full(shape: Sequence[int] | int, value: Any, dtype: Any = f32) -> TensorOrTile:
     """A tensor (or, inside a kernel, a tile) of `shape` filled with `value`."""
     if CURRENT_BLOCK.get() is not None:
         return tile_full(shape, value, _dtype(dtype))  # type: ignore[return-value]
     dt = _dtype(dtype)
-    return _upload(
-        np.full(_shape(shape), value, dtype=np.float64 if dt.is_float() else dt.compute), dt
-    )  # type: ignore[return-value]
+    one = np.full((), value, dtype=np.float64 if dt.is_float() else dt.compute)
+    element = np.ascontiguousarray(to_storage(one, dt)).tobytes()  # one element's bits
+    t = empty(shape, dt)
+    if t.nbytes:
+        t.backend.fill(t.buffer, t.nbytes, element)  # on the device, not uploaded
+    return t  # type: ignore[return-value]
 
 
 @builtin("zeros")

@@ -380,34 +380,29 @@ def _check_ownership(
     kernel: str, names: Sequence[str], args: tuple[Any, ...], backend: Backend
 ) -> None:
     """Moved, borrowed and aliased arguments, and tensors of another backend."""
-    for name, a in zip(names, args):
-        if isinstance(a, (Tensor, Partition)):
-            try:
-                a._check_usable("pass it to a launch")
-            except MovedError as e:
-                raise MovedError(f"kernel {kernel}, parameter '{name}': {e}") from None
-            except BorrowError as e:
-                # Shared holds allow more shared use; exclusive ones allow none.
-                if not (isinstance(a, Tensor) and not a.held_exclusively and not a.is_moved):
-                    raise BorrowError(f"kernel {kernel}, parameter '{name}': {e}") from None
-            try:
-                a._check_aliases("pass it to a launch", exclusive=isinstance(a, Partition))
-            except BorrowError as e:
-                raise BorrowError(f"kernel {kernel}, parameter '{name}': {e}") from None
-            t = _storage(a)
-            assert t is not None
-            if t.backend is not backend:
-                raise ValueError(
-                    f"kernel {kernel}, parameter '{name}': the tensor lives on the "
-                    f"{t.device} backend but the active backend is {backend.name}"
-                )
     spans = []
+    writes = False
     for name, a in zip(names, args):
-        t = _storage(a)
-        if t is not None:
-            spans.append(
-                (name, isinstance(a, Partition), a, t.buffer.address, t.buffer.address + t.nbytes)
+        cls = type(a)
+        if cls is Partition:
+            t = a.tensor
+            writes = True
+        elif cls is Tensor:
+            t = a
+        else:
+            continue
+        # The common case, checked inline: usable, held by nobody, memory nobody else views.
+        if a._moved_at is not None or a._exclusive is not None or a._shared or t._escaped:
+            _check_use(kernel, name, a)
+        if t.backend is not backend:
+            raise ValueError(
+                f"kernel {kernel}, parameter '{name}': the tensor lives on the "
+                f"{t.device} backend but the active backend is {backend.name}"
             )
+        lo = t.buffer.address
+        spans.append((name, cls is Partition, a, lo, lo + t.nbytes))
+    if not writes or len(spans) < 2:
+        return
     for i, (n1, mut1, a1, lo1, hi1) in enumerate(spans):
         for n2, mut2, a2, lo2, hi2 in spans[i + 1 :]:
             if (mut1 or mut2) and lo1 < hi2 and lo2 < hi1:
@@ -416,6 +411,22 @@ def _check_ownership(
                     f"kernel {kernel}: parameters '{n1}' and '{n2}' receive {same}, "
                     "and at least one is Mut (exclusive)"
                 )
+
+
+def _check_use(kernel: str, name: str, a: Tensor[Any] | Partition) -> None:
+    """Raise unless `a` may be passed to a launch now (naming the kernel and parameter)."""
+    try:
+        a._check_usable("pass it to a launch")
+    except MovedError as e:
+        raise MovedError(f"kernel {kernel}, parameter '{name}': {e}") from None
+    except BorrowError as e:
+        # Shared holds allow more shared use; exclusive ones allow none.
+        if not (isinstance(a, Tensor) and not a.held_exclusively and not a.is_moved):
+            raise BorrowError(f"kernel {kernel}, parameter '{name}': {e}") from None
+    try:
+        a._check_aliases("pass it to a launch", exclusive=isinstance(a, Partition))
+    except BorrowError as e:
+        raise BorrowError(f"kernel {kernel}, parameter '{name}': {e}") from None
 
 
 def _grid(kernel: str, names: Sequence[str], args: tuple[Any, ...]) -> tuple[int, ...]:

@@ -231,6 +231,7 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
         self._dtype = dtype
         self._backend = backend
         self._borrowed_from = borrowed_from  # keeps foreign memory alive; never freed by us
+        self._nbytes = prod(shape) * dtype.itemsize()
         #: Whether objects outside this one's line (partition/unpartition) may view the memory:
         #: borrowed with from_dlpack, or exported. Holds on it are then also kept by span.
         self._escaped = escaped or borrowed_from is not None
@@ -252,7 +253,7 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
 
     @property
     def nbytes(self) -> int:
-        return self.size * self._dtype.itemsize()
+        return self._nbytes
 
     @property
     def device(self) -> str:

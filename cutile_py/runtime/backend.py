@@ -169,6 +169,17 @@ class Backend(ABC):
     def upload(self, buf: Buffer, data: np.ndarray) -> None:
         """Copy the bytes of the contiguous array `data` to the start of `buf`."""
 
+    def fill(self, buf: Buffer, nbytes: int, element: bytes) -> None:
+        """Set the first `nbytes` of `buf` to repeats of `element` (one element's bytes), in
+        order with the backend's other work (on the device where there is one)."""
+        if isinstance(buf, HostBuffer):
+            width = len(element)
+            view = buf.bytes[:nbytes].view(np.dtype(f"<u{width}"))
+            view[...] = int.from_bytes(element, "little")
+            return
+        count = nbytes // len(element)
+        self.upload(buf, np.frombuffer(element * count, dtype=np.uint8))
+
     @abstractmethod
     def download(self, buf: Buffer, nbytes: int) -> np.ndarray:
         """The first `nbytes` of `buf`, as a new uint8 host array (waits for pending work)."""

@@ -364,6 +364,22 @@ class CudaBackend(Backend):
                 raise self._failure(f"allocating {nbytes} bytes", e2) from e2
         return CudaBuffer(dev.ctx, address, nbytes)
 
+    def fill(self, buf: Buffer, nbytes: int, element: bytes) -> None:
+        if not isinstance(buf, CudaBuffer):
+            raise TypeError(f"the cuda backend cannot write to a {type(buf).__name__}")
+        width = len(element)
+        if width == 8:  # no 64-bit memset: two 32-bit halves alike, or the values uploaded
+            if element[:4] != element[4:]:
+                super().fill(buf, nbytes, element)
+                return
+            element, width = element[:4], 4
+        dev = self.activate()
+        try:
+            value = int.from_bytes(element, "little")
+            cu.memset_async(buf.address, value, width, nbytes // width, dev.stream)
+        except cu.CudaDriverError as e:
+            raise self._failure("filling device memory", e) from e
+
     def upload(self, buf: Buffer, data: np.ndarray) -> None:
         if not isinstance(buf, CudaBuffer):
             raise TypeError(f"the cuda backend cannot write to a {type(buf).__name__}")

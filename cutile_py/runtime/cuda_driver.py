@@ -210,6 +210,16 @@ def mem_free(address: int) -> None:
     _check("cuMemFree", _cu().cuMemFree(address))
 
 
+_MEMSET = {1: "cuMemsetD8Async", 2: "cuMemsetD16Async", 4: "cuMemsetD32Async"}
+
+
+def memset_async(dst: int, value: int, width: int, count: int, stream: Stream) -> None:
+    """Set `count` elements of `width` bytes (1, 2 or 4) at `dst` to the bits `value`, in
+    `stream`'s order."""
+    call = _MEMSET[width]
+    _check(call, getattr(_cu(), call)(dst, value, count, stream.raw))
+
+
 def _contiguous(arr: np.ndarray, what: str) -> None:
     if not arr.flags.c_contiguous:
         raise ValueError(f"{what} must be a C-contiguous array")

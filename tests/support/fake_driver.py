@@ -127,6 +127,23 @@ class FakeDriver:
         ctypes.memmove(dst, self.memory[src], n)
         return self._ok("cuMemcpyDtoHAsync")
 
+    def _memset(
+        self, call: str, dst: int, value: int, count: int, width: int
+    ) -> tuple[object, ...]:
+        base = next(a for a in self.memory if a <= dst < a + len(self.memory[a]))
+        pattern = int(value).to_bytes(width, "little") * count
+        ctypes.memmove(ctypes.addressof(self.memory[base]) + dst - base, pattern, len(pattern))
+        return self._ok(call)
+
+    def cuMemsetD8Async(self, dst: int, value: int, n: int, stream: object) -> tuple[object, ...]:
+        return self._memset("cuMemsetD8Async", dst, value, n, 1)
+
+    def cuMemsetD16Async(self, dst: int, value: int, n: int, stream: object) -> tuple[object, ...]:
+        return self._memset("cuMemsetD16Async", dst, value, n, 2)
+
+    def cuMemsetD32Async(self, dst: int, value: int, n: int, stream: object) -> tuple[object, ...]:
+        return self._memset("cuMemsetD32Async", dst, value, n, 4)
+
     def cuModuleLoadData(self, image: bytes) -> tuple[object, ...]:
         assert image[:4] == b"\x7fELF"
         return self._ok("cuModuleLoadData", "module")
