@@ -8,6 +8,7 @@ lanes meet again where all paths must pass.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,10 +38,36 @@ class Options:
     max_batch_shared: int = 8 << 20
     #: Local memory of the lanes of one batch, in bytes.
     max_batch_local: int = 64 << 20
-    #: Instruction steps one batch may take before it is reported as endless.
-    max_steps: int = 5_000_000
+    #: Instruction steps one batch may take before it is reported as endless. None: at least
+    #: `MIN_STEPS`, more for a launch over more memory (see `step_limit`);
+    #: `CUTILE_PY_SIM_MAX_STEPS` sets it outright.
+    max_steps: int | None = None
     #: Time the register semantics apart from the rest (Stats.semantics_seconds).
     profile: bool = False
+
+
+#: The fewest steps a batch may take before it is reported as endless.
+MIN_STEPS = 5_000_000
+
+#: Steps allowed per 4-byte word of global memory: a loop over its data takes a few dozen
+#: instructions per element it reads, so a legitimate kernel stays well inside this.
+STEPS_PER_WORD = 64
+
+
+def step_limit(options: Options, memory: GlobalMemory) -> tuple[int, str]:
+    """How many steps a batch may take, and where that number comes from (for the error)."""
+    env = os.environ.get("CUTILE_PY_SIM_MAX_STEPS", "").strip()
+    if env:
+        try:
+            return max(int(env), 1), "CUTILE_PY_SIM_MAX_STEPS"
+        except ValueError:
+            raise SimError(f"CUTILE_PY_SIM_MAX_STEPS={env!r} is not an integer") from None
+    if options.max_steps is not None:
+        return options.max_steps, "Options.max_steps"
+    scaled = STEPS_PER_WORD * (memory.nbytes // 4)
+    if scaled > MIN_STEPS:
+        return scaled, f"{STEPS_PER_WORD} per word of the {memory.nbytes} bytes of global memory"
+    return MIN_STEPS, "the simulator's limit"
 
 
 def check_launch(
@@ -99,6 +126,7 @@ def run(
     """Execute a launch to completion; SimError names kernel, line, block and thread."""
     opts = options or Options()
     check_launch(program, grid, block, shared_mem, max_shared)
+    limit, limit_from = step_limit(opts, memory)
     pmem = ParamMemory(program.pack_params(params))
     per_block = -(-prod(block) // WARP) * WARP
     total = prod(grid)
@@ -118,12 +146,17 @@ def run(
         count = min(per_batch, total - first)
         b = Batch(program, memory, grid, block, shared_mem, pmem, first, count, opts.race_check)
         with np.errstate(all="ignore"):
-            execute(b, program.steps, opts.max_steps, stats, opts.profile)
+            execute(b, program.steps, limit, stats, opts.profile, limit_from)
     return stats
 
 
 def execute(
-    b: Batch, steps: list[Step], max_steps: int, stats: Stats, profile: bool = False
+    b: Batch,
+    steps: list[Step],
+    max_steps: int,
+    stats: Stats,
+    profile: bool = False,
+    limit_from: str = "the simulator's limit",
 ) -> None:
     """Run one batch until all of its lanes have exited."""
     nsteps = len(steps)
@@ -159,8 +192,10 @@ def execute(
                 budget -= 1
                 if budget < 0:
                     raise b.error(
-                        f"no exit after {max_steps} instruction steps (an endless loop, or a "
-                        "thread spinning on another that cannot run before it finishes)",
+                        f"no exit after {max_steps} instruction steps ({limit_from}): an "
+                        "endless loop, or a thread spinning on another that cannot run before "
+                        "it finishes. A longer legitimate loop runs with "
+                        "CUTILE_PY_SIM_MAX_STEPS set higher",
                         int(np.argmax(mask)),
                         st.instr,
                     )

@@ -179,6 +179,11 @@ class GlobalMemory:
     def __len__(self) -> int:
         return len(self._allocs)
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of every live allocation."""
+        return sum(int(a.data.size) for a in self._allocs.values())
+
     def allocation(self, address: int) -> Allocation:
         """The allocation starting at `address` (KeyError if none)."""
         return self._allocs[address]
