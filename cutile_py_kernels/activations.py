@@ -35,6 +35,6 @@ def silu_mul(gate: Tensor[Any, Any], up: Tensor[Any, Any]) -> Tensor[Any, Any]:
     check_shape("silu_mul", "up", up, gate.shape)
     n = gate.size
     tile = 1024 if dt is f32 else 2048
-    out = ct.zeros((n,), dt).partition(tile)
+    out = ct.empty((n,), dt).partition(tile)
     z, _, _ = _silu_mul_kernel(dt)(out, view(gate, (n,)), view(up, (n,))).sync()
     return view(z.unpartition(), gate.shape)

@@ -41,7 +41,7 @@ def _check(name: str, *tensors: Tensor[Any, Any]) -> tuple[int, ...]:
 def add(x: Tensor[f32, Dyn], y: Tensor[f32, Dyn]) -> Tensor[f32, Dyn]:
     """`x + y` as a new tensor; `x` and `y` stay usable."""
     shape = _check("add", x, y)
-    z, _, _ = add_kernel(ct.zeros(shape, f32).partition(TILE), x, y).sync()
+    z, _, _ = add_kernel(ct.empty(shape, f32).partition(TILE), x, y).sync()
     result: Tensor[f32, Dyn] = z.unpartition()
     return result
 
@@ -49,6 +49,6 @@ def add(x: Tensor[f32, Dyn], y: Tensor[f32, Dyn]) -> Tensor[f32, Dyn]:
 def saxpy(a: float, x: Tensor[f32, Dyn], y: Tensor[f32, Dyn]) -> Tensor[f32, Dyn]:
     """`a*x + y` as a new tensor; `x` and `y` stay usable."""
     shape = _check("saxpy", x, y)
-    z, _, _, _ = saxpy_kernel(ct.zeros(shape, f32).partition(TILE), float(a), x, y).sync()
+    z, _, _, _ = saxpy_kernel(ct.empty(shape, f32).partition(TILE), float(a), x, y).sync()
     result: Tensor[f32, Dyn] = z.unpartition()
     return result

@@ -123,9 +123,9 @@ def _config(
     def make_launch(cfg: autotune.GemmConfig) -> autotune.Launch:
         kernel = _gemm_kernel(dt, odt, trans_b, batch is not None, cfg.stages)
         if batch is None:
-            scratch = ct.zeros((m, n), odt).partition((cfg.bm, cfg.bn))
+            scratch = ct.empty((m, n), odt).partition((cfg.bm, cfg.bn))
         else:
-            scratch = ct.zeros((batch, m, n), odt).partition((1, cfg.bm, cfg.bn))
+            scratch = ct.empty((batch, m, n), odt).partition((1, cfg.bm, cfg.bn))
 
         def launch() -> ct.DeviceOp:
             op: ct.DeviceOp = kernel(scratch, a, b, cfg.bk)
@@ -164,7 +164,7 @@ def gemm(
     if m * n * k == 0:  # an empty sum over k is 0
         return ct.zeros((m, n), odt)
     cfg = _config(dt, odt, trans_b, (m, n, k), None, a, b)
-    out = ct.zeros((m, n), odt).partition((cfg.bm, cfg.bn))
+    out = ct.empty((m, n), odt).partition((cfg.bm, cfg.bn))
     c, _, _, _ = _gemm_kernel(dt, odt, trans_b, False, cfg.stages)(out, a, b, cfg.bk).sync()
     result: Tensor[Any, Any] = c.unpartition()
     return result
@@ -190,7 +190,7 @@ def bmm(
     if nb * m * n * k == 0:  # an empty sum over k is 0
         return ct.zeros((nb, m, n), odt)
     cfg = _config(dt, odt, trans_b, (m, n, k), nb, a, b)
-    out = ct.zeros((nb, m, n), odt).partition((1, cfg.bm, cfg.bn))
+    out = ct.empty((nb, m, n), odt).partition((1, cfg.bm, cfg.bn))
     c, _, _, _ = _gemm_kernel(dt, odt, trans_b, True, cfg.stages)(out, a, b, cfg.bk).sync()
     result: Tensor[Any, Any] = c.unpartition()
     return result

@@ -43,7 +43,7 @@ def gemv(a: Tensor[Any, Any], x: Tensor[Any, Any]) -> Tensor[Any, Any]:
         return ct.zeros((m,), dt)
     bk = min(next_pow2(k), 256 if dt is f32 else 512)
     bm = min(prev_pow2(max(1, 2048 // bk)), next_pow2(m))
-    out = ct.zeros((m,), dt).partition(bm)
+    out = ct.empty((m,), dt).partition(bm)
     y, _, _, _ = _gemv_kernel(dt)(out, a, x, bk).sync()
     result: Tensor[Any, Any] = y.unpartition()
     return result

@@ -56,7 +56,7 @@ def transpose(x: Tensor[Any, Any]) -> Tensor[Any, Any]:
     if len(x.shape) != 2:
         raise ValueError(f"transpose: expected a 2-D tensor, got shape {x.shape}")
     m, n = x.shape
-    out = ct.zeros((n, m), dt).partition((TRANSPOSE_TILE, TRANSPOSE_TILE))
+    out = ct.empty((n, m), dt).partition((TRANSPOSE_TILE, TRANSPOSE_TILE))
     y, _ = _transpose_kernel(dt)(out, x).sync()
     result: Tensor[Any, Any] = y.unpartition()
     return result
@@ -75,6 +75,6 @@ def embedding(table: Tensor[Any, Any], ids: Tensor[Any, Any]) -> Tensor[Any, Any
     if n * d == 0:
         return ct.zeros((*ids.shape, d), dt)
     plan = row_plan(n, d, dt if dt is not i32 else ct.f32)
-    out = ct.zeros((n, d), dt).partition((1, plan.width))
+    out = ct.empty((n, d), dt).partition((1, plan.width))
     y, _, _ = _embedding_kernel(dt)(out, table, view(ids, (n,))).sync()
     return view(y.unpartition(), (*ids.shape, d))

@@ -187,11 +187,11 @@ def _launch_rows(
     if plan.loop:
         # The block's tile: the row rounded up to whole chunks (the tail is masked).
         tile = (1, -(-n // plan.width) * plan.width)
-        parts = [ct.zeros((r, n), rows.dtype).partition(tile) for _ in range(outs)]
+        parts = [ct.empty((r, n), rows.dtype).partition(tile) for _ in range(outs)]
         result = loop_k(*parts, rows, *args, plan.width).sync()
     else:
         tile = (plan.rows, plan.width)
-        parts = [ct.zeros((r, n), rows.dtype).partition(tile) for _ in range(outs)]
+        parts = [ct.empty((r, n), rows.dtype).partition(tile) for _ in range(outs)]
         result = tile_k(*parts, rows, *args).sync()
     return tuple(p.unpartition() for p in result[:outs])
 

@@ -95,7 +95,7 @@ def rope(
         return ct.zeros(x.shape, dt)
     cos, sin = _tables(ct.backend(), d // 2, float(theta), int(max_position))
     hb = heads if heads * d <= BLOCK_ELEMS[dt] else prev_pow2(max(1, BLOCK_ELEMS[dt] // d))
-    out = ct.zeros(x.shape, dt).partition((1, hb, d))
+    out = ct.empty(x.shape, dt).partition((1, hb, d))
     y, *_ = _rope_kernel(dt)(out, x, positions, cos, sin).sync()
     result: Tensor[Any, Any] = y.unpartition()
     return result

@@ -124,10 +124,10 @@ def softmax(x: Tensor[Any, Any], causal: bool = False) -> Tensor[Any, Any]:
     tile_k, loop_k = _softmax_kernels(dt)
     plan = row_plan(r, n, dt)
     if plan.loop:
-        out = ct.zeros((r, n), dt).partition((1, -(-n // plan.width) * plan.width))
+        out = ct.empty((r, n), dt).partition((1, -(-n // plan.width) * plan.width))
         y, *_ = loop_k(out, rows, n, bool(causal), plan.width).sync()
     else:
-        out = ct.zeros((r, n), dt).partition((plan.rows, plan.width))
+        out = ct.empty((r, n), dt).partition((plan.rows, plan.width))
         y, *_ = tile_k(out, rows, n, bool(causal)).sync()
     return view(y.unpartition(), x.shape)
 
@@ -145,9 +145,9 @@ def argmax(x: Tensor[Any, Any]) -> Tensor[Any, Any]:
     tile_k, loop_k = _argmax_kernels(dt)
     plan = row_plan(r, n, dt)
     if plan.loop:
-        out = ct.zeros((r, 1), i32).partition((1, 1))
+        out = ct.empty((r, 1), i32).partition((1, 1))
         y, *_ = loop_k(out, rows, plan.width).sync()
     else:
-        out = ct.zeros((r, 1), i32).partition((plan.rows, 1))
+        out = ct.empty((r, 1), i32).partition((plan.rows, 1))
         y, *_ = tile_k(out, rows, plan.width).sync()
     return view(y.unpartition(), x.shape[:-1])

@@ -458,3 +458,78 @@ def test_gather_and_streams_on_the_gpu(backend: str) -> None:
     chain = op.then(lambda r: K.add(r[0], r[1], r[2]))
     out = asyncio.run(_await(chain))
     np.testing.assert_allclose(out[0].unpartition().to_numpy(), ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["then_series", "recursive_fn"])
+def test_long_chains_run_in_constant_stack_depth(form: str) -> None:
+    """A chain longer than Python's recursion limit runs (it used to raise RecursionError
+    near 990 steps), built either as a `.then` series or by a function that chains again."""
+    steps = 1200
+    n, tile = 8, 8
+    one = ct.from_numpy(np.ones(n, np.float32))
+    start = np.random.default_rng().standard_normal(n).astype(np.float32)
+
+    def inc(res: tuple[Any, ...]) -> ct.DeviceOp:
+        return K.add(ct.empty(n).partition(tile), res[0].unpartition(), one)
+
+    first = K.add(ct.empty(n).partition(tile), ct.from_numpy(start), one)
+    if form == "then_series":
+        chain: Any = first
+        for _ in range(steps):
+            chain = chain.then(inc)
+    else:
+        left = [steps]
+
+        def again(res: tuple[Any, ...]) -> Any:
+            left[0] -= 1
+            op = inc(res)
+            return op.then(again) if left[0] > 0 else op
+
+        chain = first.then(again)
+    out = chain.sync()
+    np.testing.assert_allclose(out[0].unpartition().to_numpy(), start + steps + 1, rtol=1e-5)
+
+
+def test_zip_overlap_sweep_agrees_with_pairwise_check() -> None:
+    """The zip's alias check (one sweep in address order) finds a clash exactly when some pair
+    of spans of different ops overlaps with at least one exclusive: checked against the
+    pairwise definition on random span sets."""
+    from cutile_py.host.pipeline import _first_clash, _Span
+
+    rng = np.random.default_rng()
+    dummy = ct.zeros(1)
+    for _ in range(3000):
+        n = int(rng.integers(0, 8))
+        spans = []
+        for _ in range(n):
+            lo = int(rng.integers(0, 40))
+            spans.append(
+                _Span(
+                    lo,
+                    lo + int(rng.integers(1, 12)),
+                    int(rng.integers(0, 4)),
+                    bool(rng.integers(0, 2)),
+                    dummy,
+                )
+            )
+        pairwise = any(
+            a.op != b.op and (a.exclusive or b.exclusive) and a.lo < b.hi and b.lo < a.hi
+            for k, a in enumerate(spans)
+            for b in spans[k + 1 :]
+        )
+        clash = _first_clash(spans)
+        assert (clash is not None) == pairwise, spans
+        if clash is not None:
+            a, b = clash
+            assert a.op != b.op and (a.exclusive or b.exclusive)
+            assert a.lo < b.hi and b.lo < a.hi
+
+
+def test_zip_of_a_thousand_ops() -> None:
+    rng = np.random.default_rng()
+    xs = [rng.standard_normal(4).astype(np.float32) for _ in range(1000)]
+    one = ct.from_numpy(np.ones(4, np.float32))
+    ops = [K.add(ct.empty(4).partition(4), ct.from_numpy(x), one) for x in xs]
+    out = ct.zip(*ops).sync()
+    for (z, _, _), x in zip(out, xs):
+        np.testing.assert_allclose(z.unpartition().to_numpy(), x + 1, rtol=1e-6)

@@ -59,8 +59,15 @@ def _upload(values: np.ndarray, dtype: type[DType]) -> AnyTensor:
 
 def empty(shape: Sequence[int] | int, dtype: Any = f32) -> AnyTensor:
     """A tensor whose contents are undefined until written (no fill: for outputs a kernel
-    writes whole)."""
-    dt = _dtype(dtype)
+    writes whole). On the CPU backends every byte is 0xFF (NaN for floats, -1 for integers),
+    so that an element a kernel leaves unwritten shows in a test."""
+    t = _allocate(shape, _dtype(dtype))
+    if t.nbytes and t.backend.executes_on_host:
+        t.backend.fill(t.buffer, t.nbytes, b"\xff")
+    return t
+
+
+def _allocate(shape: Sequence[int] | int, dt: type[DType]) -> AnyTensor:
     dims = _shape(shape)
     backend = active_backend()
     buf = backend.alloc(max(prod(dims) * dt.itemsize(), 1))
@@ -75,7 +82,7 @@ def full(shape: Sequence[int] | int, value: Any, dtype: Any = f32) -> TensorOrTi
     dt = _dtype(dtype)
     one = np.full((), value, dtype=np.float64 if dt.is_float() else dt.compute)
     element = np.ascontiguousarray(to_storage(one, dt)).tobytes()  # one element's bits
-    t = empty(shape, dt)
+    t = _allocate(shape, dt)
     if t.nbytes:
         t.backend.fill(t.buffer, t.nbytes, element)  # on the device, not uploaded
     return t  # type: ignore[return-value]

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from abc import abstractmethod
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from cutile_py.host.device_op import DeviceOp, OpLike
 from cutile_py.host.errors import AliasError, BorrowError
@@ -45,7 +46,11 @@ class _Once(OpLike):
 
 
 class Chain(_Once):
-    """`first.then(fn)`: run `first`, then the op that `fn(first's result)` returns."""
+    """`first.then(fn)`: run `first`, then the op that `fn(first's result)` returns.
+
+    Chains run iteratively: a chain built by a long `.then(...).then(...)` series, or by a
+    function that returns a new chain at every step, runs in constant Python stack depth.
+    """
 
     def __init__(self, first: OpLike, fn: Callable[[tuple[Any, ...]], OpLike]) -> None:
         if not isinstance(first, OpLike):
@@ -67,29 +72,64 @@ class Chain(_Once):
             )
         return nxt
 
+    @staticmethod
+    def _unwind(op: OpLike, pending: deque[Chain]) -> OpLike:
+        """The op to run next (not a chain); the chains on `op`'s left spine go in front of
+        `pending`, in the order their functions are to be called."""
+        while isinstance(op, Chain):
+            op._use()
+            pending.appendleft(op)
+            op = op.first
+        return op
+
+    def _drive(self, run: Callable[[OpLike], tuple[Any, ...]]) -> tuple[Any, ...]:
+        pending: deque[Chain] = deque()
+        result = run(self._unwind(self, pending))
+        while pending:
+            result = run(self._unwind(pending.popleft()._next(result), pending))
+        return result
+
     def sync(self) -> tuple[Any, ...]:
-        self._use()
-        return self._next(self.first.sync()).sync()
+        return self._drive(lambda op: op.sync())
 
     def sync_on(self, stream: StreamLike) -> tuple[Any, ...]:
-        self._use()
-        return self._next(self.first.sync_on(stream)).sync_on(stream)
+        return self._drive(lambda op: op.sync_on(stream))
 
     def _record(self, launches: list[DeviceOp]) -> tuple[Any, ...]:
-        self._use()
-        # `fn` runs once, now, to build the next step; replays run the launches it made.
-        return self._next(self.first._record(launches))._record(launches)
+        # Each `fn` runs once, now, to build the next step; replays run the launches it made.
+        return self._drive(lambda op: op._record(launches))
 
     async def _run_async(self) -> tuple[Any, ...]:
-        self._use()
-        result = await self.first
-        return await self._next(result)
+        pending: deque[Chain] = deque()
+        result = await self._unwind(self, pending)
+        while pending:
+            result = await self._unwind(pending.popleft()._next(result), pending)
+        return result
+
+    def _base(self) -> OpLike | None:
+        """The op this chain runs first (not a chain), or None once the chain has run."""
+        op: OpLike = self
+        while isinstance(op, Chain):
+            if op._used:
+                return None
+            op = op.first
+        return op
 
     def _ops(self) -> list[DeviceOp]:
-        return [] if self._used else self.first._ops()
+        base = self._base()
+        return [] if base is None else base._ops()
 
     def _members(self) -> list[OpLike]:
         return [self.first]
+
+    def _abandon(self, why: str) -> None:
+        base = self._base()
+        op: OpLike = self
+        while isinstance(op, Chain) and not op._used:
+            op._used = True
+            op = op.first
+        if base is not None:
+            base._abandon(why)
 
 
 class Zip(_Once):
@@ -208,17 +248,69 @@ def _check_disjoint(ops: tuple[OpLike, ...]) -> None:
                 )
             seen[id(d)] = i
             holds.extend((i, obj, exclusive) for obj, exclusive in d._held)
-    spans = []
+    spans: list[_Span] = []
     for i, obj, exclusive in holds:
         t = obj.tensor if isinstance(obj, Partition) else obj
-        if isinstance(t, Tensor):
+        if isinstance(t, Tensor) and t.nbytes:
             lo = t.buffer.address
-            spans.append((i, obj, exclusive, lo, lo + t.nbytes))
-    for k, (i1, o1, x1, lo1, hi1) in enumerate(spans):
-        for i2, o2, x2, lo2, hi2 in spans[k + 1 :]:
-            if i1 != i2 and (x1 or x2) and lo1 < hi2 and lo2 < hi1:
-                same = f"the same {o1._kind}" if o1 is o2 else "overlapping memory"
-                raise AliasError(
-                    f"zip: ops {i1} and {i2} both use {same}, and at least one holds it "
-                    "exclusively (Mut)"
-                )
+            spans.append(_Span(lo, lo + t.nbytes, i, exclusive, obj))
+    clash = _first_clash(spans)
+    if clash is not None:
+        s1, s2 = sorted(clash, key=lambda s: s.op)
+        same = f"the same {s1.obj._kind}" if s1.obj is s2.obj else "overlapping memory"
+        raise AliasError(
+            f"zip: ops {s1.op} and {s2.op} both use {same}, and at least one holds it "
+            "exclusively (Mut)"
+        )
+
+
+class _Span(NamedTuple):
+    """Memory one op of a zip holds: bytes [lo, hi) of one allocation."""
+
+    lo: int
+    hi: int
+    op: int  # the op's position in the zip
+    exclusive: bool
+    obj: Owned
+
+
+class _Reach:
+    """Of the spans seen so far, the two reaching furthest (highest `hi`) that belong to
+    different ops: any span overlapping an earlier one of another op overlaps one of them."""
+
+    def __init__(self) -> None:
+        self.best: _Span | None = None
+        self.other: _Span | None = None  # the furthest of an op other than best's
+
+    def add(self, s: _Span) -> None:
+        best = self.best
+        if best is None or s.hi > best.hi:
+            if best is not None and best.op != s.op:
+                self.other = best  # else `other` (of an op other than s's) stays right
+            self.best = s
+        elif s.op != best.op and (self.other is None or s.hi > self.other.hi):
+            self.other = s
+
+    def overlapping(self, s: _Span) -> _Span | None:
+        """An earlier span of another op that reaches past `s.lo`, if any."""
+        for c in (self.best, self.other):
+            if c is not None and c.op != s.op and c.hi > s.lo:
+                return c
+        return None
+
+
+def _first_clash(spans: list[_Span]) -> tuple[_Span, _Span] | None:
+    """Two spans of different ops that overlap where at least one is exclusive, or None.
+
+    One sweep in address order (O(n log n), not pairwise): a span overlaps an earlier one
+    exactly when that one reaches past its start; an exclusive span may clash with any earlier
+    span, a shared one only with an earlier exclusive span."""
+    anything, exclusive = _Reach(), _Reach()
+    for s in sorted(spans, key=lambda s: s.lo):
+        hit = (anything if s.exclusive else exclusive).overlapping(s)
+        if hit is not None:
+            return hit, s
+        anything.add(s)
+        if s.exclusive:
+            exclusive.add(s)
+    return None
