@@ -29,8 +29,11 @@ class NullDriver:
     def __getattr__(self, name: str) -> Any:
         real = getattr(self._real, name)
         if not name.startswith("cu") or not callable(real) or isinstance(real, type):
-            return real  # enums and handle types
-        return self._generic
+            value = real  # enums and handle types
+        else:
+            value = self._generic
+        setattr(self, name, value)  # found once: the stand-in costs one call, as a binding does
+        return value
 
     def _generic(self, *args: Any) -> tuple[Any, ...]:
         self.calls += 1

@@ -109,7 +109,21 @@ class CapturedFunction:
         it calls, at any depth: numbers and strings by value (floats by their bits), tuples
         item by item, user functions by identity and, recursively, what they read; anything
         else by identity. A changed constant, module attribute or helper recompiles."""
-        return _fingerprint(self, ())
+        reads = self.reads()
+        memo = self.__dict__.get("_fingerprint_memo")
+        if memo is not None and len(memo[0]) == len(reads):
+            # The same objects as last time give the same key (an immutable value is unchanged;
+            # anything else keys by identity); kept only where no helper's reads are involved.
+            for (_, old), (_, new) in zip(memo[0], reads):
+                if old is not new:
+                    break
+            else:
+                key: tuple[tuple[tuple[str, ...], Hashable], ...] = memo[1]
+                return key
+        key = _fingerprint(self, ())
+        flat = not any(is_user_function(v) or isinstance(v, tuple) for _, v in reads)
+        self.__dict__["_fingerprint_memo"] = (reads, key) if flat else None
+        return key
 
     def visible_names(self) -> dict[str, Any]:
         """Module globals, shadowed by the defining scope's locals and the closure's variables."""

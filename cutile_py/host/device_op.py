@@ -29,7 +29,7 @@ from cutile_py.host.tensor import (
     Tensor,
     capturing,
     release_holds,
-    take_hold,
+    take_holds,
     user_location,
 )
 from cutile_py.runtime.backend import (
@@ -221,11 +221,16 @@ class DeviceOp(OpLike):
         return op
 
     def _acquire(self) -> None:
+        wanted: list[tuple[Owned, bool]] = []
+        shared: set[int] = set()  # a tensor passed twice is held once
         for a in self.args:
-            if isinstance(a, Partition):
-                self._held.append(take_hold(self, a, exclusive=True))
-            elif isinstance(a, Tensor) and not any(h is a for h, _ in self._held):
-                self._held.append(take_hold(self, a, exclusive=False))
+            cls = type(a)
+            if cls is Partition:
+                wanted.append((a, True))
+            elif cls is Tensor and id(a) not in shared:
+                shared.add(id(a))
+                wanted.append((a, False))
+        self._held = take_holds(self, wanted)
 
     def _release(self) -> None:
         release_holds(self, self._held)
@@ -385,7 +390,7 @@ def _check_ownership(
     for name, a in zip(names, args):
         cls = type(a)
         if cls is Partition:
-            t = a.tensor
+            t = a._tensor
             writes = True
         elif cls is Tensor:
             t = a
@@ -394,13 +399,13 @@ def _check_ownership(
         # The common case, checked inline: usable, held by nobody, memory nobody else views.
         if a._moved_at is not None or a._exclusive is not None or a._shared or t._escaped:
             _check_use(kernel, name, a)
-        if t.backend is not backend:
+        if t._backend is not backend:
             raise ValueError(
                 f"kernel {kernel}, parameter '{name}': the tensor lives on the "
                 f"{t.device} backend but the active backend is {backend.name}"
             )
-        lo = t.buffer.address
-        spans.append((name, cls is Partition, a, lo, lo + t.nbytes))
+        lo = t._address
+        spans.append((name, cls is Partition, a, lo, lo + t._nbytes))
     if not writes or len(spans) < 2:
         return
     for i, (n1, mut1, a1, lo1, hi1) in enumerate(spans):

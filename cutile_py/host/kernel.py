@@ -232,6 +232,7 @@ class Kernel:
         self.stages = stages
         self.name = self.captured.name
         self._signature = inspect.signature(fn)
+        self._arity = len(self._signature.parameters)
         self._params: tuple[ParamSpec, ...] | None = None
         #: Launch plans by (backend, `launch_key` of the arguments): see `plan`.
         self._plans: dict[tuple[Backend, tuple[Any, ...]], LaunchPlan] = {}
@@ -416,8 +417,9 @@ class Kernel:
         """The launch plan made earlier for arguments like `args` on `backend` (same dtypes,
         shapes, tiles, alignment, scalar types and constant values), if what the kernel reads
         is unchanged and its int scalars still fit; else None (then `make_plan`)."""
+        consts, ints = self._shape_info()
         try:
-            plan = self._plans.get((backend, launch_key(args, self._shape_info()[0])))
+            plan = self._plans.get((backend, launch_key(args, consts)))
         except TypeError:  # an unhashable argument: `make_plan` says what is wrong with it
             return None
         if (
@@ -426,7 +428,7 @@ class Kernel:
             or plan.deps != self.captured.fingerprint()
         ):
             return None
-        for i in self._shape_info()[1]:
+        for i in ints:
             if not -(2**31) <= args[i] < 2**31:
                 return None  # `make_plan` raises the error naming the parameter
         STATS.hits += 1  # an in-memory hit, found without rebuilding the cache key
@@ -462,7 +464,7 @@ class Kernel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from cutile_py.host.device_op import DeviceOp
 
-        if kwargs or len(args) != len(self._signature.parameters):
+        if kwargs or len(args) != self._arity:
             args = self.bind_arguments(args, kwargs)
         return DeviceOp.for_kernel(self, args)
 
@@ -493,10 +495,10 @@ def launch_key(args: tuple[Any, ...], constants: frozenset[int]) -> tuple[Any, .
     for i, a in enumerate(args):
         cls = type(a)
         if cls is Partition:
-            t = a.tensor
-            key.append((t.dtype, t.shape, a.tile_shape, _base_align(t)))
+            t = a._tensor
+            key.append((t._dtype, t._shape, a._tile_shape, t._align))
         elif cls is Tensor:
-            key.append((a.dtype, a.shape, None, _base_align(a)))
+            key.append((a._dtype, a._shape, None, a._align))
         elif i in constants:
             key.append((cls, struct.pack("<d", a) if isinstance(a, float) else a))
         else:
@@ -511,21 +513,11 @@ def _default_target() -> Target:
     return backend.target if backend.runs_ptx else Target(80)
 
 
-def _base_align(t: Tensor[Any, Any]) -> int:
-    """Elements (power of two ≤ 16) that the tensor's first element's address is aligned to."""
-    size = t.dtype.itemsize()
-    address = t.buffer.address
-    if address % size:
-        return 1
-    elements = address // size
-    return min(elements & -elements, 16) if elements else 16
-
-
 def _arg_info(a: Any) -> Any:
     if isinstance(a, Partition):
-        return TensorArg(a.dtype, a.shape, a.tile_shape, _base_align(a.tensor))
+        return TensorArg(a.dtype, a.shape, a.tile_shape, a.tensor._align)
     if isinstance(a, Tensor):
-        return TensorArg(a.dtype, a.shape, None, _base_align(a))
+        return TensorArg(a.dtype, a.shape, None, a._align)
     if isinstance(a, PartitionSpec):
         return TensorArg(a.dtype, tuple(a.shape), tuple(a.tile))
     if isinstance(a, TensorSpec):

@@ -35,9 +35,9 @@ class ParamReader:
         for arg, kind, axis in self._steps:
             a = args[arg]
             if kind == _PTR:
-                out.append((a.tensor if isinstance(a, Partition) else a).buffer.address)
+                out.append((a._tensor if type(a) is Partition else a)._address)
             elif kind == _DIM:
-                out.append((a.tensor if isinstance(a, Partition) else a).shape[axis])
+                out.append((a._tensor if type(a) is Partition else a)._shape[axis])
             else:
                 out.append(int(a) if kind == _INT else float(a))
         return out

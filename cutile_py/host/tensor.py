@@ -93,16 +93,23 @@ _span_holds: list[_SpanHold] = []
 def take_hold(holder: Holder, obj: Owned, exclusive: bool) -> tuple[Owned, bool]:
     """Make `holder` hold `obj` (exclusively: a `Mut` partition, a graph's written memory);
     returns the entry for `release_holds`."""
+    return take_holds(holder, [(obj, exclusive)])[0]
+
+
+def take_holds(holder: Holder, wanted: list[tuple[Owned, bool]]) -> list[tuple[Owned, bool]]:
+    """`take_hold` of each (object, exclusive) in `wanted`, which is returned."""
     me: weakref.ref[Holder] = weakref.ref(holder)
-    if exclusive:
-        obj._exclusive = me
-    else:
-        obj._shared.append(me)
-    t = obj._storage()
-    if t._escaped and t.nbytes:
-        lo = t._buffer.address
-        _span_holds.append(_SpanHold(lo, lo + t.nbytes, exclusive, me, weakref.ref(obj)))
-    return obj, exclusive
+    for obj, exclusive in wanted:
+        if exclusive:
+            obj._exclusive = me
+        else:
+            obj._shared.append(me)
+        # obj._storage(), inline (a launch's hot path)
+        t: Tensor[Any] = obj._tensor if type(obj) is Partition else obj  # type: ignore[assignment]
+        if t._escaped and t._nbytes:
+            lo = t._address
+            _span_holds.append(_SpanHold(lo, lo + t._nbytes, exclusive, me, weakref.ref(obj)))
+    return wanted
 
 
 def release_holds(holder: Holder, held: list[tuple[Owned, bool]]) -> None:
@@ -111,8 +118,13 @@ def release_holds(holder: Holder, held: list[tuple[Owned, bool]]) -> None:
         if exclusive:
             obj._exclusive = None
         else:
-            obj._shared = [r for r in obj._shared if r() is not holder and r() is not None]
-        if obj._storage()._escaped:
+            shared = obj._shared
+            if len(shared) == 1 and shared[0]() is holder:
+                obj._shared = []  # the common case, without a pass
+            else:
+                obj._shared = [r for r in shared if r() is not holder and r() is not None]
+        t: Tensor[Any] = obj._tensor if type(obj) is Partition else obj  # type: ignore[assignment]
+        if t._escaped:
             _span_holds[:] = [h for h in _span_holds if _outlives(h, holder, obj)]
 
 
@@ -232,6 +244,12 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
         self._backend = backend
         self._borrowed_from = borrowed_from  # keeps foreign memory alive; never freed by us
         self._nbytes = prod(shape) * dtype.itemsize()
+        #: The first element's address, and the elements (a power of two <= 16) it is aligned
+        #: to: read on every launch, so kept rather than recomputed.
+        self._address = address = buffer.address
+        size = dtype.itemsize()
+        elements = address // size
+        self._align = 1 if address % size else min(elements & -elements, 16) if elements else 16
         #: Whether objects outside this one's line (partition/unpartition) may view the memory:
         #: borrowed with from_dlpack, or exported. Holds on it are then also kept by span.
         self._escaped = escaped or borrowed_from is not None
