@@ -326,10 +326,13 @@ class DeviceOp(OpLike):
         self._check_pending()
         if self._completion is None and self._launching is None:
             stream = async_stream(self.backend)
-            # A task, so that every awaiter of this op waits for one launch.
-            self._launching = asyncio.ensure_future(
-                off_loop(self.backend, lambda: self._launch(stream))
-            )
+            if not self.backend.executes_on_host:
+                self._launch(stream)  # queues the work and returns: no need to leave the loop
+            else:
+                # A task, so that every awaiter of this op waits for one launch.
+                self._launching = asyncio.ensure_future(
+                    off_loop(self.backend, lambda: self._launch(stream))
+                )
         if self._launching is not None:
             launching = self._launching
             try:
