@@ -208,3 +208,48 @@ def test_tensors_of_another_backend_are_rejected() -> None:
     foreign = HostTensor(other.alloc(32), (8,), ct.f32, other)
     with pytest.raises(ValueError, match="'x': the tensor lives on the interpret backend"):
         K.add(ct.zeros(8).partition(4), foreign, ct.zeros(8))
+
+
+C = TypeVar("C")
+
+
+@ct.kernel
+def add_rows(z: Mut[Tensor[f32, B, C]], x: Tensor[f32, Dyn, Dyn]) -> None:
+    z.store(ct.load_tile_like(x, z) + 1.0)
+
+
+def test_reshape_moves_the_tensor_and_keeps_its_memory() -> None:
+    rng = np.random.default_rng()
+    a = rng.standard_normal((4, 6)).astype(np.float32)
+    t = ct.from_numpy(a)
+    r = t.reshape(3, -1)
+    assert r.shape == (3, 8)
+    with pytest.raises(ct.MovedError, match=r"moved by \.reshape\(\) at .*test_ownership\.py"):
+        t.to_numpy()
+    np.testing.assert_array_equal(r.to_numpy(), a.reshape(3, 8))
+    # A kernel writes through the reshaped view; the flat view sees it (same storage).
+    z, _ = add_rows(r.partition((2, 8)), ct.from_numpy(a.reshape(3, 8))).sync()
+    flat = z.unpartition().reshape((24,))
+    np.testing.assert_allclose(flat.to_numpy(), a.reshape(-1) + 1.0, rtol=1e-6)
+
+
+def test_reshape_errors_say_what_does_not_fit() -> None:
+    t = ct.zeros((4, 6))
+    with pytest.raises(ValueError, match=r"shape \(4, 6\) \(24 elements\) into \(5, 5\)"):
+        t.reshape(5, 5)
+    with pytest.raises(ValueError, match="at most one dim may be -1"):
+        t.reshape(-1, -1)
+    with pytest.raises(ValueError, match=r"into \(5, -1\)"):
+        t.reshape(5, -1)
+    with pytest.raises(TypeError, match="dims must be integers"):
+        t.reshape(2.0, 12)  # type: ignore[arg-type]
+    assert t.reshape(24).shape == (24,)  # the failed attempts left it usable
+
+
+def test_reshape_of_a_held_tensor_is_refused() -> None:
+    x = ct.zeros(8)
+    op = K.add(ct.zeros(8).partition(8), x, x)
+    with pytest.raises(ct.BorrowError, match="held by the pending launch"):
+        x.reshape(2, 4)
+    op.sync()
+    assert x.reshape(2, 4).shape == (2, 4)

@@ -324,6 +324,20 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
         self._move(".partition()")
         return Partition(self, tuple(int(d) for d in tiles))
 
+    def reshape(self, *shape: int | Sequence[int]) -> Tensor[Any, Unpack[tuple[Any, ...]]]:
+        """The same memory with another shape (row-major, as NumPy's reshape of a contiguous
+        array; one dim may be -1); consumes this tensor, like `partition`."""
+        dims = _reshaped(self._shape, shape)
+        self._move(".reshape()")
+        return Tensor(
+            self._buffer,
+            dims,
+            self._dtype,
+            self._backend,
+            borrowed_from=self._borrowed_from,
+            escaped=self._escaped,
+        )
+
     def __repr__(self) -> str:
         state = " (moved)" if self._moved_at else ""
         return f"Tensor(shape={self._shape}, dtype={self._dtype.name}, device={self.device}){state}"
@@ -439,3 +453,35 @@ class Partition(Owned):
             f"Partition(shape={self.shape}, tile_shape={self._tile_shape}, grid={self._grid}, "
             f"dtype={self.dtype.name}){state}"
         )
+
+
+def _reshaped(old: tuple[int, ...], shape: tuple[int | Sequence[int], ...]) -> tuple[int, ...]:
+    """`reshape`'s new shape: `shape` as given (`t.reshape(2, 3)` or `t.reshape((2, 3))`), a
+    -1 resolved; ValueError / TypeError saying what does not fit."""
+    given = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
+    dims: list[int] = []
+    for d in given:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+            raise TypeError(f"reshape: dims must be integers, got {given!r}")
+        if int(d) < -1:
+            raise ValueError(f"reshape: dims must be non-negative (or one -1), got {given}")
+        dims.append(int(d))
+    if not dims:
+        raise ValueError("reshape: a tensor has at least one dimension; got shape ()")
+    size = prod(old)
+    if dims.count(-1) > 1:
+        raise ValueError(f"reshape: at most one dim may be -1, got {tuple(dims)}")
+    if -1 in dims:
+        known = prod(d for d in dims if d != -1)
+        if known == 0 or size % known:
+            raise ValueError(
+                f"reshape: cannot reshape a tensor of shape {old} ({size} elements) into "
+                f"{tuple(dims)}"
+            )
+        dims[dims.index(-1)] = size // known
+    if prod(dims) != size:
+        raise ValueError(
+            f"reshape: cannot reshape a tensor of shape {old} ({size} elements) into "
+            f"{tuple(dims)} ({prod(dims)} elements)"
+        )
+    return tuple(dims)
