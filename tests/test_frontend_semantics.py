@@ -159,3 +159,37 @@ def test_ambiguous_code_is_a_compile_error(
 ) -> None:
     with pytest.raises(ct.CompileError, match=message):
         ct.kernel(fn).ir(*args)
+
+
+@ct.kernel
+def to_i64(z: Mut[Tensor[ct.i64, B]], x: Tensor[f32, Dyn]) -> None:
+    z.store(ct.load_tile_like(x, z).astype(ct.i64))
+
+
+@ct.kernel
+def to_i32(z: Mut[Tensor[i32, B]], x: Tensor[f32, Dyn]) -> None:
+    z.store(ct.load_tile_like(x, z).astype(i32))
+
+
+def test_float_to_int_truncates_saturates_and_sends_nan_to_zero(backend: str) -> None:
+    """One rule for every integer width on every backend (PTX's cvt gives MININT for NaN into
+    64 bits but 0 into 32; the compiled code corrects the 64-bit case)."""
+    rng = np.random.default_rng()
+    special = [np.nan, -np.nan, np.inf, -np.inf, 3e10, -3e10, 1e20, -1e20, 2.5, -2.5, 0.0, -0.0]
+    x = np.concatenate([special, rng.standard_normal(20) * 1e3]).astype(np.float32)
+    for kernel, dt, info in (
+        (to_i64, ct.i64, np.iinfo(np.int64)),
+        (to_i32, i32, np.iinfo(np.int32)),
+    ):
+        expected = [
+            0
+            if np.isnan(v)
+            else max(info.min, min(info.max, int(v)))
+            if np.isfinite(v)
+            else info.max
+            if v > 0
+            else info.min
+            for v in x.astype(np.float64)
+        ]
+        got = out_of(kernel, x.size, 8, dt, ct.from_numpy(x))
+        np.testing.assert_array_equal(got, np.array(expected, dtype=info.dtype))

@@ -566,7 +566,13 @@ class Emitter:
             return self.narrow(self.widen(x, src), dst)
         if src.is_float():
             r = self.new(dst)
-            fb.ins(f"cvt.rzi.{INT_SUFFIX[dst]}.f32", r, self.widen(x, src))
+            w = self.widen(x, src)
+            fb.ins(f"cvt.rzi.{INT_SUFFIX[dst]}.f32", r, w)
+            if dst is i64:
+                # cvt gives MININT for NaN into 64 bits but 0 into 32: the language gives 0.
+                nan = fb.reg("pred")
+                fb.ins("setp.nan.f32", nan, w, w)
+                fb.ins("selp.s64", r, 0, r, nan)
             return r
         if dst.is_float():
             f = fb.reg("f32")
