@@ -70,6 +70,8 @@ def view(t: Tensor[Any, Any], shape: Sequence[int]) -> Tensor[Any, Any]:
     if prod(shape) != t.size:
         raise ValueError(f"cannot view shape {t.shape} as {shape}")
     t._check_usable("read the tensor")
+    if shape == t.shape:
+        return t  # no second object over the memory: its ownership stays simple
     return Tensor(t.buffer, shape, t.dtype, t.backend, borrowed_from=t)
 
 

@@ -208,7 +208,7 @@ def rms_norm(x: Tensor[Any, Any], weight: Tensor[Any, Any], eps: float = 1e-6) -
         return ct.zeros(x.shape, dt)
     tile_k, loop_k, _, _ = _rms_kernels(dt)
     (y,) = _launch_rows(tile_k, loop_k, 1, rows, weight, 1.0 / n, float(eps))
-    return view(y, x.shape)
+    return y.reshape(x.shape)
 
 
 def add_rms_norm(
@@ -225,7 +225,7 @@ def add_rms_norm(
     _, _, tile_k, loop_k = _rms_kernels(dt)
     res = view(residual, rows.shape)
     y, h = _launch_rows(tile_k, loop_k, 2, rows, res, weight, 1.0 / n, float(eps))
-    return view(y, x.shape), view(h, x.shape)
+    return y.reshape(x.shape), h.reshape(x.shape)
 
 
 def layer_norm(
@@ -242,4 +242,4 @@ def layer_norm(
         return ct.zeros(x.shape, dt)
     tile_k, loop_k = _layer_norm_kernels(dt)
     (y,) = _launch_rows(tile_k, loop_k, 1, rows, weight, bias, n, float(eps))
-    return view(y, x.shape)
+    return y.reshape(x.shape)

@@ -18,7 +18,6 @@ from cutile_py_kernels._common import (
     check_float,
     per_dtype,
     row_plan,
-    view,
 )
 
 BR = TypeVar("BR")  # rows per block
@@ -129,7 +128,7 @@ def softmax(x: Tensor[Any, Any], causal: bool = False) -> Tensor[Any, Any]:
     else:
         out = ct.empty((r, n), dt).partition((plan.rows, plan.width))
         y, *_ = tile_k(out, rows, n, bool(causal)).sync()
-    return view(y.unpartition(), x.shape)
+    return y.unpartition().reshape(x.shape)
 
 
 def argmax(x: Tensor[Any, Any]) -> Tensor[Any, Any]:
@@ -150,4 +149,4 @@ def argmax(x: Tensor[Any, Any]) -> Tensor[Any, Any]:
     else:
         out = ct.empty((r, 1), i32).partition((plan.rows, 1))
         y, *_ = tile_k(out, rows, plan.width).sync()
-    return view(y.unpartition(), x.shape[:-1])
+    return y.unpartition().reshape(x.shape[:-1])

@@ -243,7 +243,10 @@ def test_reshape_errors_say_what_does_not_fit() -> None:
         t.reshape(5, -1)
     with pytest.raises(TypeError, match="dims must be integers"):
         t.reshape(2.0, 12)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="expected a shape"):
+        t.reshape()
     assert t.reshape(24).shape == (24,)  # the failed attempts left it usable
+    assert ct.full(1, 3.0).reshape(()).to_numpy() == 3.0  # rank 0, as NumPy allows
 
 
 def test_reshape_of_a_held_tensor_is_refused() -> None:

@@ -458,7 +458,10 @@ class Partition(Owned):
 def _reshaped(old: tuple[int, ...], shape: tuple[int | Sequence[int], ...]) -> tuple[int, ...]:
     """`reshape`'s new shape: `shape` as given (`t.reshape(2, 3)` or `t.reshape((2, 3))`), a
     -1 resolved; ValueError / TypeError saying what does not fit."""
-    given = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
+    if not shape:
+        raise TypeError("reshape: expected a shape, as t.reshape(2, 3) or t.reshape((2, 3))")
+    one = shape[0]
+    given = tuple(one) if len(shape) == 1 and not isinstance(one, (int, np.integer)) else shape
     dims: list[int] = []
     for d in given:
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
@@ -466,8 +469,6 @@ def _reshaped(old: tuple[int, ...], shape: tuple[int | Sequence[int], ...]) -> t
         if int(d) < -1:
             raise ValueError(f"reshape: dims must be non-negative (or one -1), got {given}")
         dims.append(int(d))
-    if not dims:
-        raise ValueError("reshape: a tensor has at least one dimension; got shape ()")
     size = prod(old)
     if dims.count(-1) > 1:
         raise ValueError(f"reshape: at most one dim may be -1, got {tuple(dims)}")
