@@ -37,4 +37,5 @@ def silu_mul(gate: Tensor[Any, Any], up: Tensor[Any, Any]) -> Tensor[Any, Any]:
     tile = 1024 if dt is f32 else 2048
     out = ct.empty((n,), dt).partition(tile)
     z, _, _ = _silu_mul_kernel(dt)(out, view(gate, (n,)), view(up, (n,))).sync()
-    return z.unpartition().reshape(gate.shape)
+    result: Tensor[Any, Any] = z.unpartition().reshape(gate.shape)
+    return result

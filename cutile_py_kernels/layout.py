@@ -77,4 +77,5 @@ def embedding(table: Tensor[Any, Any], ids: Tensor[Any, Any]) -> Tensor[Any, Any
     plan = row_plan(n, d, dt if dt is not i32 else ct.f32)
     out = ct.empty((n, d), dt).partition((1, plan.width))
     y, _, _ = _embedding_kernel(dt)(out, table, view(ids, (n,))).sync()
-    return y.unpartition().reshape((*ids.shape, d))
+    result: Tensor[Any, Any] = y.unpartition().reshape((*ids.shape, d))
+    return result

@@ -128,7 +128,8 @@ def softmax(x: Tensor[Any, Any], causal: bool = False) -> Tensor[Any, Any]:
     else:
         out = ct.empty((r, n), dt).partition((plan.rows, plan.width))
         y, *_ = tile_k(out, rows, n, bool(causal)).sync()
-    return y.unpartition().reshape(x.shape)
+    result: Tensor[Any, Any] = y.unpartition().reshape(x.shape)
+    return result
 
 
 def argmax(x: Tensor[Any, Any]) -> Tensor[Any, Any]:
@@ -149,4 +150,5 @@ def argmax(x: Tensor[Any, Any]) -> Tensor[Any, Any]:
     else:
         out = ct.empty((r, 1), i32).partition((plan.rows, 1))
         y, *_ = tile_k(out, rows, plan.width).sync()
-    return y.unpartition().reshape(x.shape[:-1])
+    result: Tensor[Any, Any] = y.unpartition().reshape(x.shape[:-1])
+    return result

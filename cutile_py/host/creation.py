@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
     class TensorOrTile(Tensor[Any, Unpack[tuple[Any, ...]]], Tile):
         """For mypy only: host code gets a Tensor, kernel code a Tile."""
+
+        def reshape(self, *shape: Any) -> Any: ...
 else:
     TensorOrTile = Any
 
