@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -385,3 +385,127 @@ def test_device_fault_is_a_launch_failure(backend: CudaBackend, name: str, body:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("LaunchFailure:"), result.stdout + result.stderr
     assert repr(name) in result.stdout
+
+
+# --- importing other libraries' arrays (ct.from_dlpack) over the stand-in driver ----------------
+
+
+@pytest.fixture
+def cuda_active(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> CudaBackend:
+    """The cuda backend over the stand-in driver, made the active backend."""
+    from cutile_py.runtime import select
+
+    backend = CudaBackend()
+    monkeypatch.setitem(select._instances, "cuda", backend)
+    monkeypatch.setattr(select, "_active", "cuda")
+    return backend
+
+
+class FakeView:
+    """cuda.core's StridedMemoryView as the backend reads it: a device array at `ptr`."""
+
+    def __init__(self, producer: Producer) -> None:
+        self.ptr = producer.address
+        self.shape = producer.shape
+        self.strides = None
+        self.dtype = np.dtype(np.float32)
+        self.device_id = 0
+        self.is_device_accessible = True
+        self.readonly = False
+
+
+class Producer:
+    """Another library's device array (its memory allocated through the stand-in driver)."""
+
+    def __init__(self, backend: CudaBackend, data: np.ndarray) -> None:
+        self.memory = backend.alloc(data.nbytes)
+        backend.upload(self.memory, data)
+        self.address = self.memory.address
+        self.shape = data.shape
+
+
+def _fake_view_class(failure: BaseException | None = None) -> type:
+    class View(FakeView):
+        made: ClassVar[list[Any]] = []
+
+        @classmethod
+        def from_any_interface(cls, obj: Producer, stream_ptr: int) -> View:
+            if failure is not None:
+                raise failure
+            view = cls(obj)
+            cls.made.append(weakref_ref(view))
+            return view
+
+    return View
+
+
+def weakref_ref(obj: object) -> Any:
+    import weakref
+
+    return weakref.ref(obj)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        ModuleNotFoundError("No module named 'cuda.core'"),
+        RuntimeError("cuda.core: unsupported device type"),
+        NotImplementedError("bfloat16 needs ml_dtypes"),
+        BufferError("the producer refused"),
+    ],
+)
+def test_from_dlpack_failures_are_type_errors(
+    cuda_active: CudaBackend, monkeypatch: pytest.MonkeyPatch, failure: BaseException
+) -> None:
+    producer = Producer(cuda_active, np.zeros(4, np.float32))
+    if isinstance(failure, ImportError):
+
+        def missing() -> Any:
+            raise failure
+
+        monkeypatch.setattr(cu, "strided_memory_view", missing)
+    else:
+        monkeypatch.setattr(cu, "strided_memory_view", lambda: _fake_view_class(failure))
+    with pytest.raises(TypeError, match=r"from_dlpack\(obj\): cannot borrow obj, a Producer") as e:
+        ct.from_dlpack(producer)
+    assert str(failure) in str(e.value)
+
+
+def test_strided_memory_view_from_the_older_location(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    old = types.ModuleType("cuda.core.experimental.utils")
+    old.StridedMemoryView = FakeView  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cuda.core.utils", None)  # importing it fails
+    monkeypatch.setitem(sys.modules, "cuda.core.experimental.utils", old)
+    assert cu.strided_memory_view() is FakeView
+    # Before from_any_interface, the constructor itself took (obj, stream_ptr).
+
+    class Old:
+        def __init__(self, obj: object, stream_ptr: int) -> None:
+            FakeView.__init__(self, obj)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cu, "strided_memory_view", lambda: Old)
+    thing = types.SimpleNamespace(address=1 << 21, shape=(2, 3))
+    view = cu.foreign_array(thing, 0)
+    assert view.address == 1 << 21 and view.shape == (2, 3) and isinstance(view.view, Old)
+
+
+def test_dlpack_import_keeps_the_view_alive(
+    cuda_active: CudaBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    view_class = _fake_view_class()
+    monkeypatch.setattr(cu, "strided_memory_view", lambda: view_class)
+    data = np.random.default_rng().standard_normal(64).astype(np.float32)
+    producer = Producer(cuda_active, data)
+    t = ct.from_dlpack(producer)
+    gc.collect()
+    (view,) = view_class.made  # type: ignore[attr-defined]
+    assert view() is not None  # its deleter has not run: the memory is still ours
+    np.testing.assert_array_equal(t.to_numpy(), data)
+    del t
+    gc.collect()
+    assert view() is None  # let go with the tensor

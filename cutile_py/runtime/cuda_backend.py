@@ -105,6 +105,10 @@ class ForeignCudaBuffer(Buffer):
         return self._address
 
 
+#: Memory this backend reads and writes: its own, and other libraries' (`ct.from_dlpack`).
+_DEVICE_BUFFERS = (CudaBuffer, ForeignCudaBuffer)
+
+
 def _destroy_graph_exec(ctx: cu.Context, graph: cu.GraphExec) -> None:
     def release() -> None:
         cu.set_current(ctx)
@@ -365,7 +369,7 @@ class CudaBackend(Backend):
         return CudaBuffer(dev.ctx, address, nbytes)
 
     def fill(self, buf: Buffer, nbytes: int, element: bytes) -> None:
-        if not isinstance(buf, CudaBuffer):
+        if not isinstance(buf, _DEVICE_BUFFERS):
             raise TypeError(f"the cuda backend cannot write to a {type(buf).__name__}")
         width = len(element)
         if width == 8:  # no 64-bit memset: two 32-bit halves alike, or the values uploaded
@@ -381,7 +385,7 @@ class CudaBackend(Backend):
             raise self._failure("filling device memory", e) from e
 
     def upload(self, buf: Buffer, data: np.ndarray) -> None:
-        if not isinstance(buf, CudaBuffer):
+        if not isinstance(buf, _DEVICE_BUFFERS):
             raise TypeError(f"the cuda backend cannot write to a {type(buf).__name__}")
         src = np.ascontiguousarray(data)
         if src.nbytes > buf.nbytes:
@@ -393,7 +397,7 @@ class CudaBackend(Backend):
             raise self._failure("uploading to the device", e) from e
 
     def download(self, buf: Buffer, nbytes: int) -> np.ndarray:
-        if not isinstance(buf, CudaBuffer):
+        if not isinstance(buf, _DEVICE_BUFFERS):
             raise TypeError(f"the cuda backend cannot read from a {type(buf).__name__}")
         if nbytes > buf.nbytes:
             raise ValueError(f"cannot read {nbytes} bytes from a {buf.nbytes}-byte buffer")
@@ -582,14 +586,33 @@ class CudaBackend(Backend):
 
         Its pending work is ordered before this backend's stream.
         """
-        dev = self.activate()
+        consumer = cu.stream_handle(self.activate().stream)
         try:
-            view = cu.foreign_array(obj, cu.stream_handle(dev.stream))
-        except (AttributeError, BufferError, TypeError, ValueError) as e:
-            raise TypeError(f"ct.from_dlpack: cannot borrow a {type(obj).__name__}: {e}") from e
+            view = cu.foreign_array(obj, consumer)
+        except _FOREIGN_FAILURES as e:
+            raise TypeError(
+                f"ct.from_dlpack(obj): cannot borrow obj, a {type(obj).__name__}: "
+                f"{type(e).__name__}: {e}"
+            ) from e
         check_foreign(view, self.ordinal, type(obj).__name__)
         nbytes = int(np.prod(view.shape, dtype=np.int64)) * view.dtype.itemsize
-        return ForeignCudaBuffer(view.address, nbytes, obj), view.shape, view.dtype
+        # DLPack: the producer's memory is ours until the capsule's deleter runs, which
+        # happens when cuda.core's view dies; so the buffer keeps the view, and the object.
+        return ForeignCudaBuffer(view.address, nbytes, (obj, view.view)), view.shape, view.dtype
+
+
+#: What importing another library's array can raise: no cuda-core (ImportError), a producer
+#: that refuses (BufferError, TypeError, ValueError, AttributeError), cuda.core's own refusals
+#: (RuntimeError; NotImplementedError, e.g. bf16 without ml_dtypes).
+_FOREIGN_FAILURES = (
+    ImportError,
+    AttributeError,
+    BufferError,
+    TypeError,
+    ValueError,
+    RuntimeError,
+    NotImplementedError,
+)
 
 
 def check_foreign(view: cu.ForeignArray, ordinal: int, what: str) -> None:

@@ -52,6 +52,13 @@ DONE:
 """
 
 
+class Handle(str):
+    """A stream or event handle: named for the tests' checks, an integer like the bindings'."""
+
+    def __int__(self) -> int:
+        return 0x10000 + sum(self.encode())
+
+
 class FakeDriver:
     """Host memory behind the bindings' call shapes; runs `vadd` in NumPy, faults on `trapper`.
 
@@ -103,7 +110,7 @@ class FakeDriver:
 
     def cuStreamCreate(self, flags: int) -> tuple[object, ...]:
         assert flags == int(self.real.CUstream_flags.CU_STREAM_NON_BLOCKING)
-        return self._ok("cuStreamCreate", "stream")
+        return self._ok("cuStreamCreate", Handle("stream"))
 
     def cuStreamSynchronize(self, stream: object) -> tuple[object, ...]:
         assert stream == "stream"
@@ -219,7 +226,7 @@ class StreamDriver(FakeDriver):
 
     def cuStreamCreate(self, flags: int) -> tuple[object, ...]:
         self.streams += 1
-        name = "stream" if self.streams == 1 else f"s{self.streams}"
+        name = Handle("stream" if self.streams == 1 else f"s{self.streams}")
         return self._ok("cuStreamCreate", name)
 
     def cuStreamSynchronize(self, stream: object) -> tuple[object, ...]:
