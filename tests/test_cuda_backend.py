@@ -509,3 +509,29 @@ def test_dlpack_import_keeps_the_view_alive(
     del t
     gc.collect()
     assert view() is None  # let go with the tensor
+
+
+# --- frees during a stream capture ----------------------------------------------------------
+
+
+def test_a_buffer_collected_during_capture_is_freed_after_it(fake: FakeDriver) -> None:
+    from cutile_py.runtime.backend import KernelLaunch
+
+    backend = CudaBackend()
+    kernel = backend.load_kernel(vector_add_ptx(Target(90)), "vadd")
+    bufs = [backend.alloc(4 * 64) for _ in range(3)]
+    doomed = [backend.alloc(1024)]
+    address = doomed[0].address
+    # The last reference goes while the capture records the launch (as a garbage collection
+    # in the capturing thread would drop it).
+    fake.on_captured_launch = doomed.clear
+    params = (*(ParamValue("u64", b.address) for b in bufs), ParamValue("u32", 64))
+    graph = backend.graph([KernelLaunch(kernel, (1, 1, 1), (64, 1, 1), 0, params)])
+    assert not fake.capture_invalidated  # the free waited for the end of the capture...
+    assert address not in fake.memory  # ...and then ran: no leak
+    assert backend.activate().releases.deferred == 0
+    graph.launch().wait()
+    keep = backend.alloc(16)
+    keep_address = keep.address
+    del keep  # outside a capture: freed at once
+    assert keep_address not in fake.memory

@@ -11,7 +11,7 @@ import gc
 import hashlib
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,52 @@ def _free(ctx: cu.Context, address: int) -> None:
     _quietly(release)
 
 
+class Releases:
+    """Frees of device memory, deferred while the backend captures a graph.
+
+    A buffer can be garbage-collected in the middle of a stream capture, in the capturing
+    thread; `cuMemFree` there is an unsafe call that invalidates the capture (and the free
+    fails, leaking the memory). So frees made during a capture wait here and run when the
+    last capture ends.
+    """
+
+    def __init__(self, ctx: cu.Context) -> None:
+        self._ctx = ctx
+        # Reentrant: a collection can run a finalizer inside `capturing` in the same thread.
+        self._lock = threading.RLock()
+        self._captures = 0
+        self._deferred: list[int] = []
+
+    def free(self, address: int) -> None:
+        """Free `address` now, or when the capture in progress ends."""
+        with self._lock:
+            if self._captures:
+                self._deferred.append(address)
+                return
+        _free(self._ctx, address)
+
+    @property
+    def deferred(self) -> int:
+        """How many frees wait for a capture to end."""
+        return len(self._deferred)
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[None]:
+        """Meanwhile (a stream capture), frees are deferred; at the end they run."""
+        with self._lock:
+            self._captures += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._captures -= 1
+                due: list[int] = []
+                if not self._captures:
+                    due, self._deferred = self._deferred, []
+            for address in due:
+                _free(self._ctx, address)
+
+
 def _destroy_event(ctx: cu.Context, event: cu.Event) -> None:
     def release() -> None:
         cu.set_current(ctx)
@@ -73,10 +119,10 @@ def _destroy_stream(ctx: cu.Context, stream: cu.Stream) -> None:
 class CudaBuffer(Buffer):
     """A `cuMemAlloc` allocation, freed when garbage collected or by `free()`."""
 
-    def __init__(self, ctx: cu.Context, address: int, nbytes: int) -> None:
+    def __init__(self, releases: Releases, address: int, nbytes: int) -> None:
         self.nbytes = nbytes
         self._address = address
-        self._finalizer = weakref.finalize(self, _free, ctx, address)
+        self._finalizer = weakref.finalize(self, releases.free, address)
         # At exit the driver may already be torn down; the process's memory goes with it.
         self._finalizer.atexit = False
 
@@ -279,6 +325,7 @@ class _Device:
     stream: cu.Stream
     target: Target
     name: str
+    releases: Releases
 
 
 class CudaBackend(Backend):
@@ -318,7 +365,7 @@ class CudaBackend(Backend):
             except ValueError as e:
                 raise RuntimeFailure(f"{name}: {e}") from e
             weakref.finalize(self, _destroy_stream, ctx, stream).atexit = False
-            self._device = _Device(ctx, stream, target, name)
+            self._device = _Device(ctx, stream, target, name, Releases(ctx))
             return self._device
 
     def activate(self) -> _Device:
@@ -366,7 +413,7 @@ class CudaBackend(Backend):
                 address = cu.mem_alloc(nbytes)
             except cu.CudaDriverError as e2:
                 raise self._failure(f"allocating {nbytes} bytes", e2) from e2
-        return CudaBuffer(dev.ctx, address, nbytes)
+        return CudaBuffer(dev.releases, address, nbytes)
 
     def fill(self, buf: Buffer, nbytes: int, element: bytes) -> None:
         if not isinstance(buf, _DEVICE_BUFFERS):
@@ -541,7 +588,7 @@ class CudaBackend(Backend):
 
     def graph(self, launches: Sequence[KernelLaunch]) -> CudaGraph:
         """Stream capture of `launches`: parameters are packed once, here, into the graph."""
-        self.activate()
+        dev = self.activate()
         kernels = []
         for k in launches:
             if not isinstance(k.kernel, CudaKernel):
@@ -559,16 +606,19 @@ class CudaBackend(Backend):
                 if k.shared_mem > kernel.max_dynamic_shared:
                     cu.set_max_dynamic_shared(kernel.function, k.shared_mem)
                     kernel.max_dynamic_shared = k.shared_mem
-            cu.stream_begin_capture(stream)
-            try:
-                for k, kernel, packed in kernels:
-                    cu.launch_kernel(kernel.function, k.grid, k.block, k.shared_mem, stream, packed)
-            except BaseException:
-                # End the capture, or the stream stays unusable for the next `ct.Stream`.
-                with contextlib.suppress(Exception):
-                    cu.graph_destroy(cu.stream_end_capture(stream))
-                raise
-            graph = cu.stream_end_capture(stream)
+            with dev.releases.capturing():
+                cu.stream_begin_capture(stream)
+                try:
+                    for k, kernel, packed in kernels:
+                        cu.launch_kernel(
+                            kernel.function, k.grid, k.block, k.shared_mem, stream, packed
+                        )
+                except BaseException:
+                    # End the capture, or the stream stays unusable for the next `ct.Stream`.
+                    with contextlib.suppress(Exception):
+                        cu.graph_destroy(cu.stream_end_capture(stream))
+                    raise
+                graph = cu.stream_end_capture(stream)
             try:
                 exec_ = cu.graph_instantiate(graph)
             finally:

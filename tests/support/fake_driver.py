@@ -4,6 +4,7 @@ backend's wiring (which calls, with what, how results and logs are read) checked
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import numpy as np
 
@@ -76,6 +77,11 @@ class FakeDriver:
         self.calls: list[str] = []
         self.functions: dict[int, str] = {}
         self.max_shared: dict[int, int] = {}
+        #: A stream capture in progress, and whether an unsafe call has invalidated it.
+        self.in_capture = False
+        self.capture_invalidated = False
+        #: Called at each launch recorded by a capture (a test drops references there).
+        self.on_captured_launch: Callable[[], None] = lambda: None
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.real, name)  # enums
@@ -123,8 +129,32 @@ class FakeDriver:
         return self._ok("cuMemAlloc", self.real.CUdeviceptr(address))
 
     def cuMemFree(self, address: int) -> tuple[object, ...]:
+        if self.in_capture:  # not permitted during a capture: it invalidates the capture
+            self.capture_invalidated = True
+            return (self.real.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
         del self.memory[address]
         return self._ok("cuMemFree")
+
+    def cuStreamBeginCapture(self, stream: object, mode: object) -> tuple[object, ...]:
+        self.in_capture, self.capture_invalidated = True, False
+        return self._ok("cuStreamBeginCapture")
+
+    def cuStreamEndCapture(self, stream: object) -> tuple[object, ...]:
+        self.in_capture = False
+        if self.capture_invalidated:
+            return (self.real.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, None)
+        return self._ok("cuStreamEndCapture", Handle("graph"))
+
+    def cuGraphInstantiate(self, graph: object, flags: int) -> tuple[object, ...]:
+        return self._ok("cuGraphInstantiate", Handle("graph exec"))
+
+    def cuGraphDestroy(self, graph: object) -> tuple[object, ...]:
+        return self._ok("cuGraphDestroy")
+
+    cuGraphExecDestroy = cuGraphDestroy
+
+    def cuGraphLaunch(self, graph: object, stream: object) -> tuple[object, ...]:
+        return self._ok("cuGraphLaunch")  # runs nothing: the launches were not kept
 
     def cuMemcpyHtoDAsync(self, dst: int, src: int, n: int, stream: object) -> tuple[object, ...]:
         ctypes.memmove(self.memory[dst], src, n)
@@ -186,6 +216,9 @@ class FakeDriver:
         assert isinstance(shared, int) and shared <= self.max_shared[fn]
         assert stream == "stream" and extra == 0
         result = self._ok("cuLaunchKernel")
+        if self.in_capture:  # recorded, not run
+            self.on_captured_launch()
+            return result
         if self.functions[fn] == "trapper":
             assert kernel_params is None
             self.sticky = 719  # reported by later calls, like a real fault
