@@ -535,3 +535,33 @@ def test_a_buffer_collected_during_capture_is_freed_after_it(fake: FakeDriver) -
     keep_address = keep.address
     del keep  # outside a capture: freed at once
     assert keep_address not in fake.memory
+
+
+# --- timing device work -------------------------------------------------------------------------
+
+
+def test_time_ms_times_the_device_not_the_host(
+    cuda_active: CudaBackend, fake: FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vadd = ct.RawKernel(vector_add_ptx(Target(90)), "vadd")
+    n = 512
+    rng = np.random.default_rng()
+    a, b = (ct.from_numpy(rng.standard_normal(n).astype(np.float32)) for _ in range(2))
+    c = ct.empty((n,), ct.f32)
+    fake.kernel_ms, fake.host_ms = 1.25, 40.0  # a host that wakes up late from every wait
+
+    def launch() -> ct.OpLike:
+        op: ct.OpLike = vadd(a, b, c, n, grid=(n + 127) // 128, block=128)
+        return op
+
+    times = ct.profiling.time_ms(launch, repeats=3)
+    assert times == [1.25] * 3
+    np.testing.assert_array_equal(c.to_numpy(), a.to_numpy() + b.to_numpy())
+
+    # Two launches in one timed op: their device times add up, the host's gap between not.
+    with cuda_active.time_launches() as timed:
+        launch().sync()
+        launch().sync()
+    assert timed.count == 2 and timed.total_ms() == 2.5
+    launch().sync()  # after the block: not timed
+    assert timed.count == 2

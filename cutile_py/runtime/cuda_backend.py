@@ -198,6 +198,48 @@ class CudaCompletion(Completion):
             raise LaunchFailure(f"kernel {self.kernel_name!r} failed on the device: {e}") from e
 
 
+class LaunchTimes:
+    """Device time of the launches queued meanwhile in one thread (`CudaBackend.time_launches`):
+    a pair of timing events recorded around each launch on its stream, so the host's work
+    and its waits are not counted."""
+
+    def __init__(self, ctx: cu.Context) -> None:
+        self._pairs: list[tuple[cu.Event, cu.Event]] = []
+        weakref.finalize(self, _destroy_events, ctx, self._pairs).atexit = False
+
+    def begin(self, stream: cu.Stream) -> None:
+        """Record the start of a launch about to be queued on `stream`."""
+        start = cu.event_create(timing=True)
+        self._pairs.append((start, start))
+        cu.event_record(start, stream)
+
+    def end(self, stream: cu.Stream) -> None:
+        """Record the end of the launch just queued on `stream`."""
+        start, _ = self._pairs[-1]
+        stop = cu.event_create(timing=True)
+        self._pairs[-1] = (start, stop)
+        cu.event_record(stop, stream)
+
+    @property
+    def count(self) -> int:
+        """How many launches were timed."""
+        return len(self._pairs)
+
+    def total_ms(self) -> float:
+        """Milliseconds the timed launches ran on the device, summed (waits for them)."""
+        total = 0.0
+        for start, stop in self._pairs:
+            cu.event_synchronize(stop)
+            total += cu.event_elapsed_ms(start, stop)
+        return total
+
+
+def _destroy_events(ctx: cu.Context, pairs: list[tuple[cu.Event, cu.Event]]) -> None:
+    for pair in pairs:
+        for event in dict.fromkeys(pair):
+            _destroy_event(ctx, event)
+
+
 class CudaPreparedLaunch(PreparedLaunch):
     """A kernel with its launch shape fixed: a launch packs the values into a reusable
     parameter block (one per thread) and makes one driver call; a synchronous launch then
@@ -244,9 +286,14 @@ class CudaPreparedLaunch(PreparedLaunch):
                 kernel.max_dynamic_shared = self._shared_mem
             if on is not dev.stream:
                 self._backend._order_after_default(dev, on)
+            timer: LaunchTimes | None = getattr(self._backend._thread, "timer", None)
+            if timer is not None:
+                timer.begin(on)
             cu.launch_kernel_packed(
                 kernel.function, self._grid, self._block, self._shared_mem, on, params
             )
+            if timer is not None:
+                timer.end(on)
         except cu.CudaDriverError as e:
             raise self._backend._failure(self._what, e) from e
         return on
@@ -308,7 +355,12 @@ class CudaGraph(GraphExec):
         except cu.CudaDriverError as e:
             raise backend._failure(what, e) from e
         try:
+            timer: LaunchTimes | None = getattr(backend._thread, "timer", None)
+            if timer is not None:
+                timer.begin(on)
             cu.graph_launch(self._graph, on)
+            if timer is not None:
+                timer.end(on)
             cu.event_record(event, on)
         except cu.CudaDriverError as e:
             _destroy_event(dev.ctx, event)
@@ -397,6 +449,18 @@ class CudaBackend(Backend):
         if e.is_device_fault:
             return LaunchFailure(f"{what}: a kernel launched earlier faulted: {e}")
         return RuntimeFailure(f"{what}: {e}")
+
+    @contextlib.contextmanager
+    def time_launches(self) -> Iterator[LaunchTimes]:
+        """Meanwhile, every launch and graph replay that this thread queues is timed on the
+        device (events around it on its stream); read the sum with `total_ms()` after."""
+        times = LaunchTimes(self.activate().ctx)
+        outer = getattr(self._thread, "timer", None)
+        self._thread.timer = times
+        try:
+            yield times
+        finally:
+            self._thread.timer = outer
 
     # --- memory -----------------------------------------------------------------------------
 

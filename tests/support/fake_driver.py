@@ -82,6 +82,13 @@ class FakeDriver:
         self.capture_invalidated = False
         #: Called at each launch recorded by a capture (a test drops references there).
         self.on_captured_launch: Callable[[], None] = lambda: None
+        #: The device's clock (ms): a launch runs `kernel_ms`; a host wait (stream or event
+        #: synchronize) leaves the device idle for `host_ms` before the next call reaches it.
+        self.clock = 0.0
+        self.kernel_ms = 0.0
+        self.host_ms = 0.0
+        self.stamps: dict[object, float] = {}
+        self.events = 0
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.real, name)  # enums
@@ -120,6 +127,7 @@ class FakeDriver:
 
     def cuStreamSynchronize(self, stream: object) -> tuple[object, ...]:
         assert stream == "stream"
+        self.clock += self.host_ms
         return self._ok("cuStreamSynchronize")
 
     def cuMemAlloc(self, nbytes: int) -> tuple[object, ...]:
@@ -219,6 +227,7 @@ class FakeDriver:
         if self.in_capture:  # recorded, not run
             self.on_captured_launch()
             return result
+        self.clock += self.kernel_ms
         if self.functions[fn] == "trapper":
             assert kernel_params is None
             self.sticky = 719  # reported by later calls, like a real fault
@@ -237,13 +246,22 @@ class FakeDriver:
         return result
 
     def cuEventCreate(self, flags: int) -> tuple[object, ...]:
-        return self._ok("cuEventCreate", "event")
+        self.events += 1
+        return self._ok("cuEventCreate", Handle(f"event{self.events}"))
 
     def cuEventRecord(self, event: object, stream: object) -> tuple[object, ...]:
+        self.stamps[event] = self.clock
         return (self.real.CUresult.CUDA_SUCCESS,)  # the fault shows at the event, not here
 
-    cuEventSynchronize = cuEventQuery = cuEventDestroy = cuStreamDestroy = lambda self, handle: (
-        self._ok("event or stream")
+    def cuEventSynchronize(self, event: object) -> tuple[object, ...]:
+        self.clock += self.host_ms
+        return self._ok("cuEventSynchronize")
+
+    def cuEventElapsedTime(self, start: object, end: object) -> tuple[object, ...]:
+        return self._ok("cuEventElapsedTime", self.stamps[end] - self.stamps[start])
+
+    cuEventQuery = cuEventDestroy = cuStreamDestroy = lambda self, handle: self._ok(
+        "event or stream"
     )
 
 
