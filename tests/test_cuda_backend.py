@@ -150,7 +150,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
 def test_backend_wiring_on_a_stand_in_driver(fake: FakeDriver) -> None:
     backend = CudaBackend()
     assert fake.calls == []  # nothing happens before first use
-    assert backend.target == Target(90)
+    assert backend.target == Target(90, 227 * 1024)
     assert backend.device_name == "Fake H200"
     n = 1000
     rng = np.random.default_rng(2)
@@ -244,7 +244,8 @@ def backend() -> CudaBackend:
 @requires_gpu
 def test_device_facts(backend: CudaBackend) -> None:
     major, minor = cu.compute_capability()
-    assert backend.target == Target(major * 10 + minor)
+    assert backend.target == Target(major * 10 + minor, cu.max_shared_optin())
+    assert backend.target.max_shared_bytes >= 48 * 1024
     assert backend.device_name
     assert cu.device_count() >= 1
 
@@ -565,3 +566,81 @@ def test_time_ms_times_the_device_not_the_host(
     assert timed.count == 2 and timed.total_ms() == 2.5
     launch().sync()  # after the block: not timed
     assert timed.count == 2
+
+
+# --- loading modules: nvJitLink, then the driver's JIT ------------------------------------------
+
+
+def test_nvjitlink_failure_falls_back_to_the_driver_jit(
+    fake: FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cutile_py.runtime.nvjitlink import PtxAssemblyError
+
+    def too_new(ptx: str, target: Target) -> Any:
+        raise PtxAssemblyError(
+            "PTX assembly for sm_90 failed (ERROR_PTX_COMPILE)",
+            "ptxas fatal   : Unsupported .version 9.9; current version is '9.0'",
+        )
+
+    monkeypatch.setattr(cuda_backend, "nvjitlink_available", lambda: True)
+    monkeypatch.setattr(cuda_backend, "assemble", too_new)
+    backend = CudaBackend()
+    kernel = backend.load_kernel(vector_add_ptx(Target(90)), "vadd")
+    assert kernel.report is None  # the driver compiled it
+    assert "cuModuleLoadDataEx" in fake.calls and "cuModuleLoadData" not in fake.calls
+    n = 300
+    rng = np.random.default_rng()
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    bufs = [backend.alloc(4 * n) for _ in range(3)]
+    backend.upload(bufs[0], a)
+    backend.upload(bufs[1], b)
+    params = [ParamValue("u64", buf.address) for buf in bufs] + [ParamValue("u32", n)]
+    backend.launch(kernel, (3, 1, 1), (128, 1, 1), 0, params).wait()
+    np.testing.assert_array_equal(backend.download(bufs[2], 4 * n).view(np.float32), a + b)
+    # Both refuse: the error holds both logs.
+    with pytest.raises(RuntimeFailure) as e:
+        backend.load_kernel("frobnicate", "vadd")
+    message = str(e.value)
+    assert "line 3; error : frobnicate" in message  # the driver JIT's log
+    assert "Unsupported .version 9.9" in message  # nvJitLink's log
+
+
+# --- targets ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sm", "version"),
+    [(80, (7, 0)), (86, (7, 1)), (87, (7, 4)), (88, (9, 0)), (89, (7, 8)), (90, (7, 8)),
+     (100, (8, 6)), (101, (8, 6)), (103, (8, 8)), (110, (9, 0)), (120, (8, 7)), (121, (8, 8))],
+)  # fmt: skip
+def test_lowest_ptx_version_per_target(sm: int, version: tuple[int, int]) -> None:
+    assert Target(sm).ptx_version() == version
+
+
+def test_target_takes_the_devices_shared_memory_limit(fake: FakeDriver) -> None:
+    from cutile_py.host.jit_disk import disk_key
+
+    fake.shared_optin = int(np.random.default_rng().integers(100, 227)) * 1024
+    target = CudaBackend().target
+    assert target.max_shared_bytes == fake.shared_optin
+    assert Target(90).max_shared_bytes == 227 * 1024  # the table, where no device was asked
+    with pytest.raises(ValueError, match="below the 48 KiB"):
+        Target(90, 1024)
+
+    @ct.kernel
+    def k(x: ct.Tensor[ct.f32, 4]) -> None:
+        pass
+
+    captured = k.captured
+    keys = {
+        disk_key(
+            captured=captured,
+            qualname="k",
+            spec=None,
+            target=t,
+            fast_math=False,
+            compiler="c",
+        )
+        for t in (Target(90), target, Target(90, fake.shared_optin))
+    }
+    assert len(keys) == 2  # the compile plans shared memory to the limit: a key of its own

@@ -408,12 +408,13 @@ class CudaBackend(Backend):
                 ctx = cu.retain_primary_context(self.ordinal)
                 cu.set_current(ctx)
                 major, minor = cu.compute_capability(self.ordinal)
+                shared_optin = cu.max_shared_optin(self.ordinal)
                 name = cu.device_name(self.ordinal)
                 stream = cu.stream_create(non_blocking=True)
             except RuntimeError as e:  # CudaDriverError, or the bindings' "no driver library"
                 raise RuntimeFailure(f"the CUDA backend cannot start: {e}") from e
             try:
-                target = Target(major * 10 + minor)
+                target = Target(major * 10 + minor, shared_optin)
             except ValueError as e:
                 raise RuntimeFailure(f"{name}: {e}") from e
             weakref.finalize(self, _destroy_stream, ctx, stream).atexit = False
@@ -577,26 +578,28 @@ class CudaBackend(Backend):
     # --- modules ----------------------------------------------------------------------------
 
     def _load_module(self, ptx: str, dev: _Device) -> tuple[cu.Module, AssemblyReport | None]:
-        cubin_error: cu.CudaDriverError | None = None
+        # nvJitLink first (it reports registers and spills); where it fails (an architecture
+        # or PTX version newer than the wheel knows) or the driver refuses its cubin, the
+        # driver's own JIT may still take the PTX.
+        refused = ""
         if nvjitlink_available():
             try:
                 report = assemble(ptx, dev.target)
             except PtxAssemblyError as e:
-                raise RuntimeFailure(f"PTX assembly for {dev.target.name} failed:\n{e.log}") from e
-            try:
-                return cu.module_load_data(report.cubin), report
-            except cu.CudaDriverError as e:
-                if e.is_device_fault:
-                    raise self._failure("loading a module", e) from e
-                # A cubin from an nvJitLink newer than the driver can be refused; its JIT
-                # may still take the PTX.
-                cubin_error = e
+                refused = f"nvJitLink failed for {dev.target.name}: {e}"
+            else:
+                try:
+                    return cu.module_load_data(report.cubin), report
+                except cu.CudaDriverError as e:
+                    if e.is_device_fault:
+                        raise self._failure("loading a module", e) from e
+                    refused = f"the driver refused nvJitLink's cubin: {e}"
         try:
             return cu.module_load_ptx(ptx), None
         except cu.CudaDriverError as e:
-            note = f"\n(the nvJitLink cubin was refused too: {cubin_error})" if cubin_error else ""
             if e.is_device_fault:
                 raise self._failure("loading a module", e) from e
+            note = f"\n\nbefore that, {refused}" if refused else ""
             raise RuntimeFailure(f"the driver JIT refused the PTX: {e}{note}") from e
 
     def load_kernel(self, ptx: str, name: str) -> CudaKernel:

@@ -189,6 +189,13 @@ def compute_capability(ordinal: int = 0) -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def max_shared_optin(ordinal: int = 0) -> int:
+    """The shared memory one block may use on the device with the opt-in (bytes)."""
+    cu = _cu()
+    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    return int(_check("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(attr, _device(ordinal))))
+
+
 def device_name(ordinal: int = 0) -> str:
     raw = _check("cuDeviceGetName", _cu().cuDeviceGetName(256, _device(ordinal)))
     return bytes(raw).split(b"\x00", 1)[0].decode(errors="replace")

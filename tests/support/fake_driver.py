@@ -77,6 +77,7 @@ class FakeDriver:
         self.calls: list[str] = []
         self.functions: dict[int, str] = {}
         self.max_shared: dict[int, int] = {}
+        self.shared_optin = 227 * 1024  # an H200's opt-in shared memory per block
         #: A stream capture in progress, and whether an unsafe call has invalidated it.
         self.in_capture = False
         self.capture_invalidated = False
@@ -116,6 +117,11 @@ class FakeDriver:
 
     def cuDeviceGetAttribute(self, attr: object, dev: int) -> tuple[object, ...]:
         major = attr == self.real.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+        if (
+            attr
+            == self.real.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        ):
+            return self._ok("cuDeviceGetAttribute", self.shared_optin)
         return self._ok("cuDeviceGetAttribute", 9 if major else 0)
 
     def cuDeviceGetName(self, length: int, dev: int) -> tuple[object, ...]:
