@@ -22,7 +22,7 @@ from cutile_py.runtime import cuda_backend
 from cutile_py.runtime import cuda_driver as cu
 from cutile_py.runtime.backend import LaunchFailure, ParamValue, RuntimeFailure
 from cutile_py.runtime.cuda_backend import CudaBackend, CudaBuffer, CudaKernel
-from tests.support.fake_driver import FakeDriver, vector_add_ptx
+from tests.support.fake_driver import FakeDriver, StreamDriver, vector_add_ptx
 
 HAVE_GPU = cu.driver_available()
 requires_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no CUDA driver or device")
@@ -644,3 +644,81 @@ def test_target_takes_the_devices_shared_memory_limit(fake: FakeDriver) -> None:
         for t in (Target(90), target, Target(90, fake.shared_optin))
     }
     assert len(keys) == 2  # the compile plans shared memory to the limit: a key of its own
+
+
+# --- ordering across streams by what a launch touches --------------------------------------------
+
+
+@pytest.fixture
+def streams(monkeypatch: pytest.MonkeyPatch) -> tuple[StreamDriver, CudaBackend]:
+    """The cuda backend, active, over a stand-in driver that records waits per stream."""
+    from cutile_py.runtime import select
+
+    driver = StreamDriver()
+    monkeypatch.setattr(cu, "_cu", lambda: driver)
+    backend = CudaBackend()
+    monkeypatch.setitem(select._instances, "cuda", backend)
+    monkeypatch.setattr(select, "_active", "cuda")
+    return driver, backend
+
+
+def test_a_launch_on_a_stream_waits_only_for_what_it_uses(
+    streams: tuple[StreamDriver, CudaBackend],
+) -> None:
+    fake, _ = streams
+    vadd = ct.RawKernel(vector_add_ptx(Target(90)), "vadd")
+    n = 384
+    rng = np.random.default_rng()
+    a, b, c = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    x, y = ct.from_numpy(a), ct.from_numpy(b)  # uploads, pending on the backend stream
+    upload_events = set(fake.stamps)  # recorded after each upload
+    s1, s2 = ct.Stream(), ct.Stream()
+    z1, z2 = ct.empty((n,), ct.f32), ct.empty((n,), ct.f32)
+
+    vadd(x, y, z1, n, grid=3, block=128).sync_on(s1)
+    on_s1 = [event for stream, event in fake.waits if stream == s1.handle.raw]  # type: ignore[union-attr]
+    assert len(on_s1) == 2 and set(on_s1) <= upload_events  # the two uploads, nothing else
+    np.testing.assert_array_equal(z1.to_numpy(), a + b)
+
+    # More work on the backend stream, none of it touching what the next launch uses.
+    busy = ct.from_numpy(c)
+    ct.zeros((n,), ct.f32)
+    waits = len(fake.waits)
+    vadd(z1, z1, z2, n, grid=3, block=128).sync_on(s2)
+    assert len(fake.waits) == waits  # no fence on the backend stream: free to overlap
+    np.testing.assert_array_equal(z2.to_numpy(), 2 * (a + b))
+    vadd(busy, z1, z2, n, grid=3, block=128).sync_on(s2)
+    assert len(fake.waits) == waits  # `busy`'s upload was over: to_numpy synchronized it
+    np.testing.assert_array_equal(z2.to_numpy(), c + (a + b))
+
+
+def test_stream_ordering_follows_reads_and_writes(
+    streams: tuple[StreamDriver, CudaBackend],
+) -> None:
+    fake, backend = streams
+    kernel = backend.load_kernel(vector_add_ptx(Target(90)), "vadd")
+    n = 256
+    bufs = [backend.alloc(4 * n) for _ in range(4)]
+    backend.synchronize()
+    params = [ParamValue("u64", buf.address) for buf in bufs[:3]] + [ParamValue("u32", n)]
+    s1, s2, s3 = (backend.stream_acquire() for _ in range(3))
+    a, b, c, d = ((buf.address, 4 * n) for buf in bufs)
+
+    def launch(on: cu.Stream, reads: list[Any], writes: list[Any]) -> Any:
+        touches = [(*r, False) for r in reads] + [(*w, True) for w in writes]
+        before = len(fake.waits)
+        done = backend.launch(kernel, (2, 1, 1), (128, 1, 1), 0, params, on, touches)
+        return done, [e for _, e in fake.waits[before:]]
+
+    writer, _ = launch(s1, [a, b], [c])  # in flight on s1
+    _, waited = launch(s2, [c], [d])  # reads what s1 writes
+    assert waited == [writer._event.raw]
+    _, waited = launch(s3, [a], [d])  # reads what s1 only reads; writes what s2 writes
+    assert len(waited) == 1 and waited[0] is not writer._event.raw
+    _, waited = launch(s2, [b], [])  # read after read: no order
+    assert waited == []
+    _, waited = launch(s3, [], [a])  # writes what s1 and s3 read (s3's own: its stream)
+    assert writer._event.raw in waited
+    writer.wait()  # over: nothing waits for it any more
+    _, waited = launch(s2, [c], [])
+    assert writer._event.raw not in waited

@@ -30,7 +30,9 @@ from cutile_py.runtime.backend import (
     ParamValue,
     PreparedLaunch,
     RuntimeFailure,
+    Touch,
 )
+from cutile_py.runtime.cuda_ordering import StreamOrdering
 from cutile_py.runtime.nvjitlink import (
     AssemblyReport,
     PtxAssemblyError,
@@ -186,9 +188,12 @@ class CudaCompletion(Completion):
     def done(self) -> bool:
         self._backend.activate()
         try:
-            return cu.event_query(self._event)
+            finished = cu.event_query(self._event)
         except cu.CudaDriverError:
-            return True  # finished, by failing; wait() reports it
+            finished = True  # by failing; wait() reports it
+        if finished:
+            self._backend._ordering.finished(self)
+        return finished
 
     def wait(self) -> None:
         self._backend.activate()
@@ -196,6 +201,8 @@ class CudaCompletion(Completion):
             cu.event_synchronize(self._event)
         except cu.CudaDriverError as e:
             raise LaunchFailure(f"kernel {self.kernel_name!r} failed on the device: {e}") from e
+        finally:
+            self._backend._ordering.finished(self)
 
 
 class LaunchTimes:
@@ -266,7 +273,13 @@ class CudaPreparedLaunch(PreparedLaunch):
             f"launching kernel {kernel.name!r} (grid {grid}, block {block}, {shared_mem} B shared)"
         )
 
-    def _queue(self, dev: _Device, values: Sequence[int | float], stream: object | None) -> Any:
+    def _queue(
+        self,
+        dev: _Device,
+        values: Sequence[int | float],
+        stream: object | None,
+        touches: Sequence[Touch] | None,
+    ) -> Any:
         on = dev.stream
         if stream is not None and stream is not dev.stream:
             if not isinstance(stream, cu.Stream):
@@ -284,8 +297,7 @@ class CudaPreparedLaunch(PreparedLaunch):
             if self._shared_mem > kernel.max_dynamic_shared:
                 cu.set_max_dynamic_shared(kernel.function, self._shared_mem)
                 kernel.max_dynamic_shared = self._shared_mem
-            if on is not dev.stream:
-                self._backend._order_after_default(dev, on)
+            self._backend._order(dev, on, touches)
             timer: LaunchTimes | None = getattr(self._backend._thread, "timer", None)
             if timer is not None:
                 timer.begin(on)
@@ -298,7 +310,12 @@ class CudaPreparedLaunch(PreparedLaunch):
             raise self._backend._failure(self._what, e) from e
         return on
 
-    def launch(self, values: Sequence[int | float], stream: object | None = None) -> Completion:
+    def launch(
+        self,
+        values: Sequence[int | float],
+        stream: object | None = None,
+        touches: Sequence[Touch] | None = None,
+    ) -> Completion:
         backend = self._backend
         dev = backend.activate()
         try:
@@ -307,7 +324,7 @@ class CudaPreparedLaunch(PreparedLaunch):
         except cu.CudaDriverError as e:
             raise backend._failure(self._what, e) from e
         try:
-            on = self._queue(dev, values, stream)
+            on = self._queue(dev, values, stream, touches)
         except BaseException:
             _destroy_event(dev.ctx, event)
             raise
@@ -321,16 +338,26 @@ class CudaPreparedLaunch(PreparedLaunch):
                     f"device: {e}"
                 ) from e
             raise backend._failure(self._what, e) from e
-        return CudaCompletion(backend, event, self._kernel.name)
+        done = CudaCompletion(backend, event, self._kernel.name)
+        if touches:  # pending until `done` is known to be over
+            backend._ordering.record(on, touches, event, done)
+        return done
 
-    def launch_and_wait(self, values: Sequence[int | float], stream: object | None = None) -> None:
-        on = self._queue(self._backend.activate(), values, stream)
+    def launch_and_wait(
+        self,
+        values: Sequence[int | float],
+        stream: object | None = None,
+        touches: Sequence[Touch] | None = None,
+    ) -> None:
+        on = self._queue(self._backend.activate(), values, stream, touches)
         try:
             cu.stream_synchronize(on)
         except cu.CudaDriverError as e:
             raise LaunchFailure(
                 f"kernel {self._kernel.name!r} (or work queued before it) failed on the device: {e}"
             ) from e
+        finally:
+            self._backend._ordering.stream_idle(on)
 
 
 class CudaGraph(GraphExec):
@@ -397,6 +424,8 @@ class CudaBackend(Backend):
         # while the backend lives, so work still queued on them runs to the end).
         self._stream_pool: list[cu.Stream] = []
         self._fence: cu.Event | None = None
+        #: Pending device work by the memory it touches, for ordering across streams.
+        self._ordering = StreamOrdering()
 
     # --- context ----------------------------------------------------------------------------
 
@@ -493,6 +522,7 @@ class CudaBackend(Backend):
         try:
             value = int.from_bytes(element, "little")
             cu.memset_async(buf.address, value, width, nbytes // width, dev.stream)
+            self._ordering.record(dev.stream, ((buf.address, nbytes, True),))
         except cu.CudaDriverError as e:
             raise self._failure("filling device memory", e) from e
 
@@ -505,6 +535,7 @@ class CudaBackend(Backend):
         dev = self.activate()
         try:
             cu.memcpy_htod(buf.address, src, dev.stream)
+            self._ordering.record(dev.stream, ((buf.address, src.nbytes, True),))
         except cu.CudaDriverError as e:
             raise self._failure("uploading to the device", e) from e
 
@@ -516,9 +547,11 @@ class CudaBackend(Backend):
         dev = self.activate()
         out = np.empty(nbytes, dtype=np.uint8)
         try:
-            cu.memcpy_dtoh(out, buf.address, dev.stream)
+            self._ordering.order(dev.stream, ((buf.address, nbytes, False),))
+            cu.memcpy_dtoh(out, buf.address, dev.stream)  # synchronizes the stream
         except cu.CudaDriverError as e:
             raise self._failure("downloading from the device", e) from e
+        self._ordering.stream_idle(dev.stream)
         return out
 
     def synchronize(self) -> None:
@@ -528,6 +561,7 @@ class CudaBackend(Backend):
             cu.stream_synchronize(dev.stream)
         except cu.CudaDriverError as e:
             raise self._failure("synchronizing", e) from e
+        self._ordering.stream_idle(dev.stream)
 
     # --- streams ----------------------------------------------------------------------------
 
@@ -556,6 +590,7 @@ class CudaBackend(Backend):
             cu.stream_synchronize(stream)
         except cu.CudaDriverError as e:
             raise self._failure("synchronizing a stream", e) from e
+        self._ordering.stream_idle(stream)
 
     def stream_address(self) -> int:
         return cu.stream_handle(self.activate().stream)
@@ -563,6 +598,14 @@ class CudaBackend(Backend):
     def stream_from_foreign(self, address: int) -> cu.Stream:
         self.activate()
         return cu.stream_from_handle(address)
+
+    def _order(self, dev: _Device, stream: cu.Stream, touches: Sequence[Touch] | None) -> None:
+        """Make a launch about to be queued on `stream` wait for the pending work of other
+        streams that it conflicts with, by the memory it `touches`. None: it may touch
+        anything, so it waits for all of it (and for everything on the backend stream)."""
+        if touches is None and stream is not dev.stream:
+            self._order_after_default(dev, stream)
+        self._ordering.order(stream, touches)
 
     def _order_after_default(self, dev: _Device, stream: cu.Stream) -> None:
         """Make `stream` wait for the work on the backend stream (uploads, earlier launches)."""
@@ -647,9 +690,10 @@ class CudaBackend(Backend):
         shared_mem: int,
         params: Sequence[ParamValue],
         stream: object | None = None,
+        touches: Sequence[Touch] | None = None,
     ) -> Completion:
         prepared = self.prepare(kernel, grid, block, shared_mem, [p.ptype for p in params])
-        return prepared.launch([p.value for p in params], stream)
+        return prepared.launch([p.value for p in params], stream, touches)
 
     # --- graphs -----------------------------------------------------------------------------
 
@@ -703,7 +747,8 @@ class CudaBackend(Backend):
 
         Its pending work is ordered before this backend's stream.
         """
-        consumer = cu.stream_handle(self.activate().stream)
+        dev_stream = self.activate().stream
+        consumer = cu.stream_handle(dev_stream)
         try:
             view = cu.foreign_array(obj, consumer)
         except _FOREIGN_FAILURES as e:
@@ -713,6 +758,12 @@ class CudaBackend(Backend):
             ) from e
         check_foreign(view, self.ordinal, type(obj).__name__)
         nbytes = int(np.prod(view.shape, dtype=np.int64)) * view.dtype.itemsize
+        try:
+            # The producer's pending work was ordered before the backend stream: launches
+            # on other streams that use this memory wait for that point of it.
+            self._ordering.record(dev_stream, ((view.address, nbytes, True),))
+        except cu.CudaDriverError as e:
+            raise self._failure("ordering after another library's work", e) from e
         # DLPack: the producer's memory is ours until the capsule's deleter runs, which
         # happens when cuda.core's view dies; so the buffer keeps the view, and the object.
         return ForeignCudaBuffer(view.address, nbytes, (obj, view.view)), view.shape, view.dtype
