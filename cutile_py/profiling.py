@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cutile_py.host.device_op import OpLike
-from cutile_py.runtime import cuda_driver as cu
 from cutile_py.runtime.cuda_backend import CudaBackend
 from cutile_py.runtime.disk_cache import cache_dir as _cache_dir
 from cutile_py.runtime.select import active_backend
@@ -33,9 +32,9 @@ def time_ms(launch: Callable[[], OpLike], repeats: int = 5) -> list[float]:
     """Milliseconds of each of `repeats` runs of `launch()` (an op made fresh each time),
     after one untimed run that compiles and warms up.
 
-    On `cuda` the times come from events around the op on the backend's stream; they include
-    the host's wait for completion, a constant that leaves comparisons between kernels
-    intact. Elsewhere they are wall-clock times of `op.sync()`.
+    On `cuda` the times are the device's: events recorded on the stream around each kernel
+    launch (or graph replay) of the op, summed, so host work and the host's wait for the
+    result are not counted. Elsewhere they are wall-clock times of `op.sync()`.
     """
     launch().sync()
     backend = active_backend()
@@ -46,18 +45,10 @@ def time_ms(launch: Callable[[], OpLike], repeats: int = 5) -> list[float]:
             launch().sync()
             times.append((time.perf_counter() - t0) * 1e3)
         return times
-    stream = backend.activate().stream
-    start, end = cu.event_create(timing=True), cu.event_create(timing=True)
-    try:
-        out = []
-        for _ in range(repeats):
-            op = launch()
-            cu.event_record(start, stream)
+    out = []
+    for _ in range(repeats):
+        op = launch()
+        with backend.time_launches() as timed:
             op.sync()
-            cu.event_record(end, stream)
-            cu.event_synchronize(end)
-            out.append(cu.event_elapsed_ms(start, end))
-        return out
-    finally:
-        cu.event_destroy(start)
-        cu.event_destroy(end)
+        out.append(timed.total_ms())
+    return out

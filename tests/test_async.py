@@ -417,13 +417,15 @@ def test_cuda_streams_on_a_stand_in_driver(monkeypatch: pytest.MonkeyPatch) -> N
     assert isinstance(s, cu.Stream) and s.raw != "stream"
     done = backend.launch(kernel, (2, 1, 1), (128, 1, 1), 0, params, s)
     assert fake.launched_on[-1] == s.raw
-    # the fence: recorded on the backend stream, waited for on the launch's stream
-    assert fake.recorded[-2:] == ["stream", s.raw] and fake.waits[-1][0] == s.raw
+    # Not told what it touches, it waits for everything: a fence recorded on the backend
+    # stream, and the uploads' own events.
+    assert fake.recorded[-2:] == ["stream", s.raw] and {w[0] for w in fake.waits} == {s.raw}
+    assert len(fake.waits) == 3
     done.wait()
     np.testing.assert_array_equal(backend.download(bufs[2], 4 * n).view(np.float32), a + b)
 
     backend.launch(kernel, (2, 1, 1), (128, 1, 1), 0, params).wait()
-    assert fake.launched_on[-1] == "stream" and len(fake.waits) == 1  # default: no fence
+    assert fake.launched_on[-1] == "stream" and len(fake.waits) == 3  # default: no fence
     backend.stream_synchronize(s)
 
     own = backend.stream_acquire()

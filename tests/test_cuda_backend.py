@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -22,7 +22,7 @@ from cutile_py.runtime import cuda_backend
 from cutile_py.runtime import cuda_driver as cu
 from cutile_py.runtime.backend import LaunchFailure, ParamValue, RuntimeFailure
 from cutile_py.runtime.cuda_backend import CudaBackend, CudaBuffer, CudaKernel
-from tests.support.fake_driver import FakeDriver, vector_add_ptx
+from tests.support.fake_driver import FakeDriver, StreamDriver, vector_add_ptx
 
 HAVE_GPU = cu.driver_available()
 requires_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no CUDA driver or device")
@@ -150,7 +150,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
 def test_backend_wiring_on_a_stand_in_driver(fake: FakeDriver) -> None:
     backend = CudaBackend()
     assert fake.calls == []  # nothing happens before first use
-    assert backend.target == Target(90)
+    assert backend.target == Target(90, 227 * 1024)
     assert backend.device_name == "Fake H200"
     n = 1000
     rng = np.random.default_rng(2)
@@ -244,7 +244,8 @@ def backend() -> CudaBackend:
 @requires_gpu
 def test_device_facts(backend: CudaBackend) -> None:
     major, minor = cu.compute_capability()
-    assert backend.target == Target(major * 10 + minor)
+    assert backend.target == Target(major * 10 + minor, cu.max_shared_optin())
+    assert backend.target.max_shared_bytes >= 48 * 1024
     assert backend.device_name
     assert cu.device_count() >= 1
 
@@ -385,3 +386,339 @@ def test_device_fault_is_a_launch_failure(backend: CudaBackend, name: str, body:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("LaunchFailure:"), result.stdout + result.stderr
     assert repr(name) in result.stdout
+
+
+# --- importing other libraries' arrays (ct.from_dlpack) over the stand-in driver ----------------
+
+
+@pytest.fixture
+def cuda_active(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> CudaBackend:
+    """The cuda backend over the stand-in driver, made the active backend."""
+    from cutile_py.runtime import select
+
+    backend = CudaBackend()
+    monkeypatch.setitem(select._instances, "cuda", backend)
+    monkeypatch.setattr(select, "_active", "cuda")
+    return backend
+
+
+class FakeView:
+    """cuda.core's StridedMemoryView as the backend reads it: a device array at `ptr`."""
+
+    def __init__(self, producer: Producer) -> None:
+        self.ptr = producer.address
+        self.shape = producer.shape
+        self.strides = None
+        self.dtype = np.dtype(np.float32)
+        self.device_id = 0
+        self.is_device_accessible = True
+        self.readonly = False
+
+
+class Producer:
+    """Another library's device array (its memory allocated through the stand-in driver)."""
+
+    def __init__(self, backend: CudaBackend, data: np.ndarray) -> None:
+        self.memory = backend.alloc(data.nbytes)
+        backend.upload(self.memory, data)
+        self.address = self.memory.address
+        self.shape = data.shape
+
+
+def _fake_view_class(failure: BaseException | None = None) -> type:
+    class View(FakeView):
+        made: ClassVar[list[Any]] = []
+
+        @classmethod
+        def from_any_interface(cls, obj: Producer, stream_ptr: int) -> View:
+            if failure is not None:
+                raise failure
+            view = cls(obj)
+            cls.made.append(weakref_ref(view))
+            return view
+
+    return View
+
+
+def weakref_ref(obj: object) -> Any:
+    import weakref
+
+    return weakref.ref(obj)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        ModuleNotFoundError("No module named 'cuda.core'"),
+        RuntimeError("cuda.core: unsupported device type"),
+        NotImplementedError("bfloat16 needs ml_dtypes"),
+        BufferError("the producer refused"),
+    ],
+)
+def test_from_dlpack_failures_are_type_errors(
+    cuda_active: CudaBackend, monkeypatch: pytest.MonkeyPatch, failure: BaseException
+) -> None:
+    producer = Producer(cuda_active, np.zeros(4, np.float32))
+    if isinstance(failure, ImportError):
+
+        def missing() -> Any:
+            raise failure
+
+        monkeypatch.setattr(cu, "strided_memory_view", missing)
+    else:
+        monkeypatch.setattr(cu, "strided_memory_view", lambda: _fake_view_class(failure))
+    with pytest.raises(TypeError, match=r"from_dlpack\(obj\): cannot borrow obj, a Producer") as e:
+        ct.from_dlpack(producer)
+    assert str(failure) in str(e.value)
+
+
+def test_strided_memory_view_from_the_older_location(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    old = types.ModuleType("cuda.core.experimental.utils")
+    old.StridedMemoryView = FakeView  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cuda.core.utils", None)  # importing it fails
+    monkeypatch.setitem(sys.modules, "cuda.core.experimental.utils", old)
+    assert cu.strided_memory_view() is FakeView
+    # Before from_any_interface, the constructor itself took (obj, stream_ptr).
+
+    class Old:
+        def __init__(self, obj: object, stream_ptr: int) -> None:
+            FakeView.__init__(self, obj)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cu, "strided_memory_view", lambda: Old)
+    thing = types.SimpleNamespace(address=1 << 21, shape=(2, 3))
+    view = cu.foreign_array(thing, 0)
+    assert view.address == 1 << 21 and view.shape == (2, 3) and isinstance(view.view, Old)
+
+
+def test_dlpack_import_keeps_the_view_alive(
+    cuda_active: CudaBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    view_class = _fake_view_class()
+    monkeypatch.setattr(cu, "strided_memory_view", lambda: view_class)
+    data = np.random.default_rng().standard_normal(64).astype(np.float32)
+    producer = Producer(cuda_active, data)
+    t = ct.from_dlpack(producer)
+    gc.collect()
+    (view,) = view_class.made  # type: ignore[attr-defined]
+    assert view() is not None  # its deleter has not run: the memory is still ours
+    np.testing.assert_array_equal(t.to_numpy(), data)
+    del t
+    gc.collect()
+    assert view() is None  # let go with the tensor
+
+
+# --- frees during a stream capture ----------------------------------------------------------
+
+
+def test_a_buffer_collected_during_capture_is_freed_after_it(fake: FakeDriver) -> None:
+    from cutile_py.runtime.backend import KernelLaunch
+
+    backend = CudaBackend()
+    kernel = backend.load_kernel(vector_add_ptx(Target(90)), "vadd")
+    bufs = [backend.alloc(4 * 64) for _ in range(3)]
+    doomed = [backend.alloc(1024)]
+    address = doomed[0].address
+    # The last reference goes while the capture records the launch (as a garbage collection
+    # in the capturing thread would drop it).
+    fake.on_captured_launch = doomed.clear
+    params = (*(ParamValue("u64", b.address) for b in bufs), ParamValue("u32", 64))
+    graph = backend.graph([KernelLaunch(kernel, (1, 1, 1), (64, 1, 1), 0, params)])
+    assert not fake.capture_invalidated  # the free waited for the end of the capture...
+    assert address not in fake.memory  # ...and then ran: no leak
+    assert backend.activate().releases.deferred == 0
+    graph.launch().wait()
+    keep = backend.alloc(16)
+    keep_address = keep.address
+    del keep  # outside a capture: freed at once
+    assert keep_address not in fake.memory
+
+
+# --- timing device work -------------------------------------------------------------------------
+
+
+def test_time_ms_times_the_device_not_the_host(
+    cuda_active: CudaBackend, fake: FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vadd = ct.RawKernel(vector_add_ptx(Target(90)), "vadd")
+    n = 512
+    rng = np.random.default_rng()
+    a, b = (ct.from_numpy(rng.standard_normal(n).astype(np.float32)) for _ in range(2))
+    c = ct.empty((n,), ct.f32)
+    fake.kernel_ms, fake.host_ms = 1.25, 40.0  # a host that wakes up late from every wait
+
+    def launch() -> ct.OpLike:
+        op: ct.OpLike = vadd(a, b, c, n, grid=(n + 127) // 128, block=128)
+        return op
+
+    times = ct.profiling.time_ms(launch, repeats=3)
+    assert times == [1.25] * 3
+    np.testing.assert_array_equal(c.to_numpy(), a.to_numpy() + b.to_numpy())
+
+    # Two launches in one timed op: their device times add up, the host's gap between not.
+    with cuda_active.time_launches() as timed:
+        launch().sync()
+        launch().sync()
+    assert timed.count == 2 and timed.total_ms() == 2.5
+    launch().sync()  # after the block: not timed
+    assert timed.count == 2
+
+
+# --- loading modules: nvJitLink, then the driver's JIT ------------------------------------------
+
+
+def test_nvjitlink_failure_falls_back_to_the_driver_jit(
+    fake: FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cutile_py.runtime.nvjitlink import PtxAssemblyError
+
+    def too_new(ptx: str, target: Target) -> Any:
+        raise PtxAssemblyError(
+            "PTX assembly for sm_90 failed (ERROR_PTX_COMPILE)",
+            "ptxas fatal   : Unsupported .version 9.9; current version is '9.0'",
+        )
+
+    monkeypatch.setattr(cuda_backend, "nvjitlink_available", lambda: True)
+    monkeypatch.setattr(cuda_backend, "assemble", too_new)
+    backend = CudaBackend()
+    kernel = backend.load_kernel(vector_add_ptx(Target(90)), "vadd")
+    assert kernel.report is None  # the driver compiled it
+    assert "cuModuleLoadDataEx" in fake.calls and "cuModuleLoadData" not in fake.calls
+    n = 300
+    rng = np.random.default_rng()
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    bufs = [backend.alloc(4 * n) for _ in range(3)]
+    backend.upload(bufs[0], a)
+    backend.upload(bufs[1], b)
+    params = [ParamValue("u64", buf.address) for buf in bufs] + [ParamValue("u32", n)]
+    backend.launch(kernel, (3, 1, 1), (128, 1, 1), 0, params).wait()
+    np.testing.assert_array_equal(backend.download(bufs[2], 4 * n).view(np.float32), a + b)
+    # Both refuse: the error holds both logs.
+    with pytest.raises(RuntimeFailure) as e:
+        backend.load_kernel("frobnicate", "vadd")
+    message = str(e.value)
+    assert "line 3; error : frobnicate" in message  # the driver JIT's log
+    assert "Unsupported .version 9.9" in message  # nvJitLink's log
+
+
+# --- targets ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sm", "version"),
+    [(80, (7, 0)), (86, (7, 1)), (87, (7, 4)), (88, (9, 0)), (89, (7, 8)), (90, (7, 8)),
+     (100, (8, 6)), (101, (8, 6)), (103, (8, 8)), (110, (9, 0)), (120, (8, 7)), (121, (8, 8))],
+)  # fmt: skip
+def test_lowest_ptx_version_per_target(sm: int, version: tuple[int, int]) -> None:
+    assert Target(sm).ptx_version() == version
+
+
+def test_target_takes_the_devices_shared_memory_limit(fake: FakeDriver) -> None:
+    from cutile_py.host.jit_disk import disk_key
+
+    fake.shared_optin = int(np.random.default_rng().integers(100, 227)) * 1024
+    target = CudaBackend().target
+    assert target.max_shared_bytes == fake.shared_optin
+    assert Target(90).max_shared_bytes == 227 * 1024  # the table, where no device was asked
+    with pytest.raises(ValueError, match="below the 48 KiB"):
+        Target(90, 1024)
+
+    @ct.kernel
+    def k(x: ct.Tensor[ct.f32, 4]) -> None:
+        pass
+
+    captured = k.captured
+    keys = {
+        disk_key(
+            captured=captured,
+            qualname="k",
+            spec=None,
+            target=t,
+            fast_math=False,
+            compiler="c",
+        )
+        for t in (Target(90), target, Target(90, fake.shared_optin))
+    }
+    assert len(keys) == 2  # the compile plans shared memory to the limit: a key of its own
+
+
+# --- ordering across streams by what a launch touches --------------------------------------------
+
+
+@pytest.fixture
+def streams(monkeypatch: pytest.MonkeyPatch) -> tuple[StreamDriver, CudaBackend]:
+    """The cuda backend, active, over a stand-in driver that records waits per stream."""
+    from cutile_py.runtime import select
+
+    driver = StreamDriver()
+    monkeypatch.setattr(cu, "_cu", lambda: driver)
+    backend = CudaBackend()
+    monkeypatch.setitem(select._instances, "cuda", backend)
+    monkeypatch.setattr(select, "_active", "cuda")
+    return driver, backend
+
+
+def test_a_launch_on_a_stream_waits_only_for_what_it_uses(
+    streams: tuple[StreamDriver, CudaBackend],
+) -> None:
+    fake, _ = streams
+    vadd = ct.RawKernel(vector_add_ptx(Target(90)), "vadd")
+    n = 384
+    rng = np.random.default_rng()
+    a, b, c = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    x, y = ct.from_numpy(a), ct.from_numpy(b)  # uploads, pending on the backend stream
+    upload_events = set(fake.stamps)  # recorded after each upload
+    s1, s2 = ct.Stream(), ct.Stream()
+    z1, z2 = ct.empty((n,), ct.f32), ct.empty((n,), ct.f32)
+
+    vadd(x, y, z1, n, grid=3, block=128).sync_on(s1)
+    on_s1 = [event for stream, event in fake.waits if stream == s1.handle.raw]  # type: ignore[union-attr]
+    assert len(on_s1) == 2 and set(on_s1) <= upload_events  # the two uploads, nothing else
+    np.testing.assert_array_equal(z1.to_numpy(), a + b)
+
+    # More work on the backend stream, none of it touching what the next launch uses.
+    busy = ct.from_numpy(c)
+    ct.zeros((n,), ct.f32)
+    waits = len(fake.waits)
+    vadd(z1, z1, z2, n, grid=3, block=128).sync_on(s2)
+    assert len(fake.waits) == waits  # no fence on the backend stream: free to overlap
+    np.testing.assert_array_equal(z2.to_numpy(), 2 * (a + b))
+    vadd(busy, z1, z2, n, grid=3, block=128).sync_on(s2)
+    assert len(fake.waits) == waits  # `busy`'s upload was over: to_numpy synchronized it
+    np.testing.assert_array_equal(z2.to_numpy(), c + (a + b))
+
+
+def test_stream_ordering_follows_reads_and_writes(
+    streams: tuple[StreamDriver, CudaBackend],
+) -> None:
+    fake, backend = streams
+    kernel = backend.load_kernel(vector_add_ptx(Target(90)), "vadd")
+    n = 256
+    bufs = [backend.alloc(4 * n) for _ in range(4)]
+    backend.synchronize()
+    params = [ParamValue("u64", buf.address) for buf in bufs[:3]] + [ParamValue("u32", n)]
+    s1, s2, s3 = (backend.stream_acquire() for _ in range(3))
+    a, b, c, d = ((buf.address, 4 * n) for buf in bufs)
+
+    def launch(on: cu.Stream, reads: list[Any], writes: list[Any]) -> Any:
+        touches = [(*r, False) for r in reads] + [(*w, True) for w in writes]
+        before = len(fake.waits)
+        done = backend.launch(kernel, (2, 1, 1), (128, 1, 1), 0, params, on, touches)
+        return done, [e for _, e in fake.waits[before:]]
+
+    writer, _ = launch(s1, [a, b], [c])  # in flight on s1
+    _, waited = launch(s2, [c], [d])  # reads what s1 writes
+    assert waited == [writer._event.raw]
+    _, waited = launch(s3, [a], [d])  # reads what s1 only reads; writes what s2 writes
+    assert len(waited) == 1 and waited[0] is not writer._event.raw
+    _, waited = launch(s2, [b], [])  # read after read: no order
+    assert waited == []
+    _, waited = launch(s3, [], [a])  # writes what s1 and s3 read (s3's own: its stream)
+    assert writer._event.raw in waited
+    writer.wait()  # over: nothing waits for it any more
+    _, waited = launch(s2, [c], [])
+    assert writer._event.raw not in waited

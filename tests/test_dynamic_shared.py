@@ -112,7 +112,7 @@ def test_target_shared_limits() -> None:
     assert limits == {
         80: 166912,
         86: 101376,
-        87: 101376,  # not in the table: the nearest older one's, which is never too large
+        87: 166912,  # Orin: A100's
         89: 101376,
         90: 232448,
         100: 232448,

@@ -148,3 +148,29 @@ def test_gemm_replay_leaves_out_the_tuning_launches(
     want = a.astype(np.float32) @ b.astype(np.float32)
     got = out.unpartition().to_numpy().astype(np.float32)
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
+
+
+def test_rotation_always_goes_past_twice_the_l2() -> None:
+    from paper_repro.timing import rotation
+
+    l2 = 50 * 2**20  # H100
+    for n in (128, 256, 512, 1024, 8192):
+        footprint = 2 * 3 * n * n  # a GEMM's three f16 matrices
+        r = rotation(footprint, l2)
+        assert r * footprint > 2 * l2 >= (r - 1) * footprint
+
+
+def test_cuda_timing_goes_through_every_buffer_set() -> None:
+    from paper_repro.experiments.host import null_cuda
+    from paper_repro.timing import Timer
+
+    used: list[int] = []
+
+    def launch(slot: int) -> tuple[()]:
+        used.append(slot)
+        return ()
+
+    rotate = int(np.random.default_rng().integers(40, 120))
+    with null_cuda():
+        Timer("cuda", reps=3, warmup=1).device(launch, rotate=rotate)
+    assert set(used) == set(range(rotate))

@@ -248,11 +248,13 @@ class DeviceOp(OpLike):
             return Finished()
         if self.compiled.lowered is not None and self.backend.runs_ptx:
             launch = self.compiled.prepared(self.backend, self.grid)  # may recompile
-            values = self.compiled.param_reader()(self.args)
+            reader = self.compiled.param_reader()
+            values = reader(self.args)
+            touches = reader.touches(self.args)
             if not wait:
-                return launch.launch(values, stream)
+                return launch.launch(values, stream, touches)
             try:
-                launch.launch_and_wait(values, stream)
+                launch.launch_and_wait(values, stream, touches)
             except LaunchFailure as e:
                 return Finished(e)  # a fault on the device: `_complete` reports it
             return Finished()

@@ -126,6 +126,8 @@ def disk_key(
             "spec": stable_form(spec),
             "deps": stable_deps(captured),
             "target": target.sm,
+            # The lowering plans shared memory (pipeline stages, operand tiles) to this limit.
+            "max_shared": target.max_shared_bytes,
             "fast_math": fast_math,
             "stages": stages,
         }

@@ -11,6 +11,7 @@ from cutile_py.runtime.backend import (
     KernelLaunch,
     LoadedKernel,
     ParamValue,
+    Touch,
 )
 
 _PTR, _DIM, _INT, _FLOAT = range(4)
@@ -28,6 +29,7 @@ class ParamReader:
                 kind = _INT if p.ptype in ("s32", "u32", "s64") else _FLOAT
             steps.append((p.arg, kind, p.axis))
         self._steps = tuple(steps)
+        self._pointers = tuple(dict.fromkeys(p.arg for p in lowered.params if p.what == "ptr"))
         self.ptypes = tuple(p.ptype for p in lowered.params)
 
     def __call__(self, args: tuple[Any, ...]) -> list[int | float]:
@@ -40,6 +42,18 @@ class ParamReader:
                 out.append((a._tensor if type(a) is Partition else a)._shape[axis])
             else:
                 out.append(int(a) if kind == _INT else float(a))
+        return out
+
+    def touches(self, args: tuple[Any, ...]) -> list[Touch]:
+        """The memory a launch reads and writes: each tensor argument's bytes, written where
+        it is passed as a (Mut) partition, only read where it is passed as a Tensor."""
+        out: list[Touch] = []
+        for arg in self._pointers:
+            a = args[arg]
+            if isinstance(a, Partition):
+                out.append((a.tensor.buffer.address, a.tensor.nbytes, True))
+            else:
+                out.append((a.buffer.address, a.nbytes, False))
         return out
 
 

@@ -153,7 +153,11 @@ class RawKernelOp(DeviceOp):
 
     def _start(self, stream: object | None = None, wait: bool = False) -> Completion:
         k = self._kernel_launch()
-        return self.backend.launch(k.kernel, k.grid, k.block, k.shared_mem, k.params, stream)
+        # Hand-written PTX may write any tensor it is given.
+        touches = [(a.buffer.address, a.nbytes, True) for a in self.args if isinstance(a, Tensor)]
+        return self.backend.launch(
+            k.kernel, k.grid, k.block, k.shared_mem, k.params, stream, touches
+        )
 
     def param_names(self) -> list[str]:
         return [p.name for p in self.raw.params]

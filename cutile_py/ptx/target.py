@@ -8,20 +8,30 @@ from dataclasses import dataclass
 MIN_PTX_FOR_SM: dict[int, tuple[int, int]] = {
     80: (7, 0),
     86: (7, 1),
+    87: (7, 4),
+    88: (9, 0),
     89: (7, 8),
     90: (7, 8),
     100: (8, 6),
+    101: (8, 6),
+    103: (8, 8),
+    110: (9, 0),
     120: (8, 7),
+    121: (8, 8),
 }
 #: Shared memory one block may use with the opt-in (cuFuncSetAttribute
 #: MAX_DYNAMIC_SHARED_SIZE_BYTES), from the CUDA C++ Programming Guide's "Technical
 #: Specifications per Compute Capability" table: 163 KB (8.0), 99 KB (8.6, 8.9, 12.0), 227 KB
 #: (9.0, 10.0). That is the SM's largest carveout less the 1 KB CUDA reserves per block; the
 #: Ampere Tuning Guide (Unified Shared Memory/L1/Texture Cache) gives the carveouts: up to
-#: 164 KB per SM on A100 and 100 KB on compute capability 8.6.
+#: 164 KB per SM on A100 and 100 KB on compute capability 8.6. 8.7 (Orin) has A100's 163 KB.
+#: A device's own figure (its MAX_SHARED_MEMORY_PER_BLOCK_OPTIN attribute) wins over this
+#: table: the cuda backend puts it in its `Target`.
 MAX_SHARED_OPTIN: dict[int, int] = {
     80: 163 * 1024,
     86: 99 * 1024,
+    87: 163 * 1024,
+    88: 99 * 1024,  # no published figure: the smaller of its neighbours' (the device's wins)
     89: 99 * 1024,
     90: 227 * 1024,
     100: 227 * 1024,
@@ -41,10 +51,18 @@ class Target:
     """An SM architecture, e.g. `Target(80)` for sm_80 (A100) or `Target(90)` for sm_90 (H100)."""
 
     sm: int
+    #: The device's opt-in shared memory per block in bytes, where a device was asked; None:
+    #: the table's figure for `sm`.
+    shared_optin: int | None = None
 
     def __post_init__(self) -> None:
         if self.sm < 80:
             raise ValueError(f"sm_{self.sm} is not supported: cutile_py targets sm_80 and newer")
+        if self.shared_optin is not None and self.shared_optin < 48 * 1024:
+            raise ValueError(
+                f"{self.name}: an opt-in shared memory limit of {self.shared_optin} bytes is "
+                "below the 48 KiB every target has"
+            )
 
     @property
     def name(self) -> str:
@@ -53,6 +71,8 @@ class Target:
     @property
     def max_shared_bytes(self) -> int:
         """The most shared memory one block may use (with the opt-in above 48 KB)."""
+        if self.shared_optin is not None:
+            return self.shared_optin
         return MAX_SHARED_OPTIN[max(sm for sm in MAX_SHARED_OPTIN if sm <= self.sm)]
 
     def ptx_version(self, features: frozenset[str] = frozenset()) -> tuple[int, int]:

@@ -44,6 +44,11 @@ class ParamValue:
     value: int | float
 
 
+#: Memory a launch reads or writes: (address, bytes, whether it writes). A backend with
+#: streams orders launches on different streams by these alone.
+Touch = tuple[int, int, bool]
+
+
 class Completion(ABC):
     """The end of a piece of device work: poll it, or block until it has happened."""
 
@@ -91,13 +96,24 @@ class PreparedLaunch(ABC):
     each launch passes only the parameter values (in declared order)."""
 
     @abstractmethod
-    def launch(self, values: Sequence[int | float], stream: object | None = None) -> Completion:
-        """Queue one launch on `stream` (None: the backend's default)."""
+    def launch(
+        self,
+        values: Sequence[int | float],
+        stream: object | None = None,
+        touches: Sequence[Touch] | None = None,
+    ) -> Completion:
+        """Queue one launch on `stream` (None: the backend's default). `touches` is the memory
+        it reads and writes (None: any, so it is ordered after all work in flight)."""
 
-    def launch_and_wait(self, values: Sequence[int | float], stream: object | None = None) -> None:
+    def launch_and_wait(
+        self,
+        values: Sequence[int | float],
+        stream: object | None = None,
+        touches: Sequence[Touch] | None = None,
+    ) -> None:
         """Launch and wait (a synchronous launch needs no completion object); a fault of the
         kernel raises `LaunchFailure`."""
-        self.launch(values, stream).wait()
+        self.launch(values, stream, touches).wait()
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,10 +127,15 @@ class _PreparedThroughLaunch(PreparedLaunch):
     shared_mem: int
     ptypes: tuple[str, ...]
 
-    def launch(self, values: Sequence[int | float], stream: object | None = None) -> Completion:
+    def launch(
+        self,
+        values: Sequence[int | float],
+        stream: object | None = None,
+        touches: Sequence[Touch] | None = None,
+    ) -> Completion:
         params = [ParamValue(t, v) for t, v in zip(self.ptypes, values)]
         return self.backend.launch(
-            self.kernel, self.grid, self.block, self.shared_mem, params, stream
+            self.kernel, self.grid, self.block, self.shared_mem, params, stream, touches
         )
 
 
@@ -210,8 +231,10 @@ class Backend(ABC):
         shared_mem: int,
         params: Sequence[ParamValue],
         stream: object | None = None,
+        touches: Sequence[Touch] | None = None,
     ) -> Completion:
-        """Queue a launch; `stream` is a handle from `stream_acquire` (None: the default one)."""
+        """Queue a launch; `stream` is a handle from `stream_acquire` (None: the default one);
+        `touches` as for `PreparedLaunch.launch`."""
         raise RuntimeFailure(f"the {self.name} backend does not run PTX")
 
     def graph(self, launches: Sequence[KernelLaunch]) -> GraphExec:

@@ -11,7 +11,7 @@ import gc
 import hashlib
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,9 @@ from cutile_py.runtime.backend import (
     ParamValue,
     PreparedLaunch,
     RuntimeFailure,
+    Touch,
 )
+from cutile_py.runtime.cuda_ordering import StreamOrdering
 from cutile_py.runtime.nvjitlink import (
     AssemblyReport,
     PtxAssemblyError,
@@ -54,6 +56,52 @@ def _free(ctx: cu.Context, address: int) -> None:
     _quietly(release)
 
 
+class Releases:
+    """Frees of device memory, deferred while the backend captures a graph.
+
+    A buffer can be garbage-collected in the middle of a stream capture, in the capturing
+    thread; `cuMemFree` there is an unsafe call that invalidates the capture (and the free
+    fails, leaking the memory). So frees made during a capture wait here and run when the
+    last capture ends.
+    """
+
+    def __init__(self, ctx: cu.Context) -> None:
+        self._ctx = ctx
+        # Reentrant: a collection can run a finalizer inside `capturing` in the same thread.
+        self._lock = threading.RLock()
+        self._captures = 0
+        self._deferred: list[int] = []
+
+    def free(self, address: int) -> None:
+        """Free `address` now, or when the capture in progress ends."""
+        with self._lock:
+            if self._captures:
+                self._deferred.append(address)
+                return
+        _free(self._ctx, address)
+
+    @property
+    def deferred(self) -> int:
+        """How many frees wait for a capture to end."""
+        return len(self._deferred)
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[None]:
+        """Meanwhile (a stream capture), frees are deferred; at the end they run."""
+        with self._lock:
+            self._captures += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._captures -= 1
+                due: list[int] = []
+                if not self._captures:
+                    due, self._deferred = self._deferred, []
+            for address in due:
+                _free(self._ctx, address)
+
+
 def _destroy_event(ctx: cu.Context, event: cu.Event) -> None:
     def release() -> None:
         cu.set_current(ctx)
@@ -73,10 +121,10 @@ def _destroy_stream(ctx: cu.Context, stream: cu.Stream) -> None:
 class CudaBuffer(Buffer):
     """A `cuMemAlloc` allocation, freed when garbage collected or by `free()`."""
 
-    def __init__(self, ctx: cu.Context, address: int, nbytes: int) -> None:
+    def __init__(self, releases: Releases, address: int, nbytes: int) -> None:
         self.nbytes = nbytes
         self._address = address
-        self._finalizer = weakref.finalize(self, _free, ctx, address)
+        self._finalizer = weakref.finalize(self, releases.free, address)
         # At exit the driver may already be torn down; the process's memory goes with it.
         self._finalizer.atexit = False
 
@@ -103,6 +151,10 @@ class ForeignCudaBuffer(Buffer):
     @property
     def address(self) -> int:
         return self._address
+
+
+#: Memory this backend reads and writes: its own, and other libraries' (`ct.from_dlpack`).
+_DEVICE_BUFFERS = (CudaBuffer, ForeignCudaBuffer)
 
 
 def _destroy_graph_exec(ctx: cu.Context, graph: cu.GraphExec) -> None:
@@ -136,9 +188,12 @@ class CudaCompletion(Completion):
     def done(self) -> bool:
         self._backend.activate()
         try:
-            return cu.event_query(self._event)
+            finished = cu.event_query(self._event)
         except cu.CudaDriverError:
-            return True  # finished, by failing; wait() reports it
+            finished = True  # by failing; wait() reports it
+        if finished:
+            self._backend._ordering.finished(self)
+        return finished
 
     def wait(self) -> None:
         self._backend.activate()
@@ -146,6 +201,50 @@ class CudaCompletion(Completion):
             cu.event_synchronize(self._event)
         except cu.CudaDriverError as e:
             raise LaunchFailure(f"kernel {self.kernel_name!r} failed on the device: {e}") from e
+        finally:
+            self._backend._ordering.finished(self)
+
+
+class LaunchTimes:
+    """Device time of the launches queued meanwhile in one thread (`CudaBackend.time_launches`):
+    a pair of timing events recorded around each launch on its stream, so the host's work
+    and its waits are not counted."""
+
+    def __init__(self, ctx: cu.Context) -> None:
+        self._pairs: list[tuple[cu.Event, cu.Event]] = []
+        weakref.finalize(self, _destroy_events, ctx, self._pairs).atexit = False
+
+    def begin(self, stream: cu.Stream) -> None:
+        """Record the start of a launch about to be queued on `stream`."""
+        start = cu.event_create(timing=True)
+        self._pairs.append((start, start))
+        cu.event_record(start, stream)
+
+    def end(self, stream: cu.Stream) -> None:
+        """Record the end of the launch just queued on `stream`."""
+        start, _ = self._pairs[-1]
+        stop = cu.event_create(timing=True)
+        self._pairs[-1] = (start, stop)
+        cu.event_record(stop, stream)
+
+    @property
+    def count(self) -> int:
+        """How many launches were timed."""
+        return len(self._pairs)
+
+    def total_ms(self) -> float:
+        """Milliseconds the timed launches ran on the device, summed (waits for them)."""
+        total = 0.0
+        for start, stop in self._pairs:
+            cu.event_synchronize(stop)
+            total += cu.event_elapsed_ms(start, stop)
+        return total
+
+
+def _destroy_events(ctx: cu.Context, pairs: list[tuple[cu.Event, cu.Event]]) -> None:
+    for pair in pairs:
+        for event in dict.fromkeys(pair):
+            _destroy_event(ctx, event)
 
 
 class CudaPreparedLaunch(PreparedLaunch):
@@ -174,7 +273,13 @@ class CudaPreparedLaunch(PreparedLaunch):
             f"launching kernel {kernel.name!r} (grid {grid}, block {block}, {shared_mem} B shared)"
         )
 
-    def _queue(self, dev: _Device, values: Sequence[int | float], stream: object | None) -> Any:
+    def _queue(
+        self,
+        dev: _Device,
+        values: Sequence[int | float],
+        stream: object | None,
+        touches: Sequence[Touch] | None,
+    ) -> Any:
         on = dev.stream
         if stream is not None and stream is not dev.stream:
             if not isinstance(stream, cu.Stream):
@@ -192,16 +297,25 @@ class CudaPreparedLaunch(PreparedLaunch):
             if self._shared_mem > kernel.max_dynamic_shared:
                 cu.set_max_dynamic_shared(kernel.function, self._shared_mem)
                 kernel.max_dynamic_shared = self._shared_mem
-            if on is not dev.stream:
-                self._backend._order_after_default(dev, on)
+            self._backend._order(dev, on, touches)
+            timer: LaunchTimes | None = getattr(self._backend._thread, "timer", None)
+            if timer is not None:
+                timer.begin(on)
             cu.launch_kernel_packed(
                 kernel.function, self._grid, self._block, self._shared_mem, on, params
             )
+            if timer is not None:
+                timer.end(on)
         except cu.CudaDriverError as e:
             raise self._backend._failure(self._what, e) from e
         return on
 
-    def launch(self, values: Sequence[int | float], stream: object | None = None) -> Completion:
+    def launch(
+        self,
+        values: Sequence[int | float],
+        stream: object | None = None,
+        touches: Sequence[Touch] | None = None,
+    ) -> Completion:
         backend = self._backend
         dev = backend.activate()
         try:
@@ -210,7 +324,7 @@ class CudaPreparedLaunch(PreparedLaunch):
         except cu.CudaDriverError as e:
             raise backend._failure(self._what, e) from e
         try:
-            on = self._queue(dev, values, stream)
+            on = self._queue(dev, values, stream, touches)
         except BaseException:
             _destroy_event(dev.ctx, event)
             raise
@@ -224,16 +338,26 @@ class CudaPreparedLaunch(PreparedLaunch):
                     f"device: {e}"
                 ) from e
             raise backend._failure(self._what, e) from e
-        return CudaCompletion(backend, event, self._kernel.name)
+        done = CudaCompletion(backend, event, self._kernel.name)
+        if touches:  # pending until `done` is known to be over
+            backend._ordering.record(on, touches, event, done)
+        return done
 
-    def launch_and_wait(self, values: Sequence[int | float], stream: object | None = None) -> None:
-        on = self._queue(self._backend.activate(), values, stream)
+    def launch_and_wait(
+        self,
+        values: Sequence[int | float],
+        stream: object | None = None,
+        touches: Sequence[Touch] | None = None,
+    ) -> None:
+        on = self._queue(self._backend.activate(), values, stream, touches)
         try:
             cu.stream_synchronize(on)
         except cu.CudaDriverError as e:
             raise LaunchFailure(
                 f"kernel {self._kernel.name!r} (or work queued before it) failed on the device: {e}"
             ) from e
+        finally:
+            self._backend._ordering.stream_idle(on)
 
 
 class CudaGraph(GraphExec):
@@ -258,7 +382,12 @@ class CudaGraph(GraphExec):
         except cu.CudaDriverError as e:
             raise backend._failure(what, e) from e
         try:
+            timer: LaunchTimes | None = getattr(backend._thread, "timer", None)
+            if timer is not None:
+                timer.begin(on)
             cu.graph_launch(self._graph, on)
+            if timer is not None:
+                timer.end(on)
             cu.event_record(event, on)
         except cu.CudaDriverError as e:
             _destroy_event(dev.ctx, event)
@@ -275,6 +404,7 @@ class _Device:
     stream: cu.Stream
     target: Target
     name: str
+    releases: Releases
 
 
 class CudaBackend(Backend):
@@ -294,6 +424,8 @@ class CudaBackend(Backend):
         # while the backend lives, so work still queued on them runs to the end).
         self._stream_pool: list[cu.Stream] = []
         self._fence: cu.Event | None = None
+        #: Pending device work by the memory it touches, for ordering across streams.
+        self._ordering = StreamOrdering()
 
     # --- context ----------------------------------------------------------------------------
 
@@ -305,16 +437,17 @@ class CudaBackend(Backend):
                 ctx = cu.retain_primary_context(self.ordinal)
                 cu.set_current(ctx)
                 major, minor = cu.compute_capability(self.ordinal)
+                shared_optin = cu.max_shared_optin(self.ordinal)
                 name = cu.device_name(self.ordinal)
                 stream = cu.stream_create(non_blocking=True)
             except RuntimeError as e:  # CudaDriverError, or the bindings' "no driver library"
                 raise RuntimeFailure(f"the CUDA backend cannot start: {e}") from e
             try:
-                target = Target(major * 10 + minor)
+                target = Target(major * 10 + minor, shared_optin)
             except ValueError as e:
                 raise RuntimeFailure(f"{name}: {e}") from e
             weakref.finalize(self, _destroy_stream, ctx, stream).atexit = False
-            self._device = _Device(ctx, stream, target, name)
+            self._device = _Device(ctx, stream, target, name, Releases(ctx))
             return self._device
 
     def activate(self) -> _Device:
@@ -347,6 +480,18 @@ class CudaBackend(Backend):
             return LaunchFailure(f"{what}: a kernel launched earlier faulted: {e}")
         return RuntimeFailure(f"{what}: {e}")
 
+    @contextlib.contextmanager
+    def time_launches(self) -> Iterator[LaunchTimes]:
+        """Meanwhile, every launch and graph replay that this thread queues is timed on the
+        device (events around it on its stream); read the sum with `total_ms()` after."""
+        times = LaunchTimes(self.activate().ctx)
+        outer = getattr(self._thread, "timer", None)
+        self._thread.timer = times
+        try:
+            yield times
+        finally:
+            self._thread.timer = outer
+
     # --- memory -----------------------------------------------------------------------------
 
     def alloc(self, nbytes: int) -> CudaBuffer:
@@ -362,10 +507,10 @@ class CudaBackend(Backend):
                 address = cu.mem_alloc(nbytes)
             except cu.CudaDriverError as e2:
                 raise self._failure(f"allocating {nbytes} bytes", e2) from e2
-        return CudaBuffer(dev.ctx, address, nbytes)
+        return CudaBuffer(dev.releases, address, nbytes)
 
     def fill(self, buf: Buffer, nbytes: int, element: bytes) -> None:
-        if not isinstance(buf, CudaBuffer):
+        if not isinstance(buf, _DEVICE_BUFFERS):
             raise TypeError(f"the cuda backend cannot write to a {type(buf).__name__}")
         width = len(element)
         if width == 8:  # no 64-bit memset: two 32-bit halves alike, or the values uploaded
@@ -377,11 +522,12 @@ class CudaBackend(Backend):
         try:
             value = int.from_bytes(element, "little")
             cu.memset_async(buf.address, value, width, nbytes // width, dev.stream)
+            self._ordering.record(dev.stream, ((buf.address, nbytes, True),))
         except cu.CudaDriverError as e:
             raise self._failure("filling device memory", e) from e
 
     def upload(self, buf: Buffer, data: np.ndarray) -> None:
-        if not isinstance(buf, CudaBuffer):
+        if not isinstance(buf, _DEVICE_BUFFERS):
             raise TypeError(f"the cuda backend cannot write to a {type(buf).__name__}")
         src = np.ascontiguousarray(data)
         if src.nbytes > buf.nbytes:
@@ -389,20 +535,23 @@ class CudaBackend(Backend):
         dev = self.activate()
         try:
             cu.memcpy_htod(buf.address, src, dev.stream)
+            self._ordering.record(dev.stream, ((buf.address, src.nbytes, True),))
         except cu.CudaDriverError as e:
             raise self._failure("uploading to the device", e) from e
 
     def download(self, buf: Buffer, nbytes: int) -> np.ndarray:
-        if not isinstance(buf, CudaBuffer):
+        if not isinstance(buf, _DEVICE_BUFFERS):
             raise TypeError(f"the cuda backend cannot read from a {type(buf).__name__}")
         if nbytes > buf.nbytes:
             raise ValueError(f"cannot read {nbytes} bytes from a {buf.nbytes}-byte buffer")
         dev = self.activate()
         out = np.empty(nbytes, dtype=np.uint8)
         try:
-            cu.memcpy_dtoh(out, buf.address, dev.stream)
+            self._ordering.order(dev.stream, ((buf.address, nbytes, False),))
+            cu.memcpy_dtoh(out, buf.address, dev.stream)  # synchronizes the stream
         except cu.CudaDriverError as e:
             raise self._failure("downloading from the device", e) from e
+        self._ordering.stream_idle(dev.stream)
         return out
 
     def synchronize(self) -> None:
@@ -412,6 +561,7 @@ class CudaBackend(Backend):
             cu.stream_synchronize(dev.stream)
         except cu.CudaDriverError as e:
             raise self._failure("synchronizing", e) from e
+        self._ordering.stream_idle(dev.stream)
 
     # --- streams ----------------------------------------------------------------------------
 
@@ -440,6 +590,7 @@ class CudaBackend(Backend):
             cu.stream_synchronize(stream)
         except cu.CudaDriverError as e:
             raise self._failure("synchronizing a stream", e) from e
+        self._ordering.stream_idle(stream)
 
     def stream_address(self) -> int:
         return cu.stream_handle(self.activate().stream)
@@ -447,6 +598,14 @@ class CudaBackend(Backend):
     def stream_from_foreign(self, address: int) -> cu.Stream:
         self.activate()
         return cu.stream_from_handle(address)
+
+    def _order(self, dev: _Device, stream: cu.Stream, touches: Sequence[Touch] | None) -> None:
+        """Make a launch about to be queued on `stream` wait for the pending work of other
+        streams that it conflicts with, by the memory it `touches`. None: it may touch
+        anything, so it waits for all of it (and for everything on the backend stream)."""
+        if touches is None and stream is not dev.stream:
+            self._order_after_default(dev, stream)
+        self._ordering.order(stream, touches)
 
     def _order_after_default(self, dev: _Device, stream: cu.Stream) -> None:
         """Make `stream` wait for the work on the backend stream (uploads, earlier launches)."""
@@ -462,26 +621,28 @@ class CudaBackend(Backend):
     # --- modules ----------------------------------------------------------------------------
 
     def _load_module(self, ptx: str, dev: _Device) -> tuple[cu.Module, AssemblyReport | None]:
-        cubin_error: cu.CudaDriverError | None = None
+        # nvJitLink first (it reports registers and spills); where it fails (an architecture
+        # or PTX version newer than the wheel knows) or the driver refuses its cubin, the
+        # driver's own JIT may still take the PTX.
+        refused = ""
         if nvjitlink_available():
             try:
                 report = assemble(ptx, dev.target)
             except PtxAssemblyError as e:
-                raise RuntimeFailure(f"PTX assembly for {dev.target.name} failed:\n{e.log}") from e
-            try:
-                return cu.module_load_data(report.cubin), report
-            except cu.CudaDriverError as e:
-                if e.is_device_fault:
-                    raise self._failure("loading a module", e) from e
-                # A cubin from an nvJitLink newer than the driver can be refused; its JIT
-                # may still take the PTX.
-                cubin_error = e
+                refused = f"nvJitLink failed for {dev.target.name}: {e}"
+            else:
+                try:
+                    return cu.module_load_data(report.cubin), report
+                except cu.CudaDriverError as e:
+                    if e.is_device_fault:
+                        raise self._failure("loading a module", e) from e
+                    refused = f"the driver refused nvJitLink's cubin: {e}"
         try:
             return cu.module_load_ptx(ptx), None
         except cu.CudaDriverError as e:
-            note = f"\n(the nvJitLink cubin was refused too: {cubin_error})" if cubin_error else ""
             if e.is_device_fault:
                 raise self._failure("loading a module", e) from e
+            note = f"\n\nbefore that, {refused}" if refused else ""
             raise RuntimeFailure(f"the driver JIT refused the PTX: {e}{note}") from e
 
     def load_kernel(self, ptx: str, name: str) -> CudaKernel:
@@ -529,15 +690,16 @@ class CudaBackend(Backend):
         shared_mem: int,
         params: Sequence[ParamValue],
         stream: object | None = None,
+        touches: Sequence[Touch] | None = None,
     ) -> Completion:
         prepared = self.prepare(kernel, grid, block, shared_mem, [p.ptype for p in params])
-        return prepared.launch([p.value for p in params], stream)
+        return prepared.launch([p.value for p in params], stream, touches)
 
     # --- graphs -----------------------------------------------------------------------------
 
     def graph(self, launches: Sequence[KernelLaunch]) -> CudaGraph:
         """Stream capture of `launches`: parameters are packed once, here, into the graph."""
-        self.activate()
+        dev = self.activate()
         kernels = []
         for k in launches:
             if not isinstance(k.kernel, CudaKernel):
@@ -555,16 +717,19 @@ class CudaBackend(Backend):
                 if k.shared_mem > kernel.max_dynamic_shared:
                     cu.set_max_dynamic_shared(kernel.function, k.shared_mem)
                     kernel.max_dynamic_shared = k.shared_mem
-            cu.stream_begin_capture(stream)
-            try:
-                for k, kernel, packed in kernels:
-                    cu.launch_kernel(kernel.function, k.grid, k.block, k.shared_mem, stream, packed)
-            except BaseException:
-                # End the capture, or the stream stays unusable for the next `ct.Stream`.
-                with contextlib.suppress(Exception):
-                    cu.graph_destroy(cu.stream_end_capture(stream))
-                raise
-            graph = cu.stream_end_capture(stream)
+            with dev.releases.capturing():
+                cu.stream_begin_capture(stream)
+                try:
+                    for k, kernel, packed in kernels:
+                        cu.launch_kernel(
+                            kernel.function, k.grid, k.block, k.shared_mem, stream, packed
+                        )
+                except BaseException:
+                    # End the capture, or the stream stays unusable for the next `ct.Stream`.
+                    with contextlib.suppress(Exception):
+                        cu.graph_destroy(cu.stream_end_capture(stream))
+                    raise
+                graph = cu.stream_end_capture(stream)
             try:
                 exec_ = cu.graph_instantiate(graph)
             finally:
@@ -582,14 +747,40 @@ class CudaBackend(Backend):
 
         Its pending work is ordered before this backend's stream.
         """
-        dev = self.activate()
+        dev_stream = self.activate().stream
+        consumer = cu.stream_handle(dev_stream)
         try:
-            view = cu.foreign_array(obj, cu.stream_handle(dev.stream))
-        except (AttributeError, BufferError, TypeError, ValueError) as e:
-            raise TypeError(f"ct.from_dlpack: cannot borrow a {type(obj).__name__}: {e}") from e
+            view = cu.foreign_array(obj, consumer)
+        except _FOREIGN_FAILURES as e:
+            raise TypeError(
+                f"ct.from_dlpack(obj): cannot borrow obj, a {type(obj).__name__}: "
+                f"{type(e).__name__}: {e}"
+            ) from e
         check_foreign(view, self.ordinal, type(obj).__name__)
         nbytes = int(np.prod(view.shape, dtype=np.int64)) * view.dtype.itemsize
-        return ForeignCudaBuffer(view.address, nbytes, obj), view.shape, view.dtype
+        try:
+            # The producer's pending work was ordered before the backend stream: launches
+            # on other streams that use this memory wait for that point of it.
+            self._ordering.record(dev_stream, ((view.address, nbytes, True),))
+        except cu.CudaDriverError as e:
+            raise self._failure("ordering after another library's work", e) from e
+        # DLPack: the producer's memory is ours until the capsule's deleter runs, which
+        # happens when cuda.core's view dies; so the buffer keeps the view, and the object.
+        return ForeignCudaBuffer(view.address, nbytes, (obj, view.view)), view.shape, view.dtype
+
+
+#: What importing another library's array can raise: no cuda-core (ImportError), a producer
+#: that refuses (BufferError, TypeError, ValueError, AttributeError), cuda.core's own refusals
+#: (RuntimeError; NotImplementedError, e.g. bf16 without ml_dtypes).
+_FOREIGN_FAILURES = (
+    ImportError,
+    AttributeError,
+    BufferError,
+    TypeError,
+    ValueError,
+    RuntimeError,
+    NotImplementedError,
+)
 
 
 def check_foreign(view: cu.ForeignArray, ordinal: int, what: str) -> None:

@@ -11,7 +11,7 @@ import importlib
 import re
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -187,6 +187,13 @@ def compute_capability(ordinal: int = 0) -> tuple[int, int]:
         cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
     )
     return int(major), int(minor)
+
+
+def max_shared_optin(ordinal: int = 0) -> int:
+    """The shared memory one block may use on the device with the opt-in (bytes)."""
+    cu = _cu()
+    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    return int(_check("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(attr, _device(ordinal))))
 
 
 def device_name(ordinal: int = 0) -> str:
@@ -598,6 +605,8 @@ class ForeignArray:
     """Another library's array as DLPack or the CUDA Array Interface describe it.
 
     `strides` count elements (None: C-contiguous); `device_id` is -1 for host-only memory.
+    `view` is cuda.core's view of it, which holds the producer's DLPack capsule: the memory
+    stays valid only while it lives (its deleter runs when it dies).
     """
 
     address: int
@@ -607,6 +616,17 @@ class ForeignArray:
     device_id: int
     device_accessible: bool
     readonly: bool
+    view: object = field(default=None, compare=False, repr=False)
+
+
+def strided_memory_view() -> Any:
+    """cuda.core's `StridedMemoryView` class: in `cuda.core.utils` from cuda-core 0.5, in
+    `cuda.core.experimental.utils` before. ImportError where cuda-core is missing."""
+    try:
+        utils: Any = importlib.import_module("cuda.core.utils")  # untyped: see _cu
+    except ImportError:
+        utils = importlib.import_module("cuda.core.experimental.utils")
+    return utils.StridedMemoryView
 
 
 def foreign_array(obj: object, consumer_stream: int) -> ForeignArray:
@@ -614,8 +634,9 @@ def foreign_array(obj: object, consumer_stream: int) -> ForeignArray:
 
     The producer orders its pending work before `consumer_stream` (a `CUstream` address).
     """
-    utils: Any = importlib.import_module("cuda.core.utils")  # untyped: see _cu
-    view: Any = utils.StridedMemoryView.from_any_interface(obj, stream_ptr=consumer_stream)
+    smv = strided_memory_view()
+    make = getattr(smv, "from_any_interface", None)  # the constructor did this before 0.6
+    view: Any = (make or smv)(obj, stream_ptr=consumer_stream)
     strides = view.strides
     return ForeignArray(
         address=int(view.ptr),
@@ -625,4 +646,5 @@ def foreign_array(obj: object, consumer_stream: int) -> ForeignArray:
         device_id=int(view.device_id),
         device_accessible=bool(view.is_device_accessible),
         readonly=bool(view.readonly),
+        view=view,
     )

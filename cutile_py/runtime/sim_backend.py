@@ -30,6 +30,7 @@ from cutile_py.runtime.backend import (
     LoadedKernel,
     ParamValue,
     RuntimeFailure,
+    Touch,
 )
 from cutile_py.sim.context import SimError
 from cutile_py.sim.executor import Options, Stats, check_launch, run
@@ -147,6 +148,7 @@ class SimBackend(Backend):
         shared_mem: int,
         params: Sequence[ParamValue],
         stream: object | None = None,
+        touches: Sequence[Touch] | None = None,
     ) -> Completion:
         # Every launch runs to the end here, so streams need no ordering.
         if not isinstance(kernel, SimKernel):

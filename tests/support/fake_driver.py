@@ -4,6 +4,7 @@ backend's wiring (which calls, with what, how results and logs are read) checked
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import numpy as np
 
@@ -52,6 +53,13 @@ DONE:
 """
 
 
+class Handle(str):
+    """A stream or event handle: named for the tests' checks, an integer like the bindings'."""
+
+    def __int__(self) -> int:
+        return 0x10000 + sum(self.encode())
+
+
 class FakeDriver:
     """Host memory behind the bindings' call shapes; runs `vadd` in NumPy, faults on `trapper`.
 
@@ -69,6 +77,19 @@ class FakeDriver:
         self.calls: list[str] = []
         self.functions: dict[int, str] = {}
         self.max_shared: dict[int, int] = {}
+        self.shared_optin = 227 * 1024  # an H200's opt-in shared memory per block
+        #: A stream capture in progress, and whether an unsafe call has invalidated it.
+        self.in_capture = False
+        self.capture_invalidated = False
+        #: Called at each launch recorded by a capture (a test drops references there).
+        self.on_captured_launch: Callable[[], None] = lambda: None
+        #: The device's clock (ms): a launch runs `kernel_ms`; a host wait (stream or event
+        #: synchronize) leaves the device idle for `host_ms` before the next call reaches it.
+        self.clock = 0.0
+        self.kernel_ms = 0.0
+        self.host_ms = 0.0
+        self.stamps: dict[object, float] = {}
+        self.events = 0
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.real, name)  # enums
@@ -96,6 +117,11 @@ class FakeDriver:
 
     def cuDeviceGetAttribute(self, attr: object, dev: int) -> tuple[object, ...]:
         major = attr == self.real.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+        if (
+            attr
+            == self.real.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        ):
+            return self._ok("cuDeviceGetAttribute", self.shared_optin)
         return self._ok("cuDeviceGetAttribute", 9 if major else 0)
 
     def cuDeviceGetName(self, length: int, dev: int) -> tuple[object, ...]:
@@ -103,10 +129,11 @@ class FakeDriver:
 
     def cuStreamCreate(self, flags: int) -> tuple[object, ...]:
         assert flags == int(self.real.CUstream_flags.CU_STREAM_NON_BLOCKING)
-        return self._ok("cuStreamCreate", "stream")
+        return self._ok("cuStreamCreate", Handle("stream"))
 
     def cuStreamSynchronize(self, stream: object) -> tuple[object, ...]:
         assert stream == "stream"
+        self.clock += self.host_ms
         return self._ok("cuStreamSynchronize")
 
     def cuMemAlloc(self, nbytes: int) -> tuple[object, ...]:
@@ -116,8 +143,32 @@ class FakeDriver:
         return self._ok("cuMemAlloc", self.real.CUdeviceptr(address))
 
     def cuMemFree(self, address: int) -> tuple[object, ...]:
+        if self.in_capture:  # not permitted during a capture: it invalidates the capture
+            self.capture_invalidated = True
+            return (self.real.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
         del self.memory[address]
         return self._ok("cuMemFree")
+
+    def cuStreamBeginCapture(self, stream: object, mode: object) -> tuple[object, ...]:
+        self.in_capture, self.capture_invalidated = True, False
+        return self._ok("cuStreamBeginCapture")
+
+    def cuStreamEndCapture(self, stream: object) -> tuple[object, ...]:
+        self.in_capture = False
+        if self.capture_invalidated:
+            return (self.real.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, None)
+        return self._ok("cuStreamEndCapture", Handle("graph"))
+
+    def cuGraphInstantiate(self, graph: object, flags: int) -> tuple[object, ...]:
+        return self._ok("cuGraphInstantiate", Handle("graph exec"))
+
+    def cuGraphDestroy(self, graph: object) -> tuple[object, ...]:
+        return self._ok("cuGraphDestroy")
+
+    cuGraphExecDestroy = cuGraphDestroy
+
+    def cuGraphLaunch(self, graph: object, stream: object) -> tuple[object, ...]:
+        return self._ok("cuGraphLaunch")  # runs nothing: the launches were not kept
 
     def cuMemcpyHtoDAsync(self, dst: int, src: int, n: int, stream: object) -> tuple[object, ...]:
         ctypes.memmove(self.memory[dst], src, n)
@@ -179,6 +230,10 @@ class FakeDriver:
         assert isinstance(shared, int) and shared <= self.max_shared[fn]
         assert stream == "stream" and extra == 0
         result = self._ok("cuLaunchKernel")
+        if self.in_capture:  # recorded, not run
+            self.on_captured_launch()
+            return result
+        self.clock += self.kernel_ms
         if self.functions[fn] == "trapper":
             assert kernel_params is None
             self.sticky = 719  # reported by later calls, like a real fault
@@ -197,13 +252,22 @@ class FakeDriver:
         return result
 
     def cuEventCreate(self, flags: int) -> tuple[object, ...]:
-        return self._ok("cuEventCreate", "event")
+        self.events += 1
+        return self._ok("cuEventCreate", Handle(f"event{self.events}"))
 
     def cuEventRecord(self, event: object, stream: object) -> tuple[object, ...]:
+        self.stamps[event] = self.clock
         return (self.real.CUresult.CUDA_SUCCESS,)  # the fault shows at the event, not here
 
-    cuEventSynchronize = cuEventQuery = cuEventDestroy = cuStreamDestroy = lambda self, handle: (
-        self._ok("event or stream")
+    def cuEventSynchronize(self, event: object) -> tuple[object, ...]:
+        self.clock += self.host_ms
+        return self._ok("cuEventSynchronize")
+
+    def cuEventElapsedTime(self, start: object, end: object) -> tuple[object, ...]:
+        return self._ok("cuEventElapsedTime", self.stamps[end] - self.stamps[start])
+
+    cuEventQuery = cuEventDestroy = cuStreamDestroy = lambda self, handle: self._ok(
+        "event or stream"
     )
 
 
@@ -219,7 +283,7 @@ class StreamDriver(FakeDriver):
 
     def cuStreamCreate(self, flags: int) -> tuple[object, ...]:
         self.streams += 1
-        name = "stream" if self.streams == 1 else f"s{self.streams}"
+        name = Handle("stream" if self.streams == 1 else f"s{self.streams}")
         return self._ok("cuStreamCreate", name)
 
     def cuStreamSynchronize(self, stream: object) -> tuple[object, ...]:

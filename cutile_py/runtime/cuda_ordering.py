@@ -1,0 +1,120 @@
+"""Ordering device work across streams by what it touches.
+
+Each piece of device work not yet known to have finished is kept as pending accesses: a byte
+range it reads or writes, the stream it is queued on, and an event recorded after it there. A
+launch on another stream waits only for the pending accesses it conflicts with: those that
+write what it reads, and those that read or write what it writes. Work on the same stream is
+ordered by the stream itself. Accesses are dropped once their work is known to be over (its
+completion waited for, its stream synchronized, or its event found done).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from cutile_py.runtime import cuda_driver as cu
+from cutile_py.runtime.backend import Touch
+
+
+@dataclass(frozen=True, eq=False)
+class _Access:
+    lo: int
+    hi: int
+    writes: bool
+    stream: cu.Stream
+    event: cu.Event
+    #: The completion whose event `event` is; None for an event of this module's pool.
+    owner: object | None
+
+
+class StreamOrdering:
+    """Pending accesses of one backend's device work (thread-safe)."""
+
+    #: Past this many pending accesses, those whose events are done are dropped.
+    PRUNE_AT = 256
+
+    def __init__(self) -> None:
+        self._pending: list[_Access] = []
+        self._spare: list[cu.Event] = []
+        self._lock = threading.Lock()
+
+    @property
+    def pending(self) -> int:
+        """How many accesses are pending."""
+        return len(self._pending)
+
+    def order(self, stream: cu.Stream, touches: Sequence[Touch] | None) -> int:
+        """Make `stream` wait for the pending work of other streams that `touches` conflicts
+        with (None: that touches anything, so all of it). Returns how many waits it queued."""
+        if not self._pending:
+            return 0
+        events: list[cu.Event] = []
+        with self._lock:
+            for a in self._pending:
+                if a.stream is stream or any(e is a.event for e in events):
+                    continue
+                if touches is None or any(
+                    lo < a.hi and a.lo < lo + n and (writes or a.writes)
+                    for lo, n, writes in touches
+                ):
+                    events.append(a.event)
+        for event in events:
+            cu.stream_wait_event(stream, event)
+        return len(events)
+
+    def record(
+        self,
+        stream: cu.Stream,
+        touches: Sequence[Touch],
+        event: cu.Event | None = None,
+        owner: object | None = None,
+    ) -> None:
+        """Note `touches` as work just queued on `stream`: its end is `event` (recorded by the
+        caller after it, and kept alive by `owner`), or an event recorded here now."""
+        touches = [t for t in touches if t[1] > 0]
+        if not touches:
+            return
+        if event is None:
+            with self._lock:
+                event = self._spare.pop() if self._spare else None
+            if event is None:
+                event = cu.event_create()
+            cu.event_record(event, stream)
+        accesses = [_Access(lo, lo + n, w, stream, event, owner) for lo, n, w in touches]
+        with self._lock:
+            self._pending.extend(accesses)
+            crowded = len(self._pending) > self.PRUNE_AT
+        if crowded:
+            self._drop(lambda a: _finished(a.event))
+
+    def finished(self, owner: object) -> None:
+        """The work of the completion `owner` is over."""
+        if self._pending:
+            self._drop(lambda a: a.owner is owner)
+
+    def stream_idle(self, stream: cu.Stream) -> None:
+        """Everything queued on `stream` so far is over (it was synchronized)."""
+        if self._pending:
+            self._drop(lambda a: a.stream is stream)
+
+    def _drop(self, over: Callable[[_Access], bool]) -> None:
+        with self._lock:
+            kept = [a for a in self._pending if not over(a)]
+            if len(kept) == len(self._pending):
+                return
+            dropped = {id(a.event): a.event for a in self._pending if a.owner is None}
+            for a in kept:
+                dropped.pop(id(a.event), None)
+            self._pending = kept
+            # A stream that waited on one of these events took its state at that call, so
+            # recording it again later changes nothing for that stream.
+            self._spare.extend(dropped.values())
+
+
+def _finished(event: cu.Event) -> bool:
+    try:
+        return cu.event_query(event)
+    except cu.CudaDriverError:
+        return True  # finished, by failing; the work's own completion reports it
