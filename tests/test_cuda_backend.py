@@ -722,3 +722,35 @@ def test_stream_ordering_follows_reads_and_writes(
     writer.wait()  # over: nothing waits for it any more
     _, waited = launch(s2, [c], [])
     assert writer._event.raw not in waited
+
+
+def test_awaited_launches_reuse_pooled_events(streams: tuple[StreamDriver, CudaBackend]) -> None:
+    """An awaited op's completion event goes back to a pool when the op is done: a loop of
+    awaited launches creates a handful of events, not one per launch, and a completion known
+    to have passed is not asked again."""
+    import asyncio
+    import gc
+
+    fake, _ = streams
+    vadd = ct.RawKernel(vector_add_ptx(Target(90)), "vadd")
+    n = 256
+    rng = np.random.default_rng()
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    x, y, z = ct.from_numpy(a), ct.from_numpy(b), ct.empty((n,), ct.f32)
+
+    async def loop() -> None:
+        nonlocal x, y, z
+        for _ in range(50):
+            x, y, z, _n = await vadd(x, y, z, n, grid=2, block=128)
+
+    gc.collect()
+    before = fake.events
+    asyncio.run(loop())
+    assert fake.events - before <= 4  # (was 50: one created and destroyed per launch)
+    np.testing.assert_array_equal(z.to_numpy(), a + b)
+    syncs = fake.calls.count("cuEventSynchronize")
+    op = vadd(x, y, z, n, grid=2, block=128)
+    op._launch()
+    assert op._completion is not None and op._completion.done()
+    op.sync()
+    assert fake.calls.count("cuEventSynchronize") == syncs  # done() said it had passed

@@ -488,6 +488,36 @@ def test_cuda_graph_capture_on_a_stand_in_driver(monkeypatch: pytest.MonkeyPatch
     assert fake.destroyed == ["graph", "exec"]
 
 
+def test_a_synchronous_replay_on_cuda_waits_on_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`g.replay()` is one cuGraphLaunch and one stream synchronize: no completion event; a
+    fault on the device is a LaunchError saying so."""
+    pytest.importorskip("cuda.bindings")
+    from cutile_py.ptx.target import Target
+    from cutile_py.runtime import select
+    from cutile_py.runtime.cuda_backend import CudaBackend
+
+    fake = _graph_driver(StreamDriver())
+    monkeypatch.setattr(cu, "_cu", lambda: fake)
+    monkeypatch.setitem(select._instances, "cuda", CudaBackend())
+    monkeypatch.setattr(select, "_active", "cuda")
+    n = 256
+    rng = np.random.default_rng()
+    a, b = _vec(rng, n), _vec(rng, n)
+    x, y, z = ct.from_numpy(a), ct.from_numpy(b), ct.empty((n,), ct.f32)
+    vadd = ct.RawKernel(vector_add_ptx(Target(90)), "vadd")
+    g = ct.graph(vadd(x, y, z, n, grid=2, block=128))
+    events, syncs = fake.events, fake.calls.count("cuStreamSynchronize")
+    for _ in range(3):
+        g.replay()
+    assert fake.replays == 3 and fake.events == events
+    assert fake.calls.count("cuStreamSynchronize") == syncs + 3
+    np.testing.assert_array_equal(g.read(z), a + b)
+    fake.sticky = 719  # CUDA_ERROR_LAUNCH_FAILED, as a faulting kernel leaves the context
+    with pytest.raises(ct.LaunchError, match="failed on the device"):
+        g.replay()
+    fake.sticky = 0
+
+
 def _graph_driver(base: Any) -> Any:
     """Adds stream capture to the stand-in: captured launches run on cuGraphLaunch."""
 

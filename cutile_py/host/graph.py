@@ -48,6 +48,7 @@ from cutile_py.runtime.backend import (
     Completion,
     Finished,
     GraphExec,
+    LaunchFailure,
     RuntimeFailure,
 )
 
@@ -246,7 +247,15 @@ class Graph:
         """Run the captured launches, in order, and wait for them."""
         self._check_live("replay the graph")
         handle = None if stream is None else as_stream(stream, self.backend).handle
-        self._complete(self._launch(handle))
+        if self.backend.executes_on_host:
+            self._complete(self._launch(handle))
+            return
+        try:  # on the device: wait on the stream, with no completion event
+            self._exec.launch_and_wait(handle)
+        except LaunchFailure as e:
+            raise LaunchError(f"{self.describe()} failed on the device: {e}") from e
+        except RuntimeFailure as e:
+            raise LaunchError(f"{self.describe()}: replay failed to launch: {e}") from e
 
     async def replay_async(self) -> None:
         """Like `replay()`, without blocking the event loop. Cancelling the awaiting task waits

@@ -146,6 +146,10 @@ class GraphExec(ABC):
     def launch(self, stream: object | None = None) -> Completion:
         """Queue one replay on `stream` (None: the backend's default). One at a time."""
 
+    def launch_and_wait(self, stream: object | None = None) -> None:
+        """Replay and wait (needs no completion object); a fault raises `LaunchFailure`."""
+        self.launch(stream).wait()
+
     def destroy(self) -> None:
         """Free what the backend made for the graph (no replay may still be running)."""
         return None

@@ -177,32 +177,47 @@ class CudaKernel(LoadedKernel):
 
 
 class CudaCompletion(Completion):
-    """An event recorded after a launch on the backend stream."""
+    """An event (from the backend's pool, given back when this is collected) recorded after a
+    launch; once it is known to have passed, neither `done` nor `wait` calls the driver."""
 
     def __init__(self, backend: CudaBackend, event: cu.Event, kernel_name: str) -> None:
         self._backend = backend
         self._event = event
         self.kernel_name = kernel_name
-        weakref.finalize(self, _destroy_event, backend.context, event).atexit = False
+        self._passed = False
 
     def done(self) -> bool:
+        if self._passed:
+            return True
         self._backend.activate()
         try:
             finished = cu.event_query(self._event)
         except cu.CudaDriverError:
             finished = True  # by failing; wait() reports it
+        else:
+            self._passed = finished
         if finished:
             self._backend._ordering.finished(self)
         return finished
 
     def wait(self) -> None:
+        if self._passed:
+            return
         self._backend.activate()
         try:
             cu.event_synchronize(self._event)
         except cu.CudaDriverError as e:
             raise LaunchFailure(f"kernel {self.kernel_name!r} failed on the device: {e}") from e
+        else:
+            self._passed = True
         finally:
             self._backend._ordering.finished(self)
+
+    def __del__(self) -> None:
+        # Nothing waits on the event any more (pending ordering entries keep this object
+        # alive), so another launch may record it: re-recording is legal whether or not the
+        # work it marked has finished.
+        self._backend._events.append(self._event)
 
 
 class LaunchTimes:
@@ -319,19 +334,19 @@ class CudaPreparedLaunch(PreparedLaunch):
         backend = self._backend
         dev = backend.activate()
         try:
-            # Made before the launch, so that a fault of this kernel cannot surface here.
-            event = cu.event_create()
+            # Taken before the launch, so that a fault of this kernel cannot surface here.
+            event = backend._take_event()
         except cu.CudaDriverError as e:
             raise backend._failure(self._what, e) from e
         try:
             on = self._queue(dev, values, stream, touches)
         except BaseException:
-            _destroy_event(dev.ctx, event)
+            backend._events.append(event)
             raise
         try:
             cu.event_record(event, on)
         except cu.CudaDriverError as e:
-            _destroy_event(dev.ctx, event)
+            backend._events.append(event)
             if e.is_device_fault:
                 raise LaunchFailure(
                     f"kernel {self._kernel.name!r} (or work queued before it) failed on the "
@@ -370,29 +385,49 @@ class CudaGraph(GraphExec):
         self._finalizer = weakref.finalize(self, _destroy_graph_exec, backend.context, graph)
         self._finalizer.atexit = False
 
-    def launch(self, stream: object | None = None) -> Completion:
+    def _queue(self, stream: object | None) -> cu.Stream:
+        """Queue one replay (on the backend stream, or `stream`); the stream it went to."""
         backend = self._backend
         dev = backend.activate()
         on = stream if isinstance(stream, cu.Stream) else dev.stream
-        what = f"replaying the graph of {self.names}"
         try:
             if on is not dev.stream:
                 backend._order_after_default(dev, on)  # uploads of g.update() come first
-            event = cu.event_create()
-        except cu.CudaDriverError as e:
-            raise backend._failure(what, e) from e
-        try:
             timer: LaunchTimes | None = getattr(backend._thread, "timer", None)
             if timer is not None:
                 timer.begin(on)
             cu.graph_launch(self._graph, on)
             if timer is not None:
                 timer.end(on)
+        except cu.CudaDriverError as e:
+            raise backend._failure(f"replaying the graph of {self.names}", e) from e
+        return on
+
+    def launch(self, stream: object | None = None) -> Completion:
+        backend = self._backend
+        try:
+            event = backend._take_event()
+        except cu.CudaDriverError as e:
+            raise backend._failure(f"replaying the graph of {self.names}", e) from e
+        try:
+            on = self._queue(stream)
             cu.event_record(event, on)
         except cu.CudaDriverError as e:
-            _destroy_event(dev.ctx, event)
-            raise backend._failure(what, e) from e
+            backend._events.append(event)
+            raise backend._failure(f"replaying the graph of {self.names}", e) from e
+        except BaseException:
+            backend._events.append(event)
+            raise
         return CudaCompletion(backend, event, f"graph of {self.names}")
+
+    def launch_and_wait(self, stream: object | None = None) -> None:
+        on = self._queue(stream)
+        try:
+            cu.stream_synchronize(on)
+        except cu.CudaDriverError as e:
+            raise LaunchFailure(f"graph of {self.names} failed on the device: {e}") from e
+        finally:
+            self._backend._ordering.stream_idle(on)
 
     def destroy(self) -> None:
         self._finalizer()
@@ -424,6 +459,8 @@ class CudaBackend(Backend):
         # while the backend lives, so work still queued on them runs to the end).
         self._stream_pool: list[cu.Stream] = []
         self._fence: cu.Event | None = None
+        #: Completion events to record again (made on demand, kept while the backend lives).
+        self._events: list[cu.Event] = []
         #: Pending device work by the memory it touches, for ordering across streams.
         self._ordering = StreamOrdering()
 
@@ -606,6 +643,13 @@ class CudaBackend(Backend):
         if touches is None and stream is not dev.stream:
             self._order_after_default(dev, stream)
         self._ordering.order(stream, touches)
+
+    def _take_event(self) -> cu.Event:
+        """An event to record after a launch: a pooled one, or a new one."""
+        try:
+            return self._events.pop()  # atomic: threads may launch at once
+        except IndexError:
+            return cu.event_create()
 
     def _order_after_default(self, dev: _Device, stream: cu.Stream) -> None:
         """Make `stream` wait for the work on the backend stream (uploads, earlier launches)."""
