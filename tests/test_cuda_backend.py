@@ -666,6 +666,7 @@ def test_a_launch_on_a_stream_waits_only_for_what_it_uses(
     streams: tuple[StreamDriver, CudaBackend],
 ) -> None:
     fake, _ = streams
+    fake.slow_events = True  # the uploads are still in flight when the launches come
     vadd = ct.RawKernel(vector_add_ptx(Target(90)), "vadd")
     n = 384
     rng = np.random.default_rng()
@@ -697,6 +698,7 @@ def test_stream_ordering_follows_reads_and_writes(
 ) -> None:
     fake, backend = streams
     kernel = backend.load_kernel(vector_add_ptx(Target(90)), "vadd")
+    fake.slow_events = True  # each launch stays in flight until waited for
     n = 256
     bufs = [backend.alloc(4 * n) for _ in range(4)]
     backend.synchronize()
@@ -754,3 +756,20 @@ def test_awaited_launches_reuse_pooled_events(streams: tuple[StreamDriver, CudaB
     assert op._completion is not None and op._completion.done()
     op.sync()
     assert fake.calls.count("cuEventSynchronize") == syncs  # done() said it had passed
+
+
+def test_finished_work_is_dropped_not_waited_for(streams: tuple[StreamDriver, CudaBackend]) -> None:
+    """Uploads the device has finished are found so by one query and forgotten: the launches
+    on other streams that follow queue no waits for them, then or later."""
+    fake, backend = streams
+    vadd = ct.RawKernel(vector_add_ptx(Target(90)), "vadd")
+    n = 128
+    rng = np.random.default_rng()
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    x, y, z = ct.from_numpy(a), ct.from_numpy(b), ct.empty((n,), ct.f32)
+    assert backend._ordering.pending == 2  # the uploads, on the backend stream
+    s = ct.Stream()
+    for _ in range(3):
+        vadd(x, y, z, n, grid=1, block=128).sync_on(s)
+    assert fake.waits == [] and backend._ordering.pending == 0
+    np.testing.assert_array_equal(z.to_numpy(), a + b)

@@ -47,22 +47,30 @@ class StreamOrdering:
 
     def order(self, stream: cu.Stream, touches: Sequence[Touch] | None) -> int:
         """Make `stream` wait for the pending work of other streams that `touches` conflicts
-        with (None: that touches anything, so all of it). Returns how many waits it queued."""
+        with (None: that touches anything, so all of it). Work found finished is dropped
+        instead of waited for (an upload long done costs one query, once, not a wait at every
+        later launch). Returns how many waits it queued."""
         if not self._pending:
             return 0
-        events: list[cu.Event] = []
+        events: dict[int, cu.Event] = {}
         with self._lock:
             for a in self._pending:
-                if a.stream is stream or any(e is a.event for e in events):
+                if a.stream is stream or id(a.event) in events:
                     continue
                 if touches is None or any(
                     lo < a.hi and a.lo < lo + n and (writes or a.writes)
                     for lo, n, writes in touches
                 ):
-                    events.append(a.event)
-        for event in events:
-            cu.stream_wait_event(stream, event)
-        return len(events)
+                    events[id(a.event)] = a.event
+        passed: set[int] = set()
+        for key, event in events.items():
+            if _finished(event):
+                passed.add(key)
+            else:
+                cu.stream_wait_event(stream, event)
+        if passed:
+            self._drop(lambda a: id(a.event) in passed)
+        return len(events) - len(passed)
 
     def record(
         self,

@@ -280,6 +280,20 @@ class StreamDriver(FakeDriver):
         self.launched_on: list[object] = []
         self.waits: list[tuple[object, object]] = []
         self.recorded: list[object] = []
+        #: When set, a recorded event reports "not ready" to queries until a synchronize (of
+        #: it, or of any stream) says the device caught up: work stays in flight meanwhile.
+        self.slow_events = False
+        self._unfinished: set[object] = set()
+
+    def cuEventQuery(self, event: object) -> tuple[object, ...]:
+        if self.slow_events and event in self._unfinished:
+            self.calls.append("cuEventQuery")
+            return (self.real.CUresult.CUDA_ERROR_NOT_READY,)
+        return self._ok("event or stream")
+
+    def cuEventSynchronize(self, event: object) -> tuple[object, ...]:
+        self._unfinished.discard(event)
+        return super().cuEventSynchronize(event)
 
     def cuStreamCreate(self, flags: int) -> tuple[object, ...]:
         self.streams += 1
@@ -287,6 +301,7 @@ class StreamDriver(FakeDriver):
         return self._ok("cuStreamCreate", name)
 
     def cuStreamSynchronize(self, stream: object) -> tuple[object, ...]:
+        self._unfinished.clear()  # (the stand-in runs one queue: everything is over)
         return self._ok("cuStreamSynchronize")
 
     def cuStreamWaitEvent(self, stream: object, event: object, flags: int) -> tuple[object, ...]:
@@ -295,6 +310,7 @@ class StreamDriver(FakeDriver):
 
     def cuEventRecord(self, event: object, stream: object) -> tuple[object, ...]:
         self.recorded.append(stream)
+        self._unfinished.add(event)
         return super().cuEventRecord(event, stream)
 
     def cuLaunchKernel(self, fn: int, *args: object) -> tuple[object, ...]:
