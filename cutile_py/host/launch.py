@@ -50,10 +50,11 @@ class ParamReader:
         out: list[Touch] = []
         for arg in self._pointers:
             a = args[arg]
-            if isinstance(a, Partition):
-                out.append((a.tensor.buffer.address, a.tensor.nbytes, True))
+            if type(a) is Partition:
+                t = a._tensor
+                out.append((t._address, t._nbytes, True))
             else:
-                out.append((a.buffer.address, a.nbytes, False))
+                out.append((a._address, a._nbytes, False))
         return out
 
 
