@@ -400,6 +400,7 @@ def test_cuda_streams_on_a_stand_in_driver(monkeypatch: pytest.MonkeyPatch) -> N
     from cutile_py.runtime.cuda_backend import CudaBackend
 
     fake = StreamDriver()
+    fake.slow_events = True  # the uploads are still in flight at the launch
     monkeypatch.setattr(cu, "_cu", lambda: fake)
     backend = CudaBackend()
     n = 256
