@@ -17,7 +17,15 @@ from cutile_py.host.errors import BorrowError, MovedError
 from cutile_py.host.tensor import Partition, Tensor, take_hold
 from cutile_py.ptx.ast import Param
 from cutile_py.ptx.parser import parse
-from cutile_py.runtime.backend import Backend, Completion, KernelLaunch, ParamValue
+from cutile_py.runtime.backend import (
+    Backend,
+    Completion,
+    Finished,
+    KernelLaunch,
+    LaunchFailure,
+    ParamValue,
+    PreparedLaunch,
+)
 from cutile_py.runtime.select import active_backend
 
 _INTS = {f"{k}{w}": (k, w) for k in "usb" for w in (8, 16, 32, 64)}
@@ -46,6 +54,25 @@ class RawKernel:
         self.ptx = ptx_text
         self.name = name
         self.params: tuple[Param, ...] = tuple(fn.params)
+        #: Launches prepared on a backend, by (backend, grid, block, dynamic shared memory).
+        self._prepared: dict[tuple[object, tuple[int, ...], tuple[int, ...], int], Any] = {}
+
+    def prepared(
+        self,
+        backend: Backend,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+    ) -> PreparedLaunch:
+        """This entry ready to launch on `backend` with that shape, made once (the launch path
+        every kernel takes)."""
+        key = (backend, grid, block, shared_mem)
+        launch: PreparedLaunch | None = self._prepared.get(key)
+        if launch is None:
+            kernel = backend.load_kernel(self.ptx, self.name)
+            ptypes = [p.ptype for p in self.params]
+            launch = self._prepared[key] = backend.prepare(kernel, grid, block, shared_mem, ptypes)
+        return launch
 
     def __call__(
         self,
@@ -152,12 +179,18 @@ class RawKernelOp(DeviceOp):
         )
 
     def _start(self, stream: object | None = None, wait: bool = False) -> Completion:
-        k = self._kernel_launch()
+        g = self.grid
+        launch = self.raw.prepared(self.backend, (g[0], g[1], g[2]), self.block, self.shared_mem)
+        values = [v.value for v in self.values]
         # Hand-written PTX may write any tensor it is given.
-        touches = [(a.buffer.address, a.nbytes, True) for a in self.args if isinstance(a, Tensor)]
-        return self.backend.launch(
-            k.kernel, k.grid, k.block, k.shared_mem, k.params, stream, touches
-        )
+        touches = [(a._address, a._nbytes, True) for a in self.args if type(a) is Tensor]
+        if not wait:
+            return launch.launch(values, stream, touches)
+        try:
+            launch.launch_and_wait(values, stream, touches)
+        except LaunchFailure as e:
+            return Finished(e)  # a fault on the device: `_complete` reports it
+        return Finished()
 
     def param_names(self) -> list[str]:
         return [p.name for p in self.raw.params]
