@@ -21,19 +21,15 @@ scalar ops of the body that compute it with the induction variable advanced.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import bf16, f16, f32
 from cutile_py.lower import emit_mma
+from cutile_py.lower.context import EmitContext, LoweringError
 from cutile_py.lower.emit_memory import Access
-from cutile_py.lower.emit_ptx import LoweringError
-from cutile_py.lower.emit_shared import _barrier, _smem
+from cutile_py.lower.fragments import SHARED_LIMIT, SharedTile, round_region
 from cutile_py.lower.layout import Layout, canonical_blocked, walk
 from cutile_py.ptx.builder import Addr, Reg
-
-if TYPE_CHECKING:
-    from cutile_py.lower.emit_ptx import Emitter
 
 #: Stages when the kernel does not say: as many as fit in 48 KiB, at most this many.
 DEFAULT_STAGES = 3
@@ -59,14 +55,14 @@ class StagedLoad:
     chain: list[o.Op]  # the load, then the reshapes and transposes down to the operand
     operand: o.Value  # what the mma takes
     k_rows: bool  # the tile's rows run along K (an A stored (K, M), a B stored (K, N))
-    tile: emit_mma.SharedTile  # in stage 0; stage s is `s * stage_bytes` further
+    tile: SharedTile  # in stage 0; stage s is `s * stage_bytes` further
     copy: Layout  # how the block's threads split the copy
     index_ops: list[o.Op]  # the body's ops that compute the load's index, in order
 
 
 @dataclass
 class LoopPipeline:
-    em: Emitter
+    em: EmitContext
     loop: o.ForOp
     #: Carried position → the mma whose accumulator it is (held as fragments).
     carried: dict[int, o.MmaOp]
@@ -114,13 +110,13 @@ class LoopPipeline:
         fb = self.em.fb
         assert self.write is not None
         if self.stages == 1:
-            _barrier(self.em)  # every warp is done with the previous iteration's tiles
+            self.em.barrier()  # every warp is done with the previous iteration's tiles
             self._issue(0, self.write)
             fb.ins("cp.async.wait_group", 0)
-            _barrier(self.em)
+            self.em.barrier()
         else:
             fb.ins("cp.async.wait_group", self.stages - 2)
-            _barrier(self.em)
+            self.em.barrier()
             self._issue(self.stages - 1, self.write)
 
     def bottom(self) -> None:
@@ -136,7 +132,7 @@ class LoopPipeline:
         if not self.loads:
             return
         self.em.fb.ins("cp.async.wait_all")
-        _barrier(self.em)
+        self.em.barrier()
         self.em.scratch_floor, self.em.scratch = self.outer_scratch
 
     # -- internals ------------------------------------------------------------------------
@@ -165,14 +161,14 @@ class LoopPipeline:
         fb.ins("cp.async.commit_group")
 
 
-def _index_at(em: Emitter, loop: o.ForOp, sl: StagedLoad, iv: Reg) -> list[Reg]:
+def _index_at(em: EmitContext, loop: o.ForOp, sl: StagedLoad, iv: Reg) -> list[Reg]:
     """The load's index registers with the induction variable at `iv`: its index ops
     emitted again, the body's own definitions restored afterwards."""
     touched = [loop.body.args[0], *(op.result for op in sl.index_ops)]
     saved = {id(v): em.values.get(id(v)) for v in touched}
     em.define(loop.body.args[0], [iv])
     for op in sl.index_ops:
-        em.op(op)
+        em.emit_op(op)
     index = [em.regs(v)[0] for v in sl.load.operands]
     for v in touched:
         old = saved[id(v)]
@@ -183,7 +179,7 @@ def _index_at(em: Emitter, loop: o.ForOp, sl: StagedLoad, iv: Reg) -> list[Reg]:
     return index
 
 
-def _copy(em: Emitter, sl: StagedLoad, index: list[Reg], base: Reg) -> None:
+def _copy(em: EmitContext, sl: StagedLoad, index: list[Reg], base: Reg) -> None:
     """One tile: each thread copies its chunks, zero-filling those past the tensor's edge."""
     fb = em.fb
     load = sl.load
@@ -210,7 +206,7 @@ def _copy(em: Emitter, sl: StagedLoad, index: list[Reg], base: Reg) -> None:
 
 
 # -- planning ----------------------------------------------------------------------------
-def plan_loop(em: Emitter, loop: o.ForOp) -> LoopPipeline | None:
+def plan_loop(em: EmitContext, loop: o.ForOp) -> LoopPipeline | None:
     """What of `loop` runs as a tensor-core loop; None if its body has no top-level mma."""
     body = loop.body.ops
     mmas = [op for op in body if isinstance(op, o.MmaOp)]
@@ -257,7 +253,7 @@ def _uses(kernel: o.Kernel) -> dict[int, list[o.Op]]:
 
 
 def _staged_load(
-    em: Emitter, loop: o.ForOp, mma: o.MmaOp, which: int, uses: dict[int, list[o.Op]]
+    em: EmitContext, loop: o.ForOp, mma: o.MmaOp, which: int, uses: dict[int, list[o.Op]]
 ) -> StagedLoad | None:
     """Operand `which` of `mma` as a staged load, if it is one the pipeline can take: a
     load in the loop body of a read-only tensor, reshaped (unit dims only) or transposed
@@ -317,7 +313,7 @@ def _staged_load(
     if base.vec != width:
         return None
     copy = Layout(base, tuple(None if s == 1 else big.index(i) for i, s in enumerate(shape)))
-    tile = emit_mma.SharedTile(0, rows, cols, eb, True, xor_step=2 if k_rows and dt is f32 else 1)
+    tile = SharedTile(0, rows, cols, eb, True, xor_step=2 if k_rows and dt is f32 else 1)
     chain.reverse()
     return StagedLoad(load, chain, mma.operands[which], k_rows, tile, copy, index_ops)
 
@@ -348,7 +344,7 @@ def _index_ops(loop: o.ForOp, load: o.LoadOp, producers: dict[int, o.Op]) -> lis
 
 
 def _place(
-    em: Emitter,
+    em: EmitContext,
     loop: o.ForOp,
     carried: dict[int, o.MmaOp],
     loads: list[StagedLoad],
@@ -359,7 +355,7 @@ def _place(
     placed = []
     for sl in loads:
         placed.append(replace(sl, tile=replace(sl.tile, offset=stage_bytes)))
-        stage_bytes += emit_mma.round_region(sl.tile.nbytes)
+        stage_bytes += round_region(sl.tile.nbytes)
     staged = {id(sl.operand) for sl in placed}
     # Operands the mmas store from registers themselves (a padded load, say) each need
     # a tile of their own after the stages.
@@ -368,7 +364,7 @@ def _place(
         for v in mma.operands[:2]:
             if id(v) not in staged:
                 rows, cols = v.type.shape
-                reg_bytes += emit_mma.round_region(rows * cols * v.type.dtype.itemsize())
+                reg_bytes += round_region(rows * cols * v.type.dtype.itemsize())
 
     ring = em.scratch_floor
 
@@ -388,7 +384,7 @@ def _place(
             )
     else:
         stages = max(
-            (s for s in range(1, DEFAULT_STAGES + 1) if need(s) <= emit_mma.SHARED_LIMIT),
+            (s for s in range(1, DEFAULT_STAGES + 1) if need(s) <= SHARED_LIMIT),
             default=1,
         )
         if need(stages) > em.max_shared:
@@ -397,7 +393,7 @@ def _place(
                 f"{need(stages)} bytes of shared memory, more than the {em.max_shared} bytes "
                 "a block may have on this target; use smaller tiles"
             )
-    _smem(em, stages * stage_bytes)  # the ring; the body's scratch comes after it
+    em.shared_scratch(stages * stage_bytes)  # the ring; the body's scratch comes after it
     for sl in placed:
         em.skipped.update(id(op) for op in sl.chain)
         em.base_regs(sl.copy.base)  # before the loop: the prologue and the body use it
@@ -405,13 +401,13 @@ def _place(
 
 
 # -- accumulators in and out of fragment form -------------------------------------------
-def fragments_of(em: Emitter, mma: o.MmaOp, init: o.Value) -> list[Reg]:
+def fragments_of(em: EmitContext, mma: o.MmaOp, init: o.Value) -> list[Reg]:
     """The loop's initial accumulator `init` as `mma`'s fragments, flattened."""
     frags = emit_mma.acc_fragments(em, mma, init)
     return [x for row in frags for c in row for x in c]
 
 
-def blocked_of(em: Emitter, mma: o.MmaOp, arg: o.Value, result: o.Value) -> list[Reg]:
+def blocked_of(em: EmitContext, mma: o.MmaOp, arg: o.Value, result: o.Value) -> list[Reg]:
     """The carried accumulator (fragments in `arg`'s registers) in `result`'s layout."""
     s = emit_mma.setup(em, mma)
     frags = emit_mma.acc_fragments(em, mma, arg)
