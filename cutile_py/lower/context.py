@@ -13,6 +13,7 @@ from cutile_py.lower.fragments import Setup, SharedTile
 from cutile_py.lower.isel import FLOAT_NAME, REG_CLASS
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan
 from cutile_py.ptx.builder import FunctionBuilder, Reg
+from cutile_py.ptx.target import Target
 
 #: Threads per warp.
 WARP = 32
@@ -53,13 +54,12 @@ class EmitContext:
     kernel: o.Kernel
     plan: LayoutPlan
     fb: FunctionBuilder
+    target: Target
     values: dict[int, list[Reg]] = field(default_factory=dict)
     tensors: dict[int, TensorRegs] = field(default_factory=dict)
     bases: dict[Blocked, BaseRegs] = field(default_factory=dict)
     tid: Reg | None = None
     smem: Reg | None = None  # shared address of `smem` (u32)
-    #: Shared memory per block the target allows (dynamic shared memory past 48 KiB).
-    max_shared: int = 48 * 1024
     #: Instruction families used that need more than the target's base PTX version.
     features: set[str] = field(default_factory=set)
     #: Emits one IR op where it stands (the emitter's dispatch; a pipeline emits a load's
@@ -80,6 +80,11 @@ class EmitContext:
     scratch: Reg | None = None
     #: ids of ops not emitted where they stand (loads a pipeline issues ahead instead).
     skipped: set[int] = field(default_factory=set)
+
+    @property
+    def max_shared(self) -> int:
+        """Shared memory per block the target allows (dynamic shared memory past 48 KiB)."""
+        return self.target.max_shared_bytes
 
     # -- registers ------------------------------------------------------------------------
     def regs(self, v: o.Value) -> list[Reg]:

@@ -71,6 +71,8 @@ def mma(em: EmitContext, op: o.MmaOp) -> None:
     a, b, acc = op.operands
     dt = a.type.dtype
     k = a.type.shape[1]
+    if not em.target.mma_sync:
+        raise LoweringError(f"mma needs mma.sync, which {em.target.name} does not have")
     s = setup(em, op)
     em.fb.comment(f"mma {a.type} @ {b.type} + {acc.type}: warps {s.grid.wm}x{s.grid.wn}")
     frags = acc_fragments(em, op, acc)

@@ -228,7 +228,7 @@ def plan_loop(em: EmitContext, loop: o.ForOp) -> LoopPipeline | None:
             ):
                 carried[k] = mma
     loads = []
-    for mma in mmas:
+    for mma in mmas if em.target.cp_async else ():
         for which in (0, 1):
             sl = _staged_load(em, loop, mma, which, uses)
             if sl is not None:

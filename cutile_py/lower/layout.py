@@ -23,6 +23,7 @@ from math import prod
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.types import TileType
+from cutile_py.ptx.target import Target
 
 MAX_THREADS = 256
 MIN_THREADS = 32
@@ -271,8 +272,10 @@ def _relate(op: o.Op, u: _DimUnion) -> None:
                 same(res, x, [(i, i) for i in range(len(res.type.shape))])
 
 
-def plan_layouts(kernel: o.Kernel) -> LayoutPlan:
-    """Assign each tile value a layout; dims that ops relate share base dims."""
+def plan_layouts(kernel: o.Kernel, target: Target) -> LayoutPlan:
+    """Assign each tile value a layout; dims that ops relate share base dims. The block is
+    at most `MAX_THREADS` threads (a choice well inside every target's limit)."""
+    assert target.max_threads_per_block >= MAX_THREADS
     ops = walk(kernel.body)
     u = _DimUnion()
     values: list[o.Value] = []

@@ -30,9 +30,9 @@ class LoweredKernel:
 
 def lower_kernel(kernel: Kernel, target: Target) -> LoweredKernel:
     verify(kernel)
-    plan: LayoutPlan = plan_layouts(kernel)
+    plan: LayoutPlan = plan_layouts(kernel, target)
     fb = FunctionBuilder(entry_name(kernel.name), [])
-    em = Emitter(kernel, plan, fb, max_shared=target.max_shared_bytes)
+    em = Emitter(kernel, plan, fb, target)
     em.preamble()
     em.region(kernel.body)
     em.finish()
