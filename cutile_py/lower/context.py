@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, f32
+from cutile_py.ir.uses import DefUse
 from cutile_py.lower.fragments import Setup, SharedTile
 from cutile_py.lower.isel import FLOAT_NAME, REG_CLASS
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan
@@ -55,7 +56,9 @@ class EmitContext:
     plan: LayoutPlan
     fb: FunctionBuilder
     target: Target
-    values: dict[int, list[Reg]] = field(default_factory=dict)
+    #: Who defines and uses each value (built once per kernel).
+    uses: DefUse
+    values: dict[o.Value, list[Reg]] = field(default_factory=dict)
     tensors: dict[int, TensorRegs] = field(default_factory=dict)
     bases: dict[Blocked, BaseRegs] = field(default_factory=dict)
     tid: Reg | None = None
@@ -66,20 +69,20 @@ class EmitContext:
     #: index ops again for a later iteration through it).
     emit_op: Callable[[o.Op], None] = _no_dispatch
     # -- tensor cores (emit_mma, emit_pipeline) --
-    #: id(MmaOp) → its fragment addressing.
-    mma_setups: dict[int, Setup] = field(default_factory=dict)
+    #: Per mma op, its fragment addressing.
+    mma_setups: dict[o.MmaOp, Setup] = field(default_factory=dict)
     #: Values held as mma accumulator fragments (a loop carries them), not blocked.
-    fragment_values: set[int] = field(default_factory=set)
-    #: id(mma operand value) → (its shared tile, whether its rows run along K, register
+    fragment_values: set[o.Value] = field(default_factory=set)
+    #: mma operand value → (its shared tile, whether its rows run along K, register
     #: with the byte offset of the pipeline stage being read): operands a cp.async pipeline
     #: loads.
-    staged: dict[int, tuple[SharedTile, bool, Reg]] = field(default_factory=dict)
+    staged: dict[o.Value, tuple[SharedTile, bool, Reg]] = field(default_factory=dict)
     #: Bytes at the start of shared memory a cp.async pipeline keeps in flight while its
     #: loop body is emitted, and the address past them (None: scratch starts at `smem`).
     scratch_floor: int = 0
     scratch: Reg | None = None
-    #: ids of ops not emitted where they stand (loads a pipeline issues ahead instead).
-    skipped: set[int] = field(default_factory=set)
+    #: Ops not emitted where they stand (loads a pipeline issues ahead instead).
+    skipped: set[o.Op] = field(default_factory=set)
 
     @property
     def max_shared(self) -> int:
@@ -88,10 +91,10 @@ class EmitContext:
 
     # -- registers ------------------------------------------------------------------------
     def regs(self, v: o.Value) -> list[Reg]:
-        return self.values[id(v)]
+        return self.values[v]
 
     def define(self, v: o.Value, regs: list[Reg]) -> None:
-        self.values[id(v)] = regs
+        self.values[v] = regs
 
     def new(self, dtype: type[DType]) -> Reg:
         return self.fb.reg(REG_CLASS[dtype])

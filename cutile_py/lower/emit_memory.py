@@ -153,7 +153,7 @@ class Access:
 
 
 def _memory_layout(em: EmitContext, op: o.Op, v: o.Value) -> Layout:
-    return em.plan.memory.get(id(op)) or em.layout(v)
+    return em.plan.memory.get(op) or em.layout(v)
 
 
 def load(em: EmitContext, op: o.LoadOp) -> None:

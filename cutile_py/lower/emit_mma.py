@@ -35,7 +35,7 @@ from cutile_py.lower.fragments import (
     round_region,
     warp_grid,
 )
-from cutile_py.lower.layout import Layout, walk
+from cutile_py.lower.layout import Layout
 from cutile_py.ptx.builder import Addr, Reg, Vec, f32_imm
 
 MMA_OPCODE: dict[type[DType], str] = {
@@ -48,7 +48,7 @@ MMA_OPCODE: dict[type[DType], str] = {
 # -- entry --------------------------------------------------------------------------------
 def setup(em: EmitContext, op: o.MmaOp) -> Setup:
     """The fragment addressing of `op` (made on first use)."""
-    got = em.mma_setups.get(id(op))
+    got = em.mma_setups.get(op)
     if got is None:
         a, b, _ = op.operands
         (m, _), n = a.type.shape, b.type.shape[1]
@@ -60,7 +60,7 @@ def setup(em: EmitContext, op: o.MmaOp) -> Setup:
             _slots(em, lane.wm, grid.wm, grid.sm, grid.fm),
             _slots(em, lane.wn, grid.wn, grid.sn, grid.fn),
         )
-        em.mma_setups[id(op)] = got
+        em.mma_setups[op] = got
     return got
 
 
@@ -80,7 +80,7 @@ def mma(em: EmitContext, op: o.MmaOp) -> None:
     stores: list[tuple[Operand, o.Value, bool]] = []
     ops: list[Operand] = []
     for which, v in enumerate((a, b)):
-        staged = em.staged.get(id(v))
+        staged = em.staged.get(v)
         if staged is not None:
             tile, k_rows, stage = staged
             base = em.fb.reg("b32")
@@ -120,7 +120,7 @@ def mma(em: EmitContext, op: o.MmaOp) -> None:
             )
         em.barrier()
     frags = warp_mma(em, dt, k, ops[0], ops[1], s, frags)
-    if id(op.result) in em.fragment_values:
+    if op.result in em.fragment_values:
         if stores:
             # The next user of scratch (a reduction, a layout change, this op in the next
             # iteration) writes it without a barrier first: every warp must be done reading.
@@ -134,7 +134,7 @@ def acc_fragments(em: EmitContext, op: o.MmaOp, acc: o.Value) -> list[list[list[
     """The accumulator `acc` of `op` as fragments [M slot][N slot][4] (converted through
     shared scratch if it is blocked)."""
     s = setup(em, op)
-    if id(acc) in em.fragment_values:
+    if acc in em.fragment_values:
         flat = em.regs(acc)
         assert len(flat) == s.count
         return [
@@ -153,11 +153,9 @@ def acc_fragments(em: EmitContext, op: o.MmaOp, acc: o.Value) -> list[list[list[
 def _uniform_acc(em: EmitContext, acc: o.Value) -> Reg | None:
     """The scalar register of an accumulator that is a broadcast scalar (`a @ b`'s zeros):
     its fragments are that register, with no trip through shared memory."""
-    for op in walk(em.kernel.body):
-        if acc in op.results:
-            if isinstance(op, o.BroadcastOp) and op.operands[0].type.is_scalar:
-                return em.regs(op.operands[0])[0]
-            return None
+    op = em.uses.producer(acc)
+    if isinstance(op, o.BroadcastOp) and op.operands[0].type.is_scalar:
+        return em.regs(op.operands[0])[0]
     return None
 
 

@@ -24,11 +24,12 @@ from dataclasses import dataclass, replace
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import bf16, f16, f32
+from cutile_py.ir.uses import DefUse
 from cutile_py.lower import emit_mma
 from cutile_py.lower.context import EmitContext, LoweringError
 from cutile_py.lower.emit_memory import Access
 from cutile_py.lower.fragments import SHARED_LIMIT, SharedTile, round_region
-from cutile_py.lower.layout import Layout, canonical_blocked, walk
+from cutile_py.lower.layout import Layout, canonical_blocked
 from cutile_py.ptx.builder import Addr, Reg
 
 #: Stages when the kernel does not say: as many as fit in 48 KiB, at most this many.
@@ -94,7 +95,7 @@ class LoopPipeline:
             fb.ins("mov.u32", fixed, self.ring + s * self.stage_bytes)
             self._issue(s, fixed)
         for sl in self.loads:
-            em.staged[id(sl.operand)] = (sl.tile, sl.k_rows, self.read)
+            em.staged[sl.operand] = (sl.tile, sl.k_rows, self.read)
         # Shared memory that the body's other ops use (reductions, layout changes, mma
         # operands from registers) starts past the stages in flight.
         assert em.smem is not None
@@ -165,17 +166,17 @@ def _index_at(em: EmitContext, loop: o.ForOp, sl: StagedLoad, iv: Reg) -> list[R
     """The load's index registers with the induction variable at `iv`: its index ops
     emitted again, the body's own definitions restored afterwards."""
     touched = [loop.body.args[0], *(op.result for op in sl.index_ops)]
-    saved = {id(v): em.values.get(id(v)) for v in touched}
+    saved = {v: em.values.get(v) for v in touched}
     em.define(loop.body.args[0], [iv])
     for op in sl.index_ops:
         em.emit_op(op)
     index = [em.regs(v)[0] for v in sl.load.operands]
     for v in touched:
-        old = saved[id(v)]
+        old = saved[v]
         if old is None:
-            em.values.pop(id(v), None)
+            em.values.pop(v, None)
         else:
-            em.values[id(v)] = old
+            em.values[v] = old
     return index
 
 
@@ -212,7 +213,7 @@ def plan_loop(em: EmitContext, loop: o.ForOp) -> LoopPipeline | None:
     mmas = [op for op in body if isinstance(op, o.MmaOp)]
     if not mmas:
         return None
-    uses = _uses(em.kernel)
+    uses = em.uses
     yield_op = body[-1]
     carried: dict[int, o.MmaOp] = {}
     for k, arg in enumerate(loop.body.args[1:]):
@@ -220,9 +221,9 @@ def plan_loop(em: EmitContext, loop: o.ForOp) -> LoopPipeline | None:
             a, b, acc = mma.operands
             if (
                 acc is arg
-                and uses.get(id(arg)) == [mma]
+                and uses.users(arg) == (mma,)
                 and yield_op.operands[k] is mma.result
-                and uses.get(id(mma.result)) == [yield_op]
+                and uses.users(mma.result) == (yield_op,)
                 and a is not arg
                 and b is not arg
             ):
@@ -237,35 +238,26 @@ def plan_loop(em: EmitContext, loop: o.ForOp) -> LoopPipeline | None:
     for mma in mmas:
         emit_mma.setup(em, mma)
     for k, mma in carried.items():
-        em.fragment_values.add(id(loop.body.args[k + 1]))
-        em.fragment_values.add(id(mma.result))
+        em.fragment_values.add(loop.body.args[k + 1])
+        em.fragment_values.add(mma.result)
     if not loads:
         return LoopPipeline(em, loop, carried, [], 1, 0)
     return _place(em, loop, carried, loads, mmas)
 
 
-def _uses(kernel: o.Kernel) -> dict[int, list[o.Op]]:
-    out: dict[int, list[o.Op]] = {}
-    for op in walk(kernel.body):
-        for v in op.operands:
-            out.setdefault(id(v), []).append(op)
-    return out
-
-
 def _staged_load(
-    em: EmitContext, loop: o.ForOp, mma: o.MmaOp, which: int, uses: dict[int, list[o.Op]]
+    em: EmitContext, loop: o.ForOp, mma: o.MmaOp, which: int, uses: DefUse
 ) -> StagedLoad | None:
     """Operand `which` of `mma` as a staged load, if it is one the pipeline can take: a
     load in the loop body of a read-only tensor, reshaped (unit dims only) or transposed
     on its single-use way to the mma."""
-    producers = _producers(loop)
     v = mma.operands[which]
     transposed = False
     chain: list[o.Op] = []
     while True:
-        if uses.get(id(v)) is None or len(uses[id(v)]) != 1:
+        if len(uses.users(v)) != 1:
             return None
-        op = producers.get(id(v))
+        op = _in_body(uses, loop, v)
         if isinstance(op, o.PermuteOp) and tuple(op.axes) == (1, 0):
             transposed = not transposed
         elif isinstance(op, o.ReshapeOp):
@@ -306,7 +298,7 @@ def _staged_load(
     # transposed, or a B loaded (K, N); those are read with ldmatrix.trans (16-bit) or word
     # by word (tf32, whose swizzle then spreads 4 rows over the banks: xor_step 2).
     k_rows = transposed if which == 0 else not transposed
-    index_ops = _index_ops(loop, load, producers)
+    index_ops = _index_ops(uses, loop, load)
     if index_ops is None:
         return None
     base = canonical_blocked((rows, cols), eb, em.plan.threads, max_vec=width)
@@ -318,29 +310,30 @@ def _staged_load(
     return StagedLoad(load, chain, mma.operands[which], k_rows, tile, copy, index_ops)
 
 
-def _producers(loop: o.ForOp) -> dict[int, o.Op]:
-    """id(value) → the op of the loop body (top level) that defines it."""
-    return {id(r): op for op in loop.body.ops for r in op.results}
+def _in_body(uses: DefUse, loop: o.ForOp, v: o.Value) -> o.Op | None:
+    """The op of the loop body (top level) that defines `v`, if one does."""
+    op = uses.producer(v)
+    return op if op is not None and uses.enclosing(op) is loop else None
 
 
-def _index_ops(loop: o.ForOp, load: o.LoadOp, producers: dict[int, o.Op]) -> list[o.Op] | None:
+def _index_ops(uses: DefUse, loop: o.ForOp, load: o.LoadOp) -> list[o.Op] | None:
     """The body ops the load's index depends on, in body order; None if any is not a pure
     scalar op or depends on a carried value (unknown for a later iteration)."""
-    carried = {id(a) for a in loop.body.args[1:]}
-    need: set[int] = set()
+    carried = set(loop.body.args[1:])
+    need: set[o.Op] = set()
     todo = list(load.operands)
     while todo:
         v = todo.pop()
-        if id(v) in carried:
+        if v in carried:
             return None
-        op = producers.get(id(v))
-        if op is None or id(op) in need:
+        op = _in_body(uses, loop, v)
+        if op is None or op in need:
             continue  # defined before the loop, or the induction variable
         if not isinstance(op, _INDEX_OPS) or op.result.type.shape:
             return None
-        need.add(id(op))
+        need.add(op)
         todo.extend(op.operands)
-    return [op for op in loop.body.ops if id(op) in need]
+    return [op for op in loop.body.ops if op in need]
 
 
 def _place(
@@ -356,13 +349,13 @@ def _place(
     for sl in loads:
         placed.append(replace(sl, tile=replace(sl.tile, offset=stage_bytes)))
         stage_bytes += round_region(sl.tile.nbytes)
-    staged = {id(sl.operand) for sl in placed}
+    staged = {sl.operand for sl in placed}
     # Operands the mmas store from registers themselves (a padded load, say) each need
     # a tile of their own after the stages.
     reg_bytes = 0
     for mma in mmas:
         for v in mma.operands[:2]:
-            if id(v) not in staged:
+            if v not in staged:
                 rows, cols = v.type.shape
                 reg_bytes += round_region(rows * cols * v.type.dtype.itemsize())
 
@@ -395,7 +388,7 @@ def _place(
             )
     em.shared_scratch(stages * stage_bytes)  # the ring; the body's scratch comes after it
     for sl in placed:
-        em.skipped.update(id(op) for op in sl.chain)
+        em.skipped.update(sl.chain)
         em.base_regs(sl.copy.base)  # before the loop: the prologue and the body use it
     return LoopPipeline(em, loop, carried, placed, stages, stage_bytes, ring)
 

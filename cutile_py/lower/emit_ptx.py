@@ -155,7 +155,7 @@ class Emitter(EmitContext):
             self.op(op)
 
     def op(self, op: o.Op) -> None:
-        if id(op) in self.skipped:
+        if op in self.skipped:
             return
         handler = getattr(self, f"op_{op.opname}", None)
         if handler is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cutile_py.ir import Kernel, verify
+from cutile_py.ir.uses import def_use
 from cutile_py.lower.emit_ptx import Emitter, PtxParam, entry_name
 from cutile_py.lower.layout import LayoutPlan, plan_layouts
 from cutile_py.ptx.builder import FunctionBuilder, ModuleBuilder
@@ -32,7 +33,7 @@ def lower_kernel(kernel: Kernel, target: Target) -> LoweredKernel:
     verify(kernel)
     plan: LayoutPlan = plan_layouts(kernel, target)
     fb = FunctionBuilder(entry_name(kernel.name), [])
-    em = Emitter(kernel, plan, fb, target)
+    em = Emitter(kernel, plan, fb, target, def_use(kernel))
     em.preamble()
     em.region(kernel.body)
     em.finish()
