@@ -4,31 +4,24 @@ scratch space and the barrier. It imports no emitter, so every emitter can impor
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, f32
 from cutile_py.ir.uses import DefUse
+from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import Setup, SharedTile
 from cutile_py.lower.isel import FLOAT_NAME, REG_CLASS
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan
+from cutile_py.lower.plan_pipelines import PipelinePlan
 from cutile_py.ptx.builder import FunctionBuilder, Reg
 from cutile_py.ptx.target import Target
 
 #: Threads per warp.
 WARP = 32
 
-
-class LoweringError(Exception):
-    """The IR uses something this back end cannot lower (a compiler limitation), or a
-    configuration that cannot run (too much shared memory); `span` is the source of the op
-    being lowered, filled in by `Emitter.op` where the raiser did not know it."""
-
-    def __init__(self, message: str, span: o.Span | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.span = span
+__all__ = ["WARP", "BaseRegs", "EmitContext", "LoweringError", "TensorRegs"]
 
 
 @dataclass
@@ -58,6 +51,8 @@ class EmitContext:
     target: Target
     #: Who defines and uses each value (built once per kernel).
     uses: DefUse
+    #: The pipeline planned for each loop with an mma in its body.
+    pipelines: Mapping[o.ForOp, PipelinePlan] = field(default_factory=dict)
     values: dict[o.Value, list[Reg]] = field(default_factory=dict)
     tensors: dict[int, TensorRegs] = field(default_factory=dict)
     bases: dict[Blocked, BaseRegs] = field(default_factory=dict)

@@ -21,7 +21,8 @@ from math import lcm
 from cutile_py.ir import ops as o
 from cutile_py.ir.builder import MMA_K_STEP
 from cutile_py.ir.dtypes import DType, bf16, f16, f32
-from cutile_py.lower.context import WARP, EmitContext, LoweringError
+from cutile_py.lower.context import WARP, EmitContext
+from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import (
     CHUNK,
     SHARED_LIMIT,

@@ -14,51 +14,47 @@ that the fragments are read from, issued `stages - 1` iterations ahead into a ri
                 i + S - 1 into that stage; commit; the mma reads stage i % S
     after:      wait for all groups (prefetches past the end) before shared memory is reused
 
-A load's index is recomputed for the iteration it is issued for, by emitting again the
-scalar ops of the body that compute it with the induction variable advanced.
+What is pipelined, how deep and where its ring lies is decided before emission
+(`plan_pipelines`); this module carries it out. A load's index is recomputed for the
+iteration it is issued for, by emitting again the scalar ops of the body that compute it
+with the induction variable advanced.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from cutile_py.ir import ops as o
-from cutile_py.ir.dtypes import bf16, f16, f32
-from cutile_py.ir.uses import DefUse
 from cutile_py.lower import emit_mma
-from cutile_py.lower.context import EmitContext, LoweringError
+from cutile_py.lower.context import EmitContext
 from cutile_py.lower.emit_memory import Access
-from cutile_py.lower.fragments import SHARED_LIMIT, SharedTile, round_region
-from cutile_py.lower.layout import Layout, canonical_blocked
+from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad
 from cutile_py.ptx.builder import Addr, Reg
 
-#: Stages when the kernel does not say: as many as fit in 48 KiB, at most this many.
-DEFAULT_STAGES = 3
-#: Ops an index may be computed with: pure, scalar, no regions.
-_INDEX_OPS = (
-    o.ConstantOp,
-    o.BinaryOp,
-    o.UnaryOp,
-    o.CastOp,
-    o.CompareOp,
-    o.SelectOp,
-    o.FmaOp,
-    o.GridOp,
-    o.TensorDimOp,
-)
 
-
-@dataclass
-class StagedLoad:
-    """A body load that the pipeline issues ahead as cp.async copies."""
-
-    load: o.LoadOp
-    chain: list[o.Op]  # the load, then the reshapes and transposes down to the operand
-    operand: o.Value  # what the mma takes
-    k_rows: bool  # the tile's rows run along K (an A stored (K, M), a B stored (K, N))
-    tile: SharedTile  # in stage 0; stage s is `s * stage_bytes` further
-    copy: Layout  # how the block's threads split the copy
-    index_ops: list[o.Op]  # the body's ops that compute the load's index, in order
+def start(em: EmitContext, plan: PipelinePlan) -> LoopPipeline:
+    """Carry out `plan` for its loop, at the loop: set up the mmas' fragment addressing
+    (the epilogue after the loop uses it too), claim the ring, and set aside the loads the
+    pipeline issues ahead."""
+    for mma in plan.mmas:
+        emit_mma.setup(em, mma)
+    for k, mma in plan.carried:
+        em.fragment_values.add(plan.loop.body.args[k + 1])
+        em.fragment_values.add(mma.result)
+    if plan.loads:
+        em.shared_scratch(plan.stages * plan.stage_bytes)  # the body's scratch comes after it
+        for sl in plan.loads:
+            em.skipped.update(sl.chain)
+            em.base_regs(sl.copy.base)  # before the loop: the prologue and the body use it
+    return LoopPipeline(
+        em,
+        plan.loop,
+        dict(plan.carried),
+        list(plan.loads),
+        plan.stages if plan.loads else 1,
+        plan.stage_bytes,
+        plan.ring,
+    )
 
 
 @dataclass
@@ -204,193 +200,6 @@ def _copy(em: EmitContext, sl: StagedLoad, index: list[Reg], base: Reg) -> None:
             size = fb.reg("b32")
             fb.ins("selp.u32", size, nbytes, 0, inside)
             fb.ins(f"cp.async.{level}.shared.global", Addr(dst, imm), src, nbytes, size, pred=issue)
-
-
-# -- planning ----------------------------------------------------------------------------
-def plan_loop(em: EmitContext, loop: o.ForOp) -> LoopPipeline | None:
-    """What of `loop` runs as a tensor-core loop; None if its body has no top-level mma."""
-    body = loop.body.ops
-    mmas = [op for op in body if isinstance(op, o.MmaOp)]
-    if not mmas:
-        return None
-    uses = em.uses
-    yield_op = body[-1]
-    carried: dict[int, o.MmaOp] = {}
-    for k, arg in enumerate(loop.body.args[1:]):
-        for mma in mmas:
-            a, b, acc = mma.operands
-            if (
-                acc is arg
-                and uses.users(arg) == (mma,)
-                and yield_op.operands[k] is mma.result
-                and uses.users(mma.result) == (yield_op,)
-                and a is not arg
-                and b is not arg
-            ):
-                carried[k] = mma
-    loads = []
-    for mma in mmas if em.target.cp_async else ():
-        for which in (0, 1):
-            sl = _staged_load(em, loop, mma, which, uses)
-            if sl is not None:
-                loads.append(sl)
-    # The fragment addressing is set up before the loop: the epilogue after it uses it too.
-    for mma in mmas:
-        emit_mma.setup(em, mma)
-    for k, mma in carried.items():
-        em.fragment_values.add(loop.body.args[k + 1])
-        em.fragment_values.add(mma.result)
-    if not loads:
-        return LoopPipeline(em, loop, carried, [], 1, 0)
-    return _place(em, loop, carried, loads, mmas)
-
-
-def _staged_load(
-    em: EmitContext, loop: o.ForOp, mma: o.MmaOp, which: int, uses: DefUse
-) -> StagedLoad | None:
-    """Operand `which` of `mma` as a staged load, if it is one the pipeline can take: a
-    load in the loop body of a read-only tensor, reshaped (unit dims only) or transposed
-    on its single-use way to the mma."""
-    v = mma.operands[which]
-    transposed = False
-    chain: list[o.Op] = []
-    while True:
-        if len(uses.users(v)) != 1:
-            return None
-        op = _in_body(uses, loop, v)
-        if isinstance(op, o.PermuteOp) and tuple(op.axes) == (1, 0):
-            transposed = not transposed
-        elif isinstance(op, o.ReshapeOp):
-            (x,) = op.operands
-            if [s for s in x.type.shape if s > 1] != [s for s in v.type.shape if s > 1]:
-                return None
-        elif isinstance(op, o.LoadOp):
-            chain.append(op)
-            break
-        else:
-            return None
-        chain.append(op)
-        v = op.operands[0]
-    load = chain[-1]
-    assert isinstance(load, o.LoadOp)
-    param = em.kernel.params[load.param]
-    dt = load.result.type.dtype
-    if (
-        not isinstance(param, o.TensorParam)
-        or param.mut  # the kernel may write it: loading ahead could read stale data
-        or load.within is not None
-        or load.padding != 0
-        or dt not in (f16, bf16, f32)
-    ):
-        return None
-    shape = load.shape
-    big = [i for i, s in enumerate(shape) if s > 1]
-    if len(big) != 2 or big[-1] != len(shape) - 1:
-        return None  # not a 2-D tile with the tensor's contiguous dim as its columns
-    rows, cols = shape[big[0]], shape[big[1]]
-    eb = dt.itemsize()
-    width = min(param.align, 16 // eb)
-    while width > 1 and cols % width:
-        width //= 2
-    if width * eb < 4:
-        return None  # cp.async copies 4, 8 or 16 bytes
-    # The tile keeps the tensor's orientation: rows along K for an A loaded (K, M) and
-    # transposed, or a B loaded (K, N); those are read with ldmatrix.trans (16-bit) or word
-    # by word (tf32, whose swizzle then spreads 4 rows over the banks: xor_step 2).
-    k_rows = transposed if which == 0 else not transposed
-    index_ops = _index_ops(uses, loop, load)
-    if index_ops is None:
-        return None
-    base = canonical_blocked((rows, cols), eb, em.plan.threads, max_vec=width)
-    if base.vec != width:
-        return None
-    copy = Layout(base, tuple(None if s == 1 else big.index(i) for i, s in enumerate(shape)))
-    tile = SharedTile(0, rows, cols, eb, True, xor_step=2 if k_rows and dt is f32 else 1)
-    chain.reverse()
-    return StagedLoad(load, chain, mma.operands[which], k_rows, tile, copy, index_ops)
-
-
-def _in_body(uses: DefUse, loop: o.ForOp, v: o.Value) -> o.Op | None:
-    """The op of the loop body (top level) that defines `v`, if one does."""
-    op = uses.producer(v)
-    return op if op is not None and uses.enclosing(op) is loop else None
-
-
-def _index_ops(uses: DefUse, loop: o.ForOp, load: o.LoadOp) -> list[o.Op] | None:
-    """The body ops the load's index depends on, in body order; None if any is not a pure
-    scalar op or depends on a carried value (unknown for a later iteration)."""
-    carried = set(loop.body.args[1:])
-    need: set[o.Op] = set()
-    todo = list(load.operands)
-    while todo:
-        v = todo.pop()
-        if v in carried:
-            return None
-        op = _in_body(uses, loop, v)
-        if op is None or op in need:
-            continue  # defined before the loop, or the induction variable
-        if not isinstance(op, _INDEX_OPS) or op.result.type.shape:
-            return None
-        need.add(op)
-        todo.extend(op.operands)
-    return [op for op in loop.body.ops if op in need]
-
-
-def _place(
-    em: EmitContext,
-    loop: o.ForOp,
-    carried: dict[int, o.MmaOp],
-    loads: list[StagedLoad],
-    mmas: list[o.MmaOp],
-) -> LoopPipeline:
-    """Lay the stages out in shared memory and choose their number."""
-    stage_bytes = 0
-    placed = []
-    for sl in loads:
-        placed.append(replace(sl, tile=replace(sl.tile, offset=stage_bytes)))
-        stage_bytes += round_region(sl.tile.nbytes)
-    staged = {sl.operand for sl in placed}
-    # Operands the mmas store from registers themselves (a padded load, say) each need
-    # a tile of their own after the stages.
-    reg_bytes = 0
-    for mma in mmas:
-        for v in mma.operands[:2]:
-            if v not in staged:
-                rows, cols = v.type.shape
-                reg_bytes += round_region(rows * cols * v.type.dtype.itemsize())
-
-    ring = em.scratch_floor
-
-    def need(stages: int) -> int:
-        return ring + stages * stage_bytes + reg_bytes
-
-    explicit = em.kernel.stages
-    if explicit is not None:
-        stages = explicit
-        if need(stages) > em.max_shared:
-            tiles = ", ".join(f"{sl.operand.type}" for sl in placed)
-            raise LoweringError(
-                f"kernel {em.kernel.name}: stages={stages} needs {need(stages)} bytes of "
-                f"shared memory ({stage_bytes} per stage for the operand tiles {tiles}), "
-                f"more than the {em.max_shared} bytes a block may have on this target; use "
-                "fewer stages or smaller tiles"
-            )
-    else:
-        stages = max(
-            (s for s in range(1, DEFAULT_STAGES + 1) if need(s) <= SHARED_LIMIT),
-            default=1,
-        )
-        if need(stages) > em.max_shared:
-            raise LoweringError(
-                f"kernel {em.kernel.name}: the operand tiles of its mma loop need "
-                f"{need(stages)} bytes of shared memory, more than the {em.max_shared} bytes "
-                "a block may have on this target; use smaller tiles"
-            )
-    em.shared_scratch(stages * stage_bytes)  # the ring; the body's scratch comes after it
-    for sl in placed:
-        em.skipped.update(sl.chain)
-        em.base_regs(sl.copy.base)  # before the loop: the prologue and the body use it
-    return LoopPipeline(em, loop, carried, placed, stages, stage_bytes, ring)
 
 
 # -- accumulators in and out of fragment form -------------------------------------------

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
 from cutile_py.lower import emit_math, emit_memory, emit_mma, emit_pipeline, emit_shared
-from cutile_py.lower.context import EmitContext, LoweringError, TensorRegs
+from cutile_py.lower.context import EmitContext, TensorRegs
+from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.isel import (
     BITS_SUFFIX,
     F32_BINARY,
@@ -441,7 +442,8 @@ class Emitter(EmitContext):
         lo, hi, step, *inits = op.operands
         args = op.body.args[1:]
         # Accumulators the loop carries stay mma fragments; operand loads go through cp.async.
-        pipe = emit_pipeline.plan_loop(self, op)
+        planned = self.pipelines.get(op)
+        pipe = emit_pipeline.start(self, planned) if planned is not None else None
         frag = pipe.carried if pipe is not None else {}
         iv = fb.reg("b32")
         self.mov(iv, self.regs(lo)[0])
