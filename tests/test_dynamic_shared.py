@@ -244,3 +244,24 @@ def test_cuda_runs_the_whole_region() -> None:
     out = ct.zeros((GRID, WORDS), dtype=ct.i32)
     _run_prepared(kernel_launch(backend, lowered, (GRID,), (out,), {}))
     np.testing.assert_array_equal(out.to_numpy(), expected(WORDS))
+
+
+def test_target_capability_flags() -> None:
+    """What each target can do, as the lowering passes read it (no pass checks `sm` itself)."""
+    flags = {
+        sm: (t.mma_sync, t.cp_async, t.wgmma, t.tma)
+        for sm in (80, 86, 89, 90, 100)
+        for t in [Target(sm)]
+    }
+    assert flags == {
+        80: (True, True, False, False),
+        86: (True, True, False, False),
+        89: (True, True, False, False),
+        90: (True, True, False, True),
+        100: (True, True, False, True),
+    }
+    t = Target(90)
+    assert (t.max_registers_per_thread, t.max_registers_per_block) == (255, 65536)
+    assert t.describe() == (
+        "sm_90 [mma_sync cp_async tma] shared 232448 B, registers 255/thread 65536/block"
+    )

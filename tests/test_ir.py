@@ -9,6 +9,7 @@ from cutile_py import ir
 from cutile_py.ir import ops as o
 from cutile_py.ir import reference
 from cutile_py.ir.types import TileType, scalar
+from cutile_py.ir.uses import def_use, walk
 
 
 def tiny_kernel() -> tuple[ir.Builder, ir.Kernel]:
@@ -175,3 +176,39 @@ def test_reference_reductions() -> None:
     np.testing.assert_array_equal(
         reference.permute(np.arange(6).reshape(2, 3), (1, 0)), [[0, 3], [1, 4], [2, 5]]
     )
+
+
+def test_def_use_links_values_to_their_producer_and_users() -> None:
+    b = ir.Builder()
+    zero, one = b.constant(0, ir.i32), b.constant(1, ir.i32)
+    acc0 = b.broadcast(b.constant(0.0, ir.f32), (8,))
+    loop = b.for_loop(zero, b.constant(4, ir.i32), one, [acc0])
+    with b.inside(loop.body):
+        iv, acc = loop.body.args
+        x = b.load(0, ir.f32, [iv], (8,), 0)
+        total = b.binary("add", acc, x)
+        b.yield_([b.binary("add", total, x)])
+    b.store(1, [zero], loop.results[0])
+    params: tuple[ir.Param, ...] = (
+        ir.TensorParam("x", ir.f32, 1, False, (None,), 8),
+        ir.TensorParam("z", ir.f32, 1, True, (8,), 8),
+    )
+    k = ir.Kernel("loop", params, (None, None), b.region)
+    ir.verify(k)
+    du = def_use(k)
+    load, add1, add2, yld = loop.body.ops
+    assert du.producer(x) is load and du.users(x) == (add1, add2)
+    assert du.users(acc) == (add1,) and du.producer(acc) is None  # a region argument
+    assert du.users(iv) == (load,)
+    assert du.users(add2.result) == (yld,)
+    assert du.users(zero) == (loop, k.body.ops[-1])  # the loop's bound and the store's index
+    assert du.enclosing(load) is loop and du.enclosing(loop) is None
+    assert du.users(k.body.ops[-1].operands[0]) == du.users(zero)
+    assert [op.opname for op in walk(k.body)][-6:] == [
+        "for",
+        "load",
+        "binary",
+        "binary",
+        "yield",
+        "store",
+    ]

@@ -21,7 +21,7 @@ from cutile_py import Dyn, Mut, Tensor, bf16, f16, f32
 from cutile_py.ir.dtypes import round_to
 from cutile_py.ir.reference import mma as ref_mma
 from cutile_py.ir.reference import round_to_tf32
-from cutile_py.lower.emit_mma import SharedTile, warp_grid
+from cutile_py.lower.fragments import SharedTile, warp_grid
 from cutile_py.runtime.nvjitlink import assemble, nvjitlink_available
 
 if TYPE_CHECKING:

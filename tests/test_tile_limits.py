@@ -126,7 +126,7 @@ def test_layout_planning_does_not_walk_the_elements() -> None:
     b.store(0, [b.grid("bid", 0)], total)
     kernel = ir.Kernel("huge", params, (None,), b.region)
     start = time.perf_counter()
-    plan = plan_layouts(kernel)
+    plan = plan_layouts(kernel, ct.Target(80))
     lay = plan.of(big)
     per_thread = -(-n // plan.threads)
     assert lay.count() == per_thread

@@ -19,7 +19,7 @@ from cutile_py.frontend.build_ir import build_kernel
 from cutile_py.frontend.capture import CapturedFunction, capture
 from cutile_py.frontend.errors import CompileError, SourceLocation
 from cutile_py.frontend.signature import ParamSpec, Specialization, TensorArg, bind, parse_signature
-from cutile_py.host import jit_disk
+from cutile_py.host import dump, jit_disk
 from cutile_py.host.launch import ParamReader
 from cutile_py.host.specs import PartitionSpec, TensorSpec
 from cutile_py.host.tensor import Partition, Tensor
@@ -325,6 +325,8 @@ class Kernel:
         """`spec` compiled for `target` from the source, and written to the disk cache."""
         base = self._build(spec, deps)
         result = CompiledKernel(base.ir, base.ir_text, self._lower(base.ir, target))
+        if result.lowered is not None:
+            dump.dump_compiled(self.__qualname__, base.ir, base.ir_text, result.lowered)
         if disk_key is not None and result.lowered is not None:
             payload = jit_disk.encode(result.lowered, result.ir_text)
             meta = {"kernel": self.__qualname__, "target": target.name}

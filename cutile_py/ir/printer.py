@@ -6,12 +6,22 @@ from cutile_py.ir import ops as o
 
 
 def print_kernel(kernel: o.Kernel) -> str:
-    names: dict[int, str] = {}
+    return _render(kernel)[0]
+
+
+def value_names(kernel: o.Kernel) -> dict[o.Value, str]:
+    """The name (`%N`) `print_kernel` gives each value, so that other printouts (a lowering
+    plan) can refer to the values of the printed IR."""
+    return _render(kernel)[1]
+
+
+def _render(kernel: o.Kernel) -> tuple[str, dict[o.Value, str]]:
+    names: dict[o.Value, str] = {}
 
     def name(v: o.Value) -> str:
-        if id(v) not in names:
-            names[id(v)] = f"%{len(names)}"
-        return names[id(v)]
+        if v not in names:
+            names[v] = f"%{len(names)}"
+        return names[v]
 
     def param(i: int, p: o.Param) -> str:
         if isinstance(p, o.ScalarParam):
@@ -59,4 +69,4 @@ def print_kernel(kernel: o.Kernel) -> str:
 
     region(kernel.body, "  ")
     lines.append("}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", names

@@ -8,17 +8,13 @@ edge of the tile and, for stores of replicated layouts, on the one thread that o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32
 from cutile_py.lower import emit_shared
-from cutile_py.lower.isel import BITS_SUFFIX
+from cutile_py.lower.context import EmitContext
+from cutile_py.lower.isel import BITS_SUFFIX, bits16
 from cutile_py.lower.layout import Layout
 from cutile_py.ptx.builder import Imm, Reg, Vec, f32_imm, int_imm
-
-if TYPE_CHECKING:
-    from cutile_py.lower.emit_ptx import Emitter
 
 
 class Access:
@@ -26,7 +22,7 @@ class Access:
 
     def __init__(
         self,
-        em: Emitter,
+        em: EmitContext,
         param: int,
         index: list[Reg],
         shape: tuple[int, ...],
@@ -60,7 +56,7 @@ class Access:
                 # inside the tensor: such a tile lies wholly outside it.
                 fb.ins("setp.le.u32", ok, index[i], (0x7FFFFFFF - shape[i]) // shape[i])
                 fb.ins("mul.lo.u32", g, index[i], shape[i])
-            tile_ok = ok if tile_ok is None else em._and(tile_ok, ok)
+            tile_ok = ok if tile_ok is None else em.and_(tile_ok, ok)
             origin.append(g)
         # Per thread: its coordinate, the elements left past it, and its row address.
         left: list[Reg] = []
@@ -156,11 +152,11 @@ class Access:
         return out
 
 
-def _memory_layout(em: Emitter, op: o.Op, v: o.Value) -> Layout:
-    return em.plan.memory.get(id(op)) or em.layout(v)
+def _memory_layout(em: EmitContext, op: o.Op, v: o.Value) -> Layout:
+    return em.plan.memory.get(op) or em.layout(v)
 
 
-def load(em: Emitter, op: o.LoadOp) -> None:
+def load(em: EmitContext, op: o.LoadOp) -> None:
     res = op.result
     dt = res.type.dtype
     lay = _memory_layout(em, op, res)
@@ -178,7 +174,7 @@ def load(em: Emitter, op: o.LoadOp) -> None:
 
 
 def _load_vector(
-    em: Emitter,
+    em: EmitContext,
     addr: Reg,
     offset: int,
     width: int,
@@ -196,7 +192,7 @@ def _load_vector(
         fb.ins("setp.ne.b16", r, h, 0)
         return [r]
     if dt in (f16, bf16):
-        pad = emit_shared.bits16(float(padding), dt)
+        pad = bits16(float(padding), dt)
         if width == 1:
             h = fb.reg("b16")
             fb.ins("mov.b16", h, Imm(f"0x{pad:04X}"))
@@ -223,19 +219,19 @@ def _load_vector(
 
 
 def _ld(
-    em: Emitter, regs: list[Reg], suffix: str, where: str, pred: Reg | None, cache: str
+    em: EmitContext, regs: list[Reg], suffix: str, where: str, pred: Reg | None, cache: str
 ) -> None:
     vec = f".v{len(regs)}" if len(regs) > 1 else ""
     dst: Reg | Vec = Vec(tuple(regs)) if len(regs) > 1 else regs[0]
     em.fb.ins(f"ld.global{cache}{vec}.{suffix}", dst, where, pred=pred)
 
 
-def store(em: Emitter, op: o.StoreOp) -> None:
+def store(em: EmitContext, op: o.StoreOp) -> None:
     *idx, value = op.operands
     dt = value.type.dtype
     lay = _memory_layout(em, op, value)
     index = [em.regs(v)[0] for v in idx]
-    src = em.regs_as(value, lay)
+    src = emit_shared.regs_as(em, value, lay)
     acc = Access(em, op.param, index, value.type.shape, lay, dt, op.within)
     fb = em.fb
     for group, row, offset, pred in acc.vectors(em.owner(lay)):
@@ -257,7 +253,7 @@ def store(em: Emitter, op: o.StoreOp) -> None:
             _st(em, regs, suffix, where, pred)
 
 
-def _st(em: Emitter, regs: list[Reg], suffix: str, where: str, pred: Reg | None) -> None:
+def _st(em: EmitContext, regs: list[Reg], suffix: str, where: str, pred: Reg | None) -> None:
     vec = f".v{len(regs)}" if len(regs) > 1 else ""
     src: Reg | Vec = Vec(tuple(regs)) if len(regs) > 1 else regs[0]
     em.fb.ins(f"st.global{vec}.{suffix}", where, src, pred=pred)

@@ -17,24 +17,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from math import lcm
-from typing import TYPE_CHECKING
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.builder import MMA_K_STEP
 from cutile_py.ir.dtypes import DType, bf16, f16, f32
-from cutile_py.lower.emit_ptx import LoweringError
-from cutile_py.lower.emit_shared import WARP, _barrier, _smem
-from cutile_py.lower.layout import Layout, walk
+from cutile_py.lower.context import WARP, EmitContext
+from cutile_py.lower.errors import LoweringError
+from cutile_py.lower.fragments import (
+    CHUNK,
+    SHARED_LIMIT,
+    Lane,
+    Operand,
+    Setup,
+    SharedTile,
+    Slot,
+    WarpGrid,
+    log2,
+    round_region,
+    warp_grid,
+)
+from cutile_py.lower.layout import Layout
 from cutile_py.ptx.builder import Addr, Reg, Vec, f32_imm
-from cutile_py.ptx.target import MAX_STATIC_SHARED
-
-if TYPE_CHECKING:
-    from cutile_py.lower.emit_ptx import Emitter
-
-#: Shared memory used without asking for more: accumulator bands stay within it, and
-#: pipelines choose their default stage count by it.
-SHARED_LIMIT = MAX_STATIC_SHARED
-CHUNK = 16  # bytes: one ldmatrix row, one vectorized shared access, the swizzle unit
 
 MMA_OPCODE: dict[type[DType], str] = {
     f16: "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
@@ -43,132 +46,10 @@ MMA_OPCODE: dict[type[DType], str] = {
 }
 
 
-def _log2(n: int) -> int:
-    assert n > 0 and n & (n - 1) == 0, n
-    return n.bit_length() - 1
-
-
-@dataclass(frozen=True)
-class SharedTile:
-    """A rows x cols tile at byte `offset` of `smem`, row-major.
-
-    Swizzled tiles store 16-byte chunk c of row r at chunk `c ^ f(r)`, f(r) = (r // R) % S,
-    S the largest power of two (at most 8) dividing the chunks per row and R = 8 / S: any 8
-    consecutive rows then cover all 32 banks at a fixed chunk, so ldmatrix (8 row addresses
-    per matrix) and row-wise stores are conflict-free, and c ^ f(r) stays inside the row.
-    With `xor_step` 2, f(r) = 2 (r // R) % S: then 4 consecutive rows at 2 adjacent chunks
-    cover all 32 banks, as the word-wise tf32 fragment reads of a K-row tile need.
-    Unswizzled tiles (the f32 accumulator stage) pad rows by `pad` elements instead.
-    """
-
-    offset: int
-    rows: int
-    cols: int
-    eb: int  # bytes per element
-    swizzled: bool
-    pad: int = 0
-    xor_step: int = 1
-
-    @property
-    def row_bytes(self) -> int:
-        return (self.cols + self.pad) * self.eb
-
-    @property
-    def nbytes(self) -> int:
-        return self.rows * self.row_bytes
-
-    @property
-    def xor_width(self) -> int:
-        """S: chunk indices are XORed with values below this."""
-        chunks = self.row_bytes // CHUNK
-        return min(chunks & -chunks, 8) if self.swizzled else 1
-
-    @property
-    def rows_per_step(self) -> int:
-        """R: rows that share one XOR value."""
-        return 8 // self.xor_width
-
-
-@dataclass(frozen=True)
-class WarpGrid:
-    """Warps as a wm x wn grid over the (M/16) x (N/8) fragments, round-robin: warp (y, x)
-    owns fragment rows y, y + wm, ... (sm slots) and columns x, x + wn, ... (sn slots)."""
-
-    wm: int
-    wn: int
-    fm: int
-    fn: int
-
-    @property
-    def sm(self) -> int:
-        return -(-self.fm // self.wm)
-
-    @property
-    def sn(self) -> int:
-        return -(-self.fn // self.wn)
-
-
-def warp_grid(warps: int, fm: int, fn: int) -> WarpGrid:
-    """The split with the fewest fragments per warp, then the fewest fragment loads."""
-    options = [WarpGrid(1 << i, warps >> i, fm, fn) for i in range(_log2(warps) + 1)]
-    return min(options, key=lambda g: (g.sm * g.sn, 2 * g.sm + g.sn, g.wm))
-
-
-@dataclass
-class _Slot:
-    """Fragment index `reg + static` along M or N for one slot of this warp; `valid` is
-    warp-uniform and None where the slot always holds a real fragment. `nominal` is the
-    slot's first fragment index over all warps (slot s: s * warps), clamped or not."""
-
-    reg: Reg
-    static: int
-    valid: Reg | None
-    nominal: int
-
-
-@dataclass
-class _Lane:
-    lane: Reg
-    g: Reg  # lane / 4: the row of a C fragment
-    t: Reg  # lane % 4
-    wm: Reg
-    wn: Reg
-
-
-@dataclass(frozen=True)
-class Operand:
-    """An mma operand in shared memory: `tile` at `base` + its offset, its rows along M (A)
-    or N (B), read with plain `ldmatrix`, or along K if `k_rows`, read with `ldmatrix.trans`
-    (16-bit) or word by word (tf32, from a tile of `xor_step` 2)."""
-
-    tile: SharedTile
-    base: Reg
-    k_rows: bool
-    #: f32 values not yet rounded to tf32 (copied from memory as they are): their
-    #: fragments are rounded once read.
-    unrounded: bool = False
-
-
-@dataclass(frozen=True)
-class Setup:
-    """The per-thread fragment addressing of one mma op, computed once (before a loop that
-    carries the accumulator, so that the epilogue after it can use it too)."""
-
-    grid: WarpGrid
-    lane: _Lane
-    slots_m: list[_Slot]
-    slots_n: list[_Slot]
-
-    @property
-    def count(self) -> int:
-        """Registers of the accumulator in fragment form: 4 per (M slot, N slot)."""
-        return 4 * len(self.slots_m) * len(self.slots_n)
-
-
 # -- entry --------------------------------------------------------------------------------
-def setup(em: Emitter, op: o.MmaOp) -> Setup:
+def setup(em: EmitContext, op: o.MmaOp) -> Setup:
     """The fragment addressing of `op` (made on first use)."""
-    got = em.mma_setups.get(id(op))
+    got = em.mma_setups.get(op)
     if got is None:
         a, b, _ = op.operands
         (m, _), n = a.type.shape, b.type.shape[1]
@@ -180,17 +61,19 @@ def setup(em: Emitter, op: o.MmaOp) -> Setup:
             _slots(em, lane.wm, grid.wm, grid.sm, grid.fm),
             _slots(em, lane.wn, grid.wn, grid.sn, grid.fn),
         )
-        em.mma_setups[id(op)] = got
+        em.mma_setups[op] = got
     return got
 
 
-def mma(em: Emitter, op: o.MmaOp) -> None:
+def mma(em: EmitContext, op: o.MmaOp) -> None:
     """`acc + a @ b`. The accumulator and result are in fragment form where a loop carries
     them (`em.fragment_values`), else in their blocked layouts; operands come from the
     tiles a cp.async pipeline filled (`em.staged`) or are stored from registers here."""
     a, b, acc = op.operands
     dt = a.type.dtype
     k = a.type.shape[1]
+    if not em.target.mma_sync:
+        raise LoweringError(f"mma needs mma.sync, which {em.target.name} does not have")
     s = setup(em, op)
     em.fb.comment(f"mma {a.type} @ {b.type} + {acc.type}: warps {s.grid.wm}x{s.grid.wn}")
     frags = acc_fragments(em, op, acc)
@@ -198,7 +81,7 @@ def mma(em: Emitter, op: o.MmaOp) -> None:
     stores: list[tuple[Operand, o.Value, bool]] = []
     ops: list[Operand] = []
     for which, v in enumerate((a, b)):
-        staged = em.staged.get(id(v))
+        staged = em.staged.get(v)
         if staged is not None:
             tile, k_rows, stage = staged
             base = em.fb.reg("b32")
@@ -220,12 +103,12 @@ def mma(em: Emitter, op: o.MmaOp) -> None:
                 f"shared memory for its operand tiles, more than the {em.max_shared} bytes "
                 "a block may have on this target; use smaller tiles"
             )
-        operand = Operand(tile, _smem(em, 0), k_rows=which == 1 and not transpose)
+        operand = Operand(tile, em.shared_scratch(0), k_rows=which == 1 and not transpose)
         stores.append((operand, v, transpose))
         ops.append(operand)
     if stores:
-        _smem(em, at)
-        _barrier(em)  # earlier readers of this region (the previous iteration) are done
+        em.shared_scratch(at)
+        em.barrier()  # earlier readers of this region (the previous iteration) are done
         for operand, v, transpose in stores:
             store_tile(
                 em,
@@ -236,23 +119,23 @@ def mma(em: Emitter, op: o.MmaOp) -> None:
                 transpose=transpose,
                 tf32=dt is f32,
             )
-        _barrier(em)
+        em.barrier()
     frags = warp_mma(em, dt, k, ops[0], ops[1], s, frags)
-    if id(op.result) in em.fragment_values:
+    if op.result in em.fragment_values:
         if stores:
             # The next user of scratch (a reduction, a layout change, this op in the next
             # iteration) writes it without a barrier first: every warp must be done reading.
-            _barrier(em)
+            em.barrier()
         em.define(op.result, [x for row in frags for c in row for x in c])
     else:
         em.define(op.result, fragments_to_blocked(em, s, frags, em.layout(op.result), op))
 
 
-def acc_fragments(em: Emitter, op: o.MmaOp, acc: o.Value) -> list[list[list[Reg]]]:
+def acc_fragments(em: EmitContext, op: o.MmaOp, acc: o.Value) -> list[list[list[Reg]]]:
     """The accumulator `acc` of `op` as fragments [M slot][N slot][4] (converted through
     shared scratch if it is blocked)."""
     s = setup(em, op)
-    if id(acc) in em.fragment_values:
+    if acc in em.fragment_values:
         flat = em.regs(acc)
         assert len(flat) == s.count
         return [
@@ -268,19 +151,12 @@ def acc_fragments(em: Emitter, op: o.MmaOp, acc: o.Value) -> list[list[list[Reg]
     return blocked_to_fragments(em, s, em.regs(acc), em.layout(acc), op)
 
 
-def round_region(nbytes: int) -> int:
-    """Regions start on 128-byte boundaries (a full bank sweep)."""
-    return -(-nbytes // 128) * 128
-
-
-def _uniform_acc(em: Emitter, acc: o.Value) -> Reg | None:
+def _uniform_acc(em: EmitContext, acc: o.Value) -> Reg | None:
     """The scalar register of an accumulator that is a broadcast scalar (`a @ b`'s zeros):
     its fragments are that register, with no trip through shared memory."""
-    for op in walk(em.kernel.body):
-        if acc in op.results:
-            if isinstance(op, o.BroadcastOp) and op.operands[0].type.is_scalar:
-                return em.regs(op.operands[0])[0]
-            return None
+    op = em.uses.producer(acc)
+    if isinstance(op, o.BroadcastOp) and op.operands[0].type.is_scalar:
+        return em.regs(op.operands[0])[0]
     return None
 
 
@@ -297,11 +173,11 @@ class _Bands:
     count: int
     row_dim: int
 
-    def has_slot(self, p: int, slot: _Slot) -> bool:
+    def has_slot(self, p: int, slot: Slot) -> bool:
         return p * self.rows <= slot.nominal * 16 < (p + 1) * self.rows
 
 
-def _bands(em: Emitter, s: Setup, lay: Layout, m: int, n: int) -> _Bands:
+def _bands(em: EmitContext, s: Setup, lay: Layout, m: int, n: int) -> _Bands:
     row_dim = lay.dims[0]
     assert row_dim is not None
     base = lay.base
@@ -322,71 +198,71 @@ def _bands(em: Emitter, s: Setup, lay: Layout, m: int, n: int) -> _Bands:
 
 
 def fragments_to_blocked(
-    em: Emitter, s: Setup, frags: list[list[list[Reg]]], lay: Layout, op: o.MmaOp
+    em: EmitContext, s: Setup, frags: list[list[list[Reg]]], lay: Layout, op: o.MmaOp
 ) -> list[Reg]:
     """Accumulator fragments into the blocked layout `lay` of `op`'s result, through
     shared scratch."""
     m, n = op.result.type.shape
     bands = _bands(em, s, lay, m, n)
-    smem = _smem(em, bands.tile.nbytes)
+    smem = em.shared_scratch(bands.tile.nbytes)
     out: list[Reg | None] = [None] * lay.count()
     for p in range(bands.count):
         sel = [i for i, sm in enumerate(s.slots_m) if bands.has_slot(p, sm)]
         shift = p * bands.rows
-        _barrier(em)
+        em.barrier()
         addr = _c_fragment_addresses(em, smem, bands.tile, s.lane, s.slots_m, s.slots_n, shift)
         _store_c_fragments(em, addr, bands.tile, s.slots_m, s.slots_n, frags, sel)
-        _barrier(em)
+        em.barrier()
         band = (shift, shift + bands.rows, bands.row_dim)
         for idx, r in load_tile(em, smem, bands.tile, lay, band):
             out[idx] = r
-    _barrier(em)
+    em.barrier()
     assert all(r is not None for r in out)
     return [r for r in out if r is not None]
 
 
 def blocked_to_fragments(
-    em: Emitter, s: Setup, regs: list[Reg], lay: Layout, op: o.MmaOp
+    em: EmitContext, s: Setup, regs: list[Reg], lay: Layout, op: o.MmaOp
 ) -> list[list[list[Reg]]]:
     """An accumulator in blocked registers `regs` (layout `lay`) as fragments, through
     shared scratch."""
     m, n = op.result.type.shape
     bands = _bands(em, s, lay, m, n)
-    smem = _smem(em, bands.tile.nbytes)
+    smem = em.shared_scratch(bands.tile.nbytes)
     frags: list[list[list[Reg]]] = [[[] for _ in s.slots_n] for _ in s.slots_m]
     for p in range(bands.count):
         shift = p * bands.rows
-        _barrier(em)
+        em.barrier()
         band = (shift, shift + bands.rows, bands.row_dim)
         store_tile(em, smem, bands.tile, regs, lay, transpose=False, band=band)
-        _barrier(em)
+        em.barrier()
         sel = [i for i, sm in enumerate(s.slots_m) if bands.has_slot(p, sm)]
         addr = _c_fragment_addresses(em, smem, bands.tile, s.lane, s.slots_m, s.slots_n, shift)
         got = _load_c_fragments(em, addr, bands.tile, s.slots_m, s.slots_n, sel)
         for i in sel:
             frags[i] = got[i]
-    _barrier(em)
+    em.barrier()
     return frags
 
 
 # -- lanes, warps, slots --------------------------------------------------------------------
-def _lane_regs(em: Emitter, grid: WarpGrid) -> _Lane:
+def _lane_regs(em: EmitContext, grid: WarpGrid) -> Lane:
     fb, tid = em.fb, em.tid
     assert tid is not None
     lane, warp, g, t, wm, wn = (fb.reg("b32") for _ in range(6))
     fb.ins("and.b32", lane, tid, WARP - 1)
-    fb.ins("shr.u32", warp, tid, _log2(WARP))
+    fb.ins("shr.u32", warp, tid, log2(WARP))
     fb.ins("shr.u32", g, lane, 2)
     fb.ins("and.b32", t, lane, 3)
     fb.ins("and.b32", wn, warp, grid.wn - 1)
-    fb.ins("shr.u32", wm, warp, _log2(grid.wn))
-    return _Lane(lane, g, t, wm, wn)
+    fb.ins("shr.u32", wm, warp, log2(grid.wn))
+    return Lane(lane, g, t, wm, wn)
 
 
-def _slots(em: Emitter, w: Reg, warps: int, slots: int, frags: int) -> list[_Slot]:
+def _slots(em: EmitContext, w: Reg, warps: int, slots: int, frags: int) -> list[Slot]:
     """Slot s of warp coordinate w holds fragment w + s * warps. Only the last slot can run
     past `frags`; its index is clamped (its loads stay in bounds) and it gets a predicate."""
-    out = [_Slot(w, s * warps, None, s * warps) for s in range(slots)]
+    out = [Slot(w, s * warps, None, s * warps) for s in range(slots)]
     if frags % warps:
         fb = em.fb
         last = slots - 1
@@ -394,7 +270,7 @@ def _slots(em: Emitter, w: Reg, warps: int, slots: int, frags: int) -> list[_Slo
         fb.ins("add.u32", idx, w, last * warps)
         fb.ins("setp.lt.u32", valid, idx, frags)
         fb.ins("min.u32", idx, idx, frags - 1)
-        out[last] = _Slot(idx, 0, valid, last * warps)
+        out[last] = Slot(idx, 0, valid, last * warps)
     return out
 
 
@@ -412,7 +288,7 @@ Band = tuple[int, int, int]
 
 
 def shared_addresses(
-    em: Emitter,
+    em: EmitContext,
     smem: Reg,
     tile: SharedTile,
     lay: Layout,
@@ -460,33 +336,33 @@ def shared_addresses(
         if co not in cols:
             c, chunk, within = fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
             fb.ins("add.u32", c, coord[col_dim], co)
-            fb.ins("shr.u32", chunk, c, _log2(per_chunk))
+            fb.ins("shr.u32", chunk, c, log2(per_chunk))
             fb.ins("and.b32", within, c, per_chunk - 1)
-            fb.ins("shl.b32", within, within, _log2(tile.eb))
+            fb.ins("shl.b32", within, within, log2(tile.eb))
             cols[co] = (chunk, within)
         base, f = rows[ro]
         chunk, within = cols[co]
         x = fb.reg("b32")
         fb.ins("xor.b32", x, chunk, f)
-        fb.ins("shl.b32", x, x, _log2(CHUNK))
+        fb.ins("shl.b32", x, x, log2(CHUNK))
         fb.ins("or.b32", x, x, within)
         fb.ins("add.u32", x, x, base)
         out.append((offs, x, tile.offset))
     return out
 
 
-def _xor_value(em: Emitter, dst: Reg, row: Reg, tile: SharedTile) -> None:
+def _xor_value(em: EmitContext, dst: Reg, row: Reg, tile: SharedTile) -> None:
     """dst = f(row) = (row / R) * xor_step % S, the XOR applied to chunk indices of that
     row."""
     fb = em.fb
-    fb.ins("shr.u32", dst, row, _log2(tile.rows_per_step))
+    fb.ins("shr.u32", dst, row, log2(tile.rows_per_step))
     if tile.xor_step > 1:
-        fb.ins("shl.b32", dst, dst, _log2(tile.xor_step))
+        fb.ins("shl.b32", dst, dst, log2(tile.xor_step))
     fb.ins("and.b32", dst, dst, tile.xor_width - 1)
 
 
 def store_tile(
-    em: Emitter,
+    em: EmitContext,
     smem: Reg,
     tile: SharedTile,
     regs: list[Reg],
@@ -526,7 +402,7 @@ def store_tile(
 
 
 def load_tile(
-    em: Emitter, smem: Reg, tile: SharedTile, lay: Layout, band: Band | None = None
+    em: EmitContext, smem: Reg, tile: SharedTile, lay: Layout, band: Band | None = None
 ) -> list[tuple[int, Reg]]:
     """Read an f32 tile into the blocked layout `lay` (0 past the value's edges; only the
     rows in `band` if given): (register index, register) pairs."""
@@ -557,12 +433,12 @@ def _operand(regs: list[Reg]) -> Reg | Vec:
 
 # -- accumulator fragments ------------------------------------------------------------------
 def _c_fragment_addresses(
-    em: Emitter,
+    em: EmitContext,
     smem: Reg,
     tile: SharedTile,
-    lane: _Lane,
-    slots_m: list[_Slot],
-    slots_n: list[_Slot],
+    lane: Lane,
+    slots_m: list[Slot],
+    slots_n: list[Slot],
     shift: int = 0,
 ) -> dict[tuple[int, int], tuple[Reg, int]]:
     """Where this lane's d0, d1 (row g, cols 2t, 2t+1) of fragment slot (i, j) live, in a
@@ -586,16 +462,16 @@ def _c_fragment_addresses(
     return out
 
 
-def _slot_valid(em: Emitter, sm: _Slot, sn: _Slot) -> Reg | None:
+def _slot_valid(em: EmitContext, sm: Slot, sn: Slot) -> Reg | None:
     return em.conj(sm.valid, sn.valid)
 
 
 def _load_c_fragments(
-    em: Emitter,
+    em: EmitContext,
     addr: dict[tuple[int, int], tuple[Reg, int]],
     tile: SharedTile,
-    slots_m: list[_Slot],
-    slots_n: list[_Slot],
+    slots_m: list[Slot],
+    slots_n: list[Slot],
     sel: list[int],
 ) -> dict[int, list[list[Reg]]]:
     """Accumulator fragments of the M slots `sel` from the staged tile. A clamped slot that
@@ -625,11 +501,11 @@ def _load_c_fragments(
 
 
 def _store_c_fragments(
-    em: Emitter,
+    em: EmitContext,
     addr: dict[tuple[int, int], tuple[Reg, int]],
     tile: SharedTile,
-    slots_m: list[_Slot],
-    slots_n: list[_Slot],
+    slots_m: list[Slot],
+    slots_n: list[Slot],
     frags: list[list[list[Reg]]],
     sel: list[int],
 ) -> None:
@@ -649,7 +525,7 @@ def _store_c_fragments(
             )
 
 
-def _tf32(em: Emitter, regs: list[Reg]) -> list[Reg]:
+def _tf32(em: EmitContext, regs: list[Reg]) -> list[Reg]:
     """f32 fragment registers rounded to tf32 (to nearest, ties away, as `cvt.rna`)."""
     out = []
     for x in regs:
@@ -659,7 +535,7 @@ def _tf32(em: Emitter, regs: list[Reg]) -> list[Reg]:
     return out
 
 
-def _pairs(em: Emitter, lane: Reg, slots: list[tuple[Reg, int]]) -> list[tuple[Reg, int, int]]:
+def _pairs(em: EmitContext, lane: Reg, slots: list[tuple[Reg, int]]) -> list[tuple[Reg, int, int]]:
     """B slot addresses (register + immediate) grouped for ldmatrix: consecutive pairs as one
     `.x4` (lanes 16-31 give the second slot's rows) with the immediates folded into the
     register, and an odd last slot as `.x2`. Per group: (register, immediate, slots)."""
@@ -689,7 +565,7 @@ class _Chunks:
     idx = `reg`'s value and `static` has no bits in common with it. The XOR touches only the
     bits below `width`, so one register serves every `static` with the same low bits."""
 
-    def __init__(self, em: Emitter, reg: Reg, f: Reg, width: int) -> None:
+    def __init__(self, em: EmitContext, reg: Reg, f: Reg, width: int) -> None:
         self.em, self.width = em, width
         self.x = em.fb.reg("b32")
         em.fb.ins("xor.b32", self.x, reg, f)
@@ -702,14 +578,14 @@ class _Chunks:
             r = fb.reg("b32")
             if low:
                 fb.ins("xor.b32", r, self.x, low)
-                fb.ins("shl.b32", r, r, _log2(CHUNK))
+                fb.ins("shl.b32", r, r, log2(CHUNK))
             else:
-                fb.ins("shl.b32", r, self.x, _log2(CHUNK))
+                fb.ins("shl.b32", r, self.x, log2(CHUNK))
             self.cache[low] = r
         return self.cache[low], (static - low) * CHUNK
 
 
-def _lane_xor(em: Emitter, lane: Reg, tile: SharedTile) -> Reg:
+def _lane_xor(em: EmitContext, lane: Reg, tile: SharedTile) -> Reg:
     """f(row) for a lane whose fragment row is lane % 8 modulo 8 (all ldmatrix rows here)."""
     fb = em.fb
     r, f = fb.reg("b32"), fb.reg("b32")
@@ -719,7 +595,7 @@ def _lane_xor(em: Emitter, lane: Reg, tile: SharedTile) -> Reg:
 
 
 def _row_fragments(
-    em: Emitter, smem: Reg, tile: SharedTile, lane: Reg, rows: int, slots: list[_Slot]
+    em: EmitContext, smem: Reg, tile: SharedTile, lane: Reg, rows: int, slots: list[Slot]
 ) -> tuple[list[tuple[Reg, int]], _Chunks]:
     """Addressing of a tile read along its rows, `rows` per fragment (A: 16 with .x4;
     B with N rows: 8 with .x2): per slot, the lane's row address; and the lane's chunk offsets
@@ -727,7 +603,7 @@ def _row_fragments(
     fb = em.fb
     lrow, half = fb.reg("b32"), fb.reg("b32")
     fb.ins("and.b32", lrow, lane, rows - 1)
-    fb.ins("shr.u32", half, lane, _log2(rows))
+    fb.ins("shr.u32", half, lane, log2(rows))
     fb.ins("and.b32", half, half, 1)
     chunks = _Chunks(em, half, _lane_xor(em, lane, tile), max(2, tile.xor_width))
     cache: dict[str, Reg] = {}
@@ -746,7 +622,7 @@ def _row_fragments(
 _Reader = Callable[[int], list[list[Reg]]]
 
 
-def _ldmatrix(em: Emitter, count: int, trans: bool, where: Addr, rounded: bool) -> list[Reg]:
+def _ldmatrix(em: EmitContext, count: int, trans: bool, where: Addr, rounded: bool) -> list[Reg]:
     """`ldmatrix .x{count}` (`.trans`): its registers, rounded to tf32 if not `rounded`."""
     regs = [em.fb.reg("b32") for _ in range(count)]
     opcode = f"ldmatrix.sync.aligned.m8n8.x{count}{'.trans' if trans else ''}.shared.b16"
@@ -759,7 +635,7 @@ def _per_slot(regs: list[Reg], which: int) -> list[list[Reg]]:
     return [regs] if which == 0 else [regs[c : c + 2] for c in range(0, len(regs), 2)]
 
 
-def _mn_rows(em: Emitter, op: Operand, s: Setup, which: int) -> _Reader:
+def _mn_rows(em: EmitContext, op: Operand, s: Setup, which: int) -> _Reader:
     """An operand with M rows (A: `.x4` per slot, 16 rows) or N rows (B: 8 rows per slot,
     two slots per `.x4`), read with plain ldmatrix at the k step's two chunks."""
     lane = s.lane.lane
@@ -783,7 +659,7 @@ def _mn_rows(em: Emitter, op: Operand, s: Setup, which: int) -> _Reader:
     return read
 
 
-def _k_rows_trans(em: Emitter, op: Operand, s: Setup, which: int) -> _Reader:
+def _k_rows_trans(em: EmitContext, op: Operand, s: Setup, which: int) -> _Reader:
     """A 16-bit operand with K rows, read with `ldmatrix.trans`. A: `.x4` per M slot, its
     matrices (k 0-7, m 0-7), (k 0-7, m 8-15), (k 8-15, m 0-7), (k 8-15, m 8-15) from lanes
     0-7, ..., 24-31; B: 8 columns of N per slot, k 0-15 from lanes 0-15, and a second slot
@@ -832,7 +708,7 @@ def _k_rows_trans(em: Emitter, op: Operand, s: Setup, which: int) -> _Reader:
     return read
 
 
-def _k_rows_words(em: Emitter, op: Operand, s: Setup, which: int) -> _Reader:
+def _k_rows_words(em: EmitContext, op: Operand, s: Setup, which: int) -> _Reader:
     """A tf32 operand with K rows, read a word per register (ldmatrix cannot transpose
     32-bit elements): lane (g, t) reads k = t and t + 4 at m = g and g + 8 (A: a0 (g, t),
     a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4)) or at n = g (B: b0 (t, g), b1 (t+4, g)). The
@@ -881,7 +757,7 @@ def _k_rows_words(em: Emitter, op: Operand, s: Setup, which: int) -> _Reader:
     return read
 
 
-def _reader(em: Emitter, dt: type[DType], op: Operand, s: Setup, which: int) -> _Reader:
+def _reader(em: EmitContext, dt: type[DType], op: Operand, s: Setup, which: int) -> _Reader:
     if not op.k_rows:
         return _mn_rows(em, op, s, which)
     if dt is f32:
@@ -890,7 +766,7 @@ def _reader(em: Emitter, dt: type[DType], op: Operand, s: Setup, which: int) -> 
 
 
 def warp_mma(
-    em: Emitter,
+    em: EmitContext,
     dt: type[DType],
     k: int,
     a: Operand,

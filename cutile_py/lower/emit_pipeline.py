@@ -14,59 +14,52 @@ that the fragments are read from, issued `stages - 1` iterations ahead into a ri
                 i + S - 1 into that stage; commit; the mma reads stage i % S
     after:      wait for all groups (prefetches past the end) before shared memory is reused
 
-A load's index is recomputed for the iteration it is issued for, by emitting again the
-scalar ops of the body that compute it with the induction variable advanced.
+What is pipelined, how deep and where its ring lies is decided before emission
+(`plan_pipelines`); this module carries it out. A load's index is recomputed for the
+iteration it is issued for, by emitting again the scalar ops of the body that compute it
+with the induction variable advanced.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from cutile_py.ir import ops as o
-from cutile_py.ir.dtypes import bf16, f16, f32
 from cutile_py.lower import emit_mma
+from cutile_py.lower.context import EmitContext
 from cutile_py.lower.emit_memory import Access
-from cutile_py.lower.emit_ptx import LoweringError
-from cutile_py.lower.emit_shared import _barrier, _smem
-from cutile_py.lower.layout import Layout, canonical_blocked, walk
+from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad
 from cutile_py.ptx.builder import Addr, Reg
 
-if TYPE_CHECKING:
-    from cutile_py.lower.emit_ptx import Emitter
 
-#: Stages when the kernel does not say: as many as fit in 48 KiB, at most this many.
-DEFAULT_STAGES = 3
-#: Ops an index may be computed with: pure, scalar, no regions.
-_INDEX_OPS = (
-    o.ConstantOp,
-    o.BinaryOp,
-    o.UnaryOp,
-    o.CastOp,
-    o.CompareOp,
-    o.SelectOp,
-    o.FmaOp,
-    o.GridOp,
-    o.TensorDimOp,
-)
-
-
-@dataclass
-class StagedLoad:
-    """A body load that the pipeline issues ahead as cp.async copies."""
-
-    load: o.LoadOp
-    chain: list[o.Op]  # the load, then the reshapes and transposes down to the operand
-    operand: o.Value  # what the mma takes
-    k_rows: bool  # the tile's rows run along K (an A stored (K, M), a B stored (K, N))
-    tile: emit_mma.SharedTile  # in stage 0; stage s is `s * stage_bytes` further
-    copy: Layout  # how the block's threads split the copy
-    index_ops: list[o.Op]  # the body's ops that compute the load's index, in order
+def start(em: EmitContext, plan: PipelinePlan) -> LoopPipeline:
+    """Carry out `plan` for its loop, at the loop: set up the mmas' fragment addressing
+    (the epilogue after the loop uses it too), claim the ring, and set aside the loads the
+    pipeline issues ahead."""
+    for mma in plan.mmas:
+        emit_mma.setup(em, mma)
+    for k, mma in plan.carried:
+        em.fragment_values.add(plan.loop.body.args[k + 1])
+        em.fragment_values.add(mma.result)
+    if plan.loads:
+        em.shared_scratch(plan.stages * plan.stage_bytes)  # the body's scratch comes after it
+        for sl in plan.loads:
+            em.skipped.update(sl.chain)
+            em.base_regs(sl.copy.base)  # before the loop: the prologue and the body use it
+    return LoopPipeline(
+        em,
+        plan.loop,
+        dict(plan.carried),
+        list(plan.loads),
+        plan.stages if plan.loads else 1,
+        plan.stage_bytes,
+        plan.ring,
+    )
 
 
 @dataclass
 class LoopPipeline:
-    em: Emitter
+    em: EmitContext
     loop: o.ForOp
     #: Carried position → the mma whose accumulator it is (held as fragments).
     carried: dict[int, o.MmaOp]
@@ -98,7 +91,7 @@ class LoopPipeline:
             fb.ins("mov.u32", fixed, self.ring + s * self.stage_bytes)
             self._issue(s, fixed)
         for sl in self.loads:
-            em.staged[id(sl.operand)] = (sl.tile, sl.k_rows, self.read)
+            em.staged[sl.operand] = (sl.tile, sl.k_rows, self.read)
         # Shared memory that the body's other ops use (reductions, layout changes, mma
         # operands from registers) starts past the stages in flight.
         assert em.smem is not None
@@ -114,13 +107,13 @@ class LoopPipeline:
         fb = self.em.fb
         assert self.write is not None
         if self.stages == 1:
-            _barrier(self.em)  # every warp is done with the previous iteration's tiles
+            self.em.barrier()  # every warp is done with the previous iteration's tiles
             self._issue(0, self.write)
             fb.ins("cp.async.wait_group", 0)
-            _barrier(self.em)
+            self.em.barrier()
         else:
             fb.ins("cp.async.wait_group", self.stages - 2)
-            _barrier(self.em)
+            self.em.barrier()
             self._issue(self.stages - 1, self.write)
 
     def bottom(self) -> None:
@@ -136,7 +129,7 @@ class LoopPipeline:
         if not self.loads:
             return
         self.em.fb.ins("cp.async.wait_all")
-        _barrier(self.em)
+        self.em.barrier()
         self.em.scratch_floor, self.em.scratch = self.outer_scratch
 
     # -- internals ------------------------------------------------------------------------
@@ -165,25 +158,25 @@ class LoopPipeline:
         fb.ins("cp.async.commit_group")
 
 
-def _index_at(em: Emitter, loop: o.ForOp, sl: StagedLoad, iv: Reg) -> list[Reg]:
+def _index_at(em: EmitContext, loop: o.ForOp, sl: StagedLoad, iv: Reg) -> list[Reg]:
     """The load's index registers with the induction variable at `iv`: its index ops
     emitted again, the body's own definitions restored afterwards."""
     touched = [loop.body.args[0], *(op.result for op in sl.index_ops)]
-    saved = {id(v): em.values.get(id(v)) for v in touched}
+    saved = {v: em.values.get(v) for v in touched}
     em.define(loop.body.args[0], [iv])
     for op in sl.index_ops:
-        em.op(op)
+        em.emit_op(op)
     index = [em.regs(v)[0] for v in sl.load.operands]
     for v in touched:
-        old = saved[id(v)]
+        old = saved[v]
         if old is None:
-            em.values.pop(id(v), None)
+            em.values.pop(v, None)
         else:
-            em.values[id(v)] = old
+            em.values[v] = old
     return index
 
 
-def _copy(em: Emitter, sl: StagedLoad, index: list[Reg], base: Reg) -> None:
+def _copy(em: EmitContext, sl: StagedLoad, index: list[Reg], base: Reg) -> None:
     """One tile: each thread copies its chunks, zero-filling those past the tensor's edge."""
     fb = em.fb
     load = sl.load
@@ -209,209 +202,14 @@ def _copy(em: Emitter, sl: StagedLoad, index: list[Reg], base: Reg) -> None:
             fb.ins(f"cp.async.{level}.shared.global", Addr(dst, imm), src, nbytes, size, pred=issue)
 
 
-# -- planning ----------------------------------------------------------------------------
-def plan_loop(em: Emitter, loop: o.ForOp) -> LoopPipeline | None:
-    """What of `loop` runs as a tensor-core loop; None if its body has no top-level mma."""
-    body = loop.body.ops
-    mmas = [op for op in body if isinstance(op, o.MmaOp)]
-    if not mmas:
-        return None
-    uses = _uses(em.kernel)
-    yield_op = body[-1]
-    carried: dict[int, o.MmaOp] = {}
-    for k, arg in enumerate(loop.body.args[1:]):
-        for mma in mmas:
-            a, b, acc = mma.operands
-            if (
-                acc is arg
-                and uses.get(id(arg)) == [mma]
-                and yield_op.operands[k] is mma.result
-                and uses.get(id(mma.result)) == [yield_op]
-                and a is not arg
-                and b is not arg
-            ):
-                carried[k] = mma
-    loads = []
-    for mma in mmas:
-        for which in (0, 1):
-            sl = _staged_load(em, loop, mma, which, uses)
-            if sl is not None:
-                loads.append(sl)
-    # The fragment addressing is set up before the loop: the epilogue after it uses it too.
-    for mma in mmas:
-        emit_mma.setup(em, mma)
-    for k, mma in carried.items():
-        em.fragment_values.add(id(loop.body.args[k + 1]))
-        em.fragment_values.add(id(mma.result))
-    if not loads:
-        return LoopPipeline(em, loop, carried, [], 1, 0)
-    return _place(em, loop, carried, loads, mmas)
-
-
-def _uses(kernel: o.Kernel) -> dict[int, list[o.Op]]:
-    out: dict[int, list[o.Op]] = {}
-    for op in walk(kernel.body):
-        for v in op.operands:
-            out.setdefault(id(v), []).append(op)
-    return out
-
-
-def _staged_load(
-    em: Emitter, loop: o.ForOp, mma: o.MmaOp, which: int, uses: dict[int, list[o.Op]]
-) -> StagedLoad | None:
-    """Operand `which` of `mma` as a staged load, if it is one the pipeline can take: a
-    load in the loop body of a read-only tensor, reshaped (unit dims only) or transposed
-    on its single-use way to the mma."""
-    producers = _producers(loop)
-    v = mma.operands[which]
-    transposed = False
-    chain: list[o.Op] = []
-    while True:
-        if uses.get(id(v)) is None or len(uses[id(v)]) != 1:
-            return None
-        op = producers.get(id(v))
-        if isinstance(op, o.PermuteOp) and tuple(op.axes) == (1, 0):
-            transposed = not transposed
-        elif isinstance(op, o.ReshapeOp):
-            (x,) = op.operands
-            if [s for s in x.type.shape if s > 1] != [s for s in v.type.shape if s > 1]:
-                return None
-        elif isinstance(op, o.LoadOp):
-            chain.append(op)
-            break
-        else:
-            return None
-        chain.append(op)
-        v = op.operands[0]
-    load = chain[-1]
-    assert isinstance(load, o.LoadOp)
-    param = em.kernel.params[load.param]
-    dt = load.result.type.dtype
-    if (
-        not isinstance(param, o.TensorParam)
-        or param.mut  # the kernel may write it: loading ahead could read stale data
-        or load.within is not None
-        or load.padding != 0
-        or dt not in (f16, bf16, f32)
-    ):
-        return None
-    shape = load.shape
-    big = [i for i, s in enumerate(shape) if s > 1]
-    if len(big) != 2 or big[-1] != len(shape) - 1:
-        return None  # not a 2-D tile with the tensor's contiguous dim as its columns
-    rows, cols = shape[big[0]], shape[big[1]]
-    eb = dt.itemsize()
-    width = min(param.align, 16 // eb)
-    while width > 1 and cols % width:
-        width //= 2
-    if width * eb < 4:
-        return None  # cp.async copies 4, 8 or 16 bytes
-    # The tile keeps the tensor's orientation: rows along K for an A loaded (K, M) and
-    # transposed, or a B loaded (K, N); those are read with ldmatrix.trans (16-bit) or word
-    # by word (tf32, whose swizzle then spreads 4 rows over the banks: xor_step 2).
-    k_rows = transposed if which == 0 else not transposed
-    index_ops = _index_ops(loop, load, producers)
-    if index_ops is None:
-        return None
-    base = canonical_blocked((rows, cols), eb, em.plan.threads, max_vec=width)
-    if base.vec != width:
-        return None
-    copy = Layout(base, tuple(None if s == 1 else big.index(i) for i, s in enumerate(shape)))
-    tile = emit_mma.SharedTile(0, rows, cols, eb, True, xor_step=2 if k_rows and dt is f32 else 1)
-    chain.reverse()
-    return StagedLoad(load, chain, mma.operands[which], k_rows, tile, copy, index_ops)
-
-
-def _producers(loop: o.ForOp) -> dict[int, o.Op]:
-    """id(value) → the op of the loop body (top level) that defines it."""
-    return {id(r): op for op in loop.body.ops for r in op.results}
-
-
-def _index_ops(loop: o.ForOp, load: o.LoadOp, producers: dict[int, o.Op]) -> list[o.Op] | None:
-    """The body ops the load's index depends on, in body order; None if any is not a pure
-    scalar op or depends on a carried value (unknown for a later iteration)."""
-    carried = {id(a) for a in loop.body.args[1:]}
-    need: set[int] = set()
-    todo = list(load.operands)
-    while todo:
-        v = todo.pop()
-        if id(v) in carried:
-            return None
-        op = producers.get(id(v))
-        if op is None or id(op) in need:
-            continue  # defined before the loop, or the induction variable
-        if not isinstance(op, _INDEX_OPS) or op.result.type.shape:
-            return None
-        need.add(id(op))
-        todo.extend(op.operands)
-    return [op for op in loop.body.ops if id(op) in need]
-
-
-def _place(
-    em: Emitter,
-    loop: o.ForOp,
-    carried: dict[int, o.MmaOp],
-    loads: list[StagedLoad],
-    mmas: list[o.MmaOp],
-) -> LoopPipeline:
-    """Lay the stages out in shared memory and choose their number."""
-    stage_bytes = 0
-    placed = []
-    for sl in loads:
-        placed.append(replace(sl, tile=replace(sl.tile, offset=stage_bytes)))
-        stage_bytes += emit_mma.round_region(sl.tile.nbytes)
-    staged = {id(sl.operand) for sl in placed}
-    # Operands the mmas store from registers themselves (a padded load, say) each need
-    # a tile of their own after the stages.
-    reg_bytes = 0
-    for mma in mmas:
-        for v in mma.operands[:2]:
-            if id(v) not in staged:
-                rows, cols = v.type.shape
-                reg_bytes += emit_mma.round_region(rows * cols * v.type.dtype.itemsize())
-
-    ring = em.scratch_floor
-
-    def need(stages: int) -> int:
-        return ring + stages * stage_bytes + reg_bytes
-
-    explicit = em.kernel.stages
-    if explicit is not None:
-        stages = explicit
-        if need(stages) > em.max_shared:
-            tiles = ", ".join(f"{sl.operand.type}" for sl in placed)
-            raise LoweringError(
-                f"kernel {em.kernel.name}: stages={stages} needs {need(stages)} bytes of "
-                f"shared memory ({stage_bytes} per stage for the operand tiles {tiles}), "
-                f"more than the {em.max_shared} bytes a block may have on this target; use "
-                "fewer stages or smaller tiles"
-            )
-    else:
-        stages = max(
-            (s for s in range(1, DEFAULT_STAGES + 1) if need(s) <= emit_mma.SHARED_LIMIT),
-            default=1,
-        )
-        if need(stages) > em.max_shared:
-            raise LoweringError(
-                f"kernel {em.kernel.name}: the operand tiles of its mma loop need "
-                f"{need(stages)} bytes of shared memory, more than the {em.max_shared} bytes "
-                "a block may have on this target; use smaller tiles"
-            )
-    _smem(em, stages * stage_bytes)  # the ring; the body's scratch comes after it
-    for sl in placed:
-        em.skipped.update(id(op) for op in sl.chain)
-        em.base_regs(sl.copy.base)  # before the loop: the prologue and the body use it
-    return LoopPipeline(em, loop, carried, placed, stages, stage_bytes, ring)
-
-
 # -- accumulators in and out of fragment form -------------------------------------------
-def fragments_of(em: Emitter, mma: o.MmaOp, init: o.Value) -> list[Reg]:
+def fragments_of(em: EmitContext, mma: o.MmaOp, init: o.Value) -> list[Reg]:
     """The loop's initial accumulator `init` as `mma`'s fragments, flattened."""
     frags = emit_mma.acc_fragments(em, mma, init)
     return [x for row in frags for c in row for x in c]
 
 
-def blocked_of(em: Emitter, mma: o.MmaOp, arg: o.Value, result: o.Value) -> list[Reg]:
+def blocked_of(em: EmitContext, mma: o.MmaOp, arg: o.Value, result: o.Value) -> list[Reg]:
     """The carried accumulator (fragments in `arg`'s registers) in `result`'s layout."""
     s = emit_mma.setup(em, mma)
     frags = emit_mma.acc_fragments(em, mma, arg)

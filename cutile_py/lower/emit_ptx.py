@@ -10,16 +10,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
-from cutile_py.lower import emit_math, emit_memory, emit_shared
+from cutile_py.lower import emit_math, emit_memory, emit_mma, emit_pipeline, emit_shared
+from cutile_py.lower.context import EmitContext, TensorRegs
+from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.isel import (
     BITS_SUFFIX,
     F32_BINARY,
     F32_COMPARE,
-    FLOAT_NAME,
     INT_BINARY,
     INT_COMPARE,
     INT_SUFFIX,
@@ -27,23 +27,12 @@ from cutile_py.lower.isel import (
     ONE_BITS,
     PRED_BINARY,
     REG_CLASS,
+    bits16,
 )
-from cutile_py.lower.layout import Blocked, Layout, LayoutPlan
-from cutile_py.ptx.builder import FunctionBuilder, Imm, Reg, f32_imm, int_imm
+from cutile_py.lower.layout import Layout
+from cutile_py.ptx.builder import Imm, Reg, f32_imm, int_imm
 
-if TYPE_CHECKING:
-    from cutile_py.lower.emit_mma import Setup, SharedTile
-
-
-class LoweringError(Exception):
-    """The IR uses something this back end cannot lower (a compiler limitation), or a
-    configuration that cannot run (too much shared memory); `span` is the source of the op
-    being lowered, filled in by `Emitter.op` where the raiser did not know it."""
-
-    def __init__(self, message: str, span: o.Span | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.span = span
+__all__ = ["Emitter", "LoweringError", "PtxParam", "entry_name", "entry_params"]
 
 
 @dataclass(frozen=True)
@@ -78,77 +67,14 @@ def entry_params(params: Sequence[o.Param]) -> tuple[PtxParam, ...]:
 
 
 @dataclass
-class TensorRegs:
-    base: Reg  # global address of element 0
-    dims: list[Reg]  # run-time dims (u32)
+class Emitter(EmitContext):
+    """Emits a kernel's body op by op (`op_<opname>` handlers) on the context it extends."""
 
-
-@dataclass
-class BaseRegs:
-    """Per-thread registers of one blocked base, computed once in the preamble."""
-
-    coord: list[Reg]  # per base dim: this thread's first element along it (u32)
-    guards: dict[tuple[int, int], Reg]  # (dim, static offset) → element lies inside the dim
-    owners: dict[tuple[int, ...], Reg | None]  # replicated dims → this thread owns the copy
-
-
-@dataclass
-class Emitter:
-    kernel: o.Kernel
-    plan: LayoutPlan
-    fb: FunctionBuilder
     params: list[PtxParam] = field(default_factory=list)
-    values: dict[int, list[Reg]] = field(default_factory=dict)
-    tensors: dict[int, TensorRegs] = field(default_factory=dict)
-    bases: dict[Blocked, BaseRegs] = field(default_factory=dict)
-    tid: Reg | None = None
-    smem: Reg | None = None  # shared address of `smem` (u32)
     smem_line: int = -1
-    #: Shared memory per block the target allows (dynamic shared memory past 48 KiB).
-    max_shared: int = 48 * 1024
-    #: Instruction families used that need more than the target's base PTX version.
-    features: set[str] = field(default_factory=set)
-    # -- tensor cores (emit_mma, emit_pipeline) --
-    #: id(MmaOp) → its fragment addressing.
-    mma_setups: dict[int, Setup] = field(default_factory=dict)
-    #: Values held as mma accumulator fragments (a loop carries them), not blocked.
-    fragment_values: set[int] = field(default_factory=set)
-    #: id(mma operand value) → (its shared tile, whether its rows run along K, register
-    #: with the byte offset of the pipeline stage being read): operands a cp.async pipeline
-    #: loads.
-    staged: dict[int, tuple[SharedTile, bool, Reg]] = field(default_factory=dict)
-    #: Bytes at the start of shared memory a cp.async pipeline keeps in flight while its
-    #: loop body is emitted, and the address past them (None: scratch starts at `smem`).
-    scratch_floor: int = 0
-    scratch: Reg | None = None
-    #: ids of ops not emitted where they stand (loads a pipeline issues ahead instead).
-    skipped: set[int] = field(default_factory=set)
 
-    # -- registers ------------------------------------------------------------------------
-    def regs(self, v: o.Value) -> list[Reg]:
-        return self.values[id(v)]
-
-    def define(self, v: o.Value, regs: list[Reg]) -> None:
-        self.values[id(v)] = regs
-
-    def new(self, dtype: type[DType]) -> Reg:
-        return self.fb.reg(REG_CLASS[dtype])
-
-    def layout(self, v: o.Value) -> Layout:
-        return self.plan.of(v)
-
-    def count(self, v: o.Value) -> int:
-        return self.layout(v).count() if v.type.shape else 1
-
-    def regs_as(self, v: o.Value, want: Layout) -> list[Reg]:
-        """`v`'s registers in layout `want` (same shape), converting if it lives elsewhere."""
-        regs = self.regs(v)
-        if not v.type.shape:
-            return regs * want.count()
-        have = self.layout(v)
-        if have == want:
-            return regs
-        return emit_shared.convert(self, regs, have, want, v.type, v.type)
+    def __post_init__(self) -> None:
+        self.emit_op = self.op
 
     # -- preamble -------------------------------------------------------------------------
     def preamble(self) -> None:
@@ -200,70 +126,6 @@ class Emitter:
                 "target; use smaller tiles"
             )
 
-    def base_regs(self, b: Blocked) -> BaseRegs:
-        """Thread coordinates and edge guards of base `b` (in the preamble, so that every
-        later use, in any branch or loop, sees them defined)."""
-        if b in self.bases:
-            return self.bases[b]
-        fb, tid = self.fb, self.tid
-        assert tid is not None
-        coord: list[Reg] = []
-        for d in range(b.rank):
-            c = fb.reg("b32")
-            if b.threads[d] == 1:
-                fb.ins("mov.u32", c, 0)
-            else:
-                fb.ins("shr.u32", c, tid, b.stride(d).bit_length() - 1)
-                fb.ins("and.b32", c, c, b.threads[d] - 1)
-                if b.unit(d) > 1:
-                    fb.ins("shl.b32", c, c, b.unit(d).bit_length() - 1)
-            coord.append(c)
-        guards: dict[tuple[int, int], Reg] = {}
-        for d in range(b.rank):
-            for off in b.offsets(d):
-                if b.guarded(d, off):
-                    g = fb.reg("pred")
-                    fb.ins("setp.lt.u32", g, coord[d], b.shape[d] - off)
-                    guards[(d, off)] = g
-        regs = BaseRegs(coord, guards, {})
-        self.bases[b] = regs
-        return regs
-
-    def owner(self, lay: Layout) -> Reg | None:
-        """True in the one thread that holds each element of a replicated layout (stores and
-        shared-memory writes happen once per element)."""
-        br = self.base_regs(lay.base)
-        key = lay.replicated
-        if key in br.owners:
-            return br.owners[key]
-        fb, tid = self.fb, self.tid
-        assert tid is not None
-        pred: Reg | None = None
-        terms: list[Reg] = []
-        for d in key:
-            if lay.base.threads[d] > 1:
-                t = fb.reg("pred")
-                fb.ins("setp.eq.u32", t, br.coord[d], 0)
-                terms.append(t)
-        if lay.base.used < lay.base.block:
-            t = fb.reg("pred")
-            fb.ins("setp.lt.u32", t, tid, lay.base.used)
-            terms.append(t)
-        for t in terms:
-            pred = t if pred is None else self._and(pred, t)
-        br.owners[key] = pred
-        return pred
-
-    def valid(self, lay: Layout, offsets: dict[int, int]) -> Reg | None:
-        """The element at `offsets` lies inside the tile (None: always)."""
-        br = self.bases[lay.base]
-        pred: Reg | None = None
-        for d, off in offsets.items():
-            g = br.guards.get((d, off))
-            if g is not None:
-                pred = g if pred is None else self._and(pred, g)
-        return pred
-
     def scalar_param(self, i: int, p: o.ScalarParam) -> Reg:
         fb, name = self.fb, f"p{i}"
         if p.dtype is f32:
@@ -288,26 +150,13 @@ class Emitter:
             return r
         raise LoweringError(f"scalar parameters of type {p.dtype.name} are not supported")
 
-    def _and(self, a: Reg, b: Reg) -> Reg:
-        r = self.fb.reg("pred")
-        self.fb.ins("and.pred", r, a, b)
-        return r
-
-    def conj(self, a: Reg | None, b: Reg | None) -> Reg | None:
-        """`a and b` where None stands for an always-true predicate."""
-        if a is None:
-            return b
-        if b is None:
-            return a
-        return self._and(a, b)
-
     # -- the body -------------------------------------------------------------------------
     def region(self, region: o.Region) -> None:
         for op in region.ops:
             self.op(op)
 
     def op(self, op: o.Op) -> None:
-        if id(op) in self.skipped:
+        if op in self.skipped:
             return
         handler = getattr(self, f"op_{op.opname}", None)
         if handler is None:
@@ -326,7 +175,7 @@ class Emitter:
         if dt is f32:
             fb.ins("mov.f32", r, f32_imm(float(op.value)))
         elif dt in (f16, bf16):
-            fb.ins("mov.b16", r, Imm(f"0x{emit_shared.bits16(float(op.value), dt):04X}"))
+            fb.ins("mov.b16", r, Imm(f"0x{bits16(float(op.value), dt):04X}"))
         elif dt is bool_:
             t = fb.reg("b32")
             fb.ins("mov.u32", t, int(bool(op.value)))
@@ -364,8 +213,6 @@ class Emitter:
         emit_shared.reduce(self, op)
 
     def op_mma(self, op: o.MmaOp) -> None:
-        from cutile_py.lower import emit_mma
-
         emit_mma.mma(self, op)
 
     def op_reshape(self, op: o.ReshapeOp) -> None:
@@ -386,7 +233,10 @@ class Emitter:
         n = self.count(res)
         if res.type.shape:
             want = self.layout(res)
-            ins = [self.regs(v) if not v.type.shape else self.regs_as(v, want) for v in op.operands]
+            ins = [
+                self.regs(v) if not v.type.shape else emit_shared.regs_as(self, v, want)
+                for v in op.operands
+            ]
         else:
             ins = [self.regs(v) for v in op.operands]
         cache: dict[tuple[str, ...], Reg] = {}
@@ -398,24 +248,6 @@ class Emitter:
                 cache[key] = fn(*args)
             out.append(cache[key])
         self.define(op.result, out)
-
-    def widen(self, x: Reg, dt: type[DType]) -> Reg:
-        """A 16-bit float as f32 (exact)."""
-        if dt is f32:
-            return x
-        r = self.fb.reg("f32")
-        if dt is bf16:
-            self.features.add("cvt.f32.bf16")
-        self.fb.ins(f"cvt.f32.{FLOAT_NAME[dt]}", r, x)
-        return r
-
-    def narrow(self, x: Reg, dt: type[DType]) -> Reg:
-        """An f32 rounded to nearest even into `dt`."""
-        if dt is f32:
-            return x
-        r = self.fb.reg("b16")
-        self.fb.ins(f"cvt.rn.{FLOAT_NAME[dt]}.f32", r, x)
-        return r
 
     def op_unary(self, op: o.UnaryOp) -> None:
         dt, fb, kind = op.result.type.dtype, self.fb, op.kind
@@ -609,16 +441,15 @@ class Emitter:
         """`v`'s registers in the layout of `like` (a value of the same type)."""
         if not like.type.shape:
             return self.regs(v)
-        return self.regs_as(v, self.layout(like))
+        return emit_shared.regs_as(self, v, self.layout(like))
 
     def op_for(self, op: o.ForOp) -> None:
-        from cutile_py.lower import emit_pipeline
-
         fb = self.fb
         lo, hi, step, *inits = op.operands
         args = op.body.args[1:]
         # Accumulators the loop carries stay mma fragments; operand loads go through cp.async.
-        pipe = emit_pipeline.plan_loop(self, op)
+        planned = self.pipelines.get(op)
+        pipe = emit_pipeline.start(self, planned) if planned is not None else None
         frag = pipe.carried if pipe is not None else {}
         iv = fb.reg("b32")
         self.mov(iv, self.regs(lo)[0])

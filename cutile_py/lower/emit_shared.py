@@ -9,47 +9,29 @@ over the reduced dim for free.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import numpy as np
-
 from cutile_py.ir import ops as o
-from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, round_to_bf16
+from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32
 from cutile_py.ir.types import TileType
+from cutile_py.lower.context import EmitContext
 from cutile_py.lower.isel import MOV
 from cutile_py.lower.layout import Layout
 from cutile_py.ptx.builder import Imm, Reg, Vec, f32_imm
 
-if TYPE_CHECKING:
-    from cutile_py.lower.emit_ptx import Emitter
-
-WARP = 32
 BANK_BYTES = 4
 
 
-def bits16(x: float, dt: type[DType]) -> int:
-    """The 16 bits of `x` rounded to f16 or bf16."""
-    with np.errstate(over="ignore"):
-        if dt is f16:
-            return int(np.array([x], dtype=np.float16).view(np.uint16)[0])
-        f = round_to_bf16(np.array([x], dtype=np.float32))
-    return int(f.view(np.uint32)[0] >> 16)
-
-
-def _smem(em: Emitter, nbytes: int) -> Reg:
-    """The address of the shared scratch space, growing it to at least `nbytes`. Scratch
-    starts past what an enclosing cp.async pipeline keeps in flight (`em.scratch_floor`)."""
-    assert em.smem is not None
-    need = em.scratch_floor + nbytes
-    em.fb.shared_bytes = max(em.fb.shared_bytes, -(-need // 16) * 16)
-    return em.scratch if em.scratch is not None else em.smem
-
-
-def _barrier(em: Emitter) -> None:
-    em.fb.ins("bar.sync", 0)
-
-
 # -- layout conversion -------------------------------------------------------------------
+def regs_as(em: EmitContext, v: o.Value, want: Layout) -> list[Reg]:
+    """`v`'s registers in layout `want` (same shape), converting if it lives elsewhere."""
+    regs = em.regs(v)
+    if not v.type.shape:
+        return regs * want.count()
+    have = em.layout(v)
+    if have == want:
+        return regs
+    return convert(em, regs, have, want, v.type, v.type)
+
+
 def _elem(dt: type[DType]) -> tuple[int, str]:
     """Bytes and ld/st suffix of one element in shared memory."""
     if dt is bool_:
@@ -70,7 +52,7 @@ def _fast_last(lay: Layout) -> bool:
     return lay.dims[-1] is not None and lay.dims[-1] == lay.base.rank - 1
 
 
-def _thread_part(em: Emitter, lay: Layout, strides: list[int], eb: int, smem: Reg) -> Reg:
+def _thread_part(em: EmitContext, lay: Layout, strides: list[int], eb: int, smem: Reg) -> Reg:
     """smem + (this thread's linear element index) * eb."""
     fb = em.fb
     coord = em.bases[lay.base].coord
@@ -87,7 +69,7 @@ def _static(lay: Layout, offs: dict[int, int], strides: list[int]) -> int:
 
 
 def convert(
-    em: Emitter, regs: list[Reg], src: Layout, dst: Layout, src_t: TileType, dst_t: TileType
+    em: EmitContext, regs: list[Reg], src: Layout, dst: Layout, src_t: TileType, dst_t: TileType
 ) -> list[Reg]:
     """Move a tile between layouts through shared memory (row-major element order, so a
     reshape is the same round trip). Rows are padded by one bank when the two layouts walk
@@ -104,7 +86,7 @@ def convert(
     s_strides = _row_major(src_t.shape, pad)
     d_strides = _row_major(dst_t.shape, pad)
     total = s_strides[0] * src_t.shape[0] if src_t.shape else 1
-    smem = _smem(em, total * eb)
+    smem = em.shared_scratch(total * eb)
     base = _thread_part(em, src, s_strides, eb, smem)
     owner = em.owner(src)
     for r, offs in zip(regs, src.registers()):
@@ -116,7 +98,7 @@ def convert(
             fb.ins("st.shared.u8", where, h, pred=pred)
         else:
             fb.ins(f"st.shared.{suffix}", where, r, pred=pred)
-    _barrier(em)
+    em.barrier()
     base = _thread_part(em, dst, d_strides, eb, smem)
     out = []
     for offs in dst.registers():
@@ -134,7 +116,7 @@ def convert(
             fb.ins(f"mov.{MOV[x.ptype]}", x, 0 if x.ptype != "f32" else f32_imm(0.0))
         fb.ins(f"ld.shared.{suffix}", x, where, pred=pred)
         out.append(x)
-    _barrier(em)
+    em.barrier()
     return out
 
 
@@ -143,7 +125,7 @@ def _at(base: Reg, offset: int) -> str:
 
 
 # -- shape ops ---------------------------------------------------------------------------
-def broadcast(em: Emitter, op: o.BroadcastOp) -> None:
+def broadcast(em: EmitContext, op: o.BroadcastOp) -> None:
     (x,) = op.operands
     res = op.result
     rl = em.layout(res)
@@ -152,11 +134,11 @@ def broadcast(em: Emitter, op: o.BroadcastOp) -> None:
         em.define(res, [em.regs(x)[0]] * n)
         return
     want = Layout(rl.base, tuple(d if s > 1 else None for d, s in zip(rl.dims, x.type.shape)))
-    xregs = em.regs_as(x, want)
+    xregs = regs_as(em, x, want)
     em.define(res, [xregs[want.index(offs)] for offs in rl.registers()])
 
 
-def reshape(em: Emitter, op: o.ReshapeOp) -> None:
+def reshape(em: EmitContext, op: o.ReshapeOp) -> None:
     (x,) = op.operands
     res = op.result
     if not x.type.shape or not res.type.shape or not em.layout(x).present:
@@ -179,7 +161,7 @@ def reshape(em: Emitter, op: o.ReshapeOp) -> None:
     em.define(res, convert(em, em.regs(x), xl, rl, x.type, res.type))
 
 
-def permute(em: Emitter, op: o.PermuteOp) -> None:
+def permute(em: EmitContext, op: o.PermuteOp) -> None:
     (x,) = op.operands
     res = op.result
     xl, rl = em.layout(x), em.layout(res)
@@ -192,7 +174,7 @@ def permute(em: Emitter, op: o.PermuteOp) -> None:
 class _Combiner:
     """How one reduction kind combines partials; values are f32, integers or predicates."""
 
-    def __init__(self, em: Emitter, kind: str, dt: type[DType]) -> None:
+    def __init__(self, em: EmitContext, kind: str, dt: type[DType]) -> None:
         self.em, self.kind = em, kind
         self.src = dt
         self.acc: type[DType]
@@ -263,24 +245,24 @@ class _Combiner:
             fb.ins("setp.nan.f32", an, av, av)
             fb.ins("setp.nan.f32", bn, bv, bv)
             fb.ins("not.pred", not_an, an)
-            better = _or(em, better, em._and(bn, not_an))
-            tie = _or(em, tie, em._and(an, bn))
+            better = _or(em, better, em.and_(bn, not_an))
+            tie = _or(em, tie, em.and_(an, bn))
         lower = fb.reg("pred")
         fb.ins("setp.lt.s32", lower, bi, ai)
-        take = _or(em, better, em._and(tie, lower))
+        take = _or(em, better, em.and_(tie, lower))
         v, i = em.new(self.acc), fb.reg("b32")
         fb.ins(f"selp.{MOV[v.ptype]}", v, bv, av, take)
         fb.ins("selp.b32", i, bi, ai, take)
         return v, i
 
 
-def _or(em: Emitter, a: Reg, b: Reg) -> Reg:
+def _or(em: EmitContext, a: Reg, b: Reg) -> Reg:
     r = em.fb.reg("pred")
     em.fb.ins("or.pred", r, a, b)
     return r
 
 
-def _shuffle(em: Emitter, x: Reg, lanes: int) -> Reg:
+def _shuffle(em: EmitContext, x: Reg, lanes: int) -> Reg:
     """The value of `x` in lane `lane ^ lanes`."""
     fb = em.fb
     if x.ptype == "b64":
@@ -302,7 +284,7 @@ def _shuffle(em: Emitter, x: Reg, lanes: int) -> Reg:
     return r
 
 
-def reduce(em: Emitter, op: o.ReduceOp) -> None:
+def reduce(em: EmitContext, op: o.ReduceOp) -> None:
     (x,) = op.operands
     res = op.result
     xl = em.layout(x)
@@ -361,7 +343,7 @@ def reduce(em: Emitter, op: o.ReduceOp) -> None:
     em.define(res, out if rl == want else convert(em, out, want, rl, res.type, res.type))
 
 
-def _pred_select(em: Emitter, dst: Reg, a: Reg, b: Reg, c: Reg) -> None:
+def _pred_select(em: EmitContext, dst: Reg, a: Reg, b: Reg, c: Reg) -> None:
     fb = em.fb
     t1, nc, t2 = fb.reg("pred"), fb.reg("pred"), fb.reg("pred")
     fb.ins("and.pred", t1, c, a)
@@ -370,14 +352,14 @@ def _pred_select(em: Emitter, dst: Reg, a: Reg, b: Reg, c: Reg) -> None:
     fb.ins("or.pred", dst, t1, t2)
 
 
-def _finish(em: Emitter, v: Reg, dt: type[DType], cb: _Combiner) -> Reg:
+def _finish(em: EmitContext, v: Reg, dt: type[DType], cb: _Combiner) -> Reg:
     if dt in (f16, bf16):
         return em.narrow(v, dt)
     return v
 
 
 def _across_threads(
-    em: Emitter, cb: _Combiner, lay: Layout, d: int, values: list[Reg], indices: list[Reg]
+    em: EmitContext, cb: _Combiner, lay: Layout, d: int, values: list[Reg], indices: list[Reg]
 ) -> tuple[list[Reg], list[Reg]]:
     """Combine the partials of the threads along base dim d: shuffles, then shared memory."""
     b = lay.base
@@ -400,12 +382,12 @@ def _across_threads(
     assert tid is not None
     slots = values + indices
     block = b.block
-    smem = _smem(em, len(slots) * block * 8)
+    smem = em.shared_scratch(len(slots) * block * 8)
     mine = fb.reg("b32")
     fb.ins("mad.lo.u32", mine, tid, 8, smem)
     for k, r in enumerate(slots):
         fb.ins(f"st.shared.{_width(r)}", _at(mine, k * block * 8), _as_bits(em, r))
-    _barrier(em)
+    em.barrier()
     # Every thread reads the partials along d in the same order: identical results.
     first = fb.reg("b32")
     fb.ins("and.b32", first, tid, ~(((1 << (hi - wlo)) - 1) << wlo) & 0xFFFFFFFF)
@@ -431,7 +413,7 @@ def _across_threads(
         new_v.append(acc_v)
         if acc_i is not None:
             new_i.append(acc_i)
-    _barrier(em)
+    em.barrier()
     return new_v, new_i
 
 
@@ -439,7 +421,7 @@ def _width(r: Reg) -> str:
     return "b64" if r.ptype == "b64" else "b32"
 
 
-def _as_bits(em: Emitter, r: Reg) -> Reg:
+def _as_bits(em: EmitContext, r: Reg) -> Reg:
     if r.ptype != "pred":
         return r
     w = em.fb.reg("b32")
@@ -447,7 +429,7 @@ def _as_bits(em: Emitter, r: Reg) -> Reg:
     return w
 
 
-def _load_slot(em: Emitter, base: Reg, offset: int, like: Reg) -> Reg:
+def _load_slot(em: EmitContext, base: Reg, offset: int, like: Reg) -> Reg:
     fb = em.fb
     if like.ptype == "pred":
         w, p = fb.reg("b32"), fb.reg("pred")

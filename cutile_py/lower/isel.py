@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
+import numpy as np
+
+from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64, round_to_bf16
 
 #: The register class that holds a value of each dtype.
 REG_CLASS: dict[type[DType], str] = {
@@ -65,3 +67,12 @@ INT_COMPARE: dict[str, str] = {
 ONE_BITS: dict[type[DType], int] = {f16: 0x3C00, bf16: 0x3F80}
 #: cvt suffix naming each float dtype.
 FLOAT_NAME: dict[type[DType], str] = {f32: "f32", f16: "f16", bf16: "bf16"}
+
+
+def bits16(x: float, dt: type[DType]) -> int:
+    """The 16 bits of `x` rounded to f16 or bf16."""
+    with np.errstate(over="ignore"):
+        if dt is f16:
+            return int(np.array([x], dtype=np.float16).view(np.uint16)[0])
+        f = round_to_bf16(np.array([x], dtype=np.float32))
+    return int(f.view(np.uint32)[0] >> 16)

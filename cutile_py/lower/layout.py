@@ -23,6 +23,8 @@ from math import prod
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.types import TileType
+from cutile_py.ir.uses import walk
+from cutile_py.ptx.target import Target
 
 MAX_THREADS = 256
 MIN_THREADS = 32
@@ -133,22 +135,13 @@ class Layout:
 @dataclass
 class LayoutPlan:
     threads: int
-    layouts: dict[int, Layout] = field(default_factory=dict)  # id(Value) → layout
-    #: id(LoadOp/StoreOp) → the coalesced layout it accesses memory in, where the value's
+    layouts: dict[o.Value, Layout] = field(default_factory=dict)
+    #: LoadOp/StoreOp → the coalesced layout it accesses memory in, where the value's
     #: own layout walks memory across rows (a transposed tile); converted on the way.
-    memory: dict[int, Layout] = field(default_factory=dict)
+    memory: dict[o.Op, Layout] = field(default_factory=dict)
 
     def of(self, v: o.Value) -> Layout:
-        return self.layouts[id(v)]
-
-
-def walk(region: o.Region) -> list[o.Op]:
-    out: list[o.Op] = []
-    for op in region.ops:
-        out.append(op)
-        for r in op.regions():
-            out.extend(walk(r))
-    return out
+        return self.layouts[v]
 
 
 def canonical_blocked(
@@ -271,9 +264,11 @@ def _relate(op: o.Op, u: _DimUnion) -> None:
                 same(res, x, [(i, i) for i in range(len(res.type.shape))])
 
 
-def plan_layouts(kernel: o.Kernel) -> LayoutPlan:
-    """Assign each tile value a layout; dims that ops relate share base dims."""
-    ops = walk(kernel.body)
+def plan_layouts(kernel: o.Kernel, target: Target) -> LayoutPlan:
+    """Assign each tile value a layout; dims that ops relate share base dims. The block is
+    at most `MAX_THREADS` threads (a choice well inside every target's limit)."""
+    assert target.max_threads_per_block >= MAX_THREADS
+    ops = list(walk(kernel.body))
     u = _DimUnion()
     values: list[o.Value] = []
     seen: set[int] = set()
@@ -369,16 +364,16 @@ def plan_layouts(kernel: o.Kernel) -> LayoutPlan:
         vc = classes(v)
         real = [c for c in vc if c is not None]
         if not real:
-            plan.layouts[id(v)] = Layout(unit_base, tuple(None for _ in vc))
+            plan.layouts[v] = Layout(unit_base, tuple(None for _ in vc))
             continue
         base = bases[ffind(real[0])]
-        plan.layouts[id(v)] = Layout(base, tuple(None if c is None else position[c] for c in vc))
+        plan.layouts[v] = Layout(base, tuple(None if c is None else position[c] for c in vc))
     for op in ops:
         if isinstance(op, (o.LoadOp, o.StoreOp)):
             v = op.result if isinstance(op, o.LoadOp) else op.operands[-1]
-            lay = plan.layouts[id(v)]
+            lay = plan.layouts[v]
             if v.type.shape[-1] > 1 and lay.dims[-1] != lay.base.rank - 1:
-                plan.memory[id(op)] = canonical_layout(v.type, block)
+                plan.memory[op] = canonical_layout(v.type, block)
     return plan
 
 

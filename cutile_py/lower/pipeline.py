@@ -1,16 +1,19 @@
-"""The lowering pipeline, in order: verify → plan layouts → emit PTX → render the module.
+"""The lowering pipeline, in order: verify → def-use → plan (layouts, then pipelines) → emit
+PTX → render the module.
 
-Layouts are planned before emission because every op of a shape must agree on which thread
-holds which element; emission then is a single walk in program order.
+Every decision is planned before emission (`plan.py`): every op of a shape must agree on which
+thread holds which element, and a loop's pipeline claims shared memory that the code after
+it may reuse. Emission then is a single walk in program order that carries the plan out.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cutile_py.ir import Kernel, verify
+from cutile_py.ir.uses import def_use
 from cutile_py.lower.emit_ptx import Emitter, PtxParam, entry_name
-from cutile_py.lower.layout import LayoutPlan, plan_layouts
+from cutile_py.lower.plan import LoweringPlan, plan_lowering
 from cutile_py.ptx.builder import FunctionBuilder, ModuleBuilder
 from cutile_py.ptx.target import Target
 
@@ -26,13 +29,16 @@ class LoweredKernel:
     target: Target
     #: Bytes of dynamic shared memory each launch passes (0: the kernel's shared is static).
     dynamic_shared: int = 0
+    #: What the planning passes decided (None for a kernel read back from the disk cache).
+    plan: LoweringPlan | None = field(default=None, compare=False, repr=False)
 
 
 def lower_kernel(kernel: Kernel, target: Target) -> LoweredKernel:
     verify(kernel)
-    plan: LayoutPlan = plan_layouts(kernel)
+    uses = def_use(kernel)
+    plan = plan_lowering(kernel, target, uses)
     fb = FunctionBuilder(entry_name(kernel.name), [])
-    em = Emitter(kernel, plan, fb, max_shared=target.max_shared_bytes)
+    em = Emitter(kernel, plan.layouts, fb, target, uses, plan.pipelines)
     em.preamble()
     em.region(kernel.body)
     em.finish()
@@ -40,5 +46,11 @@ def lower_kernel(kernel: Kernel, target: Target) -> LoweredKernel:
     module = ModuleBuilder(target, em.features)
     module.functions.append(fb)
     return LoweredKernel(
-        module.render(), fb.name, plan.threads, tuple(em.params), target, fb.dynamic_shared
+        module.render(),
+        fb.name,
+        plan.layouts.threads,
+        tuple(em.params),
+        target,
+        fb.dynamic_shared,
+        plan,
     )

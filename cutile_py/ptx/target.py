@@ -1,4 +1,5 @@
-"""Compilation targets: the SM architecture and the PTX ISA versions its features need."""
+"""Compilation targets: the SM architecture, what it can do (capability flags every lowering
+pass reads instead of guessing the architecture) and the PTX ISA versions its features need."""
 
 from __future__ import annotations
 
@@ -40,6 +41,12 @@ MAX_SHARED_OPTIN: dict[int, int] = {
 #: Static shared memory (`.shared` arrays of fixed size) is capped at 48 KB on every target;
 #: beyond it only dynamic shared memory (`.extern .shared`) can reach the opt-in maximum.
 MAX_STATIC_SHARED = 48 * 1024
+#: 32-bit registers: at most 255 per thread (PTX ISA, "Maximum number of registers"), and 64 K
+#: per block on every SM from 8.0 to 12.0 (CUDA C++ Programming Guide, Technical
+#: Specifications per Compute Capability).
+MAX_REGISTERS_PER_THREAD = 255
+MAX_REGISTERS_PER_BLOCK = 64 * 1024
+MAX_THREADS_PER_BLOCK = 1024
 #: The lowest `.version` for an instruction family, where it is higher than 7.0.
 MIN_PTX_FOR_FEATURE: dict[str, tuple[int, int]] = {
     "cvt.f32.bf16": (7, 1),  # widening bf16 with cvt (narrowing is 7.0)
@@ -74,6 +81,50 @@ class Target:
         if self.shared_optin is not None:
             return self.shared_optin
         return MAX_SHARED_OPTIN[max(sm for sm in MAX_SHARED_OPTIN if sm <= self.sm)]
+
+    # -- capability flags ------------------------------------------------------------------
+    @property
+    def mma_sync(self) -> bool:
+        """Warp-level `mma.sync` m16n8k16 (f16, bf16) and m16n8k8 (tf32): sm_80 and newer."""
+        return self.sm >= 80
+
+    @property
+    def cp_async(self) -> bool:
+        """`cp.async` global → shared copies with commit groups: sm_80 and newer."""
+        return self.sm >= 80
+
+    @property
+    def wgmma(self) -> bool:
+        """Warpgroup `wgmma.mma_async`: only on the arch-specific target sm_90a, which this
+        compiler does not emit; False on every target it accepts."""
+        return False
+
+    @property
+    def tma(self) -> bool:
+        """Tensor-memory-accelerator copies (`cp.async.bulk.tensor`, mbarriers): sm_90 and
+        newer."""
+        return self.sm >= 90
+
+    @property
+    def max_registers_per_thread(self) -> int:
+        return MAX_REGISTERS_PER_THREAD
+
+    @property
+    def max_registers_per_block(self) -> int:
+        return MAX_REGISTERS_PER_BLOCK
+
+    @property
+    def max_threads_per_block(self) -> int:
+        return MAX_THREADS_PER_BLOCK
+
+    def describe(self) -> str:
+        """The target and its flags on one line (what a lowering plan prints)."""
+        flags = [f for f in ("mma_sync", "cp_async", "wgmma", "tma") if getattr(self, f)]
+        return (
+            f"{self.name} [{' '.join(flags)}] shared {self.max_shared_bytes} B, "
+            f"registers {self.max_registers_per_thread}/thread "
+            f"{self.max_registers_per_block}/block"
+        )
 
     def ptx_version(self, features: frozenset[str] = frozenset()) -> tuple[int, int]:
         """The lowest PTX ISA version that this target and `features` allow."""

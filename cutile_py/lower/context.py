@@ -1,0 +1,210 @@
+"""The emission context every `emit_*` module works on: the kernel, its layouts, the function
+being built, the registers of each IR value, per-thread coordinates and predicates, the shared
+scratch space and the barrier. It imports no emitter, so every emitter can import it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from cutile_py.ir import ops as o
+from cutile_py.ir.dtypes import DType, bf16, f32
+from cutile_py.ir.uses import DefUse
+from cutile_py.lower.errors import LoweringError
+from cutile_py.lower.fragments import Setup, SharedTile
+from cutile_py.lower.isel import FLOAT_NAME, REG_CLASS
+from cutile_py.lower.layout import Blocked, Layout, LayoutPlan
+from cutile_py.lower.plan_pipelines import PipelinePlan
+from cutile_py.ptx.builder import FunctionBuilder, Reg
+from cutile_py.ptx.target import Target
+
+#: Threads per warp.
+WARP = 32
+
+__all__ = ["WARP", "BaseRegs", "EmitContext", "LoweringError", "TensorRegs"]
+
+
+@dataclass
+class TensorRegs:
+    base: Reg  # global address of element 0
+    dims: list[Reg]  # run-time dims (u32)
+
+
+@dataclass
+class BaseRegs:
+    """Per-thread registers of one blocked base, computed once in the preamble."""
+
+    coord: list[Reg]  # per base dim: this thread's first element along it (u32)
+    guards: dict[tuple[int, int], Reg]  # (dim, static offset) → element lies inside the dim
+    owners: dict[tuple[int, ...], Reg | None]  # replicated dims → this thread owns the copy
+
+
+def _no_dispatch(op: o.Op) -> None:
+    raise LoweringError(f"no emitter is attached to emit {op.opname}")
+
+
+@dataclass
+class EmitContext:
+    kernel: o.Kernel
+    plan: LayoutPlan
+    fb: FunctionBuilder
+    target: Target
+    #: Who defines and uses each value (built once per kernel).
+    uses: DefUse
+    #: The pipeline planned for each loop with an mma in its body.
+    pipelines: Mapping[o.ForOp, PipelinePlan] = field(default_factory=dict)
+    values: dict[o.Value, list[Reg]] = field(default_factory=dict)
+    tensors: dict[int, TensorRegs] = field(default_factory=dict)
+    bases: dict[Blocked, BaseRegs] = field(default_factory=dict)
+    tid: Reg | None = None
+    smem: Reg | None = None  # shared address of `smem` (u32)
+    #: Instruction families used that need more than the target's base PTX version.
+    features: set[str] = field(default_factory=set)
+    #: Emits one IR op where it stands (the emitter's dispatch; a pipeline emits a load's
+    #: index ops again for a later iteration through it).
+    emit_op: Callable[[o.Op], None] = _no_dispatch
+    # -- tensor cores (emit_mma, emit_pipeline) --
+    #: Per mma op, its fragment addressing.
+    mma_setups: dict[o.MmaOp, Setup] = field(default_factory=dict)
+    #: Values held as mma accumulator fragments (a loop carries them), not blocked.
+    fragment_values: set[o.Value] = field(default_factory=set)
+    #: mma operand value → (its shared tile, whether its rows run along K, register
+    #: with the byte offset of the pipeline stage being read): operands a cp.async pipeline
+    #: loads.
+    staged: dict[o.Value, tuple[SharedTile, bool, Reg]] = field(default_factory=dict)
+    #: Bytes at the start of shared memory a cp.async pipeline keeps in flight while its
+    #: loop body is emitted, and the address past them (None: scratch starts at `smem`).
+    scratch_floor: int = 0
+    scratch: Reg | None = None
+    #: Ops not emitted where they stand (loads a pipeline issues ahead instead).
+    skipped: set[o.Op] = field(default_factory=set)
+
+    @property
+    def max_shared(self) -> int:
+        """Shared memory per block the target allows (dynamic shared memory past 48 KiB)."""
+        return self.target.max_shared_bytes
+
+    # -- registers ------------------------------------------------------------------------
+    def regs(self, v: o.Value) -> list[Reg]:
+        return self.values[v]
+
+    def define(self, v: o.Value, regs: list[Reg]) -> None:
+        self.values[v] = regs
+
+    def new(self, dtype: type[DType]) -> Reg:
+        return self.fb.reg(REG_CLASS[dtype])
+
+    def layout(self, v: o.Value) -> Layout:
+        return self.plan.of(v)
+
+    def count(self, v: o.Value) -> int:
+        return self.layout(v).count() if v.type.shape else 1
+
+    def widen(self, x: Reg, dt: type[DType]) -> Reg:
+        """A 16-bit float as f32 (exact)."""
+        if dt is f32:
+            return x
+        r = self.fb.reg("f32")
+        if dt is bf16:
+            self.features.add("cvt.f32.bf16")
+        self.fb.ins(f"cvt.f32.{FLOAT_NAME[dt]}", r, x)
+        return r
+
+    def narrow(self, x: Reg, dt: type[DType]) -> Reg:
+        """An f32 rounded to nearest even into `dt`."""
+        if dt is f32:
+            return x
+        r = self.fb.reg("b16")
+        self.fb.ins(f"cvt.rn.{FLOAT_NAME[dt]}.f32", r, x)
+        return r
+
+    # -- thread coordinates and predicates ------------------------------------------------
+    def base_regs(self, b: Blocked) -> BaseRegs:
+        """Thread coordinates and edge guards of base `b` (in the preamble, so that every
+        later use, in any branch or loop, sees them defined)."""
+        if b in self.bases:
+            return self.bases[b]
+        fb, tid = self.fb, self.tid
+        assert tid is not None
+        coord: list[Reg] = []
+        for d in range(b.rank):
+            c = fb.reg("b32")
+            if b.threads[d] == 1:
+                fb.ins("mov.u32", c, 0)
+            else:
+                fb.ins("shr.u32", c, tid, b.stride(d).bit_length() - 1)
+                fb.ins("and.b32", c, c, b.threads[d] - 1)
+                if b.unit(d) > 1:
+                    fb.ins("shl.b32", c, c, b.unit(d).bit_length() - 1)
+            coord.append(c)
+        guards: dict[tuple[int, int], Reg] = {}
+        for d in range(b.rank):
+            for off in b.offsets(d):
+                if b.guarded(d, off):
+                    g = fb.reg("pred")
+                    fb.ins("setp.lt.u32", g, coord[d], b.shape[d] - off)
+                    guards[(d, off)] = g
+        regs = BaseRegs(coord, guards, {})
+        self.bases[b] = regs
+        return regs
+
+    def owner(self, lay: Layout) -> Reg | None:
+        """True in the one thread that holds each element of a replicated layout (stores and
+        shared-memory writes happen once per element)."""
+        br = self.base_regs(lay.base)
+        key = lay.replicated
+        if key in br.owners:
+            return br.owners[key]
+        fb, tid = self.fb, self.tid
+        assert tid is not None
+        pred: Reg | None = None
+        terms: list[Reg] = []
+        for d in key:
+            if lay.base.threads[d] > 1:
+                t = fb.reg("pred")
+                fb.ins("setp.eq.u32", t, br.coord[d], 0)
+                terms.append(t)
+        if lay.base.used < lay.base.block:
+            t = fb.reg("pred")
+            fb.ins("setp.lt.u32", t, tid, lay.base.used)
+            terms.append(t)
+        for t in terms:
+            pred = t if pred is None else self.and_(pred, t)
+        br.owners[key] = pred
+        return pred
+
+    def valid(self, lay: Layout, offsets: dict[int, int]) -> Reg | None:
+        """The element at `offsets` lies inside the tile (None: always)."""
+        br = self.bases[lay.base]
+        pred: Reg | None = None
+        for d, off in offsets.items():
+            g = br.guards.get((d, off))
+            if g is not None:
+                pred = g if pred is None else self.and_(pred, g)
+        return pred
+
+    def and_(self, a: Reg, b: Reg) -> Reg:
+        r = self.fb.reg("pred")
+        self.fb.ins("and.pred", r, a, b)
+        return r
+
+    def conj(self, a: Reg | None, b: Reg | None) -> Reg | None:
+        """`a and b` where None stands for an always-true predicate."""
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return self.and_(a, b)
+
+    # -- shared memory --------------------------------------------------------------------
+    def shared_scratch(self, nbytes: int) -> Reg:
+        """The address of the shared scratch space, growing it to at least `nbytes`. Scratch
+        starts past what an enclosing cp.async pipeline keeps in flight (`scratch_floor`)."""
+        assert self.smem is not None
+        need = self.scratch_floor + nbytes
+        self.fb.shared_bytes = max(self.fb.shared_bytes, -(-need // 16) * 16)
+        return self.scratch if self.scratch is not None else self.smem
+
+    def barrier(self) -> None:
+        """Every thread of the block waits here (shared memory written before is visible)."""
+        self.fb.ins("bar.sync", 0)

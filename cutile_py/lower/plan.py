@@ -1,0 +1,119 @@
+"""The lowering plan: every decision made before emission, as one frozen, printable value.
+
+`plan_lowering` runs the planning passes in order: `plan_layouts` (which thread holds which
+element of each value) first, because `plan_pipelines` splits its cp.async copies over the
+block that layouts chose. Emission then carries the plan out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from cutile_py.ir import ops as o
+from cutile_py.ir.printer import value_names
+from cutile_py.ir.uses import DefUse, walk
+from cutile_py.lower.layout import Blocked, Layout, LayoutPlan, plan_layouts
+from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad, plan_pipelines
+from cutile_py.ptx.target import Target
+
+
+@dataclass(frozen=True)
+class LoweringPlan:
+    target: Target
+    layouts: LayoutPlan
+    #: The pipeline of each loop with an mma in its body.
+    pipelines: Mapping[o.ForOp, PipelinePlan]
+
+    @property
+    def fragments(self) -> frozenset[o.Value]:
+        """Values held as mma accumulator fragments (carried by a loop), not blocked."""
+        out: set[o.Value] = set()
+        for p in self.pipelines.values():
+            for k, mma in p.carried:
+                out.update((p.loop.body.args[k + 1], mma.result))
+        return frozenset(out)
+
+
+def plan_lowering(kernel: o.Kernel, target: Target, uses: DefUse) -> LoweringPlan:
+    """Run the planning passes over a verified kernel."""
+    layouts = plan_layouts(kernel, target)
+    pipelines = plan_pipelines(kernel, layouts, target, uses)
+    return LoweringPlan(target, layouts, MappingProxyType(pipelines))
+
+
+def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
+    """The plan as text, naming values as `print_kernel` does (deterministic: golden tests
+    and `CUTILE_PY_DUMP` show it)."""
+    names = value_names(kernel)
+    bases: dict[Blocked, str] = {}
+    ops = list(walk(kernel.body))
+    values = [v for op in ops for r in op.regions() for v in r.args]
+    values += [v for op in ops for v in op.results]
+    tiles = sorted(
+        (v for v in values if v.type.shape and v in plan.layouts.layouts),
+        key=lambda v: int(names[v][1:]),
+    )
+
+    def base(b: Blocked) -> str:
+        if b not in bases:
+            bases[b] = f"B{len(bases)}"
+        return bases[b]
+
+    def lay(x: Layout) -> str:
+        return f"{base(x.base)} dims={_dims(x.dims)}"
+
+    def op_name(op: o.Op) -> str:
+        if op.results:
+            return f"{op.opname} {names[op.results[0]]}"
+        return f"{op.opname}[{op.attrs()}] " + ", ".join(names[v] for v in op.operands)
+
+    fragments = plan.fragments
+    body = [
+        f"  {names[v]} {v.type}: "
+        + ("mma fragments" if v in fragments else lay(plan.layouts.of(v)))
+        for v in tiles
+    ]
+    memory = [f"  {op_name(op)}: {lay(m)}" for op, m in plan.layouts.memory.items()]
+    pipes: list[str] = []
+    for p in plan.pipelines.values():
+        loop = names[p.loop.results[0]] if p.loop.results else names[p.loop.body.args[0]]
+        pipes.append(
+            f"  for {loop}: stages={p.stages} stage_bytes={p.stage_bytes} ring={p.ring} "
+            f"floor={p.floor}"
+        )
+        pipes += [
+            f"    carried {names[p.loop.body.args[k + 1]]}: fragments of mma {names[m.result]}"
+            for k, m in p.carried
+        ]
+        pipes += [f"    {_staged(sl, names, lay)}" for sl in p.loads]
+    lines = [
+        f"plan of kernel {kernel.name} for {plan.target.describe()}",
+        f"threads {plan.layouts.threads}",
+        "layouts:",
+        *body,
+    ]
+    if memory:
+        lines += ["memory access layouts:", *memory]
+    if pipes:
+        lines += ["pipelines:", *pipes]
+    lines += ["bases:"] + [
+        f"  {n} = blocked shape={b.shape} vec={b.vec} threads={b.threads}" for b, n in bases.items()
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _dims(dims: tuple[int | None, ...]) -> str:
+    return "(" + ", ".join("-" if d is None else str(d) for d in dims) + ")"
+
+
+def _staged(sl: StagedLoad, names: Mapping[o.Value, str], lay: Callable[[Layout], str]) -> str:
+    t = sl.tile
+    chain = " -> ".join(op.opname for op in sl.chain)
+    index = ", ".join(names[op.result] for op in sl.index_ops) or "none"
+    return (
+        f"cp.async {names[sl.operand]} ({chain}): tile {t.rows}x{t.cols}x{t.eb}B at +{t.offset}"
+        f" xor_step={t.xor_step} rows_along={'K' if sl.k_rows else 'MN'}, copy {lay(sl.copy)}, "
+        f"index ops {index}"
+    )

@@ -1,0 +1,277 @@
+"""plan_pipelines: before emission, decide for each loop with an mma in its body which carried
+accumulators stay in mma fragments, which operand loads become `cp.async` copies issued
+`stages - 1` iterations ahead into a ring of shared stages, how many stages, and where the
+ring lies. The decisions are data (`PipelinePlan`); `emit_pipeline` carries them out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cutile_py.ir import ops as o
+from cutile_py.ir.dtypes import bf16, f16, f32
+from cutile_py.ir.uses import DefUse
+from cutile_py.lower.errors import LoweringError
+from cutile_py.lower.fragments import SHARED_LIMIT, SharedTile, round_region
+from cutile_py.lower.layout import Layout, LayoutPlan, canonical_blocked
+from cutile_py.ptx.target import Target
+
+#: Stages when the kernel does not say: as many as fit in 48 KiB, at most this many.
+DEFAULT_STAGES = 3
+#: Ops an index may be computed with: pure, scalar, no regions.
+_INDEX_OPS = (
+    o.ConstantOp,
+    o.BinaryOp,
+    o.UnaryOp,
+    o.CastOp,
+    o.CompareOp,
+    o.SelectOp,
+    o.FmaOp,
+    o.GridOp,
+    o.TensorDimOp,
+)
+
+
+@dataclass(frozen=True)
+class StagedLoad:
+    """A body load that the pipeline issues ahead as cp.async copies."""
+
+    load: o.LoadOp
+    chain: tuple[o.Op, ...]  # the load, then the reshapes and transposes down to the operand
+    operand: o.Value  # what the mma takes
+    k_rows: bool  # the tile's rows run along K (an A stored (K, M), a B stored (K, N))
+    tile: SharedTile  # in stage 0; stage s is `s * stage_bytes` further
+    copy: Layout  # how the block's threads split the copy
+    index_ops: tuple[o.Op, ...]  # the body's ops that compute the load's index, in order
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """How one loop with an mma in its body runs: which carried values stay mma fragments,
+    which operand loads a `stages`-deep cp.async ring issues ahead, and where the ring lies."""
+
+    loop: o.ForOp
+    mmas: tuple[o.MmaOp, ...]
+    #: (carried position, the mma whose accumulator it is): held as fragments.
+    carried: tuple[tuple[int, o.MmaOp], ...]
+    loads: tuple[StagedLoad, ...]
+    stages: int
+    stage_bytes: int
+    #: Byte offset of stage 0 in shared memory: past the stages of every enclosing pipeline.
+    ring: int = 0
+
+    @property
+    def floor(self) -> int:
+        """Where the shared scratch of the loop body starts (past the stages in flight)."""
+        return self.ring + self.stages * self.stage_bytes if self.loads else self.ring
+
+
+def plan_pipelines(
+    kernel: o.Kernel, layouts: LayoutPlan, target: Target, uses: DefUse
+) -> dict[o.ForOp, PipelinePlan]:
+    """The pipeline of every loop with a top-level mma in its body, in program order. A loop
+    nested in a pipelined loop puts its ring past the outer one's stages."""
+    out: dict[o.ForOp, PipelinePlan] = {}
+    cx = _Planning(kernel, layouts, target, uses)
+
+    def visit(region: o.Region, floor: int) -> None:
+        for op in region.ops:
+            inner = floor
+            if isinstance(op, o.ForOp):
+                plan = plan_loop(cx, op, floor)
+                if plan is not None:
+                    out[op] = plan
+                    inner = plan.floor
+            for r in op.regions():
+                visit(r, inner)
+
+    visit(kernel.body, 0)
+    return out
+
+
+@dataclass(frozen=True)
+class _Planning:
+    kernel: o.Kernel
+    layouts: LayoutPlan
+    target: Target
+    uses: DefUse
+
+
+def plan_loop(cx: _Planning, loop: o.ForOp, ring: int) -> PipelinePlan | None:
+    """What of `loop` runs as a tensor-core loop (its ring at byte `ring` of shared memory);
+    None if its body has no top-level mma."""
+    body = loop.body.ops
+    mmas = [op for op in body if isinstance(op, o.MmaOp)]
+    if not mmas:
+        return None
+    uses = cx.uses
+    yield_op = body[-1]
+    carried: dict[int, o.MmaOp] = {}
+    for k, arg in enumerate(loop.body.args[1:]):
+        for mma in mmas:
+            a, b, acc = mma.operands
+            if (
+                acc is arg
+                and uses.users(arg) == (mma,)
+                and yield_op.operands[k] is mma.result
+                and uses.users(mma.result) == (yield_op,)
+                and a is not arg
+                and b is not arg
+            ):
+                carried[k] = mma
+    loads = []
+    for mma in mmas if cx.target.cp_async else ():
+        for which in (0, 1):
+            sl = _staged_load(cx, loop, mma, which, uses)
+            if sl is not None:
+                loads.append(sl)
+    pairs = tuple(carried.items())
+    if not loads:
+        return PipelinePlan(loop, tuple(mmas), pairs, (), 1, 0, ring)
+    return _place(cx, loop, pairs, loads, mmas, ring)
+
+
+def _staged_load(
+    cx: _Planning, loop: o.ForOp, mma: o.MmaOp, which: int, uses: DefUse
+) -> StagedLoad | None:
+    """Operand `which` of `mma` as a staged load, if it is one the pipeline can take: a
+    load in the loop body of a read-only tensor, reshaped (unit dims only) or transposed
+    on its single-use way to the mma."""
+    v = mma.operands[which]
+    transposed = False
+    chain: list[o.Op] = []
+    while True:
+        if len(uses.users(v)) != 1:
+            return None
+        op = _in_body(uses, loop, v)
+        if isinstance(op, o.PermuteOp) and tuple(op.axes) == (1, 0):
+            transposed = not transposed
+        elif isinstance(op, o.ReshapeOp):
+            (x,) = op.operands
+            if [s for s in x.type.shape if s > 1] != [s for s in v.type.shape if s > 1]:
+                return None
+        elif isinstance(op, o.LoadOp):
+            chain.append(op)
+            break
+        else:
+            return None
+        chain.append(op)
+        v = op.operands[0]
+    load = chain[-1]
+    assert isinstance(load, o.LoadOp)
+    param = cx.kernel.params[load.param]
+    dt = load.result.type.dtype
+    if (
+        not isinstance(param, o.TensorParam)
+        or param.mut  # the kernel may write it: loading ahead could read stale data
+        or load.within is not None
+        or load.padding != 0
+        or dt not in (f16, bf16, f32)
+    ):
+        return None
+    shape = load.shape
+    big = [i for i, s in enumerate(shape) if s > 1]
+    if len(big) != 2 or big[-1] != len(shape) - 1:
+        return None  # not a 2-D tile with the tensor's contiguous dim as its columns
+    rows, cols = shape[big[0]], shape[big[1]]
+    eb = dt.itemsize()
+    width = min(param.align, 16 // eb)
+    while width > 1 and cols % width:
+        width //= 2
+    if width * eb < 4:
+        return None  # cp.async copies 4, 8 or 16 bytes
+    # The tile keeps the tensor's orientation: rows along K for an A loaded (K, M) and
+    # transposed, or a B loaded (K, N); those are read with ldmatrix.trans (16-bit) or word
+    # by word (tf32, whose swizzle then spreads 4 rows over the banks: xor_step 2).
+    k_rows = transposed if which == 0 else not transposed
+    index_ops = _index_ops(uses, loop, load)
+    if index_ops is None:
+        return None
+    base = canonical_blocked((rows, cols), eb, cx.layouts.threads, max_vec=width)
+    if base.vec != width:
+        return None
+    copy = Layout(base, tuple(None if s == 1 else big.index(i) for i, s in enumerate(shape)))
+    tile = SharedTile(0, rows, cols, eb, True, xor_step=2 if k_rows and dt is f32 else 1)
+    chain.reverse()
+    return StagedLoad(load, tuple(chain), mma.operands[which], k_rows, tile, copy, index_ops)
+
+
+def _in_body(uses: DefUse, loop: o.ForOp, v: o.Value) -> o.Op | None:
+    """The op of the loop body (top level) that defines `v`, if one does."""
+    op = uses.producer(v)
+    return op if op is not None and uses.enclosing(op) is loop else None
+
+
+def _index_ops(uses: DefUse, loop: o.ForOp, load: o.LoadOp) -> tuple[o.Op, ...] | None:
+    """The body ops the load's index depends on, in body order; None if any is not a pure
+    scalar op or depends on a carried value (unknown for a later iteration)."""
+    carried = set(loop.body.args[1:])
+    need: set[o.Op] = set()
+    todo = list(load.operands)
+    while todo:
+        v = todo.pop()
+        if v in carried:
+            return None
+        op = _in_body(uses, loop, v)
+        if op is None or op in need:
+            continue  # defined before the loop, or the induction variable
+        if not isinstance(op, _INDEX_OPS) or op.result.type.shape:
+            return None
+        need.add(op)
+        todo.extend(op.operands)
+    return tuple(op for op in loop.body.ops if op in need)
+
+
+def _place(
+    cx: _Planning,
+    loop: o.ForOp,
+    carried: tuple[tuple[int, o.MmaOp], ...],
+    loads: list[StagedLoad],
+    mmas: list[o.MmaOp],
+    ring: int,
+) -> PipelinePlan:
+    """Lay the stages out in shared memory and choose their number."""
+    stage_bytes = 0
+    placed = []
+    for sl in loads:
+        placed.append(replace(sl, tile=replace(sl.tile, offset=stage_bytes)))
+        stage_bytes += round_region(sl.tile.nbytes)
+    staged = {sl.operand for sl in placed}
+    # Operands the mmas store from registers themselves (a padded load, say) each need
+    # a tile of their own after the stages.
+    reg_bytes = 0
+    for mma in mmas:
+        for v in mma.operands[:2]:
+            if v not in staged:
+                rows, cols = v.type.shape
+                reg_bytes += round_region(rows * cols * v.type.dtype.itemsize())
+
+    max_shared = cx.target.max_shared_bytes
+
+    def need(stages: int) -> int:
+        return ring + stages * stage_bytes + reg_bytes
+
+    explicit = cx.kernel.stages
+    if explicit is not None:
+        stages = explicit
+        if need(stages) > max_shared:
+            tiles = ", ".join(f"{sl.operand.type}" for sl in placed)
+            raise LoweringError(
+                f"kernel {cx.kernel.name}: stages={stages} needs {need(stages)} bytes of "
+                f"shared memory ({stage_bytes} per stage for the operand tiles {tiles}), "
+                f"more than the {max_shared} bytes a block may have on this target; use "
+                "fewer stages or smaller tiles",
+                loop.span,
+            )
+    else:
+        stages = max(
+            (s for s in range(1, DEFAULT_STAGES + 1) if need(s) <= SHARED_LIMIT),
+            default=1,
+        )
+        if need(stages) > max_shared:
+            raise LoweringError(
+                f"kernel {cx.kernel.name}: the operand tiles of its mma loop need "
+                f"{need(stages)} bytes of shared memory, more than the {max_shared} bytes "
+                "a block may have on this target; use smaller tiles",
+                loop.span,
+            )
+    return PipelinePlan(loop, tuple(mmas), carried, tuple(placed), stages, stage_bytes, ring)

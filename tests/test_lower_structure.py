@@ -1,0 +1,89 @@
+"""The modules of `cutile_py.lower` import each other without cycles, at module top only, and
+never through private names (DESIGN.md, "Lowering: plan first, then emit")."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+LOWER = Path(__file__).resolve().parent.parent / "cutile_py" / "lower"
+PREFIX = "cutile_py.lower"
+
+
+def _imports(path: Path) -> tuple[list[tuple[int, str, list[str]]], list[str]]:
+    """(line, module, names) of each `cutile_py.lower` import, and the problems found: imports
+    below the module's top level (in a function, or under `if TYPE_CHECKING:`)."""
+    tree = ast.parse(path.read_text())
+    top = {id(n) for n in tree.body}
+    found: list[tuple[int, str, list[str]]] = []
+    problems: list[str] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if id(node) not in top:
+            problems.append(f"{path.name}:{node.lineno}: import below the module's top level")
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == PREFIX:  # `from cutile_py.lower import emit_x`
+                for a in node.names:
+                    found.append((node.lineno, f"{PREFIX}.{a.name}", []))
+            elif node.module.startswith(PREFIX + "."):
+                found.append((node.lineno, node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith(PREFIX + "."):
+                    found.append((node.lineno, a.name, []))
+    return found, problems
+
+
+def _graph() -> tuple[dict[str, set[str]], list[str]]:
+    graph: dict[str, set[str]] = {}
+    problems: list[str] = []
+    for path in sorted(LOWER.glob("*.py")):
+        name = f"{PREFIX}.{path.stem}"
+        found, bad = _imports(path)
+        problems += bad
+        graph[name] = set()
+        for line, module, names in found:
+            graph[name].add(module)
+            problems += [
+                f"{path.name}:{line}: imports private {module}.{n}" for n in names if n[0] == "_"
+            ]
+    return graph, problems
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph`, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                return [*stack[stack.index(n) :], n]
+            if n not in state and (found := visit(n)) is not None:
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)) is not None:
+            return found
+    return None
+
+
+def test_lower_imports_are_top_level_and_public() -> None:
+    _, problems = _graph()
+    assert problems == []
+
+
+def test_lower_has_no_import_cycle() -> None:
+    graph, _ = _graph()
+    assert _cycle(graph) is None
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None

@@ -1,0 +1,121 @@
+"""The planning passes alone, on kernels built with the IR builder: the printed IR and the
+printed plan are pinned by golden files (tests/data/plans/), and the pipeline pass's choices
+(stages, rings of nested loops, shared-memory limits) are checked directly.
+
+Regenerate the golden files after an intended change with CUTILE_PY_REGEN_GOLDEN=1.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import pytest
+
+from cutile_py import ir
+from cutile_py.ir import ops as o
+from cutile_py.ir.uses import def_use
+from cutile_py.lower.errors import LoweringError
+from cutile_py.lower.plan import format_plan, plan_lowering
+from cutile_py.ptx.target import Target
+
+GOLDEN = Path(__file__).parent / "data" / "plans"
+
+
+def gemm(bm: int = 64, bn: int = 64, bk: int = 32, stages: int | None = None) -> ir.Kernel:
+    """c[tile] = sum over K of a (M, K) f16 @ b (K, N) f16, one K step per iteration."""
+    b = ir.Builder()
+    params: tuple[ir.Param, ...] = (
+        ir.TensorParam("a", ir.f16, 2, False, (None, None), 8),
+        ir.TensorParam("b", ir.f16, 2, False, (None, None), 8),
+        ir.TensorParam("c", ir.f32, 2, True, (bm, bn), 8),
+    )
+    row, col = b.grid("bid", 0), b.grid("bid", 1)
+    zero, one = b.constant(0, ir.i32), b.constant(1, ir.i32)
+    steps = b.constant(4, ir.i32)
+    acc0 = b.broadcast(b.constant(0.0, ir.f32), (bm, bn))
+    loop = b.for_loop(zero, steps, one, [acc0])
+    with b.inside(loop.body):
+        k, acc = loop.body.args
+        ta = b.load(0, ir.f16, [row, k], (bm, bk), 0)
+        tb = b.load(1, ir.f16, [k, col], (bk, bn), 0)
+        b.yield_([b.mma(ta, tb, acc)])
+    b.store(2, [row, col], loop.results[0])
+    return ir.Kernel("gemm", params, (None, None, None), b.region, grid_rank=2, stages=stages)
+
+
+def softmax_rows() -> ir.Kernel:
+    """z = softmax(x) along rows, for (4, 128) f32 tiles."""
+    b = ir.Builder()
+    params: tuple[ir.Param, ...] = (
+        ir.TensorParam("x", ir.f32, 2, False, (None, 128), 16),
+        ir.TensorParam("z", ir.f32, 2, True, (4, 128), 16),
+    )
+    row, zero = b.grid("bid", 0), b.constant(0, ir.i32)
+    x = b.load(0, ir.f32, [row, zero], (4, 128), float("-inf"))
+    big = b.broadcast(b.reduce("max", x, 1), (4, 128))
+    e = b.unary("exp", b.binary("sub", x, big))
+    total = b.broadcast(b.reduce("sum", e, 1), (4, 128))
+    b.store(1, [row, zero], b.binary("div", e, total))
+    return ir.Kernel("softmax_rows", params, (None, None), b.region)
+
+
+def _printed(kernel: ir.Kernel, target: Target) -> str:
+    ir.verify(kernel)
+    plan = plan_lowering(kernel, target, def_use(kernel))
+    return ir.print_kernel(kernel) + "\n" + format_plan(kernel, plan)
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "sm"),
+    [("gemm_sm80", gemm, 80), ("softmax_rows_sm90", softmax_rows, 90)],
+)
+def test_plan_matches_golden(name: str, make: object, sm: int) -> None:
+    assert callable(make)
+    got = _printed(make(), Target(sm))
+    path = GOLDEN / f"{name}.txt"
+    if os.environ.get("CUTILE_PY_REGEN_GOLDEN"):
+        path.write_text(got)
+    want = path.read_text()
+    diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True)))
+    assert got == want, f"{path} differs (CUTILE_PY_REGEN_GOLDEN=1 rewrites it):\n{diff}"
+
+
+def test_plan_is_deterministic() -> None:
+    assert _printed(gemm(), Target(80)) == _printed(gemm(), Target(80))
+
+
+SM80 = Target(80)
+
+
+def _pipeline(kernel: ir.Kernel, target: Target = SM80) -> tuple[int, int, int]:
+    plan = plan_lowering(kernel, target, def_use(kernel))
+    (p,) = plan.pipelines.values()
+    return p.stages, p.stage_bytes, len(p.loads)
+
+
+def test_pipeline_stages_default_and_explicit() -> None:
+    # Two 64x32 / 32x64 f16 tiles: 8 KiB a stage; three stages fit the 48 KiB default.
+    assert _pipeline(gemm()) == (3, 8192, 2)
+    assert _pipeline(gemm(stages=2)) == (2, 8192, 2)
+    # 128x128x64: 32 KiB a stage, one fits under 48 KiB; stages=4 needs the opt-in.
+    assert _pipeline(gemm(128, 128, 64)) == (1, 32768, 2)
+    assert _pipeline(gemm(128, 128, 64, stages=4)) == (4, 32768, 2)
+
+
+def test_pipeline_refuses_more_stages_than_the_target_has_shared_memory() -> None:
+    k = gemm(128, 128, 64, stages=6)  # 192 KiB: more than sm_80's 163 KiB, less than sm_90's
+    assert _pipeline(k, Target(90)) == (6, 32768, 2)
+    with pytest.raises(LoweringError, match=r"stages=6 needs 196608 bytes") as e:
+        _pipeline(k, Target(80))
+    loop = next(op for op in k.body.ops if isinstance(op, o.ForOp))
+    assert e.value.span == loop.span
+
+
+def test_fragments_are_the_carried_accumulator() -> None:
+    k = gemm()
+    plan = plan_lowering(k, Target(80), def_use(k))
+    loop = next(op for op in k.body.ops if isinstance(op, o.ForOp))
+    mma = next(op for op in loop.body.ops if isinstance(op, o.MmaOp))
+    assert plan.fragments == {loop.body.args[1], mma.result}
