@@ -307,7 +307,8 @@ class BlockMemory:
         nvec = values.shape[1]
         flat = self.flat(lanes, slots, offs, esize * nvec, "store")
         if self.tracker is not None:
-            self.tracker.access(lanes, flat, esize * nvec, write=True)
+            raw = np.ascontiguousarray(values).view(np.uint8)
+            self.tracker.access(lanes, flat, esize * nvec, write=True, values=raw)
         self.view(esize)[_element_index(self.data, flat, esize, nvec)] = values
 
 
