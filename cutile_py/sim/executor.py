@@ -18,6 +18,7 @@ import numpy as np
 
 from cutile_py.ptx.ast import Imm, Instruction
 from cutile_py.sim.context import WARP, SimError
+from cutile_py.sim.global_races import GlobalRaces
 from cutile_py.sim.memory import BlockMemory, GlobalMemory, MemoryFault, ParamMemory
 from cutile_py.sim.program import BARRIER, BRANCH, EXIT, NORMAL, Program, Step
 from cutile_py.sim.races import RaceFault
@@ -29,7 +30,8 @@ MAX_SHARED = 227 * 1024
 
 @dataclass(frozen=True)
 class Options:
-    #: Report shared-memory races (two threads, one writing, no barrier between).
+    #: Report shared- and global-memory races (two threads, one writing, nothing ordering
+    #: them: no barrier between, or different blocks).
     race_check: bool = True
     #: Lanes advanced together: blocks are batched up to this many lanes.
     max_batch_lanes: int = 1 << 16
@@ -142,9 +144,13 @@ def run(
         ),
     )
     stats = Stats()
+    races = GlobalRaces(memory, grid, block) if opts.race_check else None
     for first in range(0, total, per_batch):
         count = min(per_batch, total - first)
         b = Batch(program, memory, grid, block, shared_mem, pmem, first, count, opts.race_check)
+        if races is not None:
+            races.start_batch(first, count)
+            b.global_races = races
         with np.errstate(all="ignore"):
             execute(b, program.steps, limit, stats, opts.profile, limit_from)
     return stats
@@ -301,6 +307,8 @@ def barrier(b: Batch, ins: Instruction, m: np.ndarray) -> None:
         _reduce(b, ins, m)
     if b.shared.tracker is not None:
         b.shared.tracker.barrier(np.flatnonzero(arrived))
+    if b.global_races is not None:
+        b.global_races.barrier(np.flatnonzero(arrived))
 
 
 def _reduce(b: Batch, ins: Instruction, m: np.ndarray) -> None:

@@ -29,6 +29,7 @@ from cutile_py.sim.races import RaceTracker
 
 if TYPE_CHECKING:
     from cutile_py.sim.async_copy import AsyncCopies
+    from cutile_py.sim.global_races import GlobalRaces
     from cutile_py.sim.program import Program
 
 WINDOWS = {"shared": SHARED_WINDOW, "local": LOCAL_WINDOW, "param": PARAM_WINDOW}
@@ -83,6 +84,8 @@ class Batch(Lanes):
         self.local = BlockMemory("local", self.n if program.local_size else 0,
                                  program.local_size, None)  # fmt: skip
         self.async_copies: AsyncCopies | None = None  # made by the first cp.async
+        #: The launch's global-memory race detector (None: not checking).
+        self.global_races: GlobalRaces | None = None
 
     # -- addresses ------------------------------------------------------------------------------
     def symbol_address(self, name: str, generic: bool) -> int:
@@ -159,7 +162,10 @@ class Batch(Lanes):
                     out[pos] = self.load(sp, lanes[pos], sub, esize, nvec)
                 return out
         if space in ("global", "const"):
-            return self.glob.load(lanes, addrs, esize, nvec)
+            vals = self.glob.load(lanes, addrs, esize, nvec)
+            if self.global_races is not None and space == "global":
+                self.global_races.access(self.instr, lanes, addrs, esize * nvec, False)
+            return vals
         if space == "shared":
             return self.shared.load(lanes, self.slot[lanes], addrs, esize, nvec)
         if space == "local":
@@ -186,6 +192,9 @@ class Batch(Lanes):
             return
         if space == "global":
             self.glob.store(lanes, addrs, esize, values)
+            if self.global_races is not None:
+                raw = np.ascontiguousarray(values).view(np.uint8)
+                self.global_races.access(self.instr, lanes, addrs, raw.shape[1], True, raw)
         elif space == "shared":
             self.shared.store(lanes, self.slot[lanes], addrs, esize, values)
         elif space == "local":
