@@ -70,18 +70,19 @@ class GlobalRaces:
         self.per_block = -(-block[0] * block[1] * block[2] // WARP) * WARP
         self.shadows: dict[int, Shadow] = {}
         self.events: list[Instruction | None] = []
-        self.first_block = 0
         #: Clock of each batch slot's last bar.sync, and of each batch warp's last
         #: bar.warp.sync (-1: none yet).
         self.last_barrier = np.zeros(0, dtype=np.int64)
         self.last_warp_sync = np.zeros(0, dtype=np.int64)
 
-    def start_batch(self, first_block: int, nblocks: int) -> None:
-        self.first_block = first_block
+    def start_batch(self, block_ids: np.ndarray) -> None:
+        """A batch runs the blocks `block_ids` (linear indices), one per slot."""
+        nblocks = block_ids.size
         #: Each batch lane's thread number in the launch (block * per_block + thread).
-        self.who = (np.arange(nblocks * self.per_block) + first_block * self.per_block).astype(
-            np.int32
-        )
+        self.who = (
+            np.repeat(block_ids * self.per_block, self.per_block)
+            + np.tile(np.arange(self.per_block), nblocks)
+        ).astype(np.int32)
         self.last_barrier = np.full(nblocks, -1, dtype=np.int64)
         self.last_warp_sync = np.full(nblocks * self.per_block // WARP, -1, dtype=np.int64)
 
@@ -156,7 +157,7 @@ class GlobalRaces:
         seen = w != NONE
         if seen.any():
             block = who // self.per_block
-            slot = block - self.first_block
+            slot = lane // self.per_block
             bad = seen & (w != who)
             if write:
                 bad &= ~self._ordered(w, sh.wtime[idx], who, slot, lane)
@@ -188,7 +189,7 @@ class GlobalRaces:
         else:
             rt = sh.rtime[idx]
             block = who // self.per_block
-            slot = block - self.first_block
+            slot = lane // self.per_block
             rblock = np.where(r >= 0, r // self.per_block, IN_BLOCK - r)
             mine = (r != MANY_BLOCKS) & (rblock == block)
             replace = (r == NONE) | (r == who) | (mine & self._ordered(r, rt, who, slot, lane))
@@ -243,7 +244,7 @@ class GlobalRaces:
         self, alloc: Allocation, lane: np.ndarray, idx: np.ndarray, granule: int, k: int,
         write: bool, other: int, when: int, other_wrote: bool,
     ) -> None:  # fmt: skip
-        mine = int(lane[k]) // self.per_block + self.first_block
+        mine = int(self.who[lane[k]]) // self.per_block
         if other >= 0:
             them = self._thread_name(other)
             same = other // self.per_block == mine
@@ -281,9 +282,7 @@ class GlobalRaces:
         group = order[np.flatnonzero(i == at)]  # in lane order: the sort is stable
         a = int(group[0])
         z = int(group[np.argmax((values[group] != values[a]).any(axis=1))])
-        other = (int(lane[z]) // self.per_block + self.first_block) * self.per_block + int(
-            lane[z]
-        ) % self.per_block
+        other = int(self.who[lane[z]])
         raise RaceFault(
             int(lane[a]),
             f"global-memory race: this thread and {self._thread_name(other)} write different "

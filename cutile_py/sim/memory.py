@@ -184,6 +184,10 @@ class GlobalMemory:
         """The bytes of every live allocation."""
         return sum(int(a.data.size) for a in self._allocs.values())
 
+    def allocations(self) -> list[Allocation]:
+        """Every live allocation, by address."""
+        return [self._allocs[s] for s in self._starts]
+
     def allocation(self, address: int) -> Allocation:
         """The allocation starting at `address` (KeyError if none)."""
         return self._allocs[address]

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from cutile_py.sim.async_copy import AsyncCopies
     from cutile_py.sim.global_races import GlobalRaces
     from cutile_py.sim.program import Program
+    from cutile_py.sim.schedule import Schedule
 
 WINDOWS = {"shared": SHARED_WINDOW, "local": LOCAL_WINDOW, "param": PARAM_WINDOW}
 U64 = np.uint64
@@ -59,6 +60,7 @@ class Batch(Lanes):
         first_block: int,
         nblocks: int,
         race_check: bool,
+        blocks: np.ndarray | None = None,
     ) -> None:
         shared_size = program.shared_size(dynamic_shared)
         super().__init__(
@@ -70,6 +72,7 @@ class Batch(Lanes):
             nblocks,
             (dynamic_shared, shared_size),
             self._symbol_value,
+            blocks,
         )
         self.program = program
         self.glob = memory
@@ -86,6 +89,8 @@ class Batch(Lanes):
         self.async_copies: AsyncCopies | None = None  # made by the first cp.async
         #: The launch's global-memory race detector (None: not checking).
         self.global_races: GlobalRaces | None = None
+        #: The order of warps at stores and atomics (None: lane order).
+        self.schedule: Schedule | None = None
 
     # -- addresses ------------------------------------------------------------------------------
     def symbol_address(self, name: str, generic: bool) -> int:
@@ -190,6 +195,10 @@ class Batch(Lanes):
                 else:
                     self.store(sp, lanes[pos], sub, esize, values[pos])
             return
+        if self.schedule is not None and space in ("global", "shared"):
+            order = self.schedule.warp_order(lanes)
+            if order is not None:  # the last store to an address lands: the seed picks it
+                lanes, addrs, values = lanes[order], addrs[order], values[order]
         if space == "global":
             self.glob.store(lanes, addrs, esize, values)
             if self.global_races is not None:
