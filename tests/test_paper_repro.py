@@ -70,7 +70,10 @@ def test_measured_what_exists_on_sim(quick_run: Path) -> None:
     impls = {(r["impl"], r.get("dtype")) for r in rows if r["status"] == "ok"}
     assert {("cutile_py", "f32"), ("cutile_py", "f16"), ("ptx (ct.RawKernel)", "f16")} <= impls
     race = {r["what"]: r for r in json.loads((quick_run / "race.json").read_text())["rows"]}
-    assert race["permute_racy"]["wrong_vs_reference"] > 0
+    # The simulator names the race: threads of two blocks write different values to one element.
+    assert "global-memory race" in race["permute_racy"]["error_raised"], race["permute_racy"]
+    assert "permute_racy" in race["permute_racy"]["error_raised"]
+    assert "write different values to global address" in race["permute_racy"]["error_raised"]
     assert race["permute_ok"]["wrong_vs_reference"] == 0
     shared = race["store into a shared (read-only) tensor at a computed index"]
     assert shared["error_raised"].startswith("CompileError")

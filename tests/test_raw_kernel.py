@@ -50,7 +50,10 @@ def test_nvcc_ptx_through_raw_kernel(sim: None, rng: np.random.Generator) -> Non
     out = ct.zeros((2,))
     k = ct.RawKernel((DATA / "parser_sample.ptx").read_text(), "block_sum")
     k(ct.from_numpy(x), out, 512, grid=2, block=256).sync()
-    np.testing.assert_allclose(out.to_numpy(), x.reshape(2, 256).sum(axis=1), rtol=1e-5)
+    rows = x.reshape(2, 256)
+    # A sum near zero loses its relative precision: bound the error by the magnitudes summed.
+    atol = 1e-6 * float(np.abs(rows).sum(axis=1).max())
+    np.testing.assert_allclose(out.to_numpy(), rows.sum(axis=1), rtol=1e-5, atol=atol)
 
 
 def test_argument_conversion_errors(sim: None) -> None:

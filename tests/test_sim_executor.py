@@ -511,3 +511,54 @@ def test_barrier_reductions() -> None:
     for b in range(3):
         assert (out[b, :, 0] == b).all()  # popc: how many threads voted yes
         assert (out[b, :, 1] == (b > 0)).all() and (out[b, :, 2] == (b == 0)).all()
+
+
+ONE_WORD = """
+.visible .entry one_word(.param .u64 out)
+{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<4>;
+    .shared .align 4 .b8 buf[4];
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, buf;
+    VALUE
+    st.shared.u32 [%r2], %r3;
+    bar.sync 0;
+    ld.shared.u32 %r4, [%r2];
+    mul.wide.u32 %rd2, %r1, 4;
+    add.u64 %rd3, %rd1, %rd2;
+    st.global.u32 [%rd3], %r4;
+    ret;
+}
+"""
+
+
+def test_lanes_storing_one_value_to_one_shared_word_is_no_race(rng: np.random.Generator) -> None:
+    """Triton's reductions end so: every lane of a warp stores the same result to one word."""
+    sim = Sim()
+    v = int(rng.integers(1, 2**31))
+    addr, out = sim.buffer(np.zeros(64, dtype=np.uint32))
+    sim.launch(ONE_WORD.replace("VALUE", f"mov.u32 %r3, {v};"), "one_word", (1, 1, 1),
+               (64, 1, 1), [("u64", addr)])  # fmt: skip
+    np.testing.assert_array_equal(out, np.full(64, v, dtype=np.uint32))
+
+
+def test_lanes_storing_different_values_to_one_shared_word_race(rng: np.random.Generator) -> None:
+    sim = Sim()
+    # Lanes 0..k-1 store v, lanes from k on store v + 1 (in the word's second byte).
+    k, v = int(rng.integers(1, 32)), int(rng.integers(0, 2**16))
+    ptx = ONE_WORD.replace(
+        "VALUE",
+        f"setp.ge.u32 %p1, %r1, {k};\n    selp.u32 %r5, 256, 0, %p1;\n    add.u32 %r3, %r5, {v};",
+    ).replace(".reg .b64", ".reg .pred %p<2>;\n    .reg .b64")
+    addr, _ = sim.buffer(np.zeros(32, dtype=np.uint32))
+    with pytest.raises(SimError) as e:
+        sim.launch(ptx, "one_word", (1, 1, 1), (32, 1, 1), [("u64", addr)])
+    msg = str(e.value)
+    assert f"PTX line {line_of(ptx, 'st.shared.u32')}" in msg
+    lo, hi = sorted([0, k])
+    assert f"block (0, 0, 0) thread ({lo}, 0, 0)" in msg
+    assert f"this thread and thread ({hi}, 0, 0) write different values" in msg
+    byte = ((v >> 8) & 0xFF, ((v + 256) >> 8) & 0xFF)
+    assert f"({byte[0]:#04x} and {byte[1]:#04x}) to shared address 0x1 in one instruction" in msg

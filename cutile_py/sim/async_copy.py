@@ -147,6 +147,8 @@ def _make_issue(ins: Instruction, prog: Program) -> Handler:
                 continue
             pos = np.flatnonzero(n_src == n)
             data[pos, :n] = b.glob.load(lanes[pos], src[pos], 1, int(n))
+            if b.global_races is not None:
+                b.global_races.access(b.instr, lanes[pos], src[pos], int(n), False)
         copies_of(b).issue(lanes, dst, data)
 
     return run

@@ -103,6 +103,9 @@ def _make(ins: Instruction, prog: Program, returns: bool) -> Handler:
 
     def run(b: Batch) -> None:
         lanes = b.active()
+        if b.schedule is not None:  # the seed picks the order atomics serialize in
+            order = b.schedule.warp_order(lanes)
+            lanes = lanes if order is None else lanes[order]
         bv = b.read(srcs[0], ptype)[lanes]
         cv = b.read(srcs[1], ptype)[lanes] if op == "cas" else bv
         old = np.empty(lanes.size, dtype=dtype)

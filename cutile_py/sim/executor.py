@@ -18,9 +18,11 @@ import numpy as np
 
 from cutile_py.ptx.ast import Imm, Instruction
 from cutile_py.sim.context import WARP, SimError
+from cutile_py.sim.global_races import GlobalRaces
 from cutile_py.sim.memory import BlockMemory, GlobalMemory, MemoryFault, ParamMemory
 from cutile_py.sim.program import BARRIER, BRANCH, EXIT, NORMAL, Program, Step
 from cutile_py.sim.races import RaceFault
+from cutile_py.sim.schedule import Schedule, explore, seeds
 from cutile_py.sim.spaces import Batch
 
 #: The most shared memory a block may use where the launch names no target (sm_90: 227 KB).
@@ -29,7 +31,8 @@ MAX_SHARED = 227 * 1024
 
 @dataclass(frozen=True)
 class Options:
-    #: Report shared-memory races (two threads, one writing, no barrier between).
+    #: Report shared- and global-memory races (two threads, one writing, nothing ordering
+    #: them: no barrier between, or different blocks).
     race_check: bool = True
     #: Lanes advanced together: blocks are batched up to this many lanes.
     max_batch_lanes: int = 1 << 16
@@ -44,6 +47,12 @@ class Options:
     max_steps: int | None = None
     #: Time the register semantics apart from the rest (Stats.semantics_seconds).
     profile: bool = False
+    #: The seed of the order of blocks and warps (None: ascending); `CUTILE_PY_SIM_SCHEDULE`
+    #: overrides it (see `cutile_py.sim.schedule`).
+    schedule: int | None = None
+    #: Run each launch under this many schedules and raise if any output differs;
+    #: `CUTILE_PY_SIM_SCHEDULES` overrides it.
+    schedules: int = 1
 
 
 #: The fewest steps a batch may take before it is reported as endless.
@@ -126,6 +135,27 @@ def run(
     """Execute a launch to completion; SimError names kernel, line, block and thread."""
     opts = options or Options()
     check_launch(program, grid, block, shared_mem, max_shared)
+    order = seeds(opts.schedule, opts.schedules)
+
+    def launch(schedule: Schedule) -> Stats:
+        return _run(program, memory, grid, block, shared_mem, params, opts, schedule)
+
+    if len(order) == 1:
+        return launch(Schedule(order[0]))
+    return explore(launch, memory, program.name, order)
+
+
+def _run(
+    program: Program,
+    memory: GlobalMemory,
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    shared_mem: int,
+    params: Sequence[tuple[str, int | float]],
+    opts: Options,
+    schedule: Schedule,
+) -> Stats:
+    """One run of a launch under `schedule`."""
     limit, limit_from = step_limit(opts, memory)
     pmem = ParamMemory(program.pack_params(params))
     per_block = -(-prod(block) // WARP) * WARP
@@ -142,9 +172,18 @@ def run(
         ),
     )
     stats = Stats()
+    races = GlobalRaces(memory, grid, block) if opts.race_check else None
+    blocks = schedule.block_order(total)
     for first in range(0, total, per_batch):
         count = min(per_batch, total - first)
-        b = Batch(program, memory, grid, block, shared_mem, pmem, first, count, opts.race_check)
+        ids = None if blocks is None else blocks[first : first + count]
+        b = Batch(program, memory, grid, block, shared_mem, pmem, first, count, opts.race_check,
+                  ids)  # fmt: skip
+        if races is not None:
+            races.start_batch(b.block_ids)
+            b.global_races = races
+        if schedule.seed is not None:
+            b.schedule = schedule
         with np.errstate(all="ignore"):
             execute(b, program.steps, limit, stats, opts.profile, limit_from)
     return stats
@@ -301,6 +340,8 @@ def barrier(b: Batch, ins: Instruction, m: np.ndarray) -> None:
         _reduce(b, ins, m)
     if b.shared.tracker is not None:
         b.shared.tracker.barrier(np.flatnonzero(arrived))
+    if b.global_races is not None:
+        b.global_races.barrier(np.flatnonzero(arrived))
 
 
 def _reduce(b: Batch, ins: Instruction, m: np.ndarray) -> None:

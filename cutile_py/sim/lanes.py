@@ -73,12 +73,19 @@ class Lanes(ExecContext):
         nblocks: int,
         shared_sizes: tuple[int, int],
         symbol_value: Callable[[Symbol, str], np.ndarray],
+        blocks: np.ndarray | None = None,
     ) -> None:
         self.kernel = kernel
         self.grid, self.block = grid, block
         self.threads = block[0] * block[1] * block[2]
         self.per_block = -(-self.threads // WARP) * WARP
         self.first_block = first_block
+        #: The linear index of the block in each slot (a schedule may run blocks out of order).
+        self.block_ids = (
+            np.arange(first_block, first_block + nblocks, dtype=np.int64)
+            if blocks is None
+            else blocks.astype(np.int64)
+        )
         self.nblocks = nblocks
         self.n = n = nblocks * self.per_block
         self.ids = np.arange(n, dtype=np.int64)
@@ -105,7 +112,7 @@ class Lanes(ExecContext):
         return (t % bx, (t // bx) % by, t // (bx * by))
 
     def block_of(self, lane: int) -> tuple[int, int, int]:
-        b = self.first_block + int(self.slot[lane])
+        b = int(self.block_ids[self.slot[lane]])
         gx, gy, _ = self.grid
         return (b % gx, (b // gx) % gy, b // (gx * gy))
 
@@ -245,7 +252,7 @@ class Lanes(ExecContext):
         if base == "%ntid":
             return np.full(self.n, self.block[k], dtype=u32)
         if base in ("%ctaid", "%clusterid"):
-            b = self.first_block + self.slot
+            b = self.block_ids[self.slot]
             gx, gy, _ = self.grid
             return (b % gx if k == 0 else (b // gx) % gy if k == 1 else b // (gx * gy)).astype(u32)
         if base in ("%nctaid", "%nclusterid"):

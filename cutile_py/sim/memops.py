@@ -204,6 +204,8 @@ def make_warp_sync(ins: Instruction, prog: Program) -> Handler:
     def run(b: Batch) -> None:
         if b.shared.tracker is not None:
             b.shared.tracker.warp_barrier(b.active())
+        if b.global_races is not None:
+            b.global_races.warp_barrier(b.active())
 
     return run
 

@@ -184,6 +184,10 @@ class GlobalMemory:
         """The bytes of every live allocation."""
         return sum(int(a.data.size) for a in self._allocs.values())
 
+    def allocations(self) -> list[Allocation]:
+        """Every live allocation, by address."""
+        return [self._allocs[s] for s in self._starts]
+
     def allocation(self, address: int) -> Allocation:
         """The allocation starting at `address` (KeyError if none)."""
         return self._allocs[address]
@@ -307,7 +311,8 @@ class BlockMemory:
         nvec = values.shape[1]
         flat = self.flat(lanes, slots, offs, esize * nvec, "store")
         if self.tracker is not None:
-            self.tracker.access(lanes, flat, esize * nvec, write=True)
+            raw = np.ascontiguousarray(values).view(np.uint8)
+            self.tracker.access(lanes, flat, esize * nvec, write=True, values=raw)
         self.view(esize)[_element_index(self.data, flat, esize, nvec)] = values
 
 

@@ -49,8 +49,18 @@ class RaceTracker:
         self.copies = False
         self.dirty = False
 
-    def access(self, lanes: np.ndarray, flat: np.ndarray, span: int, write: bool) -> None:
-        """Record accesses of `span` bytes at byte `flat[i]` by global lane `lanes[i]`."""
+    def access(
+        self,
+        lanes: np.ndarray,
+        flat: np.ndarray,
+        span: int,
+        write: bool,
+        values: np.ndarray | None = None,
+    ) -> None:
+        """Record accesses of `span` bytes at byte `flat[i]` by global lane `lanes[i]`;
+        a write passes its bytes, (len(lanes), span) uint8, so that lanes storing one value to
+        one byte in one instruction are not a race (on hardware one of them lands, and every
+        candidate is the same)."""
         if lanes.size == 0:
             return
         self.dirty = True
@@ -94,18 +104,37 @@ class RaceTracker:
             got = self.writer[idx]
             dup = got != t
             if dup.any():
-                k = int(np.argmax(dup))
-                self._fail(
-                    lanes,
-                    owner,
-                    idx,
-                    k,
-                    f"and thread {self.describe_thread(int(got[k]))} write the same shared "
-                    "memory in one instruction",
-                )
+                if values is not None:
+                    self._same_instruction(lanes, idx, owner, values.reshape(-1))
+                else:
+                    k = int(np.argmax(dup))
+                    self._fail(lanes, owner, idx, k, f"and thread "
+                               f"{self.describe_thread(int(got[k]))} write the same shared "
+                               "memory in one instruction")  # fmt: skip
         else:
             self._add_readers(self.reader, idx, t)
             self._add_readers(self.reader_warp, idx, t // 32)
+
+    def _same_instruction(
+        self, lanes: np.ndarray, idx: np.ndarray, owner: np.ndarray, values: np.ndarray
+    ) -> None:
+        """Several lanes of one store hit one byte: a race only where their bytes differ."""
+        order = np.argsort(idx, kind="stable")
+        i, v = idx[order], values[order]
+        clash = (i[1:] == i[:-1]) & (v[1:] != v[:-1])
+        if clash.any():
+            at = i[int(np.argmax(clash)) + 1]
+            group = np.flatnonzero(i == at)  # in lane order: the sort is stable
+            a = int(group[0])
+            z = int(group[np.argmax(v[group] != v[a])])
+            tid = lanes % self.lanes_per_block
+            raise RaceFault(
+                int(lanes[owner[order[a]]]),
+                f"shared-memory race: this thread and thread "
+                f"{self.describe_thread(int(tid[owner[order[z]]]))} write different values "
+                f"({int(v[a]):#04x} and {int(v[z]):#04x}) to shared address "
+                f"{int(at) % self.stride:#x} in one instruction",
+            )
 
     def _bytes(self, flat: np.ndarray, span: int) -> np.ndarray:
         return (flat.astype(np.intp)[:, None] + np.arange(span, dtype=np.intp)).ravel()

@@ -29,7 +29,9 @@ from cutile_py.sim.races import RaceTracker
 
 if TYPE_CHECKING:
     from cutile_py.sim.async_copy import AsyncCopies
+    from cutile_py.sim.global_races import GlobalRaces
     from cutile_py.sim.program import Program
+    from cutile_py.sim.schedule import Schedule
 
 WINDOWS = {"shared": SHARED_WINDOW, "local": LOCAL_WINDOW, "param": PARAM_WINDOW}
 U64 = np.uint64
@@ -58,6 +60,7 @@ class Batch(Lanes):
         first_block: int,
         nblocks: int,
         race_check: bool,
+        blocks: np.ndarray | None = None,
     ) -> None:
         shared_size = program.shared_size(dynamic_shared)
         super().__init__(
@@ -69,6 +72,7 @@ class Batch(Lanes):
             nblocks,
             (dynamic_shared, shared_size),
             self._symbol_value,
+            blocks,
         )
         self.program = program
         self.glob = memory
@@ -83,6 +87,10 @@ class Batch(Lanes):
         self.local = BlockMemory("local", self.n if program.local_size else 0,
                                  program.local_size, None)  # fmt: skip
         self.async_copies: AsyncCopies | None = None  # made by the first cp.async
+        #: The launch's global-memory race detector (None: not checking).
+        self.global_races: GlobalRaces | None = None
+        #: The order of warps at stores and atomics (None: lane order).
+        self.schedule: Schedule | None = None
 
     # -- addresses ------------------------------------------------------------------------------
     def symbol_address(self, name: str, generic: bool) -> int:
@@ -159,7 +167,10 @@ class Batch(Lanes):
                     out[pos] = self.load(sp, lanes[pos], sub, esize, nvec)
                 return out
         if space in ("global", "const"):
-            return self.glob.load(lanes, addrs, esize, nvec)
+            vals = self.glob.load(lanes, addrs, esize, nvec)
+            if self.global_races is not None and space == "global":
+                self.global_races.access(self.instr, lanes, addrs, esize * nvec, False)
+            return vals
         if space == "shared":
             return self.shared.load(lanes, self.slot[lanes], addrs, esize, nvec)
         if space == "local":
@@ -184,8 +195,15 @@ class Batch(Lanes):
                 else:
                     self.store(sp, lanes[pos], sub, esize, values[pos])
             return
+        if self.schedule is not None and space in ("global", "shared"):
+            order = self.schedule.warp_order(lanes)
+            if order is not None:  # the last store to an address lands: the seed picks it
+                lanes, addrs, values = lanes[order], addrs[order], values[order]
         if space == "global":
             self.glob.store(lanes, addrs, esize, values)
+            if self.global_races is not None:
+                raw = np.ascontiguousarray(values).view(np.uint8)
+                self.global_races.access(self.instr, lanes, addrs, raw.shape[1], True, raw)
         elif space == "shared":
             self.shared.store(lanes, self.slot[lanes], addrs, esize, values)
         elif space == "local":

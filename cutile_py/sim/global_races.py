@@ -1,0 +1,290 @@
+"""Global-memory race detection over one launch: two threads touch one address, at least one
+of them writing, and nothing orders the two accesses.
+
+Threads of different blocks are ordered by nothing the simulator models: atomics are not
+tracked, and do not order the plain accesses around them (a last-block-done reduction through a
+fence and a counter is reported). Every pair of accesses of two blocks to one byte with a write
+among them is a race. Inside a block (INSIDE_BLOCKS) only two writes are checked: threads of one
+block storing to one address with no `bar.sync` between (lanes of one warp: or
+`bar.warp.sync`). A thread reading what another of its block wrote is how tile layouts that
+replicate elements read their own output back (the replica's value is never stored), so read-
+write pairs inside a block are not reported. Lanes of one store writing equal values to one
+address are no race; different values are.
+
+Shadow state exists only for the allocations a launch touches, made on first access, with one
+entry per granule (the narrowest access seen: an f32 tensor gets one per 4 bytes; a narrower
+access later refines it by repetition). An entry holds the last writer and the last reader(s)
+with the launch clock of the access; the clock ticks at every tracked access and barrier, and
+`events[t]` is the instruction of tick t, so a report names both accesses.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cutile_py.ptx.ast import Instruction
+from cutile_py.sim.context import WARP
+from cutile_py.sim.memory import Allocation, GlobalMemory
+from cutile_py.sim.races import RaceFault
+
+NONE = -1
+#: Which pairs of accesses inside one block are checked (the module's docstring says why).
+INSIDE_BLOCKS = "write-write"
+#: Readers in several blocks: no later write is ordered after all of them.
+MANY_BLOCKS = -2
+#: `IN_BLOCK - b`: several threads of block b read (the latest at the entry's clock).
+IN_BLOCK = -3
+
+
+class Shadow:
+    """Access history of one allocation, one entry per `granule` bytes."""
+
+    def __init__(self, nbytes: int, granule: int) -> None:
+        n = -(-nbytes // granule)
+        self.nbytes = nbytes
+        self.granule = granule
+        # int32: a launch the simulator finishes has fewer than 2**31 threads and ticks.
+        self.writer = np.full(n, NONE, dtype=np.int32)
+        self.wtime = np.zeros(n, dtype=np.int32)
+        self.reader = np.full(n, NONE, dtype=np.int32)
+        self.rtime = np.zeros(n, dtype=np.int32)
+
+    def refine(self, granule: int) -> None:
+        """Entries of `granule` bytes (a divisor of the current one), each a copy of its old
+        entry."""
+        k = self.granule // granule
+        n = -(-self.nbytes // granule)
+        for name in ("writer", "wtime", "reader", "rtime"):
+            setattr(self, name, np.repeat(getattr(self, name), k)[:n])
+        self.granule = granule
+
+
+class GlobalRaces:
+    """The race detector's view of one launch's global memory (kept across its batches)."""
+
+    def __init__(
+        self, memory: GlobalMemory, grid: tuple[int, int, int], block: tuple[int, int, int]
+    ) -> None:
+        self.memory = memory
+        self.grid, self.block = grid, block
+        self.per_block = -(-block[0] * block[1] * block[2] // WARP) * WARP
+        self.shadows: dict[int, Shadow] = {}
+        self.events: list[Instruction | None] = []
+        #: Clock of each batch slot's last bar.sync, and of each batch warp's last
+        #: bar.warp.sync (-1: none yet).
+        self.last_barrier = np.zeros(0, dtype=np.int64)
+        self.last_warp_sync = np.zeros(0, dtype=np.int64)
+
+    def start_batch(self, block_ids: np.ndarray) -> None:
+        """A batch runs the blocks `block_ids` (linear indices), one per slot."""
+        nblocks = block_ids.size
+        #: Each batch lane's thread number in the launch (block * per_block + thread).
+        self.who = (
+            np.repeat(block_ids * self.per_block, self.per_block)
+            + np.tile(np.arange(self.per_block), nblocks)
+        ).astype(np.int32)
+        self.last_barrier = np.full(nblocks, -1, dtype=np.int64)
+        self.last_warp_sync = np.full(nblocks * self.per_block // WARP, -1, dtype=np.int64)
+
+    def _tick(self, ins: Instruction | None) -> int:
+        self.events.append(ins)
+        return len(self.events) - 1
+
+    def barrier(self, slots: np.ndarray) -> None:
+        """`bar.sync` completed by the batch's blocks `slots`."""
+        self.last_barrier[slots] = self._tick(None)
+
+    def warp_barrier(self, lanes: np.ndarray) -> None:
+        """`bar.warp.sync` by batch lanes `lanes`."""
+        self.last_warp_sync[np.unique(lanes // WARP)] = self._tick(None)
+
+    # -- accesses -------------------------------------------------------------------------------
+    def access(
+        self,
+        ins: Instruction,
+        lanes: np.ndarray,
+        addrs: np.ndarray,
+        span: int,
+        write: bool,
+        values: np.ndarray | None = None,
+    ) -> None:
+        """Record accesses of `span` bytes at `addrs[i]` by batch lane `lanes[i]` (already
+        made, so every address is inside an allocation); a store passes its bytes,
+        (len(lanes), span) uint8."""
+        if lanes.size == 0:
+            return
+        now = self._tick(ins)
+        what = "store" if write else "load"
+        for alloc, pos in self.memory.locate(lanes, addrs, span, what):
+            if pos is None:
+                self._access(alloc, now, lanes, addrs, span, write, values)
+            else:
+                vals = None if values is None else values[pos]
+                self._access(alloc, now, lanes[pos], addrs[pos], span, write, vals)
+
+    def _shadow(self, alloc: Allocation, span: int) -> Shadow:
+        granule = span
+        while alloc.start % granule:
+            granule //= 2
+        sh = self.shadows.get(alloc.start)
+        if sh is None:
+            sh = self.shadows[alloc.start] = Shadow(int(alloc.data.size), granule)
+        elif granule < sh.granule:
+            sh.refine(granule)
+        return sh
+
+    def _access(
+        self,
+        alloc: Allocation,
+        now: int,
+        lanes: np.ndarray,
+        addrs: np.ndarray,
+        span: int,
+        write: bool,
+        values: np.ndarray | None,
+    ) -> None:
+        sh = self._shadow(alloc, span)
+        g = sh.granule
+        per = span // g
+        first = ((addrs - np.uint64(alloc.start)) // np.uint64(g)).astype(np.intp)
+        if per == 1:
+            idx, lane = first, lanes
+        else:
+            idx = (first[:, None] + np.arange(per, dtype=np.intp)).ravel()
+            lane = np.repeat(lanes, per)
+        who = self.who[lane]
+        w = sh.writer[idx]
+        seen = w != NONE
+        if seen.any():
+            block = who // self.per_block
+            slot = lane // self.per_block
+            bad = seen & (w != who)
+            if write:
+                bad &= ~self._ordered(w, sh.wtime[idx], who, slot, lane)
+            else:
+                bad &= w // self.per_block != block  # see INSIDE_BLOCKS
+            if bad.any():
+                k = int(np.argmax(bad))
+                self._fail(alloc, lane, idx, g, k, write, int(w[k]), int(sh.wtime[idx][k]), True)
+        r = sh.reader[idx]
+        if write:
+            seen = r != NONE
+            if seen.any():
+                rt = sh.rtime[idx]
+                block = who // self.per_block
+                rblock = np.where(r >= 0, r // self.per_block, IN_BLOCK - r)
+                bad = seen & (r != who) & ((r == MANY_BLOCKS) | (rblock != block))
+                if bad.any():
+                    k = int(np.argmax(bad))
+                    self._fail(alloc, lane, idx, g, k, True, int(r[k]), int(rt[k]), False)
+                sh.reader[idx] = NONE
+            sh.writer[idx] = who
+            sh.wtime[idx] = now
+            if (sh.writer[idx] != who).any():
+                assert values is not None
+                self._same_store(alloc, lane, idx, g, values.reshape(idx.size, -1))
+            return
+        if (r == NONE).all():
+            new = who
+        else:
+            rt = sh.rtime[idx]
+            block = who // self.per_block
+            slot = lane // self.per_block
+            rblock = np.where(r >= 0, r // self.per_block, IN_BLOCK - r)
+            mine = (r != MANY_BLOCKS) & (rblock == block)
+            replace = (r == NONE) | (r == who) | (mine & self._ordered(r, rt, who, slot, lane))
+            new = np.where(replace, who, np.where(mine, IN_BLOCK - block, MANY_BLOCKS))
+        sh.reader[idx] = new
+        sh.rtime[idx] = now
+        got = sh.reader[idx]
+        lost = got != new
+        if lost.any():
+            # Several lanes of this load read one granule: all of them are its readers now.
+            li, gw, nw = idx[lost], got[lost], new[lost]
+            gb = np.where(gw >= 0, gw // self.per_block, IN_BLOCK - gw)
+            nb = np.where(nw >= 0, nw // self.per_block, IN_BLOCK - nw)
+            same = (gb == nb) & (gw != MANY_BLOCKS) & (nw != MANY_BLOCKS)
+            sh.reader[li[same]] = IN_BLOCK - nb[same]
+            sh.reader[li[~same]] = MANY_BLOCKS
+
+    def _ordered(
+        self, other: np.ndarray, when: np.ndarray, who: np.ndarray, slot: np.ndarray,
+        lane: np.ndarray,
+    ) -> np.ndarray:  # fmt: skip
+        """Whether the access of thread `other` (a single thread or IN_BLOCK code) at clock
+        `when` happened before this one of `who`: same block and a barrier in between."""
+        ob = np.where(other >= 0, other // self.per_block, IN_BLOCK - other)
+        block = who // self.per_block
+        same = (other != MANY_BLOCKS) & (ob == block)
+        synced = self.last_barrier[slot] > when
+        warp = (other >= 0) & (other // WARP == who // WARP)
+        warp_synced = warp & (self.last_warp_sync[lane // WARP] > when)
+        out: np.ndarray = same & (synced | warp_synced)
+        return out
+
+    # -- reports --------------------------------------------------------------------------------
+    def _block_name(self, b: int) -> str:
+        gx, gy, _ = self.grid
+        return f"({b % gx}, {(b // gx) % gy}, {b // (gx * gy)})"
+
+    def _thread_name(self, who: int) -> str:
+        t = who % self.per_block
+        bx, by, _ = self.block
+        where = f"({t % bx}, {(t // bx) % by}, {t // (bx * by)})"
+        return f"block {self._block_name(who // self.per_block)} thread {where}"
+
+    def _where(self, alloc: Allocation, granule: int, index: int) -> str:
+        off = index * granule
+        return (
+            f"global address {alloc.start + off:#x} (byte {off} of the "
+            f"{alloc.data.size}-byte {alloc.name} at {alloc.start:#x})"
+        )
+
+    def _fail(
+        self, alloc: Allocation, lane: np.ndarray, idx: np.ndarray, granule: int, k: int,
+        write: bool, other: int, when: int, other_wrote: bool,
+    ) -> None:  # fmt: skip
+        mine = int(self.who[lane[k]]) // self.per_block
+        if other >= 0:
+            them = self._thread_name(other)
+            same = other // self.per_block == mine
+        elif other == MANY_BLOCKS:
+            them, same = "threads of several blocks", False
+        else:
+            them = f"several threads of block {self._block_name(IN_BLOCK - other)}"
+            same = IN_BLOCK - other == mine
+        ins = self.events[when]
+        at = f" at PTX line {ins.line} `{ins.text}`" if ins is not None else ""
+        why = (
+            "with no bar.sync between the two accesses"
+            if same
+            else "from another block of the launch, and nothing orders blocks (atomics are "
+            "not tracked)"
+        )
+        raise RaceFault(
+            int(lane[k]),
+            f"global-memory race: this thread {'writes' if write else 'reads'} "
+            f"{self._where(alloc, granule, int(idx[k]))}, which {them} "
+            f"{'wrote' if other_wrote else 'read'}{at}, {why}",
+        )
+
+    def _same_store(
+        self, alloc: Allocation, lane: np.ndarray, idx: np.ndarray, granule: int,
+        values: np.ndarray,
+    ) -> None:  # fmt: skip
+        """Several lanes of one store hit one granule: a race only where their bytes differ."""
+        order = np.argsort(idx, kind="stable")
+        i, v = idx[order], values[order]
+        clash = (i[1:] == i[:-1]) & (v[1:] != v[:-1]).any(axis=1)
+        if not clash.any():
+            return
+        at = i[int(np.argmax(clash)) + 1]
+        group = order[np.flatnonzero(i == at)]  # in lane order: the sort is stable
+        a = int(group[0])
+        z = int(group[np.argmax((values[group] != values[a]).any(axis=1))])
+        other = int(self.who[lane[z]])
+        raise RaceFault(
+            int(lane[a]),
+            f"global-memory race: this thread and {self._thread_name(other)} write different "
+            f"values to {self._where(alloc, granule, int(at))} in one instruction",
+        )
