@@ -23,10 +23,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True, scope="session")
 def hermetic_disk_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The disk JIT cache of the whole run lives in a fresh temporary directory, never the
-    user's cache (subprocesses inherit it through the environment)."""
+    user's cache (subprocesses inherit it through the environment); the user's simulator step
+    limit is cleared."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUTILE_PY_CACHE_DIR", str(tmp_path_factory.mktemp("jit_cache")))
         mp.delenv("CUTILE_PY_CACHE_MAX_BYTES", raising=False)
+        # A user's step limit for the simulator must not change what the tests see.
+        mp.delenv("CUTILE_PY_SIM_MAX_STEPS", raising=False)
         yield
 
 

@@ -342,36 +342,6 @@ def test_load_rejects_unknown_opcodes_naming_the_line() -> None:
         Sim().program(ptx, "nope")
 
 
-def test_endless_loop_is_reported() -> None:
-    ptx = ".visible .entry spin()\n{\nL:\nbra.uni L;\n}\n"
-    with pytest.raises(SimError, match=r"no exit after 1000 instruction steps \(Options"):
-        Sim().launch(ptx, "spin", (1, 1, 1), (32, 1, 1), [], max_steps=1000)
-
-
-def test_the_step_limit_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    ptx = ".visible .entry spin()\n{\nL:\nbra.uni L;\n}\n"
-    monkeypatch.setenv("CUTILE_PY_SIM_MAX_STEPS", "2000")
-    with pytest.raises(SimError, match=r"no exit after 2000 .*\(CUTILE_PY_SIM_MAX_STEPS\)"):
-        Sim().launch(ptx, "spin", (1, 1, 1), (32, 1, 1), [])
-    monkeypatch.setenv("CUTILE_PY_SIM_MAX_STEPS", "lots")
-    with pytest.raises(SimError, match="'lots' is not an integer"):
-        Sim().launch(ptx, "spin", (1, 1, 1), (32, 1, 1), [])
-
-
-def test_the_step_limit_grows_with_the_memory_a_launch_can_loop_over() -> None:
-    from cutile_py.sim.executor import MIN_STEPS, STEPS_PER_WORD, Options, step_limit
-    from cutile_py.sim.memory import GlobalMemory
-
-    memory = GlobalMemory()
-    assert step_limit(Options(), memory) == (MIN_STEPS, "the simulator's limit")
-    words = 2 * MIN_STEPS // STEPS_PER_WORD  # a tensor that a loop may read word by word
-    data = np.zeros(4 * words, dtype=np.uint8)
-    memory.acquire(data, "allocation")
-    limit, why = step_limit(Options(), memory)
-    assert limit == STEPS_PER_WORD * words == 2 * MIN_STEPS and "per word" in why
-    assert step_limit(Options(max_steps=10), memory) == (10, "Options.max_steps")
-
-
 def test_launch_configuration_checks() -> None:
     ptx = ".visible .entry k() .reqntid 64, 1, 1\n{\nret;\n}\n"
     with pytest.raises(SimError, match=r"requires \(64, 1, 1\) threads"):

@@ -68,6 +68,8 @@ class AsyncCopies:
 
 
 def copies_of(b: Batch) -> AsyncCopies:
+    """The batch's copies, for an issue, commit or wait: each changes memory or what will."""
+    b.writes += 1
     got = b.async_copies
     if got is None:
         got = b.async_copies = AsyncCopies(b.n)

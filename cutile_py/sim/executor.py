@@ -19,6 +19,7 @@ import numpy as np
 from cutile_py.ptx.ast import Imm, Instruction
 from cutile_py.sim.context import WARP, SimError
 from cutile_py.sim.global_races import GlobalRaces
+from cutile_py.sim.loops import CHECK_EVERY, LoopWatch
 from cutile_py.sim.memory import BlockMemory, GlobalMemory, MemoryFault, ParamMemory
 from cutile_py.sim.program import BARRIER, BRANCH, EXIT, NORMAL, Program, Step
 from cutile_py.sim.races import RaceFault
@@ -41,10 +42,13 @@ class Options:
     max_batch_shared: int = 8 << 20
     #: Local memory of the lanes of one batch, in bytes.
     max_batch_local: int = 64 << 20
-    #: Instruction steps one batch may take before it is reported as endless. None: at least
-    #: `MIN_STEPS`, more for a launch over more memory (see `step_limit`);
+    #: Instruction steps one batch may take before it is reported as endless; 0: no limit.
+    #: None: at least `MIN_STEPS`, more for a launch with more work (see `step_limit`);
     #: `CUTILE_PY_SIM_MAX_STEPS` sets it outright.
     max_steps: int | None = None
+    #: Report a loop whose state repeats with nothing written as endless, within
+    #: milliseconds (`cutile_py.sim.loops`), long before the step limit.
+    loop_check: bool = True
     #: Time the register semantics apart from the rest (Stats.semantics_seconds).
     profile: bool = False
     #: The seed of the order of blocks and warps (None: ascending); `CUTILE_PY_SIM_SCHEDULE`
@@ -58,25 +62,67 @@ class Options:
 #: The fewest steps a batch may take before it is reported as endless.
 MIN_STEPS = 5_000_000
 
-#: Steps allowed per 4-byte word of global memory: a loop over its data takes a few dozen
-#: instructions per element it reads, so a legitimate kernel stays well inside this.
+#: Steps allowed per unit of a launch's work (see `step_limit`): a loop over its data takes a
+#: few dozen instructions per element it reads, so a legitimate kernel stays well inside this.
 STEPS_PER_WORD = 64
 
+#: The limit where there is none (CUTILE_PY_SIM_MAX_STEPS=0): more steps than any run takes.
+UNLIMITED = 1 << 62
 
-def step_limit(options: Options, memory: GlobalMemory) -> tuple[int, str]:
-    """How many steps a batch may take, and where that number comes from (for the error)."""
+_INTEGER = frozenset(f"{k}{w}" for k in "usb" for w in (8, 16, 32, 64))
+
+
+def launch_work(
+    memory: GlobalMemory, params: Sequence[tuple[str, int | float]], shared_bytes: int
+) -> tuple[int, str]:
+    """How much a launch can loop over, in 4-byte words and integers, and what it is made
+    of (for the error): the allocations its pointer parameters point into, its shared
+    memory, and its other integer parameters below 2**32 (counts, sizes, strides); a loop
+    bounded by one takes as many iterations as its value."""
+    seen: set[int] = set()
+    pointed = ints = 0
+    for ptype, value in params:
+        if ptype not in _INTEGER or not isinstance(value, int):
+            continue
+        alloc = memory.containing(value) if value > 0 else None
+        if alloc is not None:
+            if alloc.start not in seen:
+                seen.add(alloc.start)
+                pointed += int(alloc.data.size)
+        elif abs(value) < 1 << 32:
+            ints += abs(value)
+    words = pointed // 4 + shared_bytes // 4 + ints
+    what = (
+        f"{pointed} bytes of memory its pointers reach, {shared_bytes} bytes of shared "
+        f"memory per block and integer parameters summing to {ints}"
+    )
+    return words, what
+
+
+def step_limit(
+    options: Options,
+    memory: GlobalMemory,
+    params: Sequence[tuple[str, int | float]] = (),
+    shared_bytes: int = 0,
+) -> tuple[int, str]:
+    """How many steps a batch may take (`UNLIMITED` for none), and where that number comes
+    from (for the error)."""
     env = os.environ.get("CUTILE_PY_SIM_MAX_STEPS", "").strip()
     if env:
         try:
-            return max(int(env), 1), "CUTILE_PY_SIM_MAX_STEPS"
+            value = int(env)
         except ValueError:
             raise SimError(f"CUTILE_PY_SIM_MAX_STEPS={env!r} is not an integer") from None
+        if value < 0:
+            raise SimError(f"CUTILE_PY_SIM_MAX_STEPS={env!r}: give a step count, or 0 for none")
+        return value or UNLIMITED, "CUTILE_PY_SIM_MAX_STEPS"
     if options.max_steps is not None:
-        return options.max_steps, "Options.max_steps"
-    scaled = STEPS_PER_WORD * (memory.nbytes // 4)
+        return options.max_steps or UNLIMITED, "Options.max_steps"
+    words, what = launch_work(memory, params, shared_bytes)
+    scaled = STEPS_PER_WORD * words
     if scaled > MIN_STEPS:
-        return scaled, f"{STEPS_PER_WORD} per word of the {memory.nbytes} bytes of global memory"
-    return MIN_STEPS, "the simulator's limit"
+        return scaled, f"{STEPS_PER_WORD} per unit of the launch's work: {what}"
+    return MIN_STEPS, "the simulator's minimum"
 
 
 def check_launch(
@@ -156,7 +202,7 @@ def _run(
     schedule: Schedule,
 ) -> Stats:
     """One run of a launch under `schedule`."""
-    limit, limit_from = step_limit(opts, memory)
+    limit, limit_from = step_limit(opts, memory, params, program.shared_size(shared_mem))
     pmem = ParamMemory(program.pack_params(params))
     per_block = -(-prod(block) // WARP) * WARP
     total = prod(grid)
@@ -185,7 +231,7 @@ def _run(
         if schedule.seed is not None:
             b.schedule = schedule
         with np.errstate(all="ignore"):
-            execute(b, program.steps, limit, stats, opts.profile, limit_from)
+            execute(b, program.steps, limit, stats, opts.profile, limit_from, opts.loop_check)
     return stats
 
 
@@ -195,10 +241,14 @@ def execute(
     max_steps: int,
     stats: Stats,
     profile: bool = False,
-    limit_from: str = "the simulator's limit",
+    limit_from: str = "the simulator's minimum",
+    loop_check: bool = True,
 ) -> None:
     """Run one batch until all of its lanes have exited."""
     nsteps = len(steps)
+    watch = LoopWatch(b, steps)
+    # Uniformly taken back-edges until the next loop check; never reaches 0 again when off.
+    countdown = CHECK_EVERY if loop_check else 0
     regs = b.regs
     stack: list[list[object]] = [[0, b.live, -1]]
     budget = max_steps
@@ -232,9 +282,10 @@ def execute(
                 if budget < 0:
                     raise b.error(
                         f"no exit after {max_steps} instruction steps ({limit_from}): an "
-                        "endless loop, or a thread spinning on another that cannot run before "
-                        "it finishes. A longer legitimate loop runs with "
-                        "CUTILE_PY_SIM_MAX_STEPS set higher",
+                        "endless loop that writes memory or reads the clock (without either, "
+                        "a repeating state is reported sooner), or a thread spinning on "
+                        "another that cannot run before it finishes. A longer legitimate loop "
+                        "runs with CUTILE_PY_SIM_MAX_STEPS set higher (0: no limit)",
                         int(np.argmax(mask)),
                         st.instr,
                     )
@@ -264,6 +315,11 @@ def execute(
                     pc += 1
                 elif kind == BRANCH:
                     if mc == cnt:
+                        if st.back:
+                            countdown -= 1
+                            if countdown == 0:
+                                countdown = CHECK_EVERY
+                                watch.check(pc, stack, mask, max_steps - budget)
                         pc = st.target
                     elif mc == 0:
                         pc += 1

@@ -102,6 +102,10 @@ class Lanes(ExecContext):
         self.shared_sizes = shared_sizes  # (dynamic, total) bytes
         self.symbol_value = symbol_value
         self.steps = 0
+        #: Memory writes (stores, atomics, cp.async) and clock reads so far: the loop watch
+        #: (`cutile_py.sim.loops`) treats either as possible progress.
+        self.writes = 0
+        self.clock_reads = 0
         self._imms: dict[tuple[Imm, type, str], np.ndarray] = {}
         self._special: dict[str, np.ndarray] = {}
 
@@ -232,9 +236,11 @@ class Lanes(ExecContext):
         if got is not None:
             return got
         if name in ("%clock", "%clock64", "%clock_hi"):
+            self.clock_reads += 1
             c = self.steps * 4  # a monotonic count, uniform across lanes
             return np.full(self.n, c, dtype=np.uint64 if name == "%clock64" else np.uint32)
         if name.startswith("%globaltimer"):
+            self.clock_reads += 1
             return np.full(self.n, time.time_ns() & (2**64 - 1), dtype=np.uint64)
         value = self._compute_special(name)
         value.flags.writeable = False

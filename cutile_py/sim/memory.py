@@ -179,10 +179,13 @@ class GlobalMemory:
     def __len__(self) -> int:
         return len(self._allocs)
 
-    @property
-    def nbytes(self) -> int:
-        """The bytes of every live allocation."""
-        return sum(int(a.data.size) for a in self._allocs.values())
+    def containing(self, address: int) -> Allocation | None:
+        """The allocation holding byte `address`, if any."""
+        i = bisect_right(self._starts, address) - 1
+        if i < 0:
+            return None
+        a = self._allocs[self._starts[i]]
+        return a if address < a.end else None
 
     def allocations(self) -> list[Allocation]:
         """Every live allocation, by address."""

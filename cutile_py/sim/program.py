@@ -68,6 +68,7 @@ class Step:
     own: bool = False  # run by the executor's own handler (not register semantics)
     target: int = -1  # BRANCH: the body index it jumps to
     reconv: int = -1  # BRANCH: where divergent lanes meet again (len(body): at the exit)
+    back: bool = False  # BRANCH: to itself or an earlier instruction (a loop's back-edge)
 
 
 def _type_size(ptype: str) -> int:
@@ -201,6 +202,7 @@ class Program:
             step = Step(kind, ins, None, guard, ins.guard_negated)
             if kind == BRANCH:
                 step.target = branch_target(ins, fn.labels)
+                step.back = step.target <= pc
                 step.reconv = cfg.ipdom[block_of[pc]]
             own = own_factory(ins)
             if own is not None:

@@ -183,6 +183,7 @@ class Batch(Lanes):
         self, space: str, lanes: np.ndarray, addrs: np.ndarray, esize: int, values: np.ndarray
     ) -> None:
         """Write `values` ((len(lanes), nvec) unsigned) at `addrs`."""
+        self.writes += 1
         check_aligned(lanes, addrs, esize * values.shape[1], f"{space or 'generic'} store")
         if space == "":
             parts = self._split_generic(addrs)
@@ -215,6 +216,7 @@ class Batch(Lanes):
         self, space: str, lanes: np.ndarray, addrs: np.ndarray, esize: int
     ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
         """For read-modify-write (atomics): (element view, element indices, positions)."""
+        self.writes += 1
         check_aligned(lanes, addrs, esize, f"{space or 'generic'} atomic")
         if space == "":
             out = []
