@@ -101,6 +101,12 @@ def test_a_single_instruction_loop_through_raw_kernel_is_a_launch_error() -> Non
     assert time.perf_counter() - t0 < 2.0
 
 
+def test_with_the_loop_check_off_the_step_limit_reports_it() -> None:
+    spin = ".visible .entry spin()\n{\nL:\nbra.uni L;\n}\n"
+    with pytest.raises(SimError, match=r"no exit after 1000 instruction steps \(Options"):
+        Sim().launch(spin, "spin", (1, 1, 1), (32, 1, 1), [], max_steps=1000, loop_check=False)
+
+
 #: One thread bumps a counter in global memory until it reaches `n`; its registers are the
 #: same at every backward branch (the loaded value is cleared), only memory changes.
 COUNT_UP = """
