@@ -265,7 +265,6 @@ def ordinary_path(lines: list[str]) -> list[str]:
 def test_large_argument_path_is_skipped() -> None:
     """The branch skips the large reduction for ordinary inputs: a kernel whose large block is
     replaced by a trap still computes sin on |x| <= 105615 (and traps above)."""
-    fb_lines = build("sin", False).fb.body
     kernel = build("sin", False)
     i = next(k for k, line in enumerate(kernel.fb.body) if "bra" in line)
     j = next(k for k, line in enumerate(kernel.fb.body) if line.endswith(":") and k > i)
@@ -276,8 +275,7 @@ def test_large_argument_path_is_skipped() -> None:
     raw = ct.RawKernel(kernel.ptx(), kernel.fb.name)
     raw(ct.from_numpy(x), out, x.size, grid=-(-x.size // BLOCK), block=BLOCK).sync()
     assert ulp_distance(out.to_numpy(), REFERENCE["sin"](x)).max() <= 1
-    assert fb_lines is not kernel.fb.body
-    with pytest.raises(Exception, match="trap"):
+    with pytest.raises(ct.LaunchError, match="trap executed"):
         big = ct.from_numpy(np.array([2e5], dtype=np.float32))
         raw(big, ct.from_numpy(np.zeros(1, np.float32)), 1, grid=1, block=BLOCK).sync()
 

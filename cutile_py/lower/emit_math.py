@@ -628,8 +628,9 @@ def _trig_reduce_large(fb: FunctionBuilder, x: Reg, r: Reg, q: Reg) -> None:
     G = floor(2/pi 2^224), taken from bit 280 - E up, gives x 2/pi mod 4 = m W 2^-94 mod 4 to
     within 2^-70. The top 64 bits F of m W mod 2^96 (units 2^-62) hold the quadrant and the
     fraction; d = F mod 2^62 read as a signed 62-bit number is the fraction minus the nearest
-    integer, and r = d pi/2 2^-62 in f64 (within 2^-52 relative: a ~2^-62 truncation against
-    |r| >= 2^-30, the smallest remainder an f32 has) is rounded once to f32.
+    integer, and r = d pi/2 2^-62 in f64 is rounded once to f32. Every f32 x >= 2^16 has
+    |d| >= 2^32.1 (an exhaustive search; x = 7.729179e28 comes closest to a multiple of pi/2,
+    r = 2^-29.2), so the ~2^-62 truncation leaves r within 2^-32 relative before its rounding.
     """
     bits = _b(fb, "mov.b32", x)
     e_field = _b(fb, "bfe.u32", bits, int_imm(23), int_imm(8))
