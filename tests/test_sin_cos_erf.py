@@ -16,6 +16,7 @@ import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, bf16, f16, f32, i32
 from cutile_py.ir.dtypes import round_to
 from cutile_py.lower import emit_math
+from cutile_py.runtime.nvjitlink import assemble
 from cutile_py.tools import fit_math, math_accuracy
 from cutile_py.tools.math_accuracy import RANGES, errors, range_name
 
@@ -190,3 +191,14 @@ def test_polynomials_match_their_fits() -> None:
         coef, err = fit.f32_coefficients()
         assert [ct_f32_imm(c) for c in coef] == [imm.text for imm in imms]
         assert math.log2(err) < log2_err
+
+
+def test_kernel_assembles_without_spills() -> None:
+    """A 4096-element tile of sin: each element has its own branch around the large-argument
+    reduction (16 per thread here), and ptxas still needs no spills."""
+    spec = (ct.PartitionSpec((8192,), (4096,), f32), ct.TensorSpec((8192,), f32))
+    ptx = math_accuracy.KERNELS["sin", False].ptx(*spec, target="sm_90")
+    assert ptx.count("bra") == 16
+    report = assemble(ptx, ct.Target(90))
+    assert report.spill_stores == 0 and report.spill_loads == 0
+    assert report.registers <= 64
