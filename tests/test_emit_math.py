@@ -15,12 +15,14 @@ pseudo-random -2..+2 ulp, by PTX that the test inserts after each such instructi
 Max ulp error on the sim with exact `.approx` (moved +-2 ulp in brackets), here over about 1M
 inputs per function and the same in a one-off sweep of 21.8M per function (every 255th f32 bit
 pattern, 4M in the domain, and these inputs): exp 1, exp2 1, log 1 (1), log2 1 (1), tanh 2 (3),
-sigmoid 2 (2), rsqrt 1 (1), sqrt 0, div 0 (bit-exact).
+sigmoid 2 (2), rsqrt 1 (1), sqrt 0, div 0 (bit-exact); here: sin 1, cos 1, erf 1 (their bounds
+in ulp of the exact value are asserted in tests/test_sin_cos_erf.py).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -235,11 +237,47 @@ def test_assembles_without_spills(name: str, fast: bool, sm: int) -> None:
 @pytest.mark.parametrize("name", ALL)
 def test_straight_line_and_small(name: str, fast: bool) -> None:
     lines = build(name, fast).lines
+    if name in ("sin", "cos") and not fast:
+        lines = ordinary_path(lines)
     assert all(not line.rstrip().endswith(":") and "bra" not in line for line in lines)
     # PTX instruction budgets (register moves included; ptxas folds those and the `neg`s).
     budget = {"log": 36, "log2": 44, "sigmoid": 32, "exp": 23, "exp2": 21, "tanh": 22, "rsqrt": 14}
-    limit = 4 if fast else budget.get(name, 8)
+    budget |= {"sin": 30, "cos": 31, "erf": 44}
+    # Fast erf has no hardware instruction: its precise sequence with ex2.approx for exp.
+    limit = (24 if name == "erf" else 4) if fast else budget.get(name, 8)
     assert len(lines) <= limit, "\n".join(lines)
+
+
+def ordinary_path(lines: list[str]) -> list[str]:
+    """sin/cos's lines without their large-argument reduction: that must be exactly the
+    straight-line code between one forward `@!p bra L` and `L:`, so that |x| <= 105615 runs
+    none of it."""
+    branches = [i for i, line in enumerate(lines) if "bra" in line]
+    assert len(branches) == 1, "\n".join(lines)
+    i = branches[0]
+    m = re.fullmatch(r"\s*@!%p\d+ bra (\S+);", lines[i])
+    assert m is not None, lines[i]
+    j = lines.index(f"{m.group(1)}:")
+    assert j > i + 30, "the skipped block is the Payne-Hanek reduction"
+    return lines[:i] + lines[j + 1 :]
+
+
+def test_large_argument_path_is_skipped() -> None:
+    """The branch skips the large reduction for ordinary inputs: a kernel whose large block is
+    replaced by a trap still computes sin on |x| <= 105615 (and traps above)."""
+    kernel = build("sin", False)
+    i = next(k for k, line in enumerate(kernel.fb.body) if "bra" in line)
+    j = next(k for k, line in enumerate(kernel.fb.body) if line.endswith(":") and k > i)
+    kernel.fb.body[i + 1 : j] = ["\ttrap;"]
+    x = np.random.default_rng(SEED).uniform(-105615, 105615, 50_000).astype(np.float32)
+    ct.set_backend("sim")
+    out = ct.from_numpy(np.zeros_like(x))
+    raw = ct.RawKernel(kernel.ptx(), kernel.fb.name)
+    raw(ct.from_numpy(x), out, x.size, grid=-(-x.size // BLOCK), block=BLOCK).sync()
+    assert ulp_distance(out.to_numpy(), REFERENCE["sin"](x)).max() <= 1
+    with pytest.raises(ct.LaunchError, match="trap executed"):
+        big = ct.from_numpy(np.array([2e5], dtype=np.float32))
+        raw(big, ct.from_numpy(np.zeros(1, np.float32)), 1, grid=1, block=BLOCK).sync()
 
 
 # -- accuracy of the precise sequences ------------------------------------------------------
@@ -262,6 +300,9 @@ REFERENCE = {
     "sigmoid": _f64(lambda v: 1.0 / (1.0 + np.exp(-v))),
     "sqrt": _f64(np.sqrt),
     "rsqrt": _f64(lambda v: 1.0 / np.sqrt(v)),
+    "sin": _f64(np.sin),
+    "cos": _f64(np.cos),
+    "erf": _f64(np.vectorize(math.erf, otypes=[np.float64])),
 }
 
 #: Where each function is interesting (most random bit patterns are huge or tiny).
@@ -274,6 +315,9 @@ DOMAIN = {
     "sigmoid": (-106.0, 20.0),
     "sqrt": (0.0, 16.0),
     "rsqrt": (0.0, 16.0),
+    "sin": (-200.0, 200.0),
+    "cos": (-200.0, 200.0),
+    "erf": (-5.0, 5.0),
 }
 
 #: The precise sequences that contain `.approx` instructions (see the module docstring).
@@ -296,6 +340,10 @@ SPECIAL = {
     "sigmoid": [-103.972, -87.336, -16.6, 16.6, 88.7228, 0.0, 0.625],
     "sqrt": [1.0, 2.0**-149, 2.0**-126, 3.4e38],
     "rsqrt": [1.0, 2.0**-149, 2.0**-126, 3.4e38, 4.0],
+    # Quadrant edges, multiples of pi/2 (tiny remainders), the two reductions' border.
+    "sin": [0.7853982, 1.5707964, 3.1415927, 4.712389, 2.0**-12, 105615.0, 102940.0, 1e6, 2.0**24],
+    "cos": [0.7853982, 1.5707964, 3.1415927, 4.712389, 2.0**-12, 105615.0, 102940.0, 1e6, 2.0**24],
+    "erf": [0.921875, 3.92, 3.9192, 2.0**-12, 0.5, 1.0, 2.0],
 }
 
 
@@ -461,6 +509,11 @@ FAST = {
     "sigmoid": ((-20.0, 20.0), 1e-5),
     "sqrt": ((1e-6, 1e6), 1e-6),
     "rsqrt": ((1e-6, 1e6), 1e-6),
+    # sin/cos.approx: 2^-20.5 absolute on [-pi, pi] (relative near the zeros is looser; the
+    # sim's exact model plus 2 ulp stays within this).
+    "sin": ((-3.0, 3.0), 1e-5),
+    "cos": ((-3.0, 3.0), 1e-5),
+    "erf": ((-4.0, 4.0), 1e-6),
 }
 
 

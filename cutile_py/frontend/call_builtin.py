@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 Handler = Callable[["KernelBuilder", ast.Call, Any], Any]
 UNARY_BUILTINS = frozenset(
-    {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "abs"}
+    {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "abs", "sin", "cos", "erf"}
 )
 #: Signatures used to bind the arguments of each builtin (positional or keyword, as in Python).
 SIGNATURES: dict[str, inspect.Signature] = {}

@@ -15,7 +15,9 @@ class IRTypeError(TypeError):
     """An op was given operands its type rule rejects."""
 
 
-FLOAT_ONLY_UNARY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid"})
+FLOAT_ONLY_UNARY = frozenset(
+    {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "erf"}
+)
 #: Highest rank of a tile value (loads and stores stay at rank 3, the launch grid's; reshapes
 #: and expand_dims may pass through one more dim).
 MAX_RANK = 4

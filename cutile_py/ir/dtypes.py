@@ -128,6 +128,7 @@ OperandType = type[DType] | type[bool] | type[int] | type[float]
 #: Ops computed in floating point: integer and bool operands are converted to f32 first.
 FLOAT_OPS = frozenset(
     {"div", "pow", "fma", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid"}
+    | {"sin", "cos", "erf"}
 )
 
 

@@ -28,6 +28,7 @@ class Value:
 
 UNARY_KINDS = frozenset(
     {"neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "not"}
+    | {"sin", "cos", "erf"}
 )
 BINARY_KINDS = frozenset(
     {"add", "sub", "mul", "div", "floordiv", "mod", "max", "min", "pow", "and", "or", "xor"}

@@ -38,6 +38,9 @@ UNARY_FLOAT: dict[str, Callable[[Array], Array]] = {
     "rsqrt": _exact(lambda x: 1.0 / np.sqrt(x)),
     "tanh": _exact(np.tanh),
     "sigmoid": _exact(lambda x: 1.0 / (1.0 + np.exp(-x))),
+    "sin": _exact(np.sin),
+    "cos": _exact(np.cos),
+    "erf": _exact(np.vectorize(math.erf, otypes=[np.float64])),  # NumPy has no erf
 }
 
 UNARY_INT: dict[str, Callable[[Array], Array]] = {

@@ -212,6 +212,23 @@ sqrt = _unary("sqrt", "Square root (correctly rounded), element-wise.")
 rsqrt = _unary("rsqrt", "`1 / sqrt(x)`, element-wise.")
 tanh = _unary("tanh", "Hyperbolic tangent, element-wise.")
 sigmoid = _unary("sigmoid", "`1 / (1 + exp(-x))`, element-wise.")
+_TRIG_DOC = """, element-wise (radians). f32 results are within 1.5 ulp of the exact value
+on the whole f32 range (an exact Payne-Hanek reduction above |x| = 105615): measured on sim over
+2^20 random inputs per range (`python -m cutile_py.tools.math_accuracy`), max 1.40 ulp on
+[-pi, pi], 1.49 on [-1e5, 1e5], 1.46 over all f32; inf and NaN give NaN, sin(-0) = -0. f16 and
+bf16 compute in f32, then round; integers compute in f32. With `fast_math=True`: the hardware's
+`sin.approx`/`cos.approx` (as CUDA's `__sinf`: about 2^-21 absolute on [-pi, pi], worse far
+outside it)."""
+sin = _unary("sin", "Sine" + _TRIG_DOC)
+cos = _unary("cos", "Cosine" + _TRIG_DOC)
+erf = _unary(
+    "erf",
+    """The error function, element-wise. f32 results are within 1.1 ulp of the exact value:
+measured on sim over 2^20 random inputs per range (`python -m cutile_py.tools.math_accuracy`),
+max 1.03 ulp on [-5, 5]; +-1 from |x| = 3.92, erf(-0) = -0, NaN gives NaN. f16 and bf16
+compute in f32, then round; integers compute in f32. `fast_math=True` uses ex2.approx inside
+(1.14 ulp measured on sim).""",
+)
 abs = _unary("abs", "Absolute value, element-wise.")
 
 
@@ -334,6 +351,8 @@ __all__ = [
     "builtin",
     "builtin_name",
     "cdiv",
+    "cos",
+    "erf",
     "exp",
     "exp2",
     "expand_dims",
@@ -356,6 +375,7 @@ __all__ = [
     "reshape",
     "rsqrt",
     "sigmoid",
+    "sin",
     "sqrt",
     "store",
     "sum",
