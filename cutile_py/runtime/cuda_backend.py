@@ -123,6 +123,9 @@ class CudaKernel(LoadedKernel):
     report: AssemblyReport | None
     max_dynamic_shared: int
 
+    def assembly(self) -> AssemblyReport | None:
+        return self.report
+
 
 class CudaCompletion(Completion):
     """An event recorded after a launch on the backend stream."""
