@@ -271,7 +271,10 @@ def test_missing_nvjitlink_reads_na(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @needs_nvjitlink
-def test_a_kernel_that_spills_warns_once(rng: np.random.Generator) -> None:
+def test_a_kernel_that_spills_warns_once(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CUTILE_PY_SPILL_CHECK", raising=False)  # the default: on
     assert issubclass(ct.PerformanceWarning, UserWarning)
     side = 256
     xs = rng.uniform(-0.5, 0.5, (side, side)).astype(np.float32)
