@@ -16,11 +16,18 @@ from cutile_py.host.creation import (
     zeros,
 )
 from cutile_py.host.device_op import DeviceOp, OpLike
-from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
+from cutile_py.host.errors import (
+    AliasError,
+    BorrowError,
+    LaunchError,
+    MovedError,
+    PerformanceWarning,
+)
 from cutile_py.host.graph import Graph, graph
 from cutile_py.host.kernel import CompiledKernel, Kernel, cache_info, kernel
 from cutile_py.host.pipeline import zip
 from cutile_py.host.raw_kernel import RawKernel
+from cutile_py.host.report import KernelReport
 from cutile_py.host.specs import PartitionSpec, TensorSpec
 from cutile_py.host.streams import Stream
 from cutile_py.host.tensor import Partition, Tensor
@@ -88,11 +95,13 @@ __all__ = [
     "Dyn",
     "Graph",
     "Kernel",
+    "KernelReport",
     "LaunchError",
     "MovedError",
     "OpLike",
     "Mut",
     "Partition",
+    "PerformanceWarning",
     "PartitionSpec",
     "RawKernel",
     "Stream",

@@ -1,4 +1,4 @@
-"""Host-side errors: ownership violations and device faults."""
+"""Host-side errors and warnings: ownership violations, device faults, performance."""
 
 from __future__ import annotations
 
@@ -17,3 +17,8 @@ class AliasError(BorrowError):
 
 class LaunchError(RuntimeError):
     """The device failed while running a kernel."""
+
+
+class PerformanceWarning(UserWarning):
+    """Compiled code that will run slowly: a kernel whose registers spill to local memory
+    (ptxas's count, through nvJitLink), once per compiled specialization."""

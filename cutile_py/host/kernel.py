@@ -7,9 +7,11 @@ import functools
 import hashlib
 import inspect
 import linecache
+import os
 import struct
 import sys
 import typing
+import warnings
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,9 @@ from cutile_py.frontend.capture import CapturedFunction, capture
 from cutile_py.frontend.errors import CompileError, SourceLocation
 from cutile_py.frontend.signature import ParamSpec, Specialization, TensorArg, bind, parse_signature
 from cutile_py.host import dump, jit_disk
+from cutile_py.host.errors import PerformanceWarning
 from cutile_py.host.launch import ParamReader
+from cutile_py.host.report import KernelReport, build_report
 from cutile_py.host.specs import PartitionSpec, TensorSpec
 from cutile_py.host.tensor import Partition, Tensor
 from cutile_py.ir import Kernel as KernelIR
@@ -30,6 +34,12 @@ from cutile_py.lower.pipeline import LoweredKernel, lower_kernel
 from cutile_py.ptx.target import Target
 from cutile_py.runtime.backend import Backend, LoadedKernel, PreparedLaunch, RuntimeFailure
 from cutile_py.runtime.disk_cache import default_cache
+from cutile_py.runtime.nvjitlink import (
+    AssemblyReport,
+    PtxAssemblyError,
+    assemble,
+    nvjitlink_available,
+)
 
 
 def _compiler_digest() -> str:
@@ -70,6 +80,20 @@ def user_boundary(method: Callable[_P, _R]) -> Callable[_P, _R]:
     return at_boundary
 
 
+_PACKAGE = str(Path(__file__).resolve().parent.parent)
+
+
+def _user_stacklevel() -> int:
+    """The `stacklevel` of the innermost caller outside cutile_py, for `warnings.warn` called
+    by the caller of this function (a warning shows the user's line, not the compiler's)."""
+    frame = sys._getframe(1)  # the caller's frame: stacklevel 1
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
 @dataclass(frozen=True)
 class CacheKey:
     source_hash: str
@@ -99,6 +123,7 @@ class CompiledKernel:
         loaded: dict[str, LoadedKernel] | None = None,
         build_ir: Callable[[], KernelIR] | None = None,
         recompile: Callable[[str], CompiledKernel] | None = None,
+        name: str = "",
     ) -> None:
         if ir is None and build_ir is None:
             raise ValueError("CompiledKernel needs its IR or a way to build it")
@@ -109,6 +134,10 @@ class CompiledKernel:
         #: The module loaded on each backend (by name), so a launch does not look it up again.
         self.loaded: dict[str, LoadedKernel] = {} if loaded is None else loaded
         self._recompile = recompile
+        #: The kernel's name, for messages.
+        self.name = name or (lowered.entry if lowered is not None else "?")
+        #: Whether the cubin's spills were checked (see `check_spills`).
+        self._spills_checked = False
         #: Launches made ready per (backend name, grid), and how to read their parameters.
         self._prepared: dict[tuple[str, tuple[int, ...]], PreparedLaunch] = {}
         self._reader: ParamReader | None = None
@@ -143,7 +172,36 @@ class CompiledKernel:
             assert self.lowered is not None
             kern = backend.load_kernel(self.lowered.ptx, self.lowered.entry)
         self.loaded[backend.name] = kern
+        self.check_spills(kern.assembly())
         return kern
+
+    def check_spills(self, assembly: AssemblyReport | None = None) -> AssemblyReport | None:
+        """Warn (PerformanceWarning) if ptxas spills registers in this kernel's cubin, once.
+
+        `assembly`: ptxas's report where a backend made the cubin; otherwise nvJitLink makes
+        one for the PTX's target, where it is installed (CUTILE_PY_SPILL_CHECK=0 skips that)."""
+        if self._spills_checked or self.lowered is None:
+            return assembly
+        if assembly is None:
+            if os.environ.get("CUTILE_PY_SPILL_CHECK", "1").strip() in ("0", "false", "no"):
+                return None
+            if not nvjitlink_available():
+                return None
+            try:
+                assembly = assemble(self.lowered.ptx, self.lowered.target)
+            except PtxAssemblyError:
+                return None  # the backend's own load says what is wrong with the PTX
+        self._spills_checked = True
+        if assembly.spill_stores or assembly.spill_loads:
+            warnings.warn(
+                f"kernel {self.name} spills registers on {self.lowered.target.name}: "
+                f"{assembly.spill_stores} bytes of spill stores and {assembly.spill_loads} "
+                f"bytes of spill loads per thread ({assembly.registers} registers); smaller "
+                "tiles, or fewer values live across loops, keep it in registers",
+                PerformanceWarning,
+                stacklevel=_user_stacklevel(),
+            )
+        return assembly
 
     def prepared(self, backend: Backend, grid: tuple[int, ...]) -> PreparedLaunch:
         """This kernel ready to launch on `backend` over `grid`, made once."""
@@ -324,7 +382,9 @@ class Kernel:
     ) -> CompiledKernel:
         """`spec` compiled for `target` from the source, and written to the disk cache."""
         base = self._build(spec, deps)
-        result = CompiledKernel(base.ir, base.ir_text, self._lower(base.ir, target))
+        result = CompiledKernel(
+            base.ir, base.ir_text, self._lower(base.ir, target), name=self.__qualname__
+        )
         if result.lowered is not None:
             dump.dump_compiled(self.__qualname__, base.ir, base.ir_text, result.lowered)
         if disk_key is not None and result.lowered is not None:
@@ -385,6 +445,7 @@ class Kernel:
             lowered,
             build_ir=lambda: self.compiled(spec, None).ir,
             recompile=recompile,
+            name=self.__qualname__,
         )
 
     # -- inspection (launches nothing) ---------------------------------------------------------
@@ -403,6 +464,20 @@ class Kernel:
         lowered = self.compile(*args, target=target, **kwargs).lowered
         assert lowered is not None
         return lowered.ptx
+
+    @user_boundary
+    def report(
+        self, *args: Any, target: Target | str | int | None = None, **kwargs: Any
+    ) -> KernelReport:
+        """Registers, spills, shared memory, occupancy, instructions and bytes per element,
+        bank conflicts and uncoalesced accesses of this kernel for these arguments (or
+        TensorSpec / PartitionSpec in their place), compiled for `target` (see `compile`).
+        Launches nothing on the active backend: the measured numbers come from a run on a
+        private simulator over copies of the arguments (see `cutile_py.host.report`)."""
+        tgt = parse_target(target) or _default_target()
+        bound = self.bind_arguments(args, kwargs)
+        compiled = self.compiled(self.specialize(bound), tgt)
+        return build_report(self, compiled, bound, tgt)
 
     @user_boundary
     def ir(self, *args: Any, **kwargs: Any) -> str:

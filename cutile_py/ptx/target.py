@@ -132,3 +132,35 @@ class Target:
         for f in features:
             base = max(base, MIN_PTX_FOR_FEATURE.get(f, (7, 0)))
         return base
+
+
+@dataclass(frozen=True)
+class SmLimits:
+    """What one SM holds at once, for occupancy: the CUDA C++ Programming Guide's "Technical
+    Specifications per Compute Capability" table (registers are allocated per warp in units
+    of 256, across 4 sub-partitions; shared memory in units of 128 bytes, with 1 KB reserved
+    per block)."""
+
+    max_warps: int
+    max_blocks: int
+    registers: int = 64 * 1024
+    shared_bytes: int = 228 * 1024
+    register_unit: int = 256
+    sub_partitions: int = 4
+    shared_unit: int = 128
+    reserved_shared_per_block: int = 1024
+
+
+SM_LIMITS: dict[int, SmLimits] = {
+    80: SmLimits(max_warps=64, max_blocks=32, shared_bytes=164 * 1024),
+    86: SmLimits(max_warps=48, max_blocks=16, shared_bytes=100 * 1024),
+    89: SmLimits(max_warps=48, max_blocks=24, shared_bytes=100 * 1024),
+    90: SmLimits(max_warps=64, max_blocks=32, shared_bytes=228 * 1024),
+    100: SmLimits(max_warps=64, max_blocks=32, shared_bytes=228 * 1024),
+    120: SmLimits(max_warps=48, max_blocks=32, shared_bytes=100 * 1024),
+}
+
+
+def sm_limits(target: Target) -> SmLimits:
+    """The per-SM limits of `target` (those of the nearest listed architecture below it)."""
+    return SM_LIMITS[max(sm for sm in SM_LIMITS if sm <= target.sm)]

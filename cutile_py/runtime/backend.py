@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cutile_py.ptx.target import Target
+from cutile_py.runtime.nvjitlink import AssemblyReport
 
 #: Held while a launch or replay executes on the host (sim, interpret), so that a worker
 #: thread's launch, one from the event loop's thread, and changes to the simulator's memory
@@ -78,6 +79,11 @@ class LoadedKernel(ABC):
     """A kernel function of a loaded module, ready to launch."""
 
     name: str
+
+    def assembly(self) -> AssemblyReport | None:
+        """ptxas's report on the cubin this backend compiled the PTX to (registers, spills);
+        None where it made none (the simulator runs the PTX itself)."""
+        return None
 
 
 @dataclass(frozen=True)

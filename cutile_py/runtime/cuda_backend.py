@@ -175,6 +175,9 @@ class CudaKernel(LoadedKernel):
     report: AssemblyReport | None
     max_dynamic_shared: int
 
+    def assembly(self) -> AssemblyReport | None:
+        return self.report
+
 
 class CudaCompletion(Completion):
     """An event (from the backend's pool, given back when this is collected) recorded after a

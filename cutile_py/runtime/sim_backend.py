@@ -33,6 +33,7 @@ from cutile_py.runtime.backend import (
     Touch,
 )
 from cutile_py.sim.context import SimError
+from cutile_py.sim.counters import Measurement, measure
 from cutile_py.sim.executor import Options, Stats, check_launch, run
 from cutile_py.sim.memory import GlobalMemory
 from cutile_py.sim.program import ModuleGlobals, Program, Semantics
@@ -175,3 +176,24 @@ class SimBackend(Backend):
             failure.__cause__ = e
             return Finished(failure)
         return Finished()
+
+    def measure(
+        self,
+        kernel: LoadedKernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        params: Sequence[ParamValue],
+        regions: Sequence[tuple[int, int]],
+        max_blocks: int = 256,
+    ) -> Measurement:
+        """Run `kernel` as `launch` would, counting its memory traffic (see `sim.counters`):
+        every block, or `max_blocks` of them from the two ends of a larger grid."""
+        if not isinstance(kernel, SimKernel):
+            raise TypeError(f"the sim backend cannot measure a {type(kernel).__name__}")
+        values = [(p.ptype, p.value) for p in params]
+        try:
+            return measure(kernel.program, self.memory, grid, block, shared_mem, values, regions,
+                           max_blocks, self._target.max_shared_bytes)  # fmt: skip
+        except SimError as e:
+            raise LaunchFailure(str(e)) from e
