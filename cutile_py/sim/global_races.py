@@ -146,56 +146,67 @@ class GlobalRaces:
         sh = self._shadow(alloc, span)
         g = sh.granule
         per = span // g
-        first = ((addrs - np.uint64(alloc.start)) // np.uint64(g)).astype(np.intp)
+        # Granules are powers of two; offsets are far below 2**63, so the int64 view holds.
+        shift = np.uint64(g.bit_length() - 1)
+        first = ((addrs - np.uint64(alloc.start)) >> shift).view(np.int64)
         if per == 1:
             idx, lane = first, lanes
         else:
             idx = (first[:, None] + np.arange(per, dtype=np.intp)).ravel()
             lane = np.repeat(lanes, per)
         who = self.who[lane]
-        w = sh.writer[idx]
+        # Lanes touching consecutive granules in order (the usual case) make the shadow
+        # accesses slices, and no two lanes can share a granule.
+        lo, n = int(idx[0]), idx.size
+        sel: slice | np.ndarray = idx
+        runs = int(idx[-1]) - lo + 1 == n and (n == 1 or bool((idx[1:] - idx[:-1] == 1).all()))
+        if runs:
+            sel = slice(lo, lo + n)
+        w = sh.writer[sel]
         seen = w != NONE
         if seen.any():
             block = who // self.per_block
             slot = lane // self.per_block
             bad = seen & (w != who)
             if write:
-                bad &= ~self._ordered(w, sh.wtime[idx], who, slot, lane)
+                bad &= ~self._ordered(w, sh.wtime[sel], who, slot, lane)
             else:
                 bad &= w // self.per_block != block  # see INSIDE_BLOCKS
             if bad.any():
                 k = int(np.argmax(bad))
-                self._fail(alloc, lane, idx, g, k, write, int(w[k]), int(sh.wtime[idx][k]), True)
-        r = sh.reader[idx]
+                self._fail(alloc, lane, idx, g, k, write, int(w[k]), int(sh.wtime[sel][k]), True)
+        r = sh.reader[sel]
         if write:
             seen = r != NONE
             if seen.any():
-                rt = sh.rtime[idx]
+                rt = sh.rtime[sel]
                 block = who // self.per_block
                 rblock = np.where(r >= 0, r // self.per_block, IN_BLOCK - r)
                 bad = seen & (r != who) & ((r == MANY_BLOCKS) | (rblock != block))
                 if bad.any():
                     k = int(np.argmax(bad))
                     self._fail(alloc, lane, idx, g, k, True, int(r[k]), int(rt[k]), False)
-                sh.reader[idx] = NONE
-            sh.writer[idx] = who
-            sh.wtime[idx] = now
-            if (sh.writer[idx] != who).any():
+                sh.reader[sel] = NONE
+            sh.writer[sel] = who
+            sh.wtime[sel] = now
+            if not runs and (sh.writer[idx] != who).any():
                 assert values is not None
                 self._same_store(alloc, lane, idx, g, values.reshape(idx.size, -1))
             return
         if (r == NONE).all():
             new = who
         else:
-            rt = sh.rtime[idx]
+            rt = sh.rtime[sel]
             block = who // self.per_block
             slot = lane // self.per_block
             rblock = np.where(r >= 0, r // self.per_block, IN_BLOCK - r)
             mine = (r != MANY_BLOCKS) & (rblock == block)
             replace = (r == NONE) | (r == who) | (mine & self._ordered(r, rt, who, slot, lane))
             new = np.where(replace, who, np.where(mine, IN_BLOCK - block, MANY_BLOCKS))
-        sh.reader[idx] = new
-        sh.rtime[idx] = now
+        sh.reader[sel] = new
+        sh.rtime[sel] = now
+        if runs:
+            return
         got = sh.reader[idx]
         lost = got != new
         if lost.any():

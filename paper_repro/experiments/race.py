@@ -88,7 +88,7 @@ def _raw(ctx: Context, a: np.ndarray, runs: int) -> list[Row]:
                 "what": name,
                 "impl": "ct.RawKernel (hand-written PTX)",
                 "status": "ok",
-                "error_raised": f"{type(e).__name__}: {str(e).splitlines()[0]}"[:300],
+                "error_raised": f"{type(e).__name__}: {str(e).splitlines()[0]}"[:600],
             }
         out.append(row)
     return out
@@ -186,8 +186,12 @@ def run(ctx: Context) -> Result:
             "as shared, and the racy kernel stops with a global-memory race naming both "
             "accesses (kernel, PTX line, block, thread, address, allocation); see error_raised."
         )
-    found = "race" in str(racy.get("error_raised", ""))
-    seen = "reported as a race" if found else f"{racy.get('differing_max', 'n/a')} (max over runs)"
+    found = "global-memory race" in str(racy.get("error_raised", ""))
+    seen = (
+        "reported as a global-memory race"
+        if found
+        else f"{racy.get('differing_max', 'n/a')} (max over runs)"
+    )
     res.summary.append(
         f"paper (cuTile Python): {lo:.0%}-{hi:.0%} of elements differ between runs; here the "
         f"hand-written PTX race: {seen} ({ctx.backend}); checked cutile_py: cannot be "
