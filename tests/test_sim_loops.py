@@ -255,6 +255,8 @@ def test_the_step_limit_grows_with_the_launch_s_work() -> None:
     assert limit == STEPS_PER_WORD * words and f"{4 * words} bytes of shared" in why
     assert step_limit(Options(max_steps=10), memory) == (10, "Options.max_steps")
     assert step_limit(Options(max_steps=0), memory) == (UNLIMITED, "Options.max_steps")
+    with pytest.raises(SimError, match="give a step count"):
+        step_limit(Options(max_steps=-5), memory)
 
 
 def test_the_step_limit_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -355,3 +357,56 @@ def test_the_readme_row_loop_with_c_1_scaled_down(
     assert sim.last_stats is not None and sim.last_stats.steps > 20 * 2000
     want = (x.astype(np.float64) ** 2).sum(axis=1, keepdims=True)
     np.testing.assert_allclose(res.unpartition().to_numpy(), want, rtol=1e-5)
+    # kernel.report simulates the launch too, under the same limit (it used the minimum).
+    x2 = ct.from_numpy(x)
+    report = row_sum_of_squares.report(ct.zeros((2, 1)).partition((1, 1)), x2, 1)
+    assert "row_sum_of_squares" in str(report)
+
+
+ATOMIC_PROGRESS = """
+.visible .entry count_up(.param .u64 c, .param .u32 n)
+{
+    .reg .b32 %r<4>; .reg .b64 %rd<2>; .reg .pred %p<2>;
+    ld.param.u64 %rd1, [c]; ld.param.u32 %r2, [n];
+AGAIN:
+    atom.global.add.u32 %r1, [%rd1], 1;
+    setp.lt.u32 %p1, %r1, %r2;
+    mov.u32 %r1, 0;
+    @%p1 bra AGAIN;
+    ret;
+}
+"""
+
+TIMER_WAIT = """
+.visible .entry wait_a_while(.param .u64 out)
+{
+    .reg .b64 %rd<5>; .reg .pred %p<2>;
+    ld.param.u64 %rd1, [out];
+    mov.u64 %rd3, %globaltimer;
+    add.u64 %rd3, %rd3, 20000000;
+WAIT:
+    mov.u64 %rd2, %globaltimer;
+    setp.lt.u64 %p1, %rd2, %rd3;
+    mov.u64 %rd2, 0;
+    @%p1 bra WAIT;
+    st.global.u64 [%rd1], %rd3;
+    ret;
+}
+"""
+
+
+def test_a_loop_whose_only_progress_is_an_atomic_is_not_endless() -> None:
+    """The registers repeat at the back-edge (the counter's value is overwritten), but the
+    atomic wrote memory: progress, so the loop runs to its end."""
+    sim = Sim()
+    addr, counter = sim.buffer(np.zeros(1, dtype=np.uint32))
+    sim.launch(ATOMIC_PROGRESS, "count_up", (1, 1, 1), (1, 1, 1), [("u64", addr), ("u32", 5000)])
+    assert counter[0] == 5001  # the pass that read 5000 added one more, then left
+
+
+def test_a_loop_waiting_on_the_global_timer_is_not_endless() -> None:
+    """Reading %globaltimer is progress (its value moves on its own): a 20 ms wait ends."""
+    sim = Sim()
+    addr, out = sim.buffer(np.zeros(1, dtype=np.uint64))
+    sim.launch(TIMER_WAIT, "wait_a_while", (1, 1, 1), (32, 1, 1), [("u64", addr)])
+    assert out[0] > 20_000_000

@@ -335,7 +335,7 @@ def measure(
     counted, counters = instrument(program, regions)
     check_launch(counted, grid, block, shared_mem, max_shared)
     opts = Options(race_check=False)
-    limit, limit_from = step_limit(opts, memory)
+    limit, limit_from = step_limit(opts, memory, params, counted.shared_size(shared_mem))
     pmem = ParamMemory(counted.pack_params(params))
     per_block = -(-prod(block) // WARP) * WARP
     stride = BlockMemory("shared", 0, counted.shared_size(shared_mem), None).stride

@@ -117,6 +117,10 @@ def step_limit(
             raise SimError(f"CUTILE_PY_SIM_MAX_STEPS={env!r}: give a step count, or 0 for none")
         return value or UNLIMITED, "CUTILE_PY_SIM_MAX_STEPS"
     if options.max_steps is not None:
+        if options.max_steps < 0:
+            raise SimError(
+                f"Options.max_steps={options.max_steps}: give a step count, or 0 for none"
+            )
         return options.max_steps or UNLIMITED, "Options.max_steps"
     words, what = launch_work(memory, params, shared_bytes)
     scaled = STEPS_PER_WORD * words
