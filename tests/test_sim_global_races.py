@@ -6,7 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cutile_py.ptx.ast import Instruction
 from cutile_py.sim.context import SimError
+from cutile_py.sim.global_races import GlobalRaces
+from cutile_py.sim.races import RaceFault
 from tests.support.sim_harness import Sim, line_of
 
 #: permute_heads(dst, src, heads): row h of dst (256 f32, one per thread of block h) = row
@@ -196,3 +199,23 @@ def test_a_warp_barrier_does_not_order_two_warps() -> None:
         f"address {addr + 128:#x} (byte 128 of the 320-byte allocation at {addr:#x}), which "
         "block (0, 0, 0) thread (32, 0, 0) wrote"
     ) in str(e.value)
+
+
+def test_thread_numbers_past_2_31_keep_their_block() -> None:
+    """A grid of 2**22 blocks of 1024 threads numbers threads past int32; the last block's
+    store is reported as its own, not a wrapped one."""
+    grid, block = (2**22, 1, 1), (1024, 1, 1)
+    sim = Sim()
+    addr, _ = sim.buffer(np.zeros(4, dtype=np.uint32))
+    races = GlobalRaces(sim.memory, grid, block)
+    last = 2**22 - 1
+    ins = Instruction(7, "st.global.u32 [%rd1], %r1;", "st", ("global", "u32"), ())
+    for b in (0, last):
+        races.start_batch(np.array([b]))
+        lanes, addrs = np.array([0]), np.array([addr], dtype=np.uint64)
+        if b == 0:
+            races.access(ins, lanes, addrs, 4, True, np.zeros((1, 4), dtype=np.uint8))
+            continue
+        with pytest.raises(RaceFault, match=r"which block \(0, 0, 0\) thread \(0, 0, 0\) wrote"):
+            races.access(ins, lanes, addrs, 4, True, np.ones((1, 4), dtype=np.uint8))
+        assert int(races.who[0]) == last * 1024
