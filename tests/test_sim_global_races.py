@@ -6,7 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cutile_py.ptx.ast import Instruction
 from cutile_py.sim.context import SimError
+from cutile_py.sim.global_races import GlobalRaces
+from cutile_py.sim.races import RaceFault
 from tests.support.sim_harness import Sim, line_of
 
 #: permute_heads(dst, src, heads): row h of dst (256 f32, one per thread of block h) = row
@@ -123,10 +126,11 @@ def test_lanes_of_one_store_writing_different_values_race() -> None:
     ) in str(e.value)
 
 
-@pytest.mark.parametrize("barrier", ["", "bar.sync 0;"])
+@pytest.mark.parametrize("barrier", ["", "bar.sync 0;", "bar.warp.sync -1;"])
 def test_threads_of_a_block_writing_one_word_need_a_barrier(barrier: str) -> None:
-    """Lane t stores t to its word, then lane t + 1 stores t + 1 over it... each word written
-    by two threads in two instructions: a race unless a barrier is between."""
+    """Lane t stores t to its word, then to the next lane's word: each word written by two
+    threads in two instructions, a race unless a barrier is between (one warp: bar.warp.sync
+    orders its lanes)."""
     ptx = SHARED_WORD.replace("SHARE", "1").replace("VALUE", "mov.u32 %r5, %r1;")
     # The second store goes to the next thread's word.
     ptx = ptx.replace("BARRIER\n    st.global.u32 [%rd3]", "BARRIER\n    st.global.u32 [%rd3+4]")
@@ -160,3 +164,58 @@ def test_blocks_reading_one_input_are_no_race(rng: np.random.Generator) -> None:
     sim.launch(PERMUTE_HEADS, "permute_heads", (heads, 1, 1), (256, 1, 1),
                [("u64", dst), ("u64", src), ("u32", 1)])  # fmt: skip
     np.testing.assert_array_equal(out, np.repeat(x, heads, axis=0))
+
+
+def test_a_block_reading_what_an_earlier_batch_wrote_is_a_race(rng: np.random.Generator) -> None:
+    """Two heads, one block per batch: block 1 reads row 0, which block 0 (an earlier batch)
+    wrote: nothing orders blocks, whichever order they run in."""
+    sim = Sim()
+    addr, _ = sim.buffer(rng.standard_normal((2, 256)).astype(np.float32))
+    with pytest.raises(SimError) as e:
+        sim.launch(PERMUTE_HEADS, "permute_heads", (2, 1, 1), (256, 1, 1),
+                   [("u64", addr), ("u64", addr), ("u32", 2)], max_batch_lanes=256)  # fmt: skip
+    msg = str(e.value)
+    ld, st = line_of(PERMUTE_HEADS, "ld.global.f32"), line_of(PERMUTE_HEADS, "st.global.f32")
+    assert msg.startswith(
+        f"kernel permute_heads, PTX line {ld} `ld.global.f32 %f1, [%rd4];`: block (1, 0, 0) "
+        f"thread (0, 0, 0): global-memory race: this thread reads global address {addr:#x} "
+        f"(byte 0 of the 2048-byte allocation at {addr:#x}), which block (0, 0, 0) thread "
+        f"(0, 0, 0) wrote at PTX line {st} `st.global.f32 [%rd6], %f1;`, from another block"
+    ), msg
+
+
+def test_a_warp_barrier_does_not_order_two_warps() -> None:
+    """As above over 64 threads: thread 31's second store hits thread 32's word, in the other
+    warp, which bar.warp.sync does not reach."""
+    ptx = SHARED_WORD.replace("SHARE", "1").replace("VALUE", "mov.u32 %r5, %r1;")
+    ptx = ptx.replace("BARRIER\n    st.global.u32 [%rd3]", "BARRIER\n    st.global.u32 [%rd3+4]")
+    ptx = ptx.replace("BARRIER", "bar.warp.sync -1;")
+    sim = Sim()
+    addr, _ = sim.buffer(np.zeros(80, dtype=np.uint32))
+    with pytest.raises(SimError) as e:
+        sim.launch(ptx, "shared_word", (1, 1, 1), (64, 1, 1), [("u64", addr)])
+    assert (
+        f"block (0, 0, 0) thread (31, 0, 0): global-memory race: this thread writes global "
+        f"address {addr + 128:#x} (byte 128 of the 320-byte allocation at {addr:#x}), which "
+        "block (0, 0, 0) thread (32, 0, 0) wrote"
+    ) in str(e.value)
+
+
+def test_thread_numbers_past_2_31_keep_their_block() -> None:
+    """A grid of 2**22 blocks of 1024 threads numbers threads past int32; the last block's
+    store is reported as its own, not a wrapped one."""
+    grid, block = (2**22, 1, 1), (1024, 1, 1)
+    sim = Sim()
+    addr, _ = sim.buffer(np.zeros(4, dtype=np.uint32))
+    races = GlobalRaces(sim.memory, grid, block)
+    last = 2**22 - 1
+    ins = Instruction(7, "st.global.u32 [%rd1], %r1;", "st", ("global", "u32"), ())
+    for b in (0, last):
+        races.start_batch(np.array([b]))
+        lanes, addrs = np.array([0]), np.array([addr], dtype=np.uint64)
+        if b == 0:
+            races.access(ins, lanes, addrs, 4, True, np.zeros((1, 4), dtype=np.uint8))
+            continue
+        with pytest.raises(RaceFault, match=r"which block \(0, 0, 0\) thread \(0, 0, 0\) wrote"):
+            races.access(ins, lanes, addrs, 4, True, np.ones((1, 4), dtype=np.uint8))
+        assert int(races.who[0]) == last * 1024

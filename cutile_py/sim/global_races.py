@@ -20,6 +20,8 @@ with the launch clock of the access; the clock ticks at every tracked access and
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from cutile_py.ptx.ast import Instruction
@@ -39,14 +41,15 @@ IN_BLOCK = -3
 class Shadow:
     """Access history of one allocation, one entry per `granule` bytes."""
 
-    def __init__(self, nbytes: int, granule: int) -> None:
+    def __init__(self, nbytes: int, granule: int, who: type[np.signedinteger[Any]]) -> None:
         n = -(-nbytes // granule)
         self.nbytes = nbytes
         self.granule = granule
-        # int32: a launch the simulator finishes has fewer than 2**31 threads and ticks.
-        self.writer = np.full(n, NONE, dtype=np.int32)
+        # Threads as `who` (int32 unless the launch has 2**31 of them); int32 clocks: a
+        # launch the simulator finishes makes fewer ticks.
+        self.writer = np.full(n, NONE, dtype=who)
         self.wtime = np.zeros(n, dtype=np.int32)
-        self.reader = np.full(n, NONE, dtype=np.int32)
+        self.reader = np.full(n, NONE, dtype=who)
         self.rtime = np.zeros(n, dtype=np.int32)
 
     def refine(self, granule: int) -> None:
@@ -68,6 +71,9 @@ class GlobalRaces:
         self.memory = memory
         self.grid, self.block = grid, block
         self.per_block = -(-block[0] * block[1] * block[2] // WARP) * WARP
+        blocks = grid[0] * grid[1] * grid[2]
+        small = blocks * self.per_block < 2**31 and blocks - IN_BLOCK < 2**31
+        self.who_type: type[np.signedinteger[Any]] = np.int32 if small else np.int64
         self.shadows: dict[int, Shadow] = {}
         self.events: list[Instruction | None] = []
         #: Clock of each batch slot's last bar.sync, and of each batch warp's last
@@ -82,7 +88,7 @@ class GlobalRaces:
         self.who = (
             np.repeat(block_ids * self.per_block, self.per_block)
             + np.tile(np.arange(self.per_block), nblocks)
-        ).astype(np.int32)
+        ).astype(self.who_type)
         self.last_barrier = np.full(nblocks, -1, dtype=np.int64)
         self.last_warp_sync = np.full(nblocks * self.per_block // WARP, -1, dtype=np.int64)
 
@@ -128,7 +134,7 @@ class GlobalRaces:
             granule //= 2
         sh = self.shadows.get(alloc.start)
         if sh is None:
-            sh = self.shadows[alloc.start] = Shadow(int(alloc.data.size), granule)
+            sh = self.shadows[alloc.start] = Shadow(int(alloc.data.size), granule, self.who_type)
         elif granule < sh.granule:
             sh.refine(granule)
         return sh
