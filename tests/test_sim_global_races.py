@@ -219,3 +219,29 @@ def test_thread_numbers_past_2_31_keep_their_block() -> None:
         with pytest.raises(RaceFault, match=r"which block \(0, 0, 0\) thread \(0, 0, 0\) wrote"):
             races.access(ins, lanes, addrs, 4, True, np.ones((1, 4), dtype=np.uint8))
         assert int(races.who[0]) == last * 1024
+
+
+@pytest.mark.parametrize("span", [12, 6, 3])
+def test_an_access_of_a_span_that_is_no_power_of_two(span: int) -> None:
+    """A cp.async with src-size 12 reads 12 bytes: the shadow's granule is a power of two
+    dividing it (the access used to index the shadow past its end, or miss what it touched
+    when the allocation's start happened to be a multiple of the span)."""
+    sim = Sim()
+    raw = np.zeros(48 * 12 + 768, dtype=np.uint8)
+    skip = -raw.ctypes.data % 768  # an allocation starting at a multiple of 3 * 256
+    base = sim.memory.register(raw[skip : skip + 48 * 12])
+    sim.keep.append(raw)
+    assert base % span == 0
+    races = GlobalRaces(sim.memory, (2, 1, 1), (32, 1, 1))
+    ins = Instruction(3, "cp.async.cg.shared.global [%r1], [%rd1], 16, %r2;", "cp", (), ())
+    load = Instruction(5, "ld.global.u8 %r3, [%rd2];", "ld", ("global", "u8"), ())
+    store = Instruction(9, "st.global.u8 [%rd2], %r4;", "st", ("global", "u8"), ())
+    # Block 0 reads bytes [48 * span, 49 * span) with one access; block 1 writes its last one.
+    races.start_batch(np.array([0]))
+    lanes = np.array([0])
+    races.access(ins, lanes, np.array([base + 48 * span - span], dtype=np.uint64), span, False)
+    races.access(load, lanes, np.array([base], dtype=np.uint64), 1, False)
+    races.start_batch(np.array([1]))
+    last = np.array([base + 48 * span - 1], dtype=np.uint64)
+    with pytest.raises(RaceFault, match="read"):
+        races.access(store, lanes, last, 1, True, np.ones((1, 1), dtype=np.uint8))

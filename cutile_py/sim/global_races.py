@@ -129,7 +129,8 @@ class GlobalRaces:
                 self._access(alloc, now, lanes[pos], addrs[pos], span, write, vals)
 
     def _shadow(self, alloc: Allocation, span: int) -> Shadow:
-        granule = span
+        # A power of two dividing the span (a cp.async may copy 12 bytes) and the start.
+        granule = span & -span
         while alloc.start % granule:
             granule //= 2
         sh = self.shadows.get(alloc.start)
