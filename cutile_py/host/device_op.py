@@ -38,7 +38,6 @@ from cutile_py.runtime.backend import (
     Completion,
     Finished,
     KernelLaunch,
-    LaunchFailure,
     RuntimeFailure,
 )
 from cutile_py.runtime.select import active_backend
@@ -251,13 +250,7 @@ class DeviceOp(OpLike):
             reader = self.compiled.param_reader()
             values = reader(self.args)
             touches = reader.touches(self.args)
-            if not wait:
-                return launch.launch(values, stream, touches)
-            try:
-                launch.launch_and_wait(values, stream, touches)
-            except LaunchFailure as e:
-                return Finished(e)  # a fault on the device: `_complete` reports it
-            return Finished()
+            return launch.start(values, stream, touches, wait)
         return run_interpreted(self.kernel.fn, self.spec, self.grid, self.args)
 
     def _launch(self, stream: object | None = None, wait: bool = False) -> None:

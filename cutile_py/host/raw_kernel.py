@@ -20,9 +20,7 @@ from cutile_py.ptx.parser import parse
 from cutile_py.runtime.backend import (
     Backend,
     Completion,
-    Finished,
     KernelLaunch,
-    LaunchFailure,
     ParamValue,
     PreparedLaunch,
 )
@@ -184,13 +182,7 @@ class RawKernelOp(DeviceOp):
         values = [v.value for v in self.values]
         # Hand-written PTX may write any tensor it is given.
         touches = [(a._address, a._nbytes, True) for a in self.args if type(a) is Tensor]
-        if not wait:
-            return launch.launch(values, stream, touches)
-        try:
-            launch.launch_and_wait(values, stream, touches)
-        except LaunchFailure as e:
-            return Finished(e)  # a fault on the device: `_complete` reports it
-        return Finished()
+        return launch.start(values, stream, touches, wait)
 
     def param_names(self) -> list[str]:
         return [p.name for p in self.raw.params]

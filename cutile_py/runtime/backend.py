@@ -121,6 +121,23 @@ class PreparedLaunch(ABC):
         kernel raises `LaunchFailure`."""
         self.launch(values, stream, touches).wait()
 
+    def start(
+        self,
+        values: Sequence[int | float],
+        stream: object | None,
+        touches: Sequence[Touch] | None,
+        wait: bool,
+    ) -> Completion:
+        """`launch`, or with `wait` `launch_and_wait` with a fault of the kernel kept in the
+        finished completion (its `wait()` reports it)."""
+        if not wait:
+            return self.launch(values, stream, touches)
+        try:
+            self.launch_and_wait(values, stream, touches)
+        except LaunchFailure as e:
+            return Finished(e)
+        return Finished()
+
 
 @dataclass(frozen=True, eq=False)
 class _PreparedThroughLaunch(PreparedLaunch):

@@ -18,9 +18,17 @@ import numpy as np
 
 from cutile_py.ptx.ast import Imm, Instruction, Operand
 from cutile_py.sim.context import PTYPE_DTYPE, WARP
-from cutile_py.sim.executor import MAX_SHARED, Options, Stats, check_launch, execute, step_limit
+from cutile_py.sim.executor import (
+    MAX_SHARED,
+    Options,
+    Stats,
+    batch_blocks,
+    check_launch,
+    execute,
+    step_limit,
+)
 from cutile_py.sim.memops import _address, is_predicate, value_type, vector_width
-from cutile_py.sim.memory import SHARED_WINDOW, WINDOW_SPAN, BlockMemory, GlobalMemory, ParamMemory
+from cutile_py.sim.memory import SHARED_WINDOW, WINDOW_SPAN, GlobalMemory, ParamMemory
 from cutile_py.sim.program import Program, Step
 from cutile_py.sim.spaces import Batch, space_of
 
@@ -337,9 +345,7 @@ def measure(
     opts = Options(race_check=False)
     limit, limit_from = step_limit(opts, memory, params, counted.shared_size(shared_mem))
     pmem = ParamMemory(counted.pack_params(params))
-    per_block = -(-prod(block) // WARP) * WARP
-    stride = BlockMemory("shared", 0, counted.shared_size(shared_mem), None).stride
-    per_batch = max(1, min(opts.max_batch_lanes // per_block, opts.max_batch_shared // stride))
+    per_batch = batch_blocks(counted, block, shared_mem, opts)
     stats = Stats()
     ran = 0
     for first, count in sample(prod(grid), max_blocks):

@@ -195,6 +195,24 @@ def run(
     return explore(launch, memory, program.name, order)
 
 
+def batch_blocks(
+    program: Program, block: tuple[int, int, int], shared_mem: int, opts: Options
+) -> int:
+    """How many blocks run together in one batch (at least one): as many as the lane, shared
+    and local memory budgets of `opts` allow."""
+    per_block = -(-prod(block) // WARP) * WARP
+    stride = BlockMemory("shared", 0, program.shared_size(shared_mem), None).stride
+    local = BlockMemory("local", 0, program.local_size, None).stride * per_block
+    return max(
+        1,
+        min(
+            opts.max_batch_lanes // per_block,
+            opts.max_batch_shared // stride,
+            opts.max_batch_local // local,
+        ),
+    )
+
+
 def _run(
     program: Program,
     memory: GlobalMemory,
@@ -208,19 +226,8 @@ def _run(
     """One run of a launch under `schedule`."""
     limit, limit_from = step_limit(opts, memory, params, program.shared_size(shared_mem))
     pmem = ParamMemory(program.pack_params(params))
-    per_block = -(-prod(block) // WARP) * WARP
     total = prod(grid)
-    stride = BlockMemory("shared", 0, program.shared_size(shared_mem), None).stride
-    local = BlockMemory("local", 0, program.local_size, None).stride * per_block
-    per_batch = max(
-        1,
-        min(
-            total,
-            opts.max_batch_lanes // per_block,
-            opts.max_batch_shared // stride,
-            opts.max_batch_local // local,
-        ),
-    )
+    per_batch = min(total, batch_blocks(program, block, shared_mem, opts))
     stats = Stats()
     races = GlobalRaces(memory, grid, block) if opts.race_check else None
     blocks = schedule.block_order(total)
