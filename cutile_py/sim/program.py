@@ -22,6 +22,7 @@ from cutile_py.sim.async_copy import make_cp
 from cutile_py.sim.atomics import make_atom, make_red
 from cutile_py.sim.cfg import EXITS, branch_target, build_cfg
 from cutile_py.sim.context import PTYPE_DTYPE, ExecContext, SimError
+from cutile_py.sim.mbarrier import make_mbarrier
 from cutile_py.sim.memops import (
     make_cvta,
     make_ld,
@@ -29,11 +30,13 @@ from cutile_py.sim.memops import (
     make_mov_symbol,
     make_nop,
     make_st,
+    make_stmatrix,
     make_trap,
     make_warp_sync,
     unsupported,
 )
 from cutile_py.sim.memory import GlobalMemory
+from cutile_py.sim.wgmma import make_setmaxnreg, make_wgmma
 
 if TYPE_CHECKING:
     from cutile_py.sim.spaces import Batch
@@ -167,8 +170,9 @@ class Program:
     def shared_size(self, dynamic: int) -> int:
         return self.dynamic_base + dynamic if (dynamic or self.has_dynamic) else self.static_shared
 
-    def pack_params(self, values: Sequence[tuple[str, int | float]]) -> bytes:
-        """The parameter bytes of a launch; `values` are (ptype, value) in declared order."""
+    def pack_params(self, values: Sequence[tuple[str, int | float | bytes]]) -> bytes:
+        """The parameter bytes of a launch; `values` are (ptype, value) in declared order,
+        where an array parameter (`.param .b8 name[N]`) takes `bytes` of its size."""
         if len(values) != len(self.param_types):
             raise SimError(
                 f"kernel {self.name} declares {len(self.param_types)} parameters; "
@@ -177,6 +181,12 @@ class Program:
         buf = bytearray(self.param_size)
         for (name, ptype, size), (given, value) in zip(self.param_types, values):
             off = self.param_offsets[name]
+            if isinstance(value, bytes):  # an array parameter: a tensor map, a struct
+                if len(value) != size:
+                    raise SimError(f"kernel {self.name}: parameter {name} takes {size} bytes; "
+                                   f"{len(value)} were passed")  # fmt: skip
+                buf[off : off + size] = value
+                continue
             dtype = PTYPE_DTYPE.get(ptype)
             if dtype is None or size != dtype.itemsize:
                 raise SimError(f"kernel {self.name}: parameter {name} (.{ptype}, {size} bytes) "
@@ -226,6 +236,10 @@ OWN: dict[str, Factory] = {
     "cvta": make_cvta,
     "mov": make_mov_symbol,  # only `mov d, symbol`; other movs are semantics
     "ldmatrix": make_ldmatrix,
+    "stmatrix": make_stmatrix,
+    "wgmma": make_wgmma,
+    "mbarrier": make_mbarrier,
+    "setmaxnreg": make_setmaxnreg,
     "cp": make_cp,
     "atom": make_atom,
     "red": make_red,

@@ -93,6 +93,7 @@ INSTRUCTIONS: dict[str, Semantic] = {
     "activemask": warp.activemask,
     "redux": warp.redux,
     "match": warp.match,
+    "elect": warp.elect,
     "mma": mma.mma,
 }
 

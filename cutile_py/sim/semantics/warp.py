@@ -178,3 +178,21 @@ def redux(instr: Instruction, ctx: ExecContext) -> None:
             .astype(np.int64)
         )
     write_bits(ctx, d, 32, r.astype(np.uint64) & np.uint64(0xFFFFFFFF))
+
+
+def elect(instr: Instruction, ctx: ExecContext) -> None:
+    """elect.sync d|p, membermask: the lowest executing lane of membermask is the leader;
+    every participant gets its lane id in d (d may be `_`), and p is true in the leader only."""
+    m = Mods(instr, ctx)
+    _require_sync(m)
+    m.finish()
+    d, p, (mm_op,) = split_dest_pair(instr, ctx, 1)
+    if p is None:
+        ctx.fail("elect.sync needs the destination pair d|p")
+    mm = read_u64(ctx, mm_op, "u32")
+    _check_member(ctx, "elect.sync", mm)
+    part = _participants(ctx, mm)
+    leader = np.where(part.any(axis=1), np.argmax(part, axis=1), -1)
+    lane = np.arange(ctx.n) % WARP
+    write_bits(ctx, d, 32, leader.astype(np.uint64))
+    write_pred(ctx, p, leader == lane)
