@@ -108,17 +108,18 @@ def _attention_kernels(dt: type[ct.DType]) -> tuple[Any, Any, Any]:
         k: Tensor[Elem, Dyn, Dyn, Dyn],
         v: Tensor[Elem, Dyn, Dyn, Dyn],
         kv_len: Tensor[i32, Dyn],
+        len_offset: int,
         sq: int,
         causal: bool,
         scale2: float,
     ) -> None:
         """o = softmax2(q kᵀ · scale2) v for BM rows of kv head bid(0)'s query rows (queries
-        of its G heads, row r being query r % sq), over the first kv_len[0] keys."""
+        of its G heads, row r being query r % sq), over the first kv_len[0] + len_offset keys."""
         bm, d = o.shape[1], o.shape[2]
         bn = BLOCK_N
         kvh = ct.bid(0)
         r0 = ct.bid(1) * bm
-        sk = int(ct.load(kv_len, (0,), (1,)).item())
+        sk = int(ct.load(kv_len, (0,), (1,)).item()) + len_offset
         qt = ct.load(q, (kvh, ct.bid(1), 0), (1, bm, d)).reshape((bm, d))
         n = key_blocks(r0, q.shape[1], sk, sq, causal, bm, bn)
         acc, _m, l = attend(qt, k, v, kvh, r0, 0, n, sk, sq, causal, scale2, bm, bn, d)
@@ -135,6 +136,7 @@ def _attention_kernels(dt: type[ct.DType]) -> tuple[Any, Any, Any]:
         k: Tensor[Elem, Dyn, Dyn, Dyn],
         v: Tensor[Elem, Dyn, Dyn, Dyn],
         kv_len: Tensor[i32, Dyn],
+        len_offset: int,
         sq: int,
         causal: bool,
         scale2: float,
@@ -146,7 +148,7 @@ def _attention_kernels(dt: type[ct.DType]) -> tuple[Any, Any, Any]:
         bn = BLOCK_N
         kvh = ct.bid(0) // splits
         split = ct.bid(0) % splits
-        sk = int(ct.load(kv_len, (0,), (1,)).item())
+        sk = int(ct.load(kv_len, (0,), (1,)).item()) + len_offset
         qt = ct.load(q, (kvh, 0, 0), (1, bm, d)).reshape((bm, d))
         n = key_blocks(0, q.shape[1], sk, sq, causal, bm, bn)
         per = ct.cdiv(n, splits)
@@ -222,8 +224,10 @@ def block_m(rows: int) -> int:
 class AttentionPlan:
     """The launches of one attention shape: the flash kernel, or split-KV plus merge.
 
-    `op(o, q_rows, k, v, kv_len)` builds the op; q_rows is q viewed as (kv_heads, G·S_q, D),
-    o is (kv_heads, G·S_q, D) partitioned by `partition`. Graph capture uses it directly."""
+    `op(o, q_rows, k, v, kv_len, len_offset)` builds the op over the first
+    kv_len[0] + len_offset keys of k and v (kv_len: an int32 device tensor, so a captured
+    graph reads the current length; k and v may be longer, a KV cache); q_rows is q viewed as
+    (kv_heads, G·S_q, D), o is (kv_heads, G·S_q, D) partitioned by `partition`."""
 
     def __init__(
         self,
@@ -259,17 +263,31 @@ class AttentionPlan:
         k: Tensor[Any, Any],
         v: Tensor[Any, Any],
         kv_len: Tensor[Any, Any],
+        len_offset: int = 0,
     ) -> ct.OpLike:
         flash, split, merge = _attention_kernels(self.dt)
         if self.splits == 1:
-            op: ct.OpLike = flash(o, q_rows, k, v, kv_len, self.sq, self.causal, self.scale2)
+            op: ct.OpLike = flash(
+                o, q_rows, k, v, kv_len, len_offset, self.sq, self.causal, self.scale2
+            )
             return op
         parts = self.kv_heads * self.splits
         acc = ct.empty((parts, self.bm, self.d), f32).partition((1, self.bm, self.d))
         m = ct.empty((parts, self.bm, 1), f32).partition((1, self.bm, 1))
         l = ct.empty((parts, self.bm, 1), f32).partition((1, self.bm, 1))
         first = split(
-            acc, m, l, q_rows, k, v, kv_len, self.sq, self.causal, self.scale2, self.splits
+            acc,
+            m,
+            l,
+            q_rows,
+            k,
+            v,
+            kv_len,
+            len_offset,
+            self.sq,
+            self.causal,
+            self.scale2,
+            self.splits,
         )
         splits = self.splits
 
