@@ -4,10 +4,11 @@ Element-wise (`add`, `saxpy`, `silu_mul`), row reductions over the last axis (`r
 `add_rms_norm`, `layer_norm`, `softmax`, `argmax`), `rope`, data movement (`transpose`,
 `embedding`), `gemv`, and `gemm` / `bmm` on tensor cores (tile shapes from
 `cutile_py_kernels.autotune`). f16 and bf16 inputs are computed in f32 and the output keeps the
-input dtype. Attention follows.
+input dtype. `attention` is a fused flash kernel (split over the keys for short queries).
 """
 
 from cutile_py_kernels.activations import silu_mul
+from cutile_py_kernels.attention import attention
 from cutile_py_kernels.elementwise import add, saxpy
 from cutile_py_kernels.gemm import bmm, gemm
 from cutile_py_kernels.gemv import gemv
@@ -20,6 +21,7 @@ __all__ = [
     "add",
     "add_rms_norm",
     "argmax",
+    "attention",
     "bmm",
     "embedding",
     "gemm",

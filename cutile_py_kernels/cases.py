@@ -11,6 +11,7 @@ from cutile_py import PartitionSpec as PS
 from cutile_py import TensorSpec as TS
 from cutile_py_kernels._common import row_plan
 from cutile_py_kernels.activations import _silu_mul_kernel
+from cutile_py_kernels.attention import _attention_kernels, block_m
 from cutile_py_kernels.autotune import candidates, default_config
 from cutile_py_kernels.gemm import _gemm_kernel
 from cutile_py_kernels.gemv import _gemv_kernel
@@ -97,6 +98,60 @@ def cases() -> Iterator[Case]:
             (PS((4096,), (2048 // bk,), dt), TS((4096, 4096), dt), TS((4096,), dt), bk),
         )
     yield from _gemm_cases()
+    yield from _attention_cases()
+
+
+def _attention_cases() -> Iterator[Case]:
+    """The flash kernel (prefill, 32 heads over 8 kv heads, 2048 tokens) and the split-KV
+    decode kernel and its merge (4 query heads per kv head, 16 splits), head_dim 64 and 128."""
+    for dt in (ct.f16, ct.bf16):
+        flash, split, merge = _attention_kernels(dt)
+        for d in (64, 128):
+            kv = TS((8, 2048, d), dt)
+            n = TS((1,), ct.i32)
+            rows, bm = 4 * 2048, block_m(4 * 2048)
+            yield (
+                f"attention flash {dt.name} d{d}",
+                flash,
+                (
+                    PS((8, rows, d), (1, bm, d), dt),
+                    TS((8, rows, d), dt),
+                    kv,
+                    kv,
+                    n,
+                    0,
+                    2048,
+                    True,
+                    0.1,
+                ),
+            )
+            bm = block_m(4)
+            parts = 8 * 16
+            yield (
+                f"attention split {dt.name} d{d}",
+                split,
+                (
+                    PS((parts, bm, d), (1, bm, d), ct.f32),
+                    PS((parts, bm, 1), (1, bm, 1), ct.f32),
+                    PS((parts, bm, 1), (1, bm, 1), ct.f32),
+                    TS((8, 4, d), dt),
+                    kv,
+                    kv,
+                    n,
+                    1,
+                    1,
+                    True,
+                    0.1,
+                    16,
+                ),
+            )
+            part = TS((parts, bm, d), ct.f32)
+            stat = TS((parts, bm, 1), ct.f32)
+            yield (
+                f"attention merge {dt.name} d{d}",
+                merge,
+                (PS((8, 4, d), (1, bm, d), dt), part, stat, stat, 16),
+            )
 
 
 def _gemm_cases() -> Iterator[Case]:
