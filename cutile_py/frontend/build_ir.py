@@ -482,7 +482,13 @@ class KernelBuilder:
         if isinstance(value, typing.TypeVar):
             bound = self.spec.typevar(value.__name__)
             if bound is None:
-                self.fail(f"TypeVar {value.__name__} has no value in this launch", node)
+                self.fail(
+                    f"TypeVar {value.__name__} has no value in this launch: no parameter binds "
+                    f"it (a dtype TypeVar takes its value from a Tensor[{value.__name__}, ...] "
+                    "argument, a dim TypeVar from a Partition's tile shape or a Constant "
+                    "parameter of that name)",
+                    node,
+                )
             return bound
         return value
 
