@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from cutile_py.frontend.capture import CapturedFunction, float_bits
 from cutile_py.ir.dtypes import DType, bool_, f32, i32, is_dtype
-from cutile_py.language.annotations import Constant, Dyn, Mut, is_tensor_class
+from cutile_py.language.annotations import Atomic, Constant, Dyn, Mut, is_tensor_class
 
-Kind = Literal["partition", "tensor", "scalar", "constant"]
+Kind = Literal["partition", "tensor", "atomic", "scalar", "constant"]
 #: A dim of a tensor annotation: ("dyn", None), ("var", "B") or ("lit", 64).
 Dim = tuple[str, Any]
 SCALAR_TYPES: dict[type, type[DType]] = {int: i32, float: f32, bool: bool_}
@@ -148,6 +148,12 @@ def _param_spec(cap: CapturedFunction, node: Any, name: str, ann: Any) -> ParamS
                 "(a TypeVar or Literal[n]), not Dyn",
             )
         return _tensor_spec(name, "partition", dtype, dims)
+    if origin is Atomic:
+        (inner,) = typing.get_args(ann)
+        if not (is_tensor_class(typing.get_origin(inner)) or is_tensor_class(inner)):
+            raise cap.error(node, f"parameter '{name}': write Atomic[Tensor[dtype, Dyn, ...]]")
+        dtype, dims = _tensor_dims(cap, node, name, inner)
+        return _tensor_spec(name, "atomic", dtype, dims)
     if is_tensor_class(origin) or is_tensor_class(ann):
         dtype, dims = _tensor_dims(cap, node, name, ann)
         return _tensor_spec(name, "tensor", dtype, dims)
@@ -280,12 +286,12 @@ def _bind_one(kernel: str, spec: ParamSpec, arg: Any, typevars: dict[str, int]) 
             name,
             "a Mut parameter takes a Partition (t.partition(tile_shape)), not a Tensor",
         )
-    if spec.kind == "tensor" and arg.tile_shape is not None:
+    if spec.kind in ("tensor", "atomic") and arg.tile_shape is not None:
         raise _fail(
             kernel,
             name,
-            "a shared Tensor parameter takes the tensor itself, not a "
-            "Partition (p.unpartition() gives it back)",
+            f"{'an Atomic' if spec.kind == 'atomic' else 'a shared Tensor'} parameter takes "
+            "the tensor itself, not a Partition (p.unpartition() gives it back)",
         )
     if spec.dtype is not None and arg.dtype is not spec.dtype:
         raise _fail(kernel, name, f"expected dtype {spec.dtype.name}, got {arg.dtype.name}")
