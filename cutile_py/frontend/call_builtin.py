@@ -401,6 +401,16 @@ def _expand_dims(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     return kb.b.broadcast(v, shape) if v.type.is_scalar else kb.b.reshape(v, shape)
 
 
+def _cumsum(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
+    x = _tile(kb, a["x"], "ct.cumsum", node)
+    rank, axis = len(x.type.shape), a["axis"]
+    if not isinstance(axis, int) or isinstance(axis, bool) or not -rank <= axis < rank:
+        kb.fail(f"ct.cumsum: axis must be a constant in [-{rank}, {rank}), got {axis!r}", node)
+    if x.type.dtype is bool_:
+        kb.fail("ct.cumsum of a bool tile: convert it with .astype(ct.i32) first", node)
+    return kb.b.scan("sum", x, axis % rank)
+
+
 def _reduction(kb: KernelBuilder, node: ast.AST, kind: str, a: dict[str, Any]) -> Value:
     """ct.sum/max/min/argmax/argmin: one ReduceOp per axis (keeping it), then a reshape that
     drops the reduced axes unless `keepdims`."""
@@ -552,4 +562,5 @@ _BUILTINS: dict[str, Callable[[KernelBuilder, ast.AST, dict[str, Any]], Any]] = 
     "mma": _mma,
     **{k: (lambda kind: lambda kb, n, a: _unary(kb, kind, a["x"]))(k) for k in UNARY_BUILTINS},
     **call_indexed.HANDLERS,
+    "cumsum": _cumsum,
 }

@@ -19,6 +19,7 @@ from cutile_py.lower import (
     emit_memory,
     emit_mma,
     emit_pipeline,
+    emit_scan,
     emit_shared,
 )
 from cutile_py.lower.context import EmitContext, TensorRegs
@@ -242,6 +243,9 @@ class Emitter(EmitContext):
 
     def op_atomic(self, op: o.AtomicOp) -> None:
         emit_gather.atomic(self, op)
+
+    def op_scan(self, op: o.ScanOp) -> None:
+        emit_scan.scan(self, op)
 
     # -- element-wise ---------------------------------------------------------------------
     def elementwise(self, op: o.Op, fn: Callable[..., Reg]) -> None:
