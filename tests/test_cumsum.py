@@ -11,6 +11,7 @@ import pytest
 
 import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, f32, i32
+from cutile_py.runtime.nvjitlink import assemble, nvjitlink_available
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -179,3 +180,13 @@ def test_cumsum_axis_out_of_range_is_a_compile_error() -> None:
         ct.CompileError, match=r"ct.cumsum: axis must be a constant in \[-1, 1\), got 1"
     ):
         ct.kernel(k).ir(ct.PartitionSpec((64,), (32,)), ct.TensorSpec((64,)))
+
+
+@pytest.mark.skipif(not nvjitlink_available(), reason="nvJitLink cannot be loaded")
+@pytest.mark.parametrize("sm", [80, 90])
+def test_cumsum_ptx_assembles(sm: int) -> None:
+    target = ct.Target(sm)
+    for tile, axis, dt in [((8, 1024), 1, f32), ((64, 64), 0, ct.i64), ((16, 16), 1, ct.f16)]:
+        args = (ct.PartitionSpec((64, 2048), tile, dt), ct.TensorSpec((64, 2048), dt), axis)
+        report = assemble(cumsum_2d.ptx(*args, target=target), target)
+        assert report.spill_stores == 0 and report.spill_loads == 0
