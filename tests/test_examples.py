@@ -22,6 +22,7 @@ EXPECTED: dict[str, list[str]] = {
     "hello_world.py": ["backend: sim", "[0 0 0 0 0 0 0 0 1 1 1 1 1 1 1 1 2 2 2 2]", ".entry"],
     "add.py": ["as expected:", "backend sim: 65536 sums correct"],
     "saxpy.py": ["backend sim: max |error|"],
+    "generic_dtype.py": ["backend sim: f32:", "backend sim: f16:", "backend sim: bf16:"],
     "async_pipeline.py": ["backend sim: 4 pipelines in flight", "graph replays max |error|"],
     "serving_loop.py": [
         "backend sim (the PTX simulator",

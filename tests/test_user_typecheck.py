@@ -27,6 +27,14 @@ def scaled(t: ct.Tile, s: float) -> ct.Tile:
     return t * s
 
 
+T = TypeVar("T")
+
+
+@ct.kernel
+def scale_any(z: Mut[Tensor[T, R]], x: Tensor[T, Dyn], s: float) -> None:
+    z.store((ct.load_tile_like(x, z).astype(f32) * s).astype(x.dtype))
+
+
 @ct.kernel
 def row_softmax(z: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn], s: float) -> None:
     t = scaled(ct.load_tile_like(x, z), s)

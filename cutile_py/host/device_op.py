@@ -209,12 +209,13 @@ class DeviceOp(OpLike):
         backend = active_backend()
         plan = kernel.plan(backend, args)
         names = kernel.param_names
+        atomic = kernel.atomic_params
         if plan is None:
             kernel.specialize(args)  # TypeError / ValueError naming the parameter, first
-            _check_ownership(kernel.name, names, args, backend)
+            _check_ownership(kernel.name, names, args, backend, atomic)
             plan = kernel.make_plan(backend, args, _grid(kernel.name, names, args))
         else:
-            _check_ownership(kernel.name, names, args, backend)
+            _check_ownership(kernel.name, names, args, backend, atomic)
         op = cls(backend, kernel, args, plan.spec, plan.compiled, plan.grid)
         op._acquire()
         return op
@@ -222,9 +223,10 @@ class DeviceOp(OpLike):
     def _acquire(self) -> None:
         wanted: list[tuple[Owned, bool]] = []
         shared: set[int] = set()  # a tensor passed twice is held once
-        for a in self.args:
+        atomic = self.kernel.atomic_params
+        for i, a in enumerate(self.args):
             cls = type(a)
-            if cls is Partition:
+            if cls is Partition or i in atomic:  # an Atomic tensor is the op's alone too
                 wanted.append((a, True))
             elif cls is Tensor and id(a) not in shared:
                 shared.add(id(a))
@@ -249,7 +251,7 @@ class DeviceOp(OpLike):
             launch = self.compiled.prepared(self.backend, self.grid)  # may recompile
             reader = self.compiled.param_reader()
             values = reader(self.args)
-            touches = reader.touches(self.args)
+            touches = reader.touches(self.args, self.kernel.atomic_params)
             return launch.start(values, stream, touches, wait)
         return run_interpreted(self.kernel.fn, self.spec, self.grid, self.args)
 
@@ -380,30 +382,36 @@ def _storage(a: Any) -> Tensor[Any] | None:
 
 
 def _check_ownership(
-    kernel: str, names: Sequence[str], args: tuple[Any, ...], backend: Backend
+    kernel: str,
+    names: Sequence[str],
+    args: tuple[Any, ...],
+    backend: Backend,
+    atomic: frozenset[int] = frozenset(),
 ) -> None:
-    """Moved, borrowed and aliased arguments, and tensors of another backend."""
+    """Moved, borrowed and aliased arguments, and tensors of another backend. The arguments
+    at `atomic` are Atomic tensors: taken exclusively, as partitions are."""
     spans = []
     writes = False
-    for name, a in zip(names, args):
+    for i, (name, a) in enumerate(zip(names, args)):
         cls = type(a)
+        exclusive = cls is Partition or i in atomic
         if cls is Partition:
             t = a._tensor
-            writes = True
         elif cls is Tensor:
             t = a
         else:
             continue
+        writes = writes or exclusive
         # The common case, checked inline: usable, held by nobody, memory nobody else views.
         if a._moved_at is not None or a._exclusive is not None or a._shared or t._escaped:
-            _check_use(kernel, name, a)
+            _check_use(kernel, name, a, exclusive)
         if t._backend is not backend:
             raise ValueError(
                 f"kernel {kernel}, parameter '{name}': the tensor lives on the "
                 f"{t.device} backend but the active backend is {backend.name}"
             )
         lo = t._address
-        spans.append((name, cls is Partition, a, lo, lo + t._nbytes))
+        spans.append((name, exclusive, a, lo, lo + t._nbytes))
     if not writes or len(spans) < 2:
         return
     for i, (n1, mut1, a1, lo1, hi1) in enumerate(spans):
@@ -412,11 +420,11 @@ def _check_ownership(
                 same = "the same partition" if a1 is a2 else "overlapping memory"
                 raise AliasError(
                     f"kernel {kernel}: parameters '{n1}' and '{n2}' receive {same}, "
-                    "and at least one is Mut (exclusive)"
+                    "and at least one is Mut or Atomic (exclusive)"
                 )
 
 
-def _check_use(kernel: str, name: str, a: Tensor[Any] | Partition) -> None:
+def _check_use(kernel: str, name: str, a: Tensor[Any] | Partition, exclusive: bool) -> None:
     """Raise unless `a` may be passed to a launch now (naming the kernel and parameter)."""
     try:
         a._check_usable("pass it to a launch")
@@ -424,10 +432,10 @@ def _check_use(kernel: str, name: str, a: Tensor[Any] | Partition) -> None:
         raise MovedError(f"kernel {kernel}, parameter '{name}': {e}") from None
     except BorrowError as e:
         # Shared holds allow more shared use; exclusive ones allow none.
-        if not (isinstance(a, Tensor) and not a.held_exclusively and not a.is_moved):
+        if exclusive or a.held_exclusively or a.is_moved:
             raise BorrowError(f"kernel {kernel}, parameter '{name}': {e}") from None
     try:
-        a._check_aliases("pass it to a launch", exclusive=isinstance(a, Partition))
+        a._check_aliases("pass it to a launch", exclusive=exclusive)
     except BorrowError as e:
         raise BorrowError(f"kernel {kernel}, parameter '{name}': {e}") from None
 

@@ -292,6 +292,7 @@ class Kernel:
         self._signature = inspect.signature(fn)
         self._arity = len(self._signature.parameters)
         self._params: tuple[ParamSpec, ...] | None = None
+        self._atomic: frozenset[int] | None = None
         #: Launch plans by (backend, `launch_key` of the arguments): see `plan`.
         self._plans: dict[tuple[Backend, tuple[Any, ...]], LaunchPlan] = {}
         self.__doc__ = fn.__doc__
@@ -304,6 +305,13 @@ class Kernel:
         if self._params is None:
             self._params = parse_signature(self.captured)
         return self._params
+
+    @property
+    def atomic_params(self) -> frozenset[int]:
+        """Indices of the `Atomic` parameters (held exclusively, like partitions)."""
+        if self._atomic is None:
+            self._atomic = frozenset(i for i, p in enumerate(self.params) if p.kind == "atomic")
+        return self._atomic
 
     def bind_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """Positional and keyword arguments in parameter order; TypeError if any is missing."""

@@ -44,9 +44,10 @@ class ParamReader:
                 out.append(int(a) if kind == _INT else float(a))
         return out
 
-    def touches(self, args: tuple[Any, ...]) -> list[Touch]:
+    def touches(self, args: tuple[Any, ...], atomic: frozenset[int] = frozenset()) -> list[Touch]:
         """The memory a launch reads and writes: each tensor argument's bytes, written where
-        it is passed as a (Mut) partition, only read where it is passed as a Tensor."""
+        it is passed as a (Mut) partition or to an Atomic parameter (indices `atomic`), only
+        read where it is passed as a shared Tensor."""
         out: list[Touch] = []
         for arg in self._pointers:
             a = args[arg]
@@ -54,7 +55,7 @@ class ParamReader:
                 t = a._tensor
                 out.append((t._address, t._nbytes, True))
             else:
-                out.append((a._address, a._nbytes, False))
+                out.append((a._address, a._nbytes, arg in atomic))
         return out
 
 

@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
-from cutile_py.lower import emit_math, emit_memory, emit_mma, emit_pipeline, emit_shared
+from cutile_py.lower import (
+    emit_gather,
+    emit_math,
+    emit_memory,
+    emit_mma,
+    emit_pipeline,
+    emit_scan,
+    emit_shared,
+)
 from cutile_py.lower.context import EmitContext, TensorRegs
 from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.isel import (
@@ -226,6 +234,18 @@ class Emitter(EmitContext):
 
     def op_store(self, op: o.StoreOp) -> None:
         emit_memory.store(self, op)
+
+    def op_gather(self, op: o.GatherOp) -> None:
+        emit_gather.gather(self, op)
+
+    def op_scatter(self, op: o.ScatterOp) -> None:
+        emit_gather.scatter(self, op)
+
+    def op_atomic(self, op: o.AtomicOp) -> None:
+        emit_gather.atomic(self, op)
+
+    def op_scan(self, op: o.ScanOp) -> None:
+        emit_scan.scan(self, op)
 
     # -- element-wise ---------------------------------------------------------------------
     def elementwise(self, op: o.Op, fn: Callable[..., Reg]) -> None:
