@@ -10,10 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
 from cutile_py.lower import (
+    emit_fragments,
     emit_gather,
     emit_math,
     emit_memory,
@@ -39,6 +41,15 @@ from cutile_py.lower.isel import (
 )
 from cutile_py.lower.layout import Layout
 from cutile_py.ptx.builder import Imm, Reg, f32_imm, int_imm
+
+#: Handlers of ops whose result is held in mma fragments (element-wise ops need none: their
+#: generic path runs on fragment registers as well).
+FRAGMENT_OPS: dict[type[o.Op], Callable[..., None]] = {
+    o.BroadcastOp: emit_fragments.broadcast,
+    o.ReduceOp: emit_fragments.reduce,
+    o.ReshapeOp: emit_fragments.reshape,
+    o.IotaOp: emit_fragments.iota,
+}
 
 __all__ = ["Emitter", "LoweringError", "PtxParam", "entry_name", "entry_params"]
 
@@ -82,6 +93,7 @@ class Emitter(EmitContext):
     smem_line: int = -1
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.emit_op = self.op
 
     # -- preamble -------------------------------------------------------------------------
@@ -167,6 +179,10 @@ class Emitter(EmitContext):
         if op in self.skipped:
             return
         handler = getattr(self, f"op_{op.opname}", None)
+        if op.results and self.fragment_plan.of(op.results[0]) is not None:
+            on_fragments = FRAGMENT_OPS.get(type(op))
+            if on_fragments is not None:
+                handler = partial(on_fragments, self)
         if handler is None:
             raise LoweringError(f"no lowering for IR op {op.opname}", op.span)
         try:
@@ -250,8 +266,11 @@ class Emitter(EmitContext):
     # -- element-wise ---------------------------------------------------------------------
     def elementwise(self, op: o.Op, fn: Callable[..., Reg]) -> None:
         res = op.result
-        n = self.count(res)
-        if res.type.shape:
+        frag = self.fragment_plan.of(res)
+        n = frag.count() if frag is not None else self.count(res)
+        if frag is not None:  # operands in the same fragment layout, or scalars
+            ins = [self.regs(v) for v in op.operands]
+        elif res.type.shape:
             want = self.layout(res)
             ins = [
                 self.regs(v) if not v.type.shape else emit_shared.regs_as(self, v, want)
@@ -470,11 +489,11 @@ class Emitter(EmitContext):
         # Accumulators the loop carries stay mma fragments; operand loads go through cp.async.
         planned = self.pipelines.get(op)
         pipe = emit_pipeline.start(self, planned) if planned is not None else None
-        frag = pipe.carried if pipe is not None else {}
+        frag = {k: f for k, a in enumerate(args) if (f := self.fragment_plan.of(a)) is not None}
         iv = fb.reg("b32")
         self.mov(iv, self.regs(lo)[0])
         init_regs = [
-            emit_pipeline.fragments_of(self, frag[k], v) if k in frag else self.regs_like(v, a)
+            emit_fragments.enter(self, frag[k], v) if k in frag else self.regs_like(v, a)
             for k, (v, a) in enumerate(zip(inits, args))
         ]
         carried = [self.fresh_like(r) for r in init_regs]
@@ -510,7 +529,7 @@ class Emitter(EmitContext):
             pipe.drain()
         for k, (res, arg) in enumerate(zip(op.results, args)):
             if k in frag:
-                self.define(res, emit_pipeline.blocked_of(self, frag[k], arg, res))
+                self.define(res, emit_fragments.leave(self, frag[k], arg, res))
             else:
                 self.define(res, self.regs_like(arg, res))
 

@@ -38,7 +38,7 @@ def lower_kernel(kernel: Kernel, target: Target) -> LoweredKernel:
     uses = def_use(kernel)
     plan = plan_lowering(kernel, target, uses)
     fb = FunctionBuilder(entry_name(kernel.name), [])
-    em = Emitter(kernel, plan.layouts, fb, target, uses, plan.pipelines)
+    em = Emitter(kernel, plan.layouts, fb, target, uses, plan.pipelines, plan.fragment_plan)
     em.preamble()
     em.region(kernel.body)
     em.finish()

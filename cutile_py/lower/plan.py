@@ -14,6 +14,7 @@ from types import MappingProxyType
 from cutile_py.ir import ops as o
 from cutile_py.ir.printer import value_names
 from cutile_py.ir.uses import DefUse, walk
+from cutile_py.lower.assign_fragments import FragmentPlan, assign_fragments
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan, plan_layouts
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad, plan_pipelines
 from cutile_py.ptx.target import Target
@@ -25,22 +26,29 @@ class LoweringPlan:
     layouts: LayoutPlan
     #: The pipeline of each loop with an mma in its body.
     pipelines: Mapping[o.ForOp, PipelinePlan]
+    #: Values held in mma fragment layouts instead of their blocked ones.
+    fragment_plan: FragmentPlan
 
     @property
     def fragments(self) -> frozenset[o.Value]:
-        """Values held as mma accumulator fragments (carried by a loop), not blocked."""
-        out: set[o.Value] = set()
-        for p in self.pipelines.values():
-            for k, mma in p.carried:
-                out.update((p.loop.body.args[k + 1], mma.result))
-        return frozenset(out)
+        """Values held in mma fragments (accumulators, row and column vectors), not blocked."""
+        return frozenset(self.fragment_plan.values)
+
+
+def assign_layouts(
+    kernel: o.Kernel, target: Target, uses: DefUse
+) -> tuple[LayoutPlan, FragmentPlan]:
+    """Which thread holds which element of each value: blocked layouts for every value, then
+    mma fragment layouts for the values of mma loops that can stay in fragments."""
+    layouts = plan_layouts(kernel, target)
+    return layouts, assign_fragments(kernel, target, uses, layouts.threads)
 
 
 def plan_lowering(kernel: o.Kernel, target: Target, uses: DefUse) -> LoweringPlan:
     """Run the planning passes over a verified kernel."""
-    layouts = plan_layouts(kernel, target)
-    pipelines = plan_pipelines(kernel, layouts, target, uses)
-    return LoweringPlan(target, layouts, MappingProxyType(pipelines))
+    layouts, fragments = assign_layouts(kernel, target, uses)
+    pipelines = plan_pipelines(kernel, layouts, target, uses, fragments)
+    return LoweringPlan(target, layouts, MappingProxyType(pipelines), fragments)
 
 
 def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
@@ -69,12 +77,11 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
             return f"{op.opname} {names[op.results[0]]}"
         return f"{op.opname}[{op.attrs()}] " + ", ".join(names[v] for v in op.operands)
 
-    fragments = plan.fragments
-    body = [
-        f"  {names[v]} {v.type}: "
-        + ("mma fragments" if v in fragments else lay(plan.layouts.of(v)))
-        for v in tiles
-    ]
+    def held(v: o.Value) -> str:
+        frag = plan.fragment_plan.of(v)
+        return frag.describe() if frag is not None else lay(plan.layouts.of(v))
+
+    body = [f"  {names[v]} {v.type}: {held(v)}" for v in tiles]
     memory = [f"  {op_name(op)}: {lay(m)}" for op, m in plan.layouts.memory.items()]
     pipes: list[str] = []
     for p in plan.pipelines.values():

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import bf16, f16, f32
 from cutile_py.ir.uses import DefUse
+from cutile_py.lower.assign_fragments import FragmentPlan, no_fragments
 from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import SHARED_LIMIT, SharedTile, round_region
 from cutile_py.lower.layout import Layout, LayoutPlan, canonical_blocked
@@ -58,20 +59,32 @@ class PipelinePlan:
     stage_bytes: int
     #: Byte offset of stage 0 in shared memory: past the stages of every enclosing pipeline.
     ring: int = 0
+    #: mma operands defined before the loop: stored once, before it, into these tiles
+    #: (past the ring), instead of once per iteration.
+    resident: tuple[tuple[o.Value, int, SharedTile], ...] = ()
 
     @property
     def floor(self) -> int:
-        """Where the shared scratch of the loop body starts (past the stages in flight)."""
-        return self.ring + self.stages * self.stage_bytes if self.loads else self.ring
+        """Where the shared scratch of the loop body starts (past the stages in flight and
+        the resident operand tiles)."""
+        if not self.loads:
+            return self.ring
+        end = self.ring + self.stages * self.stage_bytes
+        return max([end, *(round_region(t.offset + t.nbytes) for _, _, t in self.resident)])
 
 
 def plan_pipelines(
-    kernel: o.Kernel, layouts: LayoutPlan, target: Target, uses: DefUse
+    kernel: o.Kernel,
+    layouts: LayoutPlan,
+    target: Target,
+    uses: DefUse,
+    fragments: FragmentPlan | None = None,
 ) -> dict[o.ForOp, PipelinePlan]:
     """The pipeline of every loop with a top-level mma in its body, in program order. A loop
     nested in a pipelined loop puts its ring past the outer one's stages."""
     out: dict[o.ForOp, PipelinePlan] = {}
-    cx = _Planning(kernel, layouts, target, uses)
+    frags = fragments or no_fragments()
+    cx = _Planning(kernel, layouts, target, uses, frags)
 
     def visit(region: o.Region, floor: int) -> None:
         for op in region.ops:
@@ -94,6 +107,7 @@ class _Planning:
     layouts: LayoutPlan
     target: Target
     uses: DefUse
+    fragments: FragmentPlan
 
 
 def plan_loop(cx: _Planning, loop: o.ForOp, ring: int) -> PipelinePlan | None:
@@ -105,19 +119,14 @@ def plan_loop(cx: _Planning, loop: o.ForOp, ring: int) -> PipelinePlan | None:
         return None
     uses = cx.uses
     yield_op = body[-1]
+    # Accumulators the loop carries in fragments (decided by `assign_fragments`), with the
+    # mma that yields each.
     carried: dict[int, o.MmaOp] = {}
     for k, arg in enumerate(loop.body.args[1:]):
-        for mma in mmas:
-            a, b, acc = mma.operands
-            if (
-                acc is arg
-                and uses.users(arg) == (mma,)
-                and yield_op.operands[k] is mma.result
-                and uses.users(mma.result) == (yield_op,)
-                and a is not arg
-                and b is not arg
-            ):
-                carried[k] = mma
+        frag = cx.fragments.of(arg)
+        made = uses.producer(yield_op.operands[k])
+        if frag is not None and frag.kind == "acc" and isinstance(made, o.MmaOp):
+            carried[k] = made
     loads = []
     for mma in mmas if cx.target.cp_async else ():
         for which in (0, 1):
@@ -241,7 +250,7 @@ def _place(
     reg_bytes = 0
     for mma in mmas:
         for v in mma.operands[:2]:
-            if v not in staged:
+            if v not in staged and cx.fragments.of(v) is None:  # A fed from fragments
                 rows, cols = v.type.shape
                 reg_bytes += round_region(rows * cols * v.type.dtype.itemsize())
 
@@ -274,4 +283,34 @@ def _place(
                 "a block may have on this target; use smaller tiles",
                 loop.span,
             )
-    return PipelinePlan(loop, tuple(mmas), carried, tuple(placed), stages, stage_bytes, ring)
+    resident: list[tuple[o.Value, int, SharedTile]] = []
+    at = ring + stages * stage_bytes
+    for mma in mmas:
+        for which, v in enumerate(mma.operands[:2]):
+            if v in staged or cx.fragments.of(v) is not None or _in_loop(cx.uses, loop, v):
+                continue
+            if any(v is r and which == w for r, w, _ in resident):
+                continue
+            rows, cols = v.type.shape
+            dt = v.type.dtype
+            # Oriented as the mma stores operands from registers: B of tf32 transposed.
+            if which == 1 and dt is f32:
+                rows, cols = cols, rows
+            tile = SharedTile(at, rows, cols, dt.itemsize(), True)
+            resident.append((v, which, tile))
+            at += round_region(tile.nbytes)
+    return PipelinePlan(
+        loop, tuple(mmas), carried, tuple(placed), stages, stage_bytes, ring, tuple(resident)
+    )
+
+
+def _in_loop(uses: DefUse, loop: o.ForOp, v: o.Value) -> bool:
+    """Whether `v` is defined inside `loop` (its body, at any depth, or its arguments)."""
+    if v in loop.body.args:
+        return True
+    op = uses.producer(v)
+    while op is not None:
+        if op is loop:
+            return True
+        op = uses.enclosing(op)
+    return False
