@@ -19,7 +19,7 @@ captured once by `ct.graph`; each token only updates the token id and position t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ TOKEN_BLOCK = 16
 class _Layer:
     """One decoder layer's weights on the device (Linear weights (out, in))."""
 
-    def __init__(self, w: dict[str, np.ndarray], prefix: str, dt: type[ct.DType]) -> None:
+    def __init__(self, w: Mapping[str, np.ndarray], prefix: str, dt: type[ct.DType]) -> None:
         def dev(name: str) -> AnyTensor:
             return ct.from_numpy(w[prefix + name], dt)
 
@@ -127,7 +127,7 @@ class Qwen3:
     (f32 sums). Make one with `from_pretrained(path)` or `random(config, seed)`."""
 
     def __init__(
-        self, cfg: Qwen3Config, weights: dict[str, np.ndarray], dtype: type[ct.DType]
+        self, cfg: Qwen3Config, weights: Mapping[str, np.ndarray], dtype: type[ct.DType]
     ) -> None:
         if dtype not in (f16, ct.bf16):
             raise TypeError(f"Qwen3: dtype must be f16 or bf16, got {dtype.name}")
@@ -138,10 +138,9 @@ class Qwen3:
         ]
         self.embed = ct.from_numpy(weights["model.embed_tokens.weight"], dtype)
         self.norm = ct.from_numpy(weights["model.norm.weight"], dtype)
-        head = weights.get("lm_head.weight")
-        self.lm_head = (
-            self.embed if cfg.tie_word_embeddings or head is None else (ct.from_numpy(head, dtype))
-        )
+        self.lm_head = self.embed
+        if not cfg.tie_word_embeddings:
+            self.lm_head = ct.from_numpy(weights["lm_head.weight"], dtype)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self._tables: tuple[AnyTensor, AnyTensor] | None = None
         self._table_rows = 0
@@ -166,7 +165,7 @@ class Qwen3:
         """Random weights of the shapes `config` implies: Linear weights N(0, 1/in), norm
         weights 1 + N(0, 0.1²), the embedding N(0, 1)."""
         cfg = config if isinstance(config, Qwen3Config) else Qwen3Config.from_dict(config)
-        return cls(cfg, random_weights(cfg, seed), dtype or DTYPES.get(cfg.torch_dtype, ct.bf16))
+        return cls(cfg, RandomWeights(cfg, seed), dtype or DTYPES.get(cfg.torch_dtype, ct.bf16))
 
     # --- public -------------------------------------------------------------------------------
     def logits(self, ids: list[int] | np.ndarray) -> np.ndarray:
@@ -434,16 +433,33 @@ def _shaped(t: AnyTensor, shape: tuple[int, ...]) -> AnyTensor:
     return t if tuple(t.shape) == shape else view(t, shape)
 
 
-def random_weights(cfg: Qwen3Config, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random float32 weights for `cfg` (see `Qwen3.random`), by Hugging Face name."""
-    rng = np.random.default_rng(seed)
-    out: dict[str, np.ndarray] = {}
-    for name, shape in cfg.weight_shapes().items():
+class RandomWeights(Mapping[str, np.ndarray]):
+    """Random float32 weights for a config, made when first asked for (one tensor at a time,
+    so that a 4B-shaped model never holds all of them on the host): Linear weights N(0, 1/in),
+    norm weights 1 + N(0, 0.1²), the embedding N(0, 1); each from its own stream of `seed`."""
+
+    def __init__(self, cfg: Qwen3Config, seed: int = 0) -> None:
+        self.shapes = cfg.weight_shapes()
+        self.index = {name: i for i, name in enumerate(self.shapes)}
+        self.seed = seed
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        shape = self.shapes[name]
+        rng = np.random.default_rng([self.seed, self.index[name]])
+        a = rng.standard_normal(shape, dtype=np.float32)
         if len(shape) == 1:
-            a = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif name == "model.embed_tokens.weight":
-            a = rng.standard_normal(shape)
-        else:
-            a = rng.standard_normal(shape) / np.sqrt(shape[1])
-        out[name] = a.astype(np.float32)
-    return out
+            a = a * np.float32(0.1) + np.float32(1.0)
+        elif name != "model.embed_tokens.weight":
+            a *= np.float32(1.0 / np.sqrt(shape[1]))
+        return a
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def random_weights(cfg: Qwen3Config, seed: int = 0) -> dict[str, np.ndarray]:
+    """All of `RandomWeights(cfg, seed)` as a dict (the weights `Qwen3.random` makes)."""
+    return dict(RandomWeights(cfg, seed))
