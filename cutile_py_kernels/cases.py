@@ -194,10 +194,11 @@ def _gemm_cases() -> Iterator[Case]:
 
 
 def _qwen3_cases() -> Iterator[Case]:
-    """The Qwen3 model's own kernels at the Qwen3-4B shape (32 query and 8 kv heads of 128):
-    a 512-token prefill and a decode step over a 4096-row KV cache."""
+    """The Qwen3 model's own kernels at the Qwen3-4B shape (32 query and 8 kv heads of 128,
+    hidden 2560, intermediate 9728): a 512-token prefill and a decode step over a 4096-row KV
+    cache."""
     from cutile_py_kernels.models.qwen3 import CACHE_BLOCK, TOKEN_BLOCK
-    from cutile_py_kernels.models.qwen3_kernels import qwen3_kernels
+    from cutile_py_kernels.models.qwen3_kernels import mlp_kernels, qwen3_kernels
 
     t, nq, nkv, d, cap = 512, 32, 8, 128, 4096
     for dt in (ct.f16, ct.bf16):
@@ -227,4 +228,16 @@ def _qwen3_cases() -> Iterator[Case]:
             f"qwen3 tokens_first {dt.name}",
             tokens_first,
             (PS((t, nq, d), (TOKEN_BLOCK, 1, d), dt), TS((nq, t, d), dt)),
+        )
+        swiglu_rows, swiglu_down = mlp_kernels(dt)
+        hid, inter = 2560, 9728
+        yield (
+            f"qwen3 swiglu_rows {dt.name}",
+            swiglu_rows,
+            (PS((t, inter), (1, 2048), dt), TS((t, 2, inter), dt)),
+        )
+        yield (
+            f"qwen3 swiglu_down {dt.name}",
+            swiglu_down,
+            (PS((hid,), (4,), dt), TS((hid, inter), dt), TS((1, 2, inter), dt), 512),
         )
