@@ -251,3 +251,22 @@ def test_from_pretrained_names_a_wrong_shape(tmp_path: Path) -> None:
     save_file(w, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"lacks 1 weights, e\.g\. model\.norm\.weight"):
         Qwen3.from_pretrained(tmp_path)
+
+
+@pytest.mark.gpu
+def test_decode_speed_of_the_0_6b_shape_on_gpu() -> None:
+    """Issue 21's goal: batch-1 decode of Qwen3-0.6B-shaped random weights at >= 70% of the HBM
+    roofline (weights + KV bytes per token over the measured copy bandwidth)."""
+    from cutile_py_kernels.models.decode_speed import copy_bandwidth, measure_decode
+    from paper_repro.experiments.decode import GOAL_FRACTION, config
+
+    ct.set_backend("cuda")
+    try:
+        model = Qwen3.random(config("Qwen3-0.6B"), seed=0, dtype=ct.bf16)
+        speed = measure_decode(model, 512, 64, copy_bandwidth(1 << 30))
+    finally:
+        ct.set_backend("sim")
+    assert speed.fraction >= GOAL_FRACTION, (
+        f"{speed.tokens_per_s:.0f} tokens/s is {100 * speed.fraction:.1f}% of the roofline "
+        f"({speed.roofline_tokens_per_s:.0f} tokens/s)"
+    )
