@@ -99,6 +99,7 @@ def cases() -> Iterator[Case]:
         )
     yield from _gemm_cases()
     yield from _attention_cases()
+    yield from _qwen3_cases()
 
 
 def _attention_cases() -> Iterator[Case]:
@@ -190,3 +191,53 @@ def _gemm_cases() -> Iterator[Case]:
         _gemm_kernel(ct.f16, ct.f32, False, False),
         (PS((m, n), (64, 64), ct.f32), TS((m, k), ct.f16), TS((k, n), ct.f16), 32),
     )
+
+
+def _qwen3_cases() -> Iterator[Case]:
+    """The Qwen3 model's own kernels at the Qwen3-4B shape (32 query and 8 kv heads of 128,
+    hidden 2560, intermediate 9728): a 512-token prefill and a decode step over a 4096-row KV
+    cache."""
+    from cutile_py_kernels.models.qwen3 import CACHE_BLOCK, TOKEN_BLOCK
+    from cutile_py_kernels.models.qwen3_kernels import mlp_kernels, qwen3_kernels
+
+    t, nq, nkv, d, cap = 512, 32, 8, 128, 4096
+    for dt in (ct.f16, ct.bf16):
+        q_prep, kv_prefill, kv_append, tokens_first = qwen3_kernels(dt)
+        w, table, pos = TS((d,), dt), TS((cap, d // 2), ct.f32), TS((1,), ct.i32)
+        cache = PS((nkv, cap, d), (1, CACHE_BLOCK, d), dt)
+        for tokens, bt in ((t, TOKEN_BLOCK), (1, 1)):
+            qkv = TS((tokens, nq + 2 * nkv, d), dt)
+            yield (
+                f"qwen3 q_prep {dt.name} T={tokens}",
+                q_prep,
+                (PS((nq, tokens, d), (1, bt, d), dt), qkv, w, table, table, pos, 1e-6),
+            )
+        qkv = TS((t, nq + 2 * nkv, d), dt)
+        yield (
+            f"qwen3 kv_prefill {dt.name}",
+            kv_prefill,
+            (cache, cache, qkv, w, table, table, nq, nkv, 1e-6),
+        )
+        qkv1 = TS((1, nq + 2 * nkv, d), dt)
+        yield (
+            f"qwen3 kv_append {dt.name}",
+            kv_append,
+            (cache, cache, qkv1, w, table, table, pos, nq, nkv, 1e-6),
+        )
+        yield (
+            f"qwen3 tokens_first {dt.name}",
+            tokens_first,
+            (PS((t, nq, d), (TOKEN_BLOCK, 1, d), dt), TS((nq, t, d), dt)),
+        )
+        swiglu_rows, swiglu_down = mlp_kernels(dt)
+        hid, inter = 2560, 9728
+        yield (
+            f"qwen3 swiglu_rows {dt.name}",
+            swiglu_rows,
+            (PS((t, inter), (1, 2048), dt), TS((t, 2, inter), dt)),
+        )
+        yield (
+            f"qwen3 swiglu_down {dt.name}",
+            swiglu_down,
+            (PS((hid,), (4,), dt), TS((hid, inter), dt), TS((1, 2, inter), dt), 512),
+        )

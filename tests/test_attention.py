@@ -61,6 +61,7 @@ CASES = [
     (6, 2, 7, 300, 128, True),  # short prefill onto a long cache: split-KV, causal
     (2, 2, 70, 70, 128, True),  # three row blocks, blocks above the diagonal skipped
     (3, 3, 5, 40, 64, False),  # not causal, S_q < S_k, no GQA
+    (4, 1, 24, 24, 64, True),  # causal row blocks holding queries of two heads
 ]
 
 
@@ -123,3 +124,24 @@ def test_attention_checks_its_inputs() -> None:
     with pytest.raises(ValueError, match="multiple of 16"):
         w = ct.zeros((2, 4, 40), ct.f16)
         ck.attention(w, w, w)
+
+
+@pytest.mark.parametrize("sq", [1, 5])
+def test_keys_counted_on_the_device_over_a_longer_cache(
+    backend: str, rng: np.random.Generator, sq: int
+) -> None:
+    """A KV cache of 200 rows holding 37 valid keys (the rest random, not padding): the key
+    count is kv_len[0] + len_offset, read by the kernel, as a captured decode step does."""
+    dt = ct.f16
+    heads, kv_heads, d, sk = 4, 2, 64, 37
+    q, _ = rand(rng, (heads, sq, d), dt)
+    k, kt = rand(rng, (kv_heads, 200, d), dt)
+    v, vt = rand(rng, (kv_heads, 200, d), dt)
+    plan = AttentionPlan(dt, kv_heads, 2 * sq, sq, d, 200, True, 1 / 8)
+    assert plan.splits > 1
+    kv_len = ct.from_numpy(np.array([sk - 1], dtype=np.int32))
+    q_rows = ct.from_numpy(round_to(q.reshape(kv_heads, 2 * sq, d).astype(np.float32), dt), dt)
+    (o, *_) = plan.op(plan.partition(), q_rows, kt, vt, kv_len, 1).sync()
+    got = o.unpartition().to_numpy().reshape(heads, sq, d).astype(np.float64)
+    want = reference(q, k[:, :sk], v[:, :sk], True, 1 / 8)
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL[dt])

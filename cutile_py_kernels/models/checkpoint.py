@@ -36,6 +36,8 @@ class Qwen3Config:
     def from_dict(cls, d: dict[str, Any], where: str = "config") -> Qwen3Config:
         """The fields of `d` (a parsed config.json; other keys are ignored)."""
         fields = cls.__dataclass_fields__
+        if "torch_dtype" not in d and isinstance(d.get("dtype"), str):
+            d = {**d, "torch_dtype": d["dtype"]}  # newer transformers write `dtype`
         missing = [n for n, f in fields.items() if n not in d and f.default is MISSING]
         if "head_dim" in missing and "hidden_size" in d and "num_attention_heads" in d:
             d = {**d, "head_dim": d["hidden_size"] // d["num_attention_heads"]}

@@ -8,7 +8,8 @@ Per layer (T tokens, h the hidden state, x the residual stream):
     k, v → KV cache rows at their positions, k normed and rotated the same way
     o    = attention(q, K cache, V cache, causal)          (GQA, split-KV when T is small)
     h, x = add_rms_norm(o @ Woᵀ, x, post_attention_layernorm)
-    mlp_out = (silu(h @ Wgᵀ) · (h @ Wuᵀ)) @ Wdᵀ
+    g, u = h @ [Wg; Wu]ᵀ                                   (one fused projection)
+    mlp_out = (silu(g) · u) @ Wdᵀ                          (decode: one fused gemv)
 then the final norm, the LM head (the embedding when tied) and argmax on the device.
 
 A step is a `.then` chain of launches over tensors it allocates (`_Steps`); the same builder
@@ -19,7 +20,7 @@ captured once by `ct.graph`; each token only updates the token id and position t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,12 @@ import cutile_py as ct
 from cutile_py import Tensor, f16, f32, i32
 from cutile_py_kernels import autotune
 from cutile_py_kernels._common import next_pow2, prev_pow2, row_plan, view
-from cutile_py_kernels.activations import _silu_mul_kernel
 from cutile_py_kernels.attention import AttentionPlan
 from cutile_py_kernels.gemm import _gemm_kernel
 from cutile_py_kernels.gemv import _gemv_kernel
 from cutile_py_kernels.layout import _embedding_kernel
 from cutile_py_kernels.models.checkpoint import Qwen3Config, read_config, read_weights
-from cutile_py_kernels.models.qwen3_kernels import qwen3_kernels
+from cutile_py_kernels.models.qwen3_kernels import mlp_kernels, qwen3_kernels
 from cutile_py_kernels.norms import _rms_kernels
 from cutile_py_kernels.rope import _tables
 from cutile_py_kernels.softmax import _argmax_kernels
@@ -52,7 +52,7 @@ TOKEN_BLOCK = 16
 class _Layer:
     """One decoder layer's weights on the device (Linear weights (out, in))."""
 
-    def __init__(self, w: dict[str, np.ndarray], prefix: str, dt: type[ct.DType]) -> None:
+    def __init__(self, w: Mapping[str, np.ndarray], prefix: str, dt: type[ct.DType]) -> None:
         def dev(name: str) -> AnyTensor:
             return ct.from_numpy(w[prefix + name], dt)
 
@@ -63,8 +63,9 @@ class _Layer:
         self.o = dev("self_attn.o_proj.weight")
         self.q_norm = dev("self_attn.q_norm.weight")
         self.k_norm = dev("self_attn.k_norm.weight")
-        self.gate = dev("mlp.gate_proj.weight")
-        self.up = dev("mlp.up_proj.weight")
+        # gate and up as one (2I, H) projection: one launch, its output viewed as (T, 2, I).
+        gate_up = [w[prefix + f"mlp.{p}_proj.weight"] for p in ("gate", "up")]
+        self.gate_up = ct.from_numpy(np.concatenate(gate_up, axis=0), dt)
         self.down = dev("mlp.down_proj.weight")
 
 
@@ -127,7 +128,7 @@ class Qwen3:
     (f32 sums). Make one with `from_pretrained(path)` or `random(config, seed)`."""
 
     def __init__(
-        self, cfg: Qwen3Config, weights: dict[str, np.ndarray], dtype: type[ct.DType]
+        self, cfg: Qwen3Config, weights: Mapping[str, np.ndarray], dtype: type[ct.DType]
     ) -> None:
         if dtype not in (f16, ct.bf16):
             raise TypeError(f"Qwen3: dtype must be f16 or bf16, got {dtype.name}")
@@ -138,10 +139,9 @@ class Qwen3:
         ]
         self.embed = ct.from_numpy(weights["model.embed_tokens.weight"], dtype)
         self.norm = ct.from_numpy(weights["model.norm.weight"], dtype)
-        head = weights.get("lm_head.weight")
-        self.lm_head = (
-            self.embed if cfg.tie_word_embeddings or head is None else (ct.from_numpy(head, dtype))
-        )
+        self.lm_head = self.embed
+        if not cfg.tie_word_embeddings:
+            self.lm_head = ct.from_numpy(weights["lm_head.weight"], dtype)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self._tables: tuple[AnyTensor, AnyTensor] | None = None
         self._table_rows = 0
@@ -166,7 +166,7 @@ class Qwen3:
         """Random weights of the shapes `config` implies: Linear weights N(0, 1/in), norm
         weights 1 + N(0, 0.1²), the embedding N(0, 1)."""
         cfg = config if isinstance(config, Qwen3Config) else Qwen3Config.from_dict(config)
-        return cls(cfg, random_weights(cfg, seed), dtype or DTYPES.get(cfg.torch_dtype, ct.bf16))
+        return cls(cfg, RandomWeights(cfg, seed), dtype or DTYPES.get(cfg.torch_dtype, ct.bf16))
 
     # --- public -------------------------------------------------------------------------------
     def logits(self, ids: list[int] | np.ndarray) -> np.ndarray:
@@ -221,7 +221,7 @@ class Qwen3:
         ts = [self.embed, self.norm, *([self.lm_head] if self.lm_head is not self.embed else [])]
         for layer in self.layers:
             ts += [layer.ln1, layer.ln2, layer.qkv, layer.o, layer.q_norm, layer.k_norm]
-            ts += [layer.gate, layer.up, layer.down]
+            ts += [layer.gate_up, layer.down]
         # The embedding's one row per token is negligible next to the LM head's whole table.
         return sum(t.nbytes for t in ts) - (
             self.embed.nbytes if self.lm_head is not self.embed else 0
@@ -272,7 +272,7 @@ class Qwen3:
         prefill: bool,
     ) -> None:
         cfg, dt = self.config, self.dtype
-        hid, d = cfg.hidden_size, cfg.head_dim
+        d = cfg.head_dim
         nq, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
         group = nq // nkv
         eps = float(cfg.rms_norm_eps)
@@ -324,19 +324,12 @@ class Qwen3:
             s.add(partial(self._proj, s, "attn", o_name, layer.o, t, prefill))
             s.add(partial(self._rms, s, "h", "attn", "x", layer.ln2, t, eps))
 
-            def gate_up(layer: _Layer = layer) -> ct.OpLike:
-                # One view of h for both launches (a tensor a pending launch holds cannot
-                # be viewed again).
-                h = _shaped(env["h"], (t, hid) if prefill else (hid,))
-                zipped: ct.OpLike = ct.zip(
-                    self._proj(s, "gate", h, layer.gate, t, prefill),
-                    self._proj(s, "up", h, layer.up, t, prefill),
-                )
-                return zipped
-
-            s.add(gate_up)
-            s.add(partial(self._silu, s, t))
-            s.add(partial(self._proj, s, "mlp", "act", layer.down, t, prefill))
+            s.add(partial(self._proj, s, "gu", "h", layer.gate_up, t, prefill))
+            if prefill:
+                s.add(partial(self._swiglu, s, t))
+                s.add(partial(self._proj, s, "mlp", "act", layer.down, t, prefill))
+            else:
+                s.add(partial(self._swiglu_down, s, layer.down))
         s.add(partial(self._rms, s, "h", "mlp", "x", self.norm, t, eps))
         s.add(partial(self._head, s, t, prefill))
         s.add(partial(self._argmax, s, t, prefill))
@@ -403,11 +396,22 @@ class Qwen3:
         op = _gemv_kernel(dt)(y, w, xt, bk)
         return op
 
-    def _silu(self, s: _Steps, t: int) -> ct.OpLike:
-        n = t * self.config.intermediate_size
-        a = s.out("act", (n,), (2048,), self.dtype)
-        gate, up = view(s.env["gate"], (n,)), view(s.env["up"], (n,))
-        op: ct.OpLike = _silu_mul_kernel(self.dtype)(a, gate, up)
+    def _swiglu(self, s: _Steps, t: int) -> ct.OpLike:
+        """act = silu(gate) · up for a prefill's T tokens."""
+        i = self.config.intermediate_size
+        swiglu_rows, _ = mlp_kernels(self.dtype)
+        a = s.out("act", (t, i), (1, min(2048, next_pow2(i))), self.dtype)
+        op: ct.OpLike = swiglu_rows(a, view(s.env["gu"], (t, 2, i)))
+        return op
+
+    def _swiglu_down(self, s: _Steps, down: AnyTensor) -> ct.OpLike:
+        """mlp = down @ (silu(gate) · up) for one token, the activation made as it is read."""
+        hid, i = down.shape
+        _, swiglu_down = mlp_kernels(self.dtype)
+        bk = min(next_pow2(i), 512)
+        bm = min(prev_pow2(max(1, 2048 // bk)), next_pow2(hid))
+        y = s.out("mlp", (hid,), (bm,), self.dtype)
+        op: ct.OpLike = swiglu_down(y, down, view(s.env["gu"], (1, 2, i)), bk)
         return op
 
     def _head(self, s: _Steps, t: int, prefill: bool) -> ct.OpLike:
@@ -434,16 +438,33 @@ def _shaped(t: AnyTensor, shape: tuple[int, ...]) -> AnyTensor:
     return t if tuple(t.shape) == shape else view(t, shape)
 
 
-def random_weights(cfg: Qwen3Config, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random float32 weights for `cfg` (see `Qwen3.random`), by Hugging Face name."""
-    rng = np.random.default_rng(seed)
-    out: dict[str, np.ndarray] = {}
-    for name, shape in cfg.weight_shapes().items():
+class RandomWeights(Mapping[str, np.ndarray]):
+    """Random float32 weights for a config, made when first asked for (one tensor at a time,
+    so that a 4B-shaped model never holds all of them on the host): Linear weights N(0, 1/in),
+    norm weights 1 + N(0, 0.1²), the embedding N(0, 1); each from its own stream of `seed`."""
+
+    def __init__(self, cfg: Qwen3Config, seed: int = 0) -> None:
+        self.shapes = cfg.weight_shapes()
+        self.index = {name: i for i, name in enumerate(self.shapes)}
+        self.seed = seed
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        shape = self.shapes[name]
+        rng = np.random.default_rng([self.seed, self.index[name]])
+        a = rng.standard_normal(shape, dtype=np.float32)
         if len(shape) == 1:
-            a = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif name == "model.embed_tokens.weight":
-            a = rng.standard_normal(shape)
-        else:
-            a = rng.standard_normal(shape) / np.sqrt(shape[1])
-        out[name] = a.astype(np.float32)
-    return out
+            a = a * np.float32(0.1) + np.float32(1.0)
+        elif name != "model.embed_tokens.weight":
+            a *= np.float32(1.0 / np.sqrt(shape[1]))
+        return a
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def random_weights(cfg: Qwen3Config, seed: int = 0) -> dict[str, np.ndarray]:
+    """All of `RandomWeights(cfg, seed)` as a dict (the weights `Qwen3.random` makes)."""
+    return dict(RandomWeights(cfg, seed))

@@ -1,5 +1,7 @@
 """The Qwen3-specific fused kernels: per-head RMSNorm + RoPE of q (into head-major layout) and
-of k with the KV-cache write, and the head-major → token-major copy after attention.
+of k with the KV-cache write, the head-major → token-major copy after attention, and the SwiGLU
+activation read from the fused gate/up projection (alone for a prefill, inside the down
+projection's matrix-vector product for a decode step).
 
 The fused projection output `qkv` is (T, heads + 2·kv_heads, D): q heads, then k heads, then
 v heads of each token. RoPE is the half-split layout with f32 cos/sin tables (positions, D/2).
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, f32, i32
-from cutile_py_kernels._common import Elem, per_dtype
+from cutile_py_kernels._common import ConstInt, Elem, per_dtype
 
 ONE = TypeVar("ONE")
 BT = TypeVar("BT")  # tokens (or cache rows) per block
@@ -135,3 +137,44 @@ def qwen3_kernels(dt: type[ct.DType]) -> tuple[Any, Any, Any, Any]:
         y.store(t.reshape((bt, 1, d)))
 
     return q_prep, kv_prefill, kv_append, tokens_first
+
+
+@per_dtype
+def mlp_kernels(dt: type[ct.DType]) -> tuple[Any, Any]:
+    """(swiglu_rows, swiglu_down) for element dtype `dt`; `gu` is the fused gate/up output
+    viewed as (T, 2, I): gate at [t, 0], up at [t, 1]."""
+    if not TYPE_CHECKING:
+        Elem = dt  # noqa: F841 (named by the annotations below)
+
+    @ct.function
+    def swiglu(gu: Tensor[Elem, Dyn, Dyn, Dyn], t: int, j: int, bi: int) -> ct.Tile:
+        """silu(gate) · up of token t, columns j·bi .., rounded to the dtype (as the unfused
+        activation tensor is), in f32, shape (1, 1, bi)."""
+        g = ct.load(gu, (t, 0, j), (1, 1, bi)).astype(f32)
+        u = ct.load(gu, (t, 1, j), (1, 1, bi)).astype(f32)
+        return (g * ct.sigmoid(g) * u).astype(gu.dtype).astype(f32)
+
+    @ct.kernel
+    def swiglu_rows(a: Mut[Tensor[Elem, ONE, BT]], gu: Tensor[Elem, Dyn, Dyn, Dyn]) -> None:
+        """a[t, i] = silu(gate[t, i]) · up[t, i] for BT columns of token bid(0)."""
+        bi = a.shape[1]
+        act = swiglu(gu, ct.bid(0), ct.bid(1), bi)
+        a.store(act.reshape((1, bi)).astype(a.dtype))
+
+    @ct.kernel
+    def swiglu_down(
+        y: Mut[Tensor[Elem, BT]],
+        w: Tensor[Elem, Dyn, Dyn],
+        gu: Tensor[Elem, Dyn, Dyn, Dyn],
+        BK: ConstInt,
+    ) -> None:
+        """y[i] = Σ_k w[i, k] · silu(gate[k]) · up[k] for BT rows (one token): the decode
+        step's down projection with the activation made as it is read; f32 sums."""
+        bm = y.shape[0]
+        acc: ct.Tile = ct.zeros((bm, BK), f32)
+        for k in range(ct.cdiv(w.shape[1], BK)):
+            wt = ct.load(w, (ct.bid(0), k), (bm, BK)).astype(f32)
+            acc = acc + wt * swiglu(gu, 0, k, BK).reshape((1, BK))
+        y.store(ct.sum(acc, axis=1).astype(y.dtype))
+
+    return swiglu_rows, swiglu_down
