@@ -17,7 +17,7 @@ from cutile_py_kernels.gemm import _gemm_kernel
 from cutile_py_kernels.gemv import _gemv_kernel
 from cutile_py_kernels.layout import TRANSPOSE_TILE, _embedding_kernel, _transpose_kernel
 from cutile_py_kernels.norms import _layer_norm_kernels, _rms_kernels
-from cutile_py_kernels.rope import _rope_kernel
+from cutile_py_kernels.rope import rope_kernel
 from cutile_py_kernels.softmax import _argmax_kernels, _softmax_kernels
 
 Case = tuple[str, ct.Kernel, tuple[Any, ...]]
@@ -71,13 +71,15 @@ def cases() -> Iterator[Case]:
                 )
         yield (
             f"rope {dt.name}",
-            _rope_kernel(dt),
+            rope_kernel,
             (
                 PS((512, 32, 128), (1, 32, 128), dt),
                 TS((512, 32, 128), dt),
                 TS((512,), ct.i32),
-                TS((4096, 64), ct.f32),
-                TS((4096, 64), ct.f32),
+                TS((64,), ct.f32),
+                TS((64,), ct.f32),
+                0,
+                4095,
             ),
         )
         t = TRANSPOSE_TILE

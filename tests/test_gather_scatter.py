@@ -47,6 +47,14 @@ def gather_column(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn, Dyn], col: int) ->
 
 
 @ct.kernel
+def gather_window(z: Mut[Tensor[T, B]], x: Tensor[T, Dyn], off: int) -> None:
+    """z = x[start + off + arange]: a sliding window, whose indices step by one (vector loads
+    where a run is aligned and inside x, element loads elsewhere)."""
+    i = ct.arange(z.shape[0], i32) + ct.bid(0) * z.shape[0] + off
+    z.store(ct.gather(x, i, padding=-2.0))
+
+
+@ct.kernel
 def scatter_perm(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], perm: Tensor[i32, Dyn]) -> None:
     """Within each block's tile: z[perm[i]] = x[i] (perm counts from the tile's origin; past
     the end of `perm`, -1: a target outside the tile, dropped)."""
@@ -112,6 +120,30 @@ def test_gather_with_an_int_index(backend: str, rng: np.random.Generator) -> Non
     col = int(rng.integers(0, d))
     z, _, _ = gather_column(ct.empty((n,), f32).partition(128), ct.from_numpy(x), col).sync()
     np.testing.assert_array_equal(z.unpartition().to_numpy(), x[:, col])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dt", [ct.f32, ct.f16, ct.i64], ids=lambda d: d.name)
+def test_gather_of_consecutive_indices_any_alignment(
+    backend: str, dt: type[ct.DType], rng: np.random.Generator
+) -> None:
+    ct.set_backend(backend)
+    n, m = int(rng.integers(1, 3000)), int(rng.integers(1, 3000))
+    x = (rng.standard_normal(n) * 100).astype(NP[dt])
+    for off in (0, int(rng.integers(-9, 10)), int(rng.integers(-n - 5, n + 5))):
+        z, _, _ = gather_window(ct.empty((m,), dt).partition(512), ct.from_numpy(x), off).sync()
+        i = np.arange(m) + off
+        want = np.where((i >= 0) & (i < n), x[np.clip(i, 0, n - 1)], NP[dt](-2))
+        np.testing.assert_array_equal(z.unpartition().to_numpy(), want)
+
+
+def test_consecutive_indices_load_vectors_and_loaded_indices_do_not() -> None:
+    spec = (ct.PartitionSpec((4096,), (512,)), ct.TensorSpec((4096,)))
+    assert "ld.global.nc.v4.f32" in gather_window.ptx(*spec, 3)
+    idx = ct.TensorSpec((4096,), i32)
+    assert "ld.global.nc.v4.f32" not in gather_1d.ptx(*spec, idx, 0.0)
+    rows = gather_rows.ptx(ct.PartitionSpec((64, 64), (16, 32)), ct.TensorSpec((9, 64)), idx)
+    assert "ld.global.nc.v4.f32" in rows  # the column index steps by one, the row's stays
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -191,6 +223,9 @@ def test_gather_and_scatter_ptx_assembles(sm: int) -> None:
         ),
         (scatter_transpose, (ct.PartitionSpec((64, 64), (32, 32)), ct.TensorSpec((64, 64)))),
     ]
+    cases.append(
+        (gather_window, (ct.PartitionSpec((999,), (512,), ct.f16), ct.TensorSpec((99,), ct.f16), 3))
+    )
     for kernel, args in cases:
         report = assemble(kernel.ptx(*args, target=target), target)
         assert report.spill_stores == 0 and report.spill_loads == 0

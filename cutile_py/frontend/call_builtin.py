@@ -279,7 +279,8 @@ def _within(
 
 def _load(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     src = _param(kb, a["src"], "the source of ct.load", node)
-    shape = _static_shape(kb, a["shape"], node)
+    # A rank-4 tensor is read in rank-4 tiles (typically (1, 1, m, n), then reshaped).
+    shape = _static_shape(kb, a["shape"], node, max_rank=MAX_RANK)
     index = a["index"]
     if not isinstance(index, tuple):
         index = (index,)

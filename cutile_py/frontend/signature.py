@@ -19,6 +19,10 @@ Kind = Literal["partition", "tensor", "atomic", "scalar", "constant"]
 #: A dim of a tensor annotation: ("dyn", None), ("var", "B") or ("lit", 64).
 Dim = tuple[str, Any]
 SCALAR_TYPES: dict[type, type[DType]] = {int: i32, float: f32, bool: bool_}
+#: Shared (read-only) and Atomic tensors may have rank 4 (attention's (B, H, S, D)); Mut
+#: partitions stay at rank 3 at most: their grid is the launch grid.
+MAX_TENSOR_RANK = 4
+MAX_PARTITION_RANK = 3
 #: Vector widths never exceed 16 elements; alignment is tracked up to that.
 MAX_ALIGN = 16
 
@@ -147,6 +151,12 @@ def _param_spec(cap: CapturedFunction, node: Any, name: str, ann: Any) -> ParamS
                 f"parameter '{name}': the dims of a Mut tile must be static "
                 "(a TypeVar or Literal[n]), not Dyn",
             )
+        if len(dims) > MAX_PARTITION_RANK:
+            raise cap.error(
+                node,
+                f"parameter '{name}': Mut tiles have rank 1 to {MAX_PARTITION_RANK} (the "
+                f"launch grid's), not {len(dims)}; reshape the output tensor first",
+            )
         return _tensor_spec(name, "partition", dtype, dims)
     if origin is Atomic:
         (inner,) = typing.get_args(ann)
@@ -198,9 +208,11 @@ def _tensor_dims(
             raise cap.error(
                 node, f"parameter '{name}': a dim must be Dyn, a TypeVar or Literal[n], not {d!r}"
             )
-    if not 1 <= len(dims) <= 3:
+    if not 1 <= len(dims) <= MAX_TENSOR_RANK:
         raise cap.error(
-            node, f"parameter '{name}': tensors of rank 1 to 3 are supported, not {len(dims)}"
+            node,
+            f"parameter '{name}': tensors of rank 1 to {MAX_TENSOR_RANK} are supported, "
+            f"not {len(dims)}",
         )
     return args[0], tuple(dims)
 

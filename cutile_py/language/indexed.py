@@ -14,9 +14,9 @@ from cutile_py.language.functions import builtin
 from cutile_py.language.interpret import TensorView, TileView
 from cutile_py.language.tile import Operand, Tile
 
-#: One int32 tile per dim of the tensor (a 1-D tensor also takes the tile alone); Python ints
-#: stand for a whole tile of that index. All broadcast together.
-Indices = Tile | Sequence[Tile | int]
+#: One int32 tile per dim of the tensor (a 1-D tensor also takes the tile or int alone);
+#: Python ints stand for a whole tile of that index. All broadcast together.
+Indices = Tile | int | Sequence[Tile | int]
 
 
 def _coords(indices: Indices, *also: Operand) -> tuple[list[np.ndarray], tuple[int, ...]]:

@@ -15,9 +15,10 @@ from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
 from cutile_py.lower import emit_shared
 from cutile_py.lower.context import EmitContext
 from cutile_py.lower.errors import LoweringError
+from cutile_py.lower.index_strides import last_dim_stride
 from cutile_py.lower.isel import BITS_SUFFIX, bits16
 from cutile_py.lower.layout import Layout
-from cutile_py.ptx.builder import Imm, Reg, f32_imm, int_imm
+from cutile_py.ptx.builder import Imm, Reg, Vec, f32_imm, int_imm
 
 #: `atom`/`red` type suffix of each dtype an atomic may update, per kind.
 ATOMIC_SUFFIX: dict[tuple[str, type[DType]], str] = {
@@ -75,11 +76,31 @@ def _coords(em: EmitContext, values: tuple[o.Value, ...], lay: Layout) -> list[l
     return [list(regs) for regs in zip(*per_dim)]
 
 
+def _vector_width(em: EmitContext, op: o.GatherOp, lay: Layout) -> int:
+    """Elements one load may take: the layout's run along the last dim when the last index
+    steps by one along it and the others stay put (else 1)."""
+    dt = op.result.type.dtype
+    base = lay.base
+    if dt is bool_ or lay.dims[-1] != base.rank - 1 or base.vec == 1:
+        return 1
+    memo: dict[o.Value, int | None] = {}
+    *others, last = op.operands
+    if last_dim_stride(em.uses, last, memo) != 1:
+        return 1
+    if any(last_dim_stride(em.uses, c, memo) != 0 for c in others):
+        return 1
+    return min(base.vec, 16 // dt.itemsize())
+
+
 def gather(em: EmitContext, op: o.GatherOp) -> None:
     res = op.result
     dt = res.type.dtype
     lay = em.layout(res)
     acc = _Addressing(em, op.param, dt)
+    width = _vector_width(em, op, lay)
+    if width > 1:
+        em.define(res, _gather_vectors(em, op, lay, acc, width))
+        return
     out: list[Reg] = []
     done: dict[tuple[str, ...], Reg] = {}
     for coords in _coords(em, op.operands, lay):
@@ -92,6 +113,79 @@ def gather(em: EmitContext, op: o.GatherOp) -> None:
         done[key] = r
         out.append(r)
     em.define(res, out)
+
+
+def _gather_vectors(
+    em: EmitContext, op: o.GatherOp, lay: Layout, acc: _Addressing, width: int
+) -> list[Reg]:
+    """Runs of `width` consecutive elements: one vector load where the run is aligned and
+    wholly inside the tensor (checked at run time), else one predicated load per element."""
+    dt = op.result.type.dtype
+    fb = em.fb
+    size = dt.itemsize()
+    elems = _coords(em, op.operands, lay)
+    out: list[Reg] = []
+    for k in range(0, len(elems), width):
+        run = elems[k : k + width]
+        first, last = run[0], run[-1][-1]
+        addr = acc.address(first)
+        ok = acc.inside(first)
+        end = fb.reg("pred")
+        fb.ins("setp.lt.u32", end, last, acc.t.dims[len(first) - 1])
+        low, aligned = fb.reg("b64"), fb.reg("pred")
+        fb.ins("and.b64", low, addr, width * size - 1)
+        fb.ins("setp.eq.u64", aligned, low, 0)
+        whole = em.conj(em.conj(ok, end), aligned)
+        assert whole is not None
+        regs = _vector_load(em, addr, dt, width, whole, op.padding)
+        rest = fb.reg("pred")
+        fb.ins("not.pred", rest, whole)
+        for i in range(1, width):  # element 0's address is `addr` already
+            regs[i] = _load_into(
+                em, regs[i], acc.address(run[i]), dt, em.conj(rest, acc.inside(run[i]))
+            )
+        regs[0] = _load_into(em, regs[0], addr, dt, em.conj(rest, ok))
+        out.extend(regs)
+    return out
+
+
+def _suffix(dt: type[DType]) -> str:
+    return "f32" if dt is f32 else "b16" if dt in (f16, bf16) else BITS_SUFFIX[dt]
+
+
+def _vector_load(
+    em: EmitContext, addr: Reg, dt: type[DType], width: int, pred: Reg, padding: float
+) -> list[Reg]:
+    """`width` elements from `addr` where `pred`, else `padding` (16-bit ones in b32 pairs)."""
+    fb = em.fb
+    if dt in (f16, bf16):
+        pad = bits16(float(padding), dt)
+        words = [fb.reg("b32") for _ in range(width // 2)]
+        for w in words:
+            fb.ins("mov.b32", w, Imm(f"0x{pad * 0x10001:08X}"))
+        dst = Vec(tuple(words)) if len(words) > 1 else words[0]
+        vec = f".v{len(words)}" if len(words) > 1 else ""
+        fb.ins(f"ld.global.nc{vec}.b32", dst, f"[{addr}]", pred=pred)
+        halves: list[Reg] = []
+        for w in words:
+            lo, hi = fb.reg("b16"), fb.reg("b16")
+            fb.ins("mov.b32", Vec((lo, hi)), w)
+            halves += [lo, hi]
+        return halves
+    regs = [em.new(dt) for _ in range(width)]
+    for r in regs:
+        if dt is f32:
+            fb.ins("mov.f32", r, f32_imm(float(padding)))
+        else:
+            fb.ins(f"mov.{BITS_SUFFIX[dt]}", r, int_imm(int(padding)))
+    fb.ins(f"ld.global.nc.v{width}.{_suffix(dt)}", Vec(tuple(regs)), f"[{addr}]", pred=pred)
+    return regs
+
+
+def _load_into(em: EmitContext, r: Reg, addr: Reg, dt: type[DType], pred: Reg | None) -> Reg:
+    """`r`, overwritten by the element at `addr` where `pred` (a scalar load)."""
+    em.fb.ins(f"ld.global.nc.{_suffix(dt)}", r, f"[{addr}]", pred=pred)
+    return r
 
 
 def _load_one(em: EmitContext, addr: Reg, dt: type[DType], pred: Reg | None, padding: float) -> Reg:
