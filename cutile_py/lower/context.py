@@ -4,7 +4,9 @@ scratch space and the barrier. It imports no emitter, so every emitter can impor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections import ChainMap
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from cutile_py.ir import ops as o
@@ -56,7 +58,7 @@ class EmitContext:
     pipelines: Mapping[o.ForOp, PipelinePlan] = field(default_factory=dict)
     #: Values held in mma fragment layouts, and the warp split of their families' mmas.
     fragment_plan: FragmentPlan = field(default_factory=no_fragments)
-    values: dict[o.Value, list[Reg]] = field(default_factory=dict)
+    values: MutableMapping[o.Value, list[Reg]] = field(default_factory=dict)
     tensors: dict[int, TensorRegs] = field(default_factory=dict)
     bases: dict[Blocked, BaseRegs] = field(default_factory=dict)
     tid: Reg | None = None
@@ -100,6 +102,17 @@ class EmitContext:
 
     def define(self, v: o.Value, regs: list[Reg]) -> None:
         self.values[v] = regs
+
+    @contextmanager
+    def scope(self, bindings: Mapping[o.Value, list[Reg]]) -> Iterator[None]:
+        """Emit with `bindings` over the current registers; what is defined inside is
+        forgotten at the end (ops emitted once more, for another loop iteration)."""
+        outer = self.values
+        self.values = ChainMap(dict(bindings), outer)
+        try:
+            yield
+        finally:
+            self.values = outer
 
     def new(self, dtype: type[DType]) -> Reg:
         return self.fb.reg(REG_CLASS[dtype])

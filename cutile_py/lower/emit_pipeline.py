@@ -169,20 +169,11 @@ class LoopPipeline:
 
 def _index_at(em: EmitContext, loop: o.ForOp, sl: StagedLoad, iv: Reg) -> list[Reg]:
     """The load's index registers with the induction variable at `iv`: its index ops
-    emitted again, the body's own definitions restored afterwards."""
-    touched = [loop.body.args[0], *(op.result for op in sl.index_ops)]
-    saved = {v: em.values.get(v) for v in touched}
-    em.define(loop.body.args[0], [iv])
-    for op in sl.index_ops:
-        em.emit_op(op)
-    index = [em.regs(v)[0] for v in sl.load.operands]
-    for v in touched:
-        old = saved[v]
-        if old is None:
-            em.values.pop(v, None)
-        else:
-            em.values[v] = old
-    return index
+    emitted again in a scope of their own (the body's registers are untouched)."""
+    with em.scope({loop.body.args[0]: [iv]}):
+        for op in sl.index_ops:
+            em.emit_op(op)
+        return [em.regs(v)[0] for v in sl.load.operands]
 
 
 def _copy(em: EmitContext, sl: StagedLoad, index: list[Reg], base: Reg) -> None:

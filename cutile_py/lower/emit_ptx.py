@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
@@ -42,16 +43,15 @@ from cutile_py.lower.isel import (
 from cutile_py.lower.layout import Layout
 from cutile_py.ptx.builder import Imm, Reg, f32_imm, int_imm
 
-#: Handlers of ops whose result is held in mma fragments (element-wise ops need none: their
-#: generic path runs on fragment registers as well).
-FRAGMENT_OPS: dict[type[o.Op], Callable[..., None]] = {
-    o.BroadcastOp: emit_fragments.broadcast,
-    o.ReduceOp: emit_fragments.reduce,
-    o.ReshapeOp: emit_fragments.reshape,
-    o.IotaOp: emit_fragments.iota,
-}
-
-__all__ = ["Emitter", "LoweringError", "PtxParam", "entry_name", "entry_params"]
+__all__ = [
+    "FRAGMENT_HANDLERS",
+    "HANDLERS",
+    "Emitter",
+    "LoweringError",
+    "PtxParam",
+    "entry_name",
+    "entry_params",
+]
 
 
 @dataclass(frozen=True)
@@ -178,19 +178,28 @@ class Emitter(EmitContext):
     def op(self, op: o.Op) -> None:
         if op in self.skipped:
             return
-        handler = getattr(self, f"op_{op.opname}", None)
-        if op.results and self.fragment_plan.of(op.results[0]) is not None:
-            on_fragments = FRAGMENT_OPS.get(type(op))
-            if on_fragments is not None:
-                handler = partial(on_fragments, self)
-        if handler is None:
-            raise LoweringError(f"no lowering for IR op {op.opname}", op.span)
+        handler = self.handler(op)
         try:
             handler(op)
         except LoweringError as e:
             if e.span is None:  # the innermost op that knows its source
                 e.span = op.span
             raise
+
+    def handler(self, op: o.Op) -> Callable[[o.Op], None]:
+        """The handler of `op`: from `FRAGMENT_HANDLERS` where its result is held in mma
+        fragments, else from `HANDLERS`, else an `op_<opname>` method."""
+        if op.results and self.fragment_plan.of(op.results[0]) is not None:
+            on_fragments = FRAGMENT_HANDLERS.get(type(op))
+            if on_fragments is not None:
+                return partial(on_fragments, self)
+        handler = HANDLERS.get(type(op))
+        if handler is not None:
+            return partial(handler, self)
+        method: Callable[[o.Op], None] | None = getattr(self, f"op_{op.opname}", None)
+        if method is None:
+            raise LoweringError(f"no lowering for IR op {op.opname}", op.span)
+        return method
 
     def op_constant(self, op: o.ConstantOp) -> None:
         dt = op.result.type.dtype
@@ -229,39 +238,6 @@ class Emitter(EmitContext):
                 self.fb.ins("add.u32", x, self.bases[lay.base].coord[d], offs[d])
             out.append(x)
         self.define(op.result, out)
-
-    def op_broadcast(self, op: o.BroadcastOp) -> None:
-        emit_shared.broadcast(self, op)
-
-    def op_reduce(self, op: o.ReduceOp) -> None:
-        emit_shared.reduce(self, op)
-
-    def op_mma(self, op: o.MmaOp) -> None:
-        emit_mma.mma(self, op)
-
-    def op_reshape(self, op: o.ReshapeOp) -> None:
-        emit_shared.reshape(self, op)
-
-    def op_permute(self, op: o.PermuteOp) -> None:
-        emit_shared.permute(self, op)
-
-    def op_load(self, op: o.LoadOp) -> None:
-        emit_memory.load(self, op)
-
-    def op_store(self, op: o.StoreOp) -> None:
-        emit_memory.store(self, op)
-
-    def op_gather(self, op: o.GatherOp) -> None:
-        emit_gather.gather(self, op)
-
-    def op_scatter(self, op: o.ScatterOp) -> None:
-        emit_gather.scatter(self, op)
-
-    def op_atomic(self, op: o.AtomicOp) -> None:
-        emit_gather.atomic(self, op)
-
-    def op_scan(self, op: o.ScanOp) -> None:
-        emit_scan.scan(self, op)
 
     # -- element-wise ---------------------------------------------------------------------
     def elementwise(self, op: o.Op, fn: Callable[..., Reg]) -> None:
@@ -556,6 +532,54 @@ class Emitter(EmitContext):
 
     def op_yield(self, op: o.YieldOp) -> None:
         raise LoweringError("yield outside a loop or branch")
+
+
+#: Emits one op (of the kind it is registered for) on the emitter.
+Handler = Callable[[Emitter, Any], None]
+
+#: How each op kind is emitted: a function of the emitter and the op. A new op adds its
+#: entry here (its handler may live in a module of its own, taking an `EmitContext`).
+HANDLERS: dict[type[o.Op], Handler] = {
+    # element-wise and scalar ops (this module)
+    o.ConstantOp: Emitter.op_constant,
+    o.GridOp: Emitter.op_grid,
+    o.TensorDimOp: Emitter.op_tensor_dim,
+    o.IotaOp: Emitter.op_iota,
+    o.UnaryOp: Emitter.op_unary,
+    o.BinaryOp: Emitter.op_binary,
+    o.CompareOp: Emitter.op_compare,
+    o.SelectOp: Emitter.op_select,
+    o.FmaOp: Emitter.op_fma,
+    o.CastOp: Emitter.op_cast,
+    # control flow (this module)
+    o.ForOp: Emitter.op_for,
+    o.IfOp: Emitter.op_if,
+    o.YieldOp: Emitter.op_yield,
+    # data movement between threads
+    o.BroadcastOp: emit_shared.broadcast,
+    o.ReduceOp: emit_shared.reduce,
+    o.ReshapeOp: emit_shared.reshape,
+    o.PermuteOp: emit_shared.permute,
+    # global memory
+    o.LoadOp: emit_memory.load,
+    o.StoreOp: emit_memory.store,
+    # indexed memory and scans
+    o.GatherOp: emit_gather.gather,
+    o.ScatterOp: emit_gather.scatter,
+    o.AtomicOp: emit_gather.atomic,
+    o.ScanOp: emit_scan.scan,
+    # tensor cores
+    o.MmaOp: emit_mma.mma,
+}
+
+#: Handlers of ops whose result is held in mma fragments (`assign_fragments`); element-wise
+#: ops need none: their `HANDLERS` entry runs on fragment registers as well.
+FRAGMENT_HANDLERS: dict[type[o.Op], Handler] = {
+    o.BroadcastOp: emit_fragments.broadcast,
+    o.ReduceOp: emit_fragments.reduce,
+    o.ReshapeOp: emit_fragments.reshape,
+    o.IotaOp: emit_fragments.iota,
+}
 
 
 def entry_name(name: str) -> str:
