@@ -25,6 +25,7 @@ from cutile_py.sim.cfg import EXITS, branch_target, build_cfg
 from cutile_py.sim.context import PTYPE_DTYPE, ExecContext, SimError
 from cutile_py.sim.memops import (
     make_cvta,
+    make_fence,
     make_ld,
     make_ldmatrix,
     make_mov_symbol,
@@ -240,8 +241,8 @@ OWN: dict[str, Factory] = {
     "red": make_red,
     "prefetch": make_nop,
     "prefetchu": make_nop,
-    "membar": make_nop,
-    "fence": make_nop,
+    "membar": make_fence,
+    "fence": make_fence,
     "nanosleep": make_nop,
     "brkpt": make_nop,
     "trap": make_trap,
