@@ -1,5 +1,5 @@
 """Handlers of the memory instructions: `ld`, `st`, `cvta`, `mov` of a symbol, `ldmatrix`,
-and the hints and fences that need no work in a sequential simulator.
+the hints that need no work in a sequential simulator, and fences (see `make_fence`).
 
 Each `make_*` decodes its instruction once, at load time, and returns the per-step handler.
 """
@@ -225,6 +225,25 @@ def make_nop(ins: Instruction, prog: Program) -> Handler:
 
     def run(b: Batch) -> None:
         return None
+
+    return run
+
+
+#: Fence forms that order a thread's global accesses for every block of the GPU.
+GPU_SCOPES = frozenset({"gl", "sys", "gpu"})
+
+
+def make_fence(ins: Instruction, prog: Program) -> Handler:
+    """`membar` / `fence`: a no-op on memory (every access happens in program order); one of
+    gpu or system scope (`membar.gl`, `fence.sc.gpu`, ...; not `.proxy` forms) lets the
+    thread's next atomic order its earlier accesses for other blocks (`GlobalRaces`)."""
+    orders = bool(GPU_SCOPES.intersection(ins.modifiers)) and "proxy" not in ins.modifiers
+    if not orders:
+        return make_nop(ins, prog)
+
+    def run(b: Batch) -> None:
+        if b.global_races is not None:
+            b.global_races.fence(b.instr, b.active())
 
     return run
 

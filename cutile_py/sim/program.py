@@ -26,6 +26,7 @@ from cutile_py.sim.context import PTYPE_DTYPE, ExecContext, SimError
 from cutile_py.sim.mbarrier import make_mbarrier
 from cutile_py.sim.memops import (
     make_cvta,
+    make_fence,
     make_ld,
     make_ldmatrix,
     make_mov_symbol,
@@ -254,8 +255,8 @@ OWN: dict[str, Factory] = {
     "red": make_red,
     "prefetch": make_nop,
     "prefetchu": make_nop,
-    "membar": make_nop,
-    "fence": make_nop,
+    "membar": make_fence,
+    "fence": make_fence,
     "nanosleep": make_nop,
     "brkpt": make_nop,
     "trap": make_trap,
