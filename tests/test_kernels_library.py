@@ -75,6 +75,16 @@ def test_silu_mul(backend: str, rng: np.random.Generator, dt: Any, shape: tuple[
     gt.to_numpy(), ut.to_numpy()  # inputs stay usable
 
 
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("shape", [(1,), (7, 33), (3, 5, 700)])
+def test_gelu(backend: str, rng: np.random.Generator, dt: Any, shape: tuple[int, ...]) -> None:
+    x, xt = rand(rng, shape, dt, 4.0)
+    x64 = x.astype(np.float64)
+    ref = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64**3)))
+    check(ck.gelu(xt), ref, dt, 4.0)
+    xt.to_numpy()  # the input stays usable
+
+
 # -- norms ------------------------------------------------------------------------------------
 ROWS = [(3, 1), (5, 7), (4, 1000), (2, 1536)]
 
