@@ -38,10 +38,22 @@ from cutile_py_kernels.layout import _embedding_kernel
 from cutile_py_kernels.models.checkpoint import Qwen3Config, read_config, read_weights
 from cutile_py_kernels.models.qwen3_kernels import mlp_kernels, qwen3_kernels
 from cutile_py_kernels.norms import _rms_kernels
-from cutile_py_kernels.rope import _tables
 from cutile_py_kernels.softmax import _argmax_kernels
 
 AnyTensor = Tensor[Any, Any]
+
+
+def _rope_tables(half: int, theta: float, rows: int) -> tuple[AnyTensor, AnyTensor]:
+    """cos and sin of pos·theta^(-i/half) for pos < rows, i < half (f64 → f32): made once per
+    cache capacity, read by the fused q/k-norm + RoPE kernels."""
+    freq = theta ** (-np.arange(half, dtype=np.float64) / half)
+    angle = np.arange(rows, dtype=np.float64)[:, None] * freq[None, :]
+    return (
+        ct.from_numpy(np.cos(angle).astype(np.float32)),
+        ct.from_numpy(np.sin(angle).astype(np.float32)),
+    )
+
+
 DTYPES = {"float32": ct.bf16, "bfloat16": ct.bf16, "float16": ct.f16}
 #: Cache rows per block of the KV-cache kernels.
 CACHE_BLOCK = 64
@@ -241,9 +253,7 @@ class Qwen3:
         need = max(rows, 1)
         if self._tables is None or self._table_rows < need:
             self._table_rows = next_pow2(need)
-            self._tables = _tables(
-                ct.backend(), cfg.head_dim // 2, float(cfg.rope_theta), self._table_rows
-            )
+            self._tables = _rope_tables(cfg.head_dim // 2, float(cfg.rope_theta), self._table_rows)
         return self._tables
 
     def _prefill(self, ids: np.ndarray, cache: _Cache) -> _Steps:
