@@ -516,7 +516,7 @@ def test_dlpack_import_keeps_the_view_alive(
 
 
 def test_a_buffer_collected_during_capture_is_freed_after_it(fake: FakeDriver) -> None:
-    from cutile_py.runtime.backend import KernelLaunch
+    from cutile_py.runtime.backend import BoundLaunch
 
     backend = CudaBackend()
     kernel = backend.load_kernel(vector_add_ptx(Target(90)), "vadd")
@@ -526,8 +526,8 @@ def test_a_buffer_collected_during_capture_is_freed_after_it(fake: FakeDriver) -
     # The last reference goes while the capture records the launch (as a garbage collection
     # in the capturing thread would drop it).
     fake.on_captured_launch = doomed.clear
-    params = (*(ParamValue("u64", b.address) for b in bufs), ParamValue("u32", 64))
-    graph = backend.graph([KernelLaunch(kernel, (1, 1, 1), (64, 1, 1), 0, params)])
+    prepared = backend.prepare(kernel, (1, 1, 1), (64, 1, 1), 0, ["u64", "u64", "u64", "u32"])
+    graph = backend.graph([BoundLaunch(prepared, (*(b.address for b in bufs), 64))])
     assert not fake.capture_invalidated  # the free waited for the end of the capture...
     assert address not in fake.memory  # ...and then ran: no leak
     assert backend.activate().releases.deferred == 0

@@ -8,7 +8,6 @@ import hashlib
 import inspect
 import linecache
 import os
-import struct
 import sys
 import typing
 import warnings
@@ -22,8 +21,9 @@ from cutile_py.frontend.capture import CapturedFunction, capture
 from cutile_py.frontend.errors import CompileError, SourceLocation
 from cutile_py.frontend.signature import ParamSpec, Specialization, TensorArg, bind, parse_signature
 from cutile_py.host import dump, jit_disk
+from cutile_py.host.device_op import DeviceOp
 from cutile_py.host.errors import PerformanceWarning
-from cutile_py.host.launch import ParamReader
+from cutile_py.host.launch import LaunchPlan, ParamReader, launch_key, prepare_lowered
 from cutile_py.host.report import KernelReport, build_report
 from cutile_py.host.specs import PartitionSpec, TensorSpec
 from cutile_py.host.tensor import Partition, Tensor
@@ -208,16 +208,8 @@ class CompiledKernel:
         launch = self._prepared.get((backend.name, grid))
         if launch is None:
             kern = self.load(backend)  # may recompile, replacing `lowered`
-            lowered = self.lowered
-            assert lowered is not None
-            g = (*grid, 1, 1, 1)[:3]
-            launch = backend.prepare(
-                kern,
-                (g[0], g[1], g[2]),
-                (lowered.block_threads, 1, 1),
-                lowered.dynamic_shared,
-                self.param_reader().ptypes,
-            )
+            assert self.lowered is not None
+            launch = prepare_lowered(backend, kern, self.lowered, grid)
             self._prepared[(backend.name, grid)] = launch
         return launch
 
@@ -292,8 +284,8 @@ class Kernel:
         self._signature = inspect.signature(fn)
         self._arity = len(self._signature.parameters)
         self._params: tuple[ParamSpec, ...] | None = None
-        #: Launch plans by (backend, `launch_key` of the arguments): see `plan`.
-        self._plans: dict[tuple[Backend, tuple[Any, ...]], LaunchPlan] = {}
+        #: Launch plans by backend and `launch_key` of the arguments: see `plan`.
+        self._plans: dict[Backend, dict[tuple[Any, ...], LaunchPlan]] = {}
         self.__doc__ = fn.__doc__
         self.__name__ = self.name
         self.__qualname__ = getattr(fn, "__qualname__", self.name)
@@ -494,16 +486,18 @@ class Kernel:
         """The launch plan made earlier for arguments like `args` on `backend` (same dtypes,
         shapes, tiles, alignment, scalar types and constant values), if what the kernel reads
         is unchanged and its int scalars still fit; else None (then `make_plan`)."""
-        consts, ints = self._shape_info()
+        plans = self._plans.get(backend)
+        if plans is None:
+            return None
+        consts, ints = self.__dict__["_param_kinds"]  # set by the `make_plan` of `plans`
         try:
-            plan = self._plans.get((backend, launch_key(args, consts)))
+            plan = plans.get(launch_key(args, consts))
         except TypeError:  # an unhashable argument: `make_plan` says what is wrong with it
             return None
-        if (
-            plan is None
-            or plan.generation != _MemoryCache.generation
-            or plan.deps != self.captured.fingerprint()
-        ):
+        if plan is None or plan.generation != _MemoryCache.generation:
+            return None
+        deps = self.captured.fingerprint()
+        if plan.deps is not deps and plan.deps != deps:
             return None
         for i in ints:
             if not -(2**31) <= args[i] < 2**31:
@@ -520,10 +514,13 @@ class Kernel:
         spec = self.specialize(args)
         target = backend.target if backend.runs_ptx else None
         compiled = self.compiled(spec, target)  # CompileError, before anything is held
-        plan = LaunchPlan(deps, _MemoryCache.generation, spec, compiled, grid)
-        if len(self._plans) >= MAX_PLANS:
-            self._plans.clear()  # a kernel launched over ever-new shapes: start over
-        self._plans[(backend, launch_key(args, self._shape_info()[0]))] = plan
+        plan = LaunchPlan(
+            deps, _MemoryCache.generation, spec, compiled, grid, backend, args, self.fn
+        )
+        plans = self._plans.setdefault(backend, {})
+        if len(plans) >= MAX_PLANS:
+            plans.clear()  # a kernel launched over ever-new shapes: start over
+        plans[launch_key(args, self._shape_info()[0])] = plan
         return plan
 
     def _shape_info(self) -> tuple[frozenset[int], tuple[int, ...]]:
@@ -537,13 +534,14 @@ class Kernel:
             info = self.__dict__["_param_kinds"] = (consts, ints)
         return info
 
-    @user_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from cutile_py.host.device_op import DeviceOp
-
-        if kwargs or len(args) != self._arity:
-            args = self.bind_arguments(args, kwargs)
-        return DeviceOp.for_kernel(self, args)
+        # As `user_boundary` does, spelled out: this is every launch's first call.
+        try:
+            if kwargs or len(args) != self._arity:
+                args = self.bind_arguments(args, kwargs)
+            return DeviceOp.for_kernel(self, args)
+        except CompileError as err:
+            raise err.with_traceback(None) from None  # the kernel's source line is shown below
 
     def __repr__(self) -> str:
         return f"<cutile_py kernel {self.__qualname__}>"
@@ -551,36 +549,6 @@ class Kernel:
 
 #: Plans one kernel keeps (one per distinct argument signature and backend).
 MAX_PLANS = 256
-
-
-@dataclass(frozen=True, eq=False)
-class LaunchPlan:
-    """What launching a kernel on arguments like these needs, computed once: the
-    specialization, the compiled kernel and the grid (from the partitions' tile counts)."""
-
-    deps: tuple[tuple[tuple[str, ...], Hashable], ...]
-    generation: int
-    spec: Specialization
-    compiled: CompiledKernel
-    grid: tuple[int, ...]
-
-
-def launch_key(args: tuple[Any, ...], constants: frozenset[int]) -> tuple[Any, ...]:
-    """What of `args` a launch plan depends on: each tensor's dtype, shape, tiles and address
-    alignment; each scalar's type; each constant's value (a float by its bits)."""
-    key: list[Any] = []
-    for i, a in enumerate(args):
-        cls = type(a)
-        if cls is Partition:
-            t = a._tensor
-            key.append((t._dtype, t._shape, a._tile_shape, t._align))
-        elif cls is Tensor:
-            key.append((a._dtype, a._shape, None, a._align))
-        elif i in constants:
-            key.append((cls, struct.pack("<d", a) if isinstance(a, float) else a))
-        else:
-            key.append(cls)
-    return tuple(key)
 
 
 def _default_target() -> Target:
