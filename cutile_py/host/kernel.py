@@ -491,7 +491,10 @@ class Kernel:
             return None
         consts, ints = self.__dict__["_param_kinds"]  # set by the `make_plan` of `plans`
         try:
-            plan = plans.get(launch_key(args, consts))
+            if consts:
+                plan = plans.get(launch_key(args, consts))
+            else:  # `launch_key` without constants, inline: this is every launch's lookup
+                plan = plans.get(tuple([a._key if type(a) in _TENSORS else type(a) for a in args]))
         except TypeError:  # an unhashable argument: `make_plan` says what is wrong with it
             return None
         if plan is None or plan.generation != _MemoryCache.generation:
@@ -546,6 +549,9 @@ class Kernel:
     def __repr__(self) -> str:
         return f"<cutile_py kernel {self.__qualname__}>"
 
+
+#: The argument types a launch plan keys by their `_key` (see `launch_key`).
+_TENSORS = frozenset([Tensor, Partition])
 
 #: Plans one kernel keeps (one per distinct argument signature and backend).
 MAX_PLANS = 256

@@ -324,10 +324,14 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
                 f"tile_shape {tiles} has rank {len(tiles)}; the tensor has shape {self._shape}"
             )
         for d in tiles:
-            if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d <= 0:
-                raise ValueError(f"tile_shape dims must be positive integers, got {tiles}")
+            if type(d) is not int or d <= 0:  # (else the common case: plain ints, one pass)
+                for e in tiles:
+                    if not isinstance(e, (int, np.integer)) or isinstance(e, bool) or e <= 0:
+                        raise ValueError(f"tile_shape dims must be positive integers, got {tiles}")
+                tiles = tuple(int(e) for e in tiles)
+                break
         self._move(".partition()")
-        return Partition(self, tuple(int(d) for d in tiles))
+        return Partition(self, tiles)
 
     def reshape(self, *shape: int | Sequence[int]) -> Tensor[Any, Unpack[tuple[Any, ...]]]:
         """The same memory with another shape (row-major, as NumPy's reshape of a contiguous

@@ -49,7 +49,7 @@ def _quietly(release: Callable[[], None]) -> None:
 
 
 def _free(ctx: cu.Context, address: int, stream: cu.Stream | None) -> None:
-    def release() -> None:
+    try:  # (as `_quietly`, spelled out: every buffer ends here)
         cu.set_current(ctx)
         if stream is None:
             cu.mem_free(address)
@@ -58,8 +58,8 @@ def _free(ctx: cu.Context, address: int, stream: cu.Stream | None) -> None:
             # buffer are over by now (an op keeps its tensors until it is known to be done),
             # and later work of that stream runs after the free.
             cu.mem_free_async(address, stream)
-
-    _quietly(release)
+    except Exception:
+        pass  # a late free (a poisoned context, shutdown) leaks, as `_quietly` says
 
 
 class Releases:
@@ -133,17 +133,25 @@ class CudaBuffer(Buffer):
     def __init__(self, releases: Releases, address: int, nbytes: int) -> None:
         self.nbytes = nbytes
         self._address = address
-        self._finalizer = weakref.finalize(self, releases.free, address)
-        # At exit the driver may already be torn down; the process's memory goes with it.
-        self._finalizer.atexit = False
+        self._releases: Releases | None = releases
 
     @property
     def address(self) -> int:
         return self._address
 
     def free(self) -> None:
-        """Release the memory now (no kernel may still be using it)."""
-        self._finalizer()
+        """Release the memory now (no kernel may still be using it); once."""
+        releases, self._releases = self._releases, None
+        if releases is not None:
+            releases.free(self._address)
+
+    def __del__(self) -> None:
+        # (Not `weakref.finalize`: a buffer is made per allocation, and that costs more.) At
+        # exit the driver may already be torn down: `Releases.free` leaks quietly then.
+        releases = self._releases
+        if releases is not None:
+            self._releases = None
+            releases.free(self._address)
 
 
 class ForeignCudaBuffer(Buffer):
@@ -334,10 +342,12 @@ class CudaPreparedLaunch(PreparedLaunch):
                 cu.set_max_dynamic_shared(kernel.function, self._shared_mem)
                 kernel.max_dynamic_shared = self._shared_mem
             ordering = backend._ordering
-            # (Its state read directly: this is every launch's path.)
+            # (Its state read directly: this is every launch's path. Allocations leave the
+            # backend stream unrecorded, which matters only to launches on other streams.)
+            unrecorded = ordering._unrecorded
             if (
                 ordering._pending
-                or ordering._unrecorded
+                or (unrecorded and (len(unrecorded) > 1 or on not in unrecorded))
                 or (touches is None and on is not dev.stream)
             ):
                 backend._order(dev, on, touches() if callable(touches) else touches)
@@ -362,7 +372,7 @@ class CudaPreparedLaunch(PreparedLaunch):
                     f"kernel {kernel.name!r} (or work queued before it) failed on the device: {e}"
                 ) from e
             raise backend._failure(self._what, e) from e
-        if synchronize and (ordering._pending or ordering._unrecorded):
+        if synchronize and (ordering._pending or unrecorded):
             ordering.stream_idle(on)
         return on
 
