@@ -347,7 +347,7 @@ class CudaPreparedLaunch(PreparedLaunch):
             unrecorded = ordering._unrecorded
             if (
                 ordering._pending
-                or (unrecorded and (len(unrecorded) > 1 or on not in unrecorded))
+                or (unrecorded and on not in ordering.clean)
                 or (touches is None and on is not dev.stream)
             ):
                 backend._order(dev, on, touches() if callable(touches) else touches)

@@ -42,6 +42,9 @@ class StreamOrdering:
         #: pool), each with the streams that have waited for all of it since (a fence): work
         #: of other streams waits for it, until the stream is idle.
         self._unrecorded: dict[cu.Stream, set[cu.Stream]] = {}
+        #: Streams that have waited for all of that unrecorded work: `order` has nothing to
+        #: do for them there (read on every launch).
+        self.clean: set[cu.Stream] = set()
         self._spare: list[cu.Event] = []
         self._lock = threading.Lock()
 
@@ -50,6 +53,7 @@ class StreamOrdering:
         streams is ordered after it (a fence on `stream`) until `stream_idle(stream)`."""
         with self._lock:
             self._unrecorded[stream] = set()
+            self.clean = set()
 
     @property
     def pending(self) -> int:
@@ -69,6 +73,7 @@ class StreamOrdering:
             ]
             for s in fences:
                 self._unrecorded[s].add(stream)  # (the fence below is queued before any use)
+            self.clean.add(stream)
         for other in fences:
             with self._lock:
                 fence = self._spare.pop() if self._spare else None
@@ -109,16 +114,23 @@ class StreamOrdering:
     ) -> None:
         """Note `touches` as work just queued on `stream`: its end is `event` (recorded by the
         caller after it, and kept alive by `owner`), or an event recorded here now."""
-        touches = [t for t in touches if t[1] > 0]
-        if not touches:
-            return
         if event is None:
+            touches = [t for t in touches if t[1] > 0]
+            if not touches:
+                return
             with self._lock:
                 event = self._spare.pop() if self._spare else None
             if event is None:
                 event = cu.event_create()
             cu.event_record(event, stream)
-        accesses = [_Access(lo, lo + n, w, stream, event, owner) for lo, n, w in touches]
+        # (tuple.__new__: the named tuple's own constructor is a Python call per access.)
+        accesses = [
+            tuple.__new__(_Access, (lo, lo + n, w, stream, event, owner))
+            for lo, n, w in touches
+            if n > 0
+        ]
+        if not accesses:
+            return
         with self._lock:
             self._pending.extend(accesses)
             crowded = len(self._pending) > self.PRUNE_AT
