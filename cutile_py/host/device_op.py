@@ -289,7 +289,8 @@ class DeviceOp(OpLike):
 
     def _run(self, stream: object | None) -> None:
         """Launch and wait, on a backend that queues work (a synchronous launch): no
-        completion object; `LaunchFailure` for a fault."""
+        completion object; `LaunchFailure` for a fault. (`_sync_now` runs a kernel's plan
+        itself; a raw kernel's op, which has none, launches here.)"""
         plan = self.plan
         if not plan.empty:
             plan.run(self.args, stream)

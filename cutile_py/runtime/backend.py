@@ -291,7 +291,10 @@ class Backend(ABC):
         shared_mem: int,
         ptypes: Sequence[str],
     ) -> PreparedLaunch:
-        """`kernel` ready to launch with only its parameter values (of PTX types `ptypes`)."""
+        """`kernel` ready to launch with only its parameter values (of PTX types `ptypes`):
+        the entry every launcher uses (sync, await, `.then`, `ct.zip`, graph capture through
+        `BoundLaunch`, `ct.RawKernel`). A backend that runs the kernel's Python prepares a
+        `HostKernel` (no PTX types)."""
         return _PreparedThroughLaunch(self, kernel, grid, block, shared_mem, tuple(ptypes))
 
     def launch(
@@ -304,8 +307,9 @@ class Backend(ABC):
         stream: object | None = None,
         touches: Sequence[Touch] | None = None,
     ) -> Completion:
-        """Queue a launch; `stream` is a handle from `stream_acquire` (None: the default one);
-        `touches` as for `PreparedLaunch.launch`."""
+        """Queue a launch with its parameters typed one by one (what `prepare` gives a
+        backend without its own preparation: sim); `stream` is a handle from
+        `stream_acquire` (None: the default one); `touches` as for `PreparedLaunch.launch`."""
         raise RuntimeFailure(f"the {self.name} backend does not run PTX")
 
     def graph(self, launches: Sequence[BoundLaunch]) -> GraphExec:
