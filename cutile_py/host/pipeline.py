@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, TypeGuard
 from cutile_py.host.device_op import DeviceOp, OpLike
 from cutile_py.host.errors import AliasError, BorrowError
 from cutile_py.host.streams import StreamLike, async_stream
-from cutile_py.host.tensor import Owned, Partition, Tensor
+from cutile_py.host.tensor import Owned
 
 
 class _Once(OpLike):
@@ -268,10 +268,11 @@ def _check_disjoint(ops: tuple[OpLike, ...]) -> None:
             holds.extend((i, obj, exclusive) for obj, exclusive in d._held)
     spans: list[_Span] = []
     for i, obj, exclusive in holds:
-        t = obj.tensor if isinstance(obj, Partition) else obj
-        if isinstance(t, Tensor) and t.nbytes:
-            lo = t.buffer.address
-            spans.append(_Span(lo, lo + t.nbytes, i, exclusive, obj))
+        t = obj._storage()
+        if t._nbytes:
+            lo = t._address
+            # (tuple.__new__: the named tuple's own constructor is a Python call per span.)
+            spans.append(tuple.__new__(_Span, (lo, lo + t._nbytes, i, exclusive, obj)))
     clash = _first_clash(spans)
     if clash is not None:
         s1, s2 = sorted(clash, key=lambda s: s.op)

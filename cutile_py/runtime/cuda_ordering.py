@@ -142,14 +142,23 @@ class StreamOrdering:
         pending = self._pending
         if not pending:
             return
-        if pending[-1].owner is owner:  # the last work recorded (an awaited launch): no pass
-            with self._lock:
-                # One `record` call appended all of an owner's accesses, together.
-                pending = self._pending
+        with self._lock:
+            # One `record` call appended all of an owner's accesses, together: they are found
+            # at the end (an awaited launch), at the start (the first of a `ct.zip`'s ops to
+            # complete), or else in one pass without a call per access.
+            pending = self._pending
+            if not pending:
+                return
+            if pending[-1].owner is owner:
                 while pending and pending[-1].owner is owner:
                     pending.pop()
-            return
-        self._drop(lambda a: a.owner is owner)
+            elif pending[0].owner is owner:
+                k = 1
+                while k < len(pending) and pending[k].owner is owner:
+                    k += 1
+                del pending[:k]
+            else:
+                self._pending = [a for a in pending if a.owner is not owner]
 
     def stream_idle(self, stream: cu.Stream) -> None:
         """Everything queued on `stream` so far is over (it was synchronized)."""
