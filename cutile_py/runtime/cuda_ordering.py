@@ -47,6 +47,7 @@ class StreamOrdering:
         self.clean: set[cu.Stream] = set()
         self._spare: list[cu.Event] = []
         self._lock = threading.Lock()
+        self._prune_at = self.PRUNE_AT
 
     def unrecorded(self, stream: cu.Stream) -> None:
         """Work was just queued on `stream` without its memory being recorded: work of other
@@ -133,9 +134,12 @@ class StreamOrdering:
             return
         with self._lock:
             self._pending.extend(accesses)
-            crowded = len(self._pending) > self.PRUNE_AT
+            crowded = len(self._pending) > self._prune_at
         if crowded:
             self._drop(lambda a: _finished(a.event))
+            # Work still in flight stays: the next pass waits until the list has doubled, so
+            # that many launches in flight (a large ct.zip) cost linear time, not quadratic.
+            self._prune_at = max(self.PRUNE_AT, 2 * len(self._pending))
 
     def finished(self, owner: object) -> None:
         """The work of the completion `owner` is over."""
