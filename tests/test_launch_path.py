@@ -181,3 +181,23 @@ def test_a_synchronous_launch_costs_few_python_calls(null_cuda: Any) -> None:
         state[:] = [z, a, b]
 
     assert _calls_per_launch(body, 200) <= 60
+
+
+def test_each_cuda_backend_launches_with_its_own_module() -> None:
+    """Two cuda backends (two devices, or a driver replaced) share compiled kernels but not
+    loaded modules or prepared launches: each launch goes to its own backend."""
+    pytest.importorskip("cuda.bindings")
+    from cutile_py.runtime.select import active_backend
+    from paper_repro.experiments.host import null_cuda as make
+
+    rng = np.random.default_rng()
+    launched_on = []
+    for _ in range(2):
+        with make():
+            _, _, x, y = _inputs(rng)
+            op = K.add(_out(), x, y)
+            op.sync()
+            assert op.plan.launch is not None
+            launched_on.append((op.plan.launch._backend, active_backend()))  # type: ignore[attr-defined]
+    assert all(used is active for used, active in launched_on)
+    assert launched_on[0][1] is not launched_on[1][1]

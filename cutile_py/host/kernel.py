@@ -120,7 +120,7 @@ class CompiledKernel:
         ir: KernelIR | None,
         ir_text: str,
         lowered: LoweredKernel | None,
-        loaded: dict[str, LoadedKernel] | None = None,
+        loaded: dict[Backend, LoadedKernel] | None = None,
         build_ir: Callable[[], KernelIR] | None = None,
         recompile: Callable[[str], CompiledKernel] | None = None,
         name: str = "",
@@ -131,15 +131,16 @@ class CompiledKernel:
         self._build_ir = build_ir
         self.ir_text = ir_text
         self.lowered = lowered
-        #: The module loaded on each backend (by name), so a launch does not look it up again.
-        self.loaded: dict[str, LoadedKernel] = {} if loaded is None else loaded
+        #: The module loaded on each backend (the object: two cuda backends, of two devices
+        #: or two drivers, each load their own), so a launch does not look it up again.
+        self.loaded: dict[Backend, LoadedKernel] = {} if loaded is None else loaded
         self._recompile = recompile
         #: The kernel's name, for messages.
         self.name = name or (lowered.entry if lowered is not None else "?")
         #: Whether the cubin's spills were checked (see `check_spills`).
         self._spills_checked = False
-        #: Launches made ready per (backend name, grid), and how to read their parameters.
-        self._prepared: dict[tuple[str, tuple[int, ...]], PreparedLaunch] = {}
+        #: Launches made ready per (backend, grid), and how to read their parameters.
+        self._prepared: dict[tuple[Backend, tuple[int, ...]], PreparedLaunch] = {}
         self._reader: ParamReader | None = None
 
     @property
@@ -154,7 +155,7 @@ class CompiledKernel:
         """The module loaded on `backend`, once. PTX from the disk cache that does not load
         is compiled again from the source (the entry replaced, with one warning): a cache
         entry never fails a launch that compiling would not."""
-        kern = self.loaded.get(backend.name)
+        kern = self.loaded.get(backend)
         if kern is not None:
             return kern
         assert self.lowered is not None
@@ -171,7 +172,7 @@ class CompiledKernel:
             self._reader = None
             assert self.lowered is not None
             kern = backend.load_kernel(self.lowered.ptx, self.lowered.entry)
-        self.loaded[backend.name] = kern
+        self.loaded[backend] = kern
         self.check_spills(kern.assembly())
         return kern
 
@@ -205,12 +206,12 @@ class CompiledKernel:
 
     def prepared(self, backend: Backend, grid: tuple[int, ...]) -> PreparedLaunch:
         """This kernel ready to launch on `backend` over `grid`, made once."""
-        launch = self._prepared.get((backend.name, grid))
+        launch = self._prepared.get((backend, grid))
         if launch is None:
             kern = self.load(backend)  # may recompile, replacing `lowered`
             assert self.lowered is not None
             launch = prepare_lowered(backend, kern, self.lowered, grid)
-            self._prepared[(backend.name, grid)] = launch
+            self._prepared[(backend, grid)] = launch
         return launch
 
     def param_reader(self) -> ParamReader:
