@@ -19,7 +19,6 @@ from cutile_py.host.streams import (
     as_stream,
     async_stream,
     finish_first,
-    is_done,
     off_loop,
     settle,
     wait_done,
@@ -416,7 +415,11 @@ class DeviceOp(OpLike):
             self._check_pending()
         completion = self._completion
         assert completion is not None
-        if not is_done(completion):  # (work found done needs no waiting coroutine)
+        try:
+            done = completion.done()  # (work found done needs no waiting coroutine)
+        except Exception:
+            done = True  # (as `is_done`: a failure to ask counts as done; `wait` reports it)
+        if not done:
             try:
                 await wait_done(completion)
             except asyncio.CancelledError:

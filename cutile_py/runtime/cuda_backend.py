@@ -209,7 +209,10 @@ class CudaCompletion(Completion):
     def done(self) -> bool:
         if self._passed:
             return True
-        self._backend.activate()
+        backend = self._backend
+        dev = backend._device  # (`activate`, inline: every awaited launch asks at least once)
+        if dev is None or getattr(backend._thread, "ctx", None) is not dev.ctx:
+            backend.activate()
         try:
             finished = cu.event_query(self._event)
         except cu.CudaDriverError:
@@ -405,12 +408,18 @@ class CudaPreparedLaunch(PreparedLaunch):
         touches: Sequence[Touch] | None = None,
     ) -> Completion:
         backend = self._backend
-        dev = backend.activate()
+        dev = backend._device  # (`activate`, inline)
+        if dev is None or getattr(backend._thread, "ctx", None) is not dev.ctx:
+            dev = backend.activate()
         try:
-            # Taken before the launch, so that a fault of this kernel cannot surface here.
-            event = backend._take_event()
-        except cu.CudaDriverError as e:
-            raise backend._failure(self._what, e) from e
+            # Taken before the launch, so that a fault of this kernel cannot surface here
+            # (`_take_event`, inline).
+            event = backend._events.pop()
+        except IndexError:
+            try:
+                event = cu.event_create()
+            except cu.CudaDriverError as e:
+                raise backend._failure(self._what, e) from e
         try:
             on = self._queue(dev, values, stream, touches)
         except BaseException:
