@@ -10,6 +10,7 @@ import asyncio
 import sys
 from abc import abstractmethod
 from collections.abc import Callable, Coroutine, Generator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
@@ -318,7 +319,14 @@ class DeviceOp(OpLike):
             if plan is None:
                 self._run(stream)
             elif not plan.empty:
-                plan.run(self.args, stream)
+                # (`plan.run`, inline: the memory touched is read only where needed.)
+                launch = plan.launch or plan.prepare()
+                read, touches = plan.read, plan.touches
+                args = self.args
+                if read is None or touches is None:
+                    launch.launch_and_wait(args, stream, None)
+                else:
+                    launch.launch_and_wait(read(args), stream, partial(touches, args))
         except LaunchFailure as e:
             raise LaunchError(f"kernel {self.name} failed on the device: {e}") from e
         except RuntimeFailure as e:
