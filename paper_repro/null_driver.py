@@ -62,7 +62,8 @@ class NullDriver:
         self._next_address += (nbytes + 4095) // 4096 * 4096 or 4096  # never reused
         return (self._ok, self._real.CUdeviceptr(address))
 
-    cuMemAllocAsync = cuMemAlloc
+    def cuMemAllocAsync(self, nbytes: int, stream: Any) -> tuple[Any, ...]:
+        return self.cuMemAlloc(nbytes)
 
     def cuMemAllocFromPoolAsync(self, nbytes: int, *args: Any) -> tuple[Any, ...]:
         return self.cuMemAlloc(nbytes)

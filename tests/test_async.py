@@ -106,19 +106,6 @@ def test_await_does_not_block_the_event_loop(rng: np.random.Generator) -> None:
     np.testing.assert_allclose(z.unpartition().to_numpy(), ref, rtol=1e-6)
 
 
-@pytest.fixture
-def no_gc() -> Iterator[None]:
-    """No garbage collection while a test holds a launch in the worker thread: a collection
-    on the event loop's thread may finalize a sim buffer, whose release waits for the launch
-    (HOST_EXECUTION), and the launch here waits for that thread."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 def _blocks_until(op: DeviceOp, release: threading.Event) -> list[str]:
     """Make `op`'s launch (which executes on sim and interpret) wait for `release`: if the
     launch ran on the event loop's thread, nothing could set it, and the wait times out."""
@@ -135,9 +122,7 @@ def _blocks_until(op: DeviceOp, release: threading.Event) -> list[str]:
     return threads
 
 
-def test_an_executing_launch_leaves_the_event_loop_free(
-    rng: np.random.Generator, no_gc: None
-) -> None:
+def test_an_executing_launch_leaves_the_event_loop_free(rng: np.random.Generator) -> None:
     op, ref = _add_op(rng)
     release = threading.Event()
     threads = _blocks_until(op, release)
@@ -162,7 +147,7 @@ def test_an_executing_launch_leaves_the_event_loop_free(
     assert x.to_numpy().shape == (N,)
 
 
-def test_cancelling_an_executing_launch_waits_for_it(rng: np.random.Generator, no_gc: None) -> None:
+def test_cancelling_an_executing_launch_waits_for_it(rng: np.random.Generator) -> None:
     op, ref = _add_op(rng)
     release = threading.Event()
     threads = _blocks_until(op, release)

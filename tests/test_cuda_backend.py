@@ -516,7 +516,7 @@ def test_dlpack_import_keeps_the_view_alive(
 
 
 def test_a_buffer_collected_during_capture_is_freed_after_it(fake: FakeDriver) -> None:
-    from cutile_py.runtime.backend import KernelLaunch
+    from cutile_py.runtime.backend import BoundLaunch
 
     backend = CudaBackend()
     kernel = backend.load_kernel(vector_add_ptx(Target(90)), "vadd")
@@ -526,8 +526,8 @@ def test_a_buffer_collected_during_capture_is_freed_after_it(fake: FakeDriver) -
     # The last reference goes while the capture records the launch (as a garbage collection
     # in the capturing thread would drop it).
     fake.on_captured_launch = doomed.clear
-    params = (*(ParamValue("u64", b.address) for b in bufs), ParamValue("u32", 64))
-    graph = backend.graph([KernelLaunch(kernel, (1, 1, 1), (64, 1, 1), 0, params)])
+    prepared = backend.prepare(kernel, (1, 1, 1), (64, 1, 1), 0, ["u64", "u64", "u64", "u32"])
+    graph = backend.graph([BoundLaunch(prepared, (*(b.address for b in bufs), 64))])
     assert not fake.capture_invalidated  # the free waited for the end of the capture...
     assert address not in fake.memory  # ...and then ran: no leak
     assert backend.activate().releases.deferred == 0
@@ -773,3 +773,22 @@ def test_finished_work_is_dropped_not_waited_for(streams: tuple[StreamDriver, Cu
         vadd(x, y, z, n, grid=1, block=128).sync_on(s)
     assert fake.waits == [] and backend._ordering.pending == 0
     np.testing.assert_array_equal(z.to_numpy(), a + b)
+
+
+def test_many_launches_in_flight_are_pruned_in_linear_time(
+    streams: tuple[StreamDriver, CudaBackend],
+) -> None:
+    """Pending accesses past PRUNE_AT are pruned of finished work; while everything is still
+    in flight, the next pass waits for the list to double (a 1,000-op zip on a busy GPU
+    queried every pending event at every launch: ~470,000 queries)."""
+    from cutile_py.runtime.cuda_ordering import StreamOrdering
+
+    fake, backend = streams
+    fake.slow_events = True  # nothing finishes
+    stream = backend.activate().stream
+    ordering = StreamOrdering()
+    n = 1000
+    for i in range(n):
+        ordering.record(stream, [(4096 * i, 16, True)])
+    assert ordering.pending == n
+    assert fake.calls.count("cuEventQuery") < 4 * n

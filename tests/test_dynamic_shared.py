@@ -11,12 +11,12 @@ import pytest
 import cutile_py as ct
 from cutile_py import f16, f32
 from cutile_py.host import jit_disk
-from cutile_py.host.launch import kernel_launch
+from cutile_py.host.launch import ParamReader, prepare_lowered
 from cutile_py.lower.emit_ptx import PtxParam
 from cutile_py.lower.pipeline import LoweredKernel
 from cutile_py.ptx.builder import FunctionBuilder, ModuleBuilder, int_imm
 from cutile_py.ptx.target import MAX_STATIC_SHARED, Target
-from cutile_py.runtime.backend import KernelLaunch, RuntimeFailure
+from cutile_py.runtime.backend import ParamValue, PreparedLaunch, RuntimeFailure
 from cutile_py.runtime.nvjitlink import assemble, nvjitlink_available
 from cutile_py.runtime.select import active_backend
 from cutile_py.runtime.sim_backend import SimBackend
@@ -120,11 +120,17 @@ def test_target_shared_limits() -> None:
     }
 
 
-def _run_prepared(k: KernelLaunch) -> None:
-    """The launch through the backend's prepared path, as `op.sync()` makes it."""
+def _prepared(lowered: LoweredKernel, out: Any) -> tuple[PreparedLaunch, list[int | float]]:
+    """The launch through the backend's prepared path, as `op.sync()` makes it, and its
+    parameter values."""
     backend = active_backend()
-    prepared = backend.prepare(k.kernel, k.grid, k.block, k.shared_mem, [p.ptype for p in k.params])
-    prepared.launch_and_wait([p.value for p in k.params])
+    kernel = backend.load_kernel(lowered.ptx, lowered.entry)
+    return prepare_lowered(backend, kernel, lowered, (GRID,)), ParamReader(lowered)((out,))
+
+
+def _params(lowered: LoweredKernel, out: Any) -> list[ParamValue]:
+    reader = ParamReader(lowered)
+    return [ParamValue(t, v) for t, v in zip(reader.ptypes, reader((out,)))]
 
 
 @pytest.mark.parametrize("words", [WORDS, MAX_STATIC_SHARED // 4])
@@ -132,10 +138,9 @@ def test_sim_runs_the_whole_region(words: int) -> None:
     """Through the host launch path: the launch passes `dynamic_shared` as its shared_mem."""
     lowered = reverse_through_shared(words * 4)
     out = ct.zeros((GRID, words), dtype=ct.i32)
-    backend = active_backend()
-    launch = kernel_launch(backend, lowered, (GRID,), (out,), {})
+    launch, values = _prepared(lowered, out)
     assert launch.shared_mem == lowered.dynamic_shared
-    _run_prepared(launch)
+    launch.launch_and_wait(values)
     np.testing.assert_array_equal(out.to_numpy(), expected(words))
 
 
@@ -145,7 +150,7 @@ def test_sim_without_the_dynamic_bytes_is_a_fault() -> None:
     backend = active_backend()
     out = ct.zeros((GRID, WORDS), dtype=ct.i32)
     k = backend.load_kernel(lowered.ptx, lowered.entry)
-    params = kernel_launch(backend, lowered, (GRID,), (out,), {}).params
+    params = _params(lowered, out)
     done = backend.launch(k, (GRID, 1, 1), (THREADS, 1, 1), 0, params)
     with pytest.raises(RuntimeFailure, match="out-of-bounds shared store"):
         done.wait()
@@ -155,7 +160,7 @@ def test_sim_rejects_more_than_the_target_allows() -> None:
     """96 KB is fine on sm_86 (99 KB) but 100 KB is not; sm_90 takes it."""
     lowered = reverse_through_shared(SHARED)
     out = ct.zeros((GRID, WORDS), dtype=ct.i32)
-    params = kernel_launch(active_backend(), lowered, (GRID,), (out,), {}).params
+    params = _params(lowered, out)
     sm86 = SimBackend(Target(86))
     k = sm86.load_kernel(lowered.ptx, lowered.entry)
     with pytest.raises(RuntimeFailure, match=r"102400 bytes of shared memory .* exceed the 101376"):
@@ -242,7 +247,8 @@ def test_cuda_runs_the_whole_region() -> None:
     backend = active_backend()
     lowered = reverse_through_shared(SHARED, backend.target)
     out = ct.zeros((GRID, WORDS), dtype=ct.i32)
-    _run_prepared(kernel_launch(backend, lowered, (GRID,), (out,), {}))
+    launch, values = _prepared(lowered, out)
+    launch.launch_and_wait(values)
     np.testing.assert_array_equal(out.to_numpy(), expected(WORDS))
 
 

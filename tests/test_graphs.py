@@ -6,6 +6,7 @@ checked against a stand-in driver, and for real by the `gpu` test.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import threading
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ import pytest
 
 import cutile_py as ct
 from cutile_py.runtime import cuda_driver as cu
-from cutile_py.runtime.backend import Completion, GraphExec, KernelLaunch, ParamValue
+from cutile_py.runtime.backend import BoundLaunch, Completion, GraphExec
 from tests.support import elementwise_kernels as K
 from tests.support.completions import SlowCompletion, until
 from tests.support.fake_driver import StreamDriver, vector_add_ptx
@@ -476,10 +477,12 @@ def test_cuda_graph_capture_on_a_stand_in_driver(monkeypatch: pytest.MonkeyPatch
     backend.upload(bufs[0], a)
     backend.upload(bufs[1], b)
     kernel = backend.load_kernel(vector_add_ptx(Target(90)), "vadd")
-    params = tuple([ParamValue("u64", buf.address) for buf in bufs] + [ParamValue("u32", n)])
-    launch = KernelLaunch(kernel, (2, 1, 1), (128, 1, 1), 0, params)
+    prepared = backend.prepare(kernel, (2, 1, 1), (128, 1, 1), 0, ["u64", "u64", "u64", "u32"])
+    launch = BoundLaunch(prepared, (*(buf.address for buf in bufs), n))
     graph = backend.graph([launch, launch])
     assert fake.captured == 2 and fake.calls.count("cuLaunchKernel") == 0  # nothing ran
+    # Captured through the prepared launch: one packed parameter block per launch.
+    assert all(isinstance(args[8], int) for _, *args in fake.graph)
     for _ in range(2):
         graph.launch().wait()
     assert fake.replays == 2
@@ -518,6 +521,18 @@ def test_a_synchronous_replay_on_cuda_waits_on_the_stream(monkeypatch: pytest.Mo
     fake.sticky = 0
 
 
+def _copy_params(address: int, count: int) -> Any:
+    """A copy of the `void**` parameter array at `address` and the 8-byte slots it points to:
+    (the array, the slots), kept alive together."""
+    pointers = (ctypes.c_void_p * count).from_address(address)
+    slots = (ctypes.c_uint64 * count)(
+        *(ctypes.c_uint64.from_address(pointers[i]).value for i in range(count))
+    )
+    base = ctypes.addressof(slots)
+    array = (ctypes.c_void_p * count)(*(base + 8 * i for i in range(count)))
+    return array, slots
+
+
 def _graph_driver(base: Any) -> Any:
     """Adds stream capture to the stand-in: captured launches run on cuGraphLaunch."""
 
@@ -529,6 +544,7 @@ def _graph_driver(base: Any) -> Any:
             self.captured = 0
             self.replays = 0
             self.destroyed: list[str] = []
+            self.kept: list[Any] = []
 
         def cuStreamBeginCapture(self, stream: object, mode: object) -> tuple[object, ...]:
             self.capturing = []
@@ -536,6 +552,12 @@ def _graph_driver(base: Any) -> Any:
 
         def cuLaunchKernel(self, fn: int, *args: object) -> tuple[object, ...]:
             if self.capturing is not None:
+                # The driver copies the parameters into the graph at capture: so does this.
+                params = args[8]
+                if isinstance(params, int):
+                    copy = _copy_params(params, 4)
+                    self.kept.append(copy)
+                    args = (*args[:8], ctypes.addressof(copy[0]), *args[9:])
                 self.capturing.append((fn, *args))
                 self.captured += 1
                 return self._ok("capture")  # type: ignore[no-any-return]

@@ -179,3 +179,40 @@ def test_cuda_timing_goes_through_every_buffer_set() -> None:
     with null_cuda():
         Timer("cuda", reps=3, warmup=1).device(launch, rotate=rotate)
     assert set(used) == set(range(rotate))
+
+
+def test_host_gpu_rows_say_why_they_are_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU, `host` reports the cuda and Triton rows as missing, with the reason."""
+    from types import SimpleNamespace
+
+    from cutile_py.runtime import cuda_driver
+    from paper_repro.experiments import host
+
+    monkeypatch.setattr(cuda_driver, "driver_available", lambda: False)
+    rows = host.gpu_rows(SimpleNamespace(log=lambda _: None), [1, 100])  # type: ignore[arg-type]
+    assert {(r["impl"], r["n"]) for r in rows} == {
+        (impl, n) for impl in ("cutile_py", "triton") for n in (1, 100)
+    }
+    for r in rows:
+        assert r["device"] == "cuda" and r["status"] == "missing"
+        assert "no NVIDIA GPU" in str(r["note"])
+
+
+def test_host_compares_cutile_py_with_triton_in_the_same_run() -> None:
+    from paper_repro.experiments import host
+
+    def row(impl: str, mode: str, us: float, n: int = 1) -> dict[str, object]:
+        return {"device": "cuda", "impl": impl, "mode": mode, "n": n, "status": "ok",
+                "us_per_op": us}  # fmt: skip
+
+    rows = [
+        row("triton", "sync", 8.0),
+        row("cutile_py", "sync", 6.5),
+        row("cutile_py", "graph replay", 9.0),
+        row("cutile_py", "sync", 1.0, n=100),  # no Triton row at N=100: not compared
+        row("triton", "queued", 1.0),
+    ]
+    assert host.against_triton(rows) == [  # type: ignore[arg-type]
+        "cuda: cutile_py sync 6.5 µs/op is below Triton's sync launch 8.0 µs/op (N=1)",
+        "cuda: cutile_py graph replay 9.0 µs/op is not below Triton's sync launch 8.0 µs/op (N=1)",
+    ]

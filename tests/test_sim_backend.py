@@ -113,3 +113,37 @@ def test_entries_of_one_module_share_its_global_variables() -> None:
     # The module stays loaded in the backend: the initializer shows on its first run only.
     assert before.to_numpy()[0] >= 5
     assert after.to_numpy()[0] - before.to_numpy()[0] == 3 * 64
+
+
+def test_releasing_memory_does_not_wait_for_an_executing_launch() -> None:
+    """A buffer collected (on the event loop's thread, say) while a launch holds the memory
+    map in a worker thread is released when that launch ends, not waited for."""
+    import gc
+    import threading
+    import time
+
+    from cutile_py.runtime.backend import HOST_EXECUTION
+
+    sim = SimBackend()
+    buf = sim.alloc(1024)
+    address = buf.address
+    holding, finish = threading.Event(), threading.Event()
+
+    def executing_launch() -> None:
+        with HOST_EXECUTION:
+            holding.set()
+            finish.wait(timeout=5)
+
+    worker = threading.Thread(target=executing_launch)
+    worker.start()
+    assert holding.wait(timeout=5)
+    start = time.perf_counter()
+    del buf
+    gc.collect()
+    waited = time.perf_counter() - start
+    released_at_once = not sim.memory.covers(address, 1)
+    finish.set()
+    worker.join()
+    assert waited < 2.0 and not released_at_once  # left to the launch, not waited for
+    sim.alloc(16)  # the next use of the memory map takes the release over
+    assert not sim.memory.covers(address, 1)

@@ -109,6 +109,21 @@ class CapturedFunction:
         it calls, at any depth: numbers and strings by value (floats by their bits), tuples
         item by item, user functions by identity and, recursively, what they read; anything
         else by identity. A changed constant, module attribute or helper recompiles."""
+        watch = self.__dict__.get("_fingerprint_watch")
+        if watch is not None:  # (every launch asks: the names compared in place)
+            for where, name, value in watch[0]:
+                if type(where) is types.CellType:
+                    try:
+                        now = where.cell_contents
+                    except ValueError:  # a free variable not yet bound
+                        now = UNBOUND
+                else:
+                    now = where.get(name, UNBOUND)
+                if now is not value:
+                    break
+            else:
+                known: tuple[tuple[tuple[str, ...], Hashable], ...] = watch[1]
+                return known
         reads = self.reads()
         memo = self.__dict__.get("_fingerprint_memo")
         if memo is not None and len(memo[0]) == len(reads):
@@ -123,7 +138,27 @@ class CapturedFunction:
         key = _fingerprint(self, ())
         flat = not any(is_user_function(v) or isinstance(v, tuple) for _, v in reads)
         self.__dict__["_fingerprint_memo"] = (reads, key) if flat else None
+        watched = self._watch(reads) if flat else None
+        self.__dict__["_fingerprint_watch"] = None if watched is None else (watched, key)
         return key
+
+    def _watch(self, reads: list[tuple[tuple[str, ...], Any]]) -> tuple[_Watched, ...] | None:
+        """Where each of `reads` lives (a closure cell, the defining scope or the module's
+        globals), with its value: what a launch compares by identity to know the key is still
+        right, without building `reads` again. None where a name reads through a module
+        outside cutile_py (its attributes are followed by `reads`)."""
+        found = {path[0]: value for path, value in reads if len(path) == 1}
+        watched: list[_Watched] = []
+        for root, _ in self._read_plan:
+            value = found.get(root, UNBOUND)
+            if isinstance(value, types.ModuleType) and not _is_ours(value):
+                return None
+            cell = self._cells.get(root)
+            if cell is not None:
+                watched.append((cell, root, value))
+            elif root not in self.scope:  # (the scope is a snapshot: it never changes)
+                watched.append((self.fn.__globals__, root, value))
+        return tuple(watched)
 
     def visible_names(self) -> dict[str, Any]:
         """Module globals, shadowed by the defining scope's locals and the closure's variables."""
@@ -248,6 +283,10 @@ def is_user_function(value: object) -> bool:
 def _is_ours(value: object) -> bool:
     module = value.__name__ if isinstance(value, types.ModuleType) else value.__module__
     return isinstance(module, str) and (module == "cutile_py" or module.startswith("cutile_py."))
+
+
+#: A name a kernel reads, where it lives (a closure cell or a globals dict) and its value.
+_Watched = tuple[Any, str, Any]
 
 
 def float_bits(value: float) -> int:

@@ -33,6 +33,12 @@ AnyTensor = Tensor[Any, Any]
 
 
 def _shape(shape: Sequence[int] | int) -> tuple[int, ...]:
+    if type(shape) is tuple:  # the common case, checked without a generator
+        for d in shape:
+            if type(d) is not int or d < 0:
+                break
+        else:
+            return shape
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     for d in dims:
         if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
@@ -64,8 +70,8 @@ def empty(shape: Sequence[int] | int, dtype: Any = f32) -> AnyTensor:
     writes whole). On the CPU backends every byte is 0xFF (NaN for floats, -1 for integers),
     so that an element a kernel leaves unwritten shows in a test."""
     t = _allocate(shape, _dtype(dtype))
-    if t.nbytes and t.backend.executes_on_host:
-        t.backend.fill(t.buffer, t.nbytes, b"\xff")
+    if t._nbytes and t._backend.executes_on_host:
+        t._backend.fill(t._buffer, t._nbytes, b"\xff")
     return t
 
 

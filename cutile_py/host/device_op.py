@@ -7,13 +7,14 @@ or a chain or zip of them (`cutile_py.host.pipeline`).
 from __future__ import annotations
 
 import asyncio
+import sys
 from abc import abstractmethod
 from collections.abc import Callable, Coroutine, Generator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
-from cutile_py.host.interpret_run import run_interpreted
-from cutile_py.host.launch import kernel_launch
+from cutile_py.host.launch import LaunchPlan
 from cutile_py.host.streams import (
     StreamLike,
     as_stream,
@@ -24,20 +25,21 @@ from cutile_py.host.streams import (
     wait_done,
 )
 from cutile_py.host.tensor import (
+    PACKAGE_DIR,
     Owned,
     Partition,
     Tensor,
     capturing,
     release_holds,
     take_holds,
-    user_location,
 )
 from cutile_py.runtime.backend import (
     HOST_EXECUTION,
     Backend,
+    BoundLaunch,
     Completion,
     Finished,
-    KernelLaunch,
+    LaunchFailure,
     RuntimeFailure,
 )
 from cutile_py.runtime.select import active_backend
@@ -123,19 +125,23 @@ class DeviceOp(OpLike):
     and its `Tensor` arguments shared: the host cannot touch them (API.md §2, rules 1 to 5).
     """
 
-    def __init__(
-        self,
-        backend: Backend,
-        kernel: Kernel,
-        args: tuple[Any, ...],
-        spec: Specialization,
-        compiled: CompiledKernel,
-        grid: tuple[int, ...],
-    ) -> None:
-        self._setup(backend, kernel.name, args, grid)
+    # The state of an op not yet run (class defaults: a launch sets only what differs).
+    _completion: Completion | None = None
+    #: An awaited launch executing off the event loop (CPU backends), until it returns.
+    _launching: asyncio.Future[None] | None = None
+    _finished = False
+    _graphed = False
+    #: Why the op ended without running (for messages).
+    _abandoned: str | None = None
+    #: What the op held when `ct.graph` captured it: the graph holds these instead.
+    _graph_holds: Sequence[tuple[Owned, bool]] = ()
+    #: The kernel's launch plan (None: a raw kernel's op, which launches on its own).
+    _plan: LaunchPlan | None = None
+
+    def __init__(self, backend: Backend, kernel: Kernel, args: tuple[Any, ...], plan: LaunchPlan):
+        self._setup(backend, kernel.name, args, plan.grid)
         self.kernel = kernel
-        self.spec = spec
-        self.compiled = compiled
+        self._plan = plan
 
     def _setup(
         self, backend: Backend, name: str, args: tuple[Any, ...], grid: tuple[int, ...]
@@ -145,17 +151,29 @@ class DeviceOp(OpLike):
         self.name = name
         self.args = args
         self.grid = grid
-        self._completion: Completion | None = None
-        #: An awaited launch executing off the event loop (CPU backends), until it returns.
-        self._launching: asyncio.Future[None] | None = None
         self._held: list[tuple[Owned, bool]] = []
-        self._finished = False
-        self._graphed = False
-        #: Where the user made the op, and why it ended without running (for messages).
-        self._made_at = user_location()
-        self._abandoned: str | None = None
-        #: What the op held when `ct.graph` captured it: the graph holds these instead.
-        self._graph_holds: list[tuple[Owned, bool]] = []
+        self._made_where = _user_frame()
+
+    @property
+    def plan(self) -> LaunchPlan:
+        """The kernel's launch plan (a raw kernel's op has none)."""
+        plan = self._plan
+        if plan is None:
+            raise TypeError(f"this {self.describe()} has no launch plan")
+        return plan
+
+    @property
+    def spec(self) -> Specialization:
+        return self.plan.spec
+
+    @property
+    def compiled(self) -> CompiledKernel:
+        return self.plan.compiled
+
+    @property
+    def _made_at(self) -> str:
+        """Where the user made the op (`file:line`, for messages)."""
+        return f"{self._made_where[0]}:{self._made_where[1]}"
 
     def describe(self) -> str:
         return f"launch of kernel {self.name}"
@@ -177,14 +195,10 @@ class DeviceOp(OpLike):
         """The names of the parameters, in argument order (for messages)."""
         return [p.name for p in self.kernel.params]
 
-    def _kernel_launch(self) -> KernelLaunch | None:
-        """This launch with its parameters bound (None where the kernel's Python runs)."""
-        if self.compiled.lowered is None or not self.backend.runs_ptx:
-            return None
-        self.compiled.load(self.backend)  # PTX from disk that does not load recompiles here
-        return kernel_launch(
-            self.backend, self.compiled.lowered, self.grid, self.args, self.compiled.loaded
-        )
+    def _bound(self) -> BoundLaunch:
+        """This launch with its parameters read, for a graph to capture (PTX from disk that
+        does not load recompiles here)."""
+        return self.plan.bind(self.args)
 
     def _record(self, launches: list[DeviceOp]) -> tuple[Any, ...]:
         self._check_pending()
@@ -205,7 +219,11 @@ class DeviceOp(OpLike):
 
     @classmethod
     def for_kernel(cls, kernel: Kernel, args: tuple[Any, ...]) -> DeviceOp:
-        """Check `args` against `kernel`, compile on first use, and take ownership."""
+        """Check `args` against `kernel`, compile on first use, and take ownership.
+
+        With a plan made for arguments like these (the common case), the checks are the
+        plan's: moves, holds and the backend of each tensor argument, then the overlap of
+        each pair of them where one is Mut."""
         backend = active_backend()
         plan = kernel.plan(backend, args)
         names = kernel.param_names
@@ -215,23 +233,43 @@ class DeviceOp(OpLike):
             _check_ownership(kernel.name, names, args, backend, atomic)
             plan = kernel.make_plan(backend, args, _grid(kernel.name, names, args))
         else:
-            _check_ownership(kernel.name, names, args, backend, atomic)
-        op = cls(backend, kernel, args, plan.spec, plan.compiled, plan.grid)
-        op._acquire()
-        return op
-
-    def _acquire(self) -> None:
+            for i, mut in plan.tensors:
+                a = args[i]
+                t = a._tensor if mut else a
+                # Usable, held by nobody, memory nobody else views: the common case, inline.
+                if a._moved_at is not None or a._exclusive is not None or a._shared or t._escaped:
+                    _check_use(kernel.name, names[i], a, mut or i in atomic)
+                if t._backend is not backend:
+                    _check_ownership(kernel.name, names, args, backend, atomic)  # raises
+            for i, mi, j, mj in plan.pairs:
+                a, b = args[i], args[j]
+                ta = a._tensor if mi else a
+                tb = b._tensor if mj else b
+                lo1, lo2 = ta._address, tb._address
+                if lo1 < lo2 + tb._nbytes and lo2 < lo1 + ta._nbytes:
+                    _alias_error(kernel.name, names[i], names[j], a is b)
+        op = cls.__new__(cls)
+        op.backend = backend
+        op.name = kernel.name
+        op.args = args
+        op.grid = plan.grid
+        op.kernel = kernel
+        op._plan = plan
+        frame = sys._getframe(1)  # (`_user_frame`, inline: usually one step up, to the user)
+        while frame.f_back is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
+            frame = frame.f_back
+        op._made_where = (frame.f_code.co_filename, frame.f_lineno)
         wanted: list[tuple[Owned, bool]] = []
-        shared: set[int] = set()  # a tensor passed twice is held once
-        atomic = self.kernel.atomic_params
-        for i, a in enumerate(self.args):
-            cls = type(a)
-            if cls is Partition or i in atomic:  # an Atomic tensor is the op's alone too
+        shared: list[Tensor[Any]] = []  # a tensor passed twice is held once
+        for i, mut in plan.tensors:
+            a = args[i]
+            if mut or i in atomic:  # an Atomic tensor is the op's alone too
                 wanted.append((a, True))
-            elif cls is Tensor and id(a) not in shared:
-                shared.add(id(a))
+            elif a not in shared:  # (by identity: tensors do not define ==)
+                shared.append(a)
                 wanted.append((a, False))
-        self._held = take_holds(self, wanted)
+        op._held = take_holds(op, wanted)
+        return op
 
     def _release(self) -> None:
         release_holds(self, self._held)
@@ -245,21 +283,26 @@ class DeviceOp(OpLike):
     def _start(self, stream: object | None = None, wait: bool = False) -> Completion:
         """Queue the work on the backend (or run it, on the CPU backends). `wait`: the caller
         waits at once (a synchronous launch), so the backend may wait without an event."""
-        if self.empty:
+        plan = self.plan
+        if plan.empty:
             return Finished()
-        if self.compiled.lowered is not None and self.backend.runs_ptx:
-            launch = self.compiled.prepared(self.backend, self.grid)  # may recompile
-            reader = self.compiled.param_reader()
-            values = reader(self.args)
-            touches = reader.touches(self.args, self.kernel.atomic_params)
-            return launch.start(values, stream, touches, wait)
-        return run_interpreted(self.kernel.fn, self.spec, self.grid, self.args)
+        return plan.start(self.args, stream, wait)
+
+    def _run(self, stream: object | None) -> None:
+        """Launch and wait, on a backend that queues work (a synchronous launch): no
+        completion object; `LaunchFailure` for a fault. (`_sync_now` runs a kernel's plan
+        itself; a raw kernel's op, which has none, launches here.)"""
+        plan = self.plan
+        if not plan.empty:
+            plan.run(self.args, stream)
 
     def _launch(self, stream: object | None = None, wait: bool = False) -> None:
         try:
             if self.backend.executes_on_host:
                 with HOST_EXECUTION:
                     self._completion = self._start(stream, wait) if wait else self._start(stream)
+            elif (plan := self._plan) is not None and not plan.empty:
+                self._completion = plan.start(self.args, stream, wait)  # (`_start`, inline)
             else:
                 self._completion = self._start(stream, wait) if wait else self._start(stream)
         except RuntimeFailure as e:
@@ -268,6 +311,32 @@ class DeviceOp(OpLike):
         except Exception:
             self._finish()
             raise
+
+    def _sync_now(self, stream: object | None) -> tuple[Any, ...]:
+        """Launch, wait and hand back the arguments, on a backend that queues work: the
+        synchronous launch's path, with no completion object."""
+        try:
+            plan = self._plan
+            if plan is None:
+                self._run(stream)
+            elif not plan.empty:
+                # (`plan.run`, inline: the memory touched is read only where needed.)
+                launch = plan.launch or plan.prepare()
+                read, touches = plan.read, plan.touches
+                args = self.args
+                if read is None or touches is None:
+                    launch.launch_and_wait(args, stream, None)
+                else:
+                    launch.launch_and_wait(read(args), stream, partial(touches, args))
+        except LaunchFailure as e:
+            raise LaunchError(f"kernel {self.name} failed on the device: {e}") from e
+        except RuntimeFailure as e:
+            raise LaunchError(f"kernel {self.name} failed to launch: {e}") from e
+        finally:
+            self._finished = True
+            release_holds(self, self._held)
+            self._held = []
+        return self.args
 
     def _finish(self) -> None:
         self._finished = True
@@ -296,13 +365,18 @@ class DeviceOp(OpLike):
         except RuntimeFailure as e:
             raise LaunchError(f"kernel {self.name} failed on the device: {e}") from e
         finally:
-            self._finish()
+            self._finished = True
+            release_holds(self, self._held)
+            self._held = []
         return self.args
 
     def sync(self) -> tuple[Any, ...]:
         """Run (if not yet run), wait for completion and hand back the arguments, in order."""
-        self._check_pending()
+        if self._finished:
+            self._check_pending()
         if self._completion is None:
+            if not self.backend.executes_on_host:
+                return self._sync_now(None)
             self._launch(wait=True)
         return self._complete()
 
@@ -316,11 +390,14 @@ class DeviceOp(OpLike):
                 f"the op on {self.backend.name}"
             )
         if self._completion is None:
+            if not self.backend.executes_on_host:
+                return self._sync_now(stream.handle)
             self._launch(stream.handle, wait=True)
         return self._complete()
 
     async def _run_async(self) -> tuple[Any, ...]:
-        self._check_pending()
+        if self._finished:
+            self._check_pending()
         if self._completion is None and self._launching is None:
             stream = async_stream(self.backend)
             if not self.backend.executes_on_host:
@@ -343,17 +420,24 @@ class DeviceOp(OpLike):
             finally:
                 if launching.done():
                     self._launching = None
-        self._check_pending()  # a failed launch, or another awaiter that got there first
+        if self._finished:  # a failed launch, or another awaiter that got there first
+            self._check_pending()
         completion = self._completion
         assert completion is not None
         try:
-            await wait_done(completion)
-        except asyncio.CancelledError:
-            # Rule 4: the device may still use the arguments; hand them back only after.
-            await settle(completion)
-            self._finish()
-            raise
-        self._check_pending()  # another task awaiting the same op got there first
+            done = completion.done()  # (work found done needs no waiting coroutine)
+        except Exception:
+            done = True  # (as `is_done`: a failure to ask counts as done; `wait` reports it)
+        if not done:
+            try:
+                await wait_done(completion)
+            except asyncio.CancelledError:
+                # Rule 4: the device may still use the arguments; hand them back only after.
+                await settle(completion)
+                self._finish()
+                raise
+            if self._finished:  # another task awaiting the same op got there first
+                self._check_pending()
         return self._complete()
 
     def _ops(self) -> list[DeviceOp]:
@@ -417,27 +501,42 @@ def _check_ownership(
     for i, (n1, mut1, a1, lo1, hi1) in enumerate(spans):
         for n2, mut2, a2, lo2, hi2 in spans[i + 1 :]:
             if (mut1 or mut2) and lo1 < hi2 and lo2 < hi1:
-                same = "the same partition" if a1 is a2 else "overlapping memory"
-                raise AliasError(
-                    f"kernel {kernel}: parameters '{n1}' and '{n2}' receive {same}, "
-                    "and at least one is Mut or Atomic (exclusive)"
-                )
+                _alias_error(kernel, n1, n2, a1 is a2)
+
+
+def _alias_error(kernel: str, n1: str, n2: str, same: bool) -> None:
+    raise AliasError(
+        f"kernel {kernel}: parameters '{n1}' and '{n2}' receive "
+        f"{'the same partition' if same else 'overlapping memory'}, and at least one is Mut "
+        "or Atomic (exclusive)"
+    )
+
+
+def _user_frame() -> tuple[str, int]:
+    """(file, line) of the innermost caller outside cutile_py (where the user made an op);
+    formatted only for a message."""
+    frame = sys._getframe(2)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
+        frame = frame.f_back
+    return frame.f_code.co_filename, frame.f_lineno
 
 
 def _check_use(kernel: str, name: str, a: Tensor[Any] | Partition, exclusive: bool) -> None:
     """Raise unless `a` may be passed to a launch now (naming the kernel and parameter)."""
-    try:
-        a._check_usable("pass it to a launch")
-    except MovedError as e:
-        raise MovedError(f"kernel {kernel}, parameter '{name}': {e}") from None
-    except BorrowError as e:
-        # Shared holds allow more shared use; exclusive ones allow none.
-        if exclusive or a.held_exclusively or a.is_moved:
+    # Shared holds allow more shared use (a tensor that other pending ops read: no error
+    # message is built for it); exclusive ones allow none.
+    if exclusive or type(a) is not Tensor or a._moved_at is not None or a.held_exclusively:
+        try:
+            a._check_usable("pass it to a launch")
+        except MovedError as e:
+            raise MovedError(f"kernel {kernel}, parameter '{name}': {e}") from None
+        except BorrowError as e:
             raise BorrowError(f"kernel {kernel}, parameter '{name}': {e}") from None
-    try:
-        a._check_aliases("pass it to a launch", exclusive=exclusive)
-    except BorrowError as e:
-        raise BorrowError(f"kernel {kernel}, parameter '{name}': {e}") from None
+    if a._storage()._escaped:
+        try:
+            a._check_aliases("pass it to a launch", exclusive=exclusive)
+        except BorrowError as e:
+            raise BorrowError(f"kernel {kernel}, parameter '{name}': {e}") from None
 
 
 def _grid(kernel: str, names: Sequence[str], args: tuple[Any, ...]) -> tuple[int, ...]:

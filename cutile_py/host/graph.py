@@ -46,25 +46,12 @@ from cutile_py.ir.dtypes import bf16, to_host, to_storage
 from cutile_py.runtime.backend import (
     HOST_EXECUTION,
     Completion,
-    Finished,
     GraphExec,
     LaunchFailure,
     RuntimeFailure,
 )
 
 AnyTensor = Tensor[Any, Any]
-
-
-class _InterpretedReplay(GraphExec):
-    """The interpreter's graph: the captured launches' Python, run again in order."""
-
-    def __init__(self, launches: list[DeviceOp]) -> None:
-        self.launches = launches
-
-    def launch(self, stream: object | None = None) -> Completion:
-        for d in self.launches:
-            d._start(None).wait()
-        return Finished()
 
 
 class _Executing(Completion):
@@ -166,14 +153,13 @@ class Graph:
         self._held = []
 
     def _capture(self) -> GraphExec:
-        live = [d for d in self._launches if not d.empty]  # a launch over no tiles runs nothing
+        # Each launch bound through its plan's prepared launch, the path every launch takes
+        # (a launch over no tiles runs nothing).
+        live = [d for d in self._launches if not d.empty]
         try:
-            bound = [d._kernel_launch() for d in live]
-            if all(k is not None for k in bound):
-                return self.backend.graph([k for k in bound if k is not None])
+            return self.backend.graph([d._bound() for d in live])
         except RuntimeFailure as e:
             raise LaunchError(f"{self.describe()}: capture failed: {e}") from e
-        return _InterpretedReplay(live)
 
     def _check_live(self, action: str) -> None:
         self._settle_orphaned_replay()

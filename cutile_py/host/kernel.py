@@ -8,7 +8,6 @@ import hashlib
 import inspect
 import linecache
 import os
-import struct
 import sys
 import typing
 import warnings
@@ -22,8 +21,9 @@ from cutile_py.frontend.capture import CapturedFunction, capture
 from cutile_py.frontend.errors import CompileError, SourceLocation
 from cutile_py.frontend.signature import ParamSpec, Specialization, TensorArg, bind, parse_signature
 from cutile_py.host import dump, jit_disk
+from cutile_py.host.device_op import DeviceOp
 from cutile_py.host.errors import PerformanceWarning
-from cutile_py.host.launch import ParamReader
+from cutile_py.host.launch import LaunchPlan, ParamReader, launch_key, prepare_lowered
 from cutile_py.host.report import KernelReport, build_report
 from cutile_py.host.specs import PartitionSpec, TensorSpec
 from cutile_py.host.tensor import Partition, Tensor
@@ -120,7 +120,7 @@ class CompiledKernel:
         ir: KernelIR | None,
         ir_text: str,
         lowered: LoweredKernel | None,
-        loaded: dict[str, LoadedKernel] | None = None,
+        loaded: dict[Backend, LoadedKernel] | None = None,
         build_ir: Callable[[], KernelIR] | None = None,
         recompile: Callable[[str], CompiledKernel] | None = None,
         name: str = "",
@@ -131,15 +131,16 @@ class CompiledKernel:
         self._build_ir = build_ir
         self.ir_text = ir_text
         self.lowered = lowered
-        #: The module loaded on each backend (by name), so a launch does not look it up again.
-        self.loaded: dict[str, LoadedKernel] = {} if loaded is None else loaded
+        #: The module loaded on each backend (the object: two cuda backends, of two devices
+        #: or two drivers, each load their own), so a launch does not look it up again.
+        self.loaded: dict[Backend, LoadedKernel] = {} if loaded is None else loaded
         self._recompile = recompile
         #: The kernel's name, for messages.
         self.name = name or (lowered.entry if lowered is not None else "?")
         #: Whether the cubin's spills were checked (see `check_spills`).
         self._spills_checked = False
-        #: Launches made ready per (backend name, grid), and how to read their parameters.
-        self._prepared: dict[tuple[str, tuple[int, ...]], PreparedLaunch] = {}
+        #: Launches made ready per (backend, grid), and how to read their parameters.
+        self._prepared: dict[tuple[Backend, tuple[int, ...]], PreparedLaunch] = {}
         self._reader: ParamReader | None = None
 
     @property
@@ -154,7 +155,7 @@ class CompiledKernel:
         """The module loaded on `backend`, once. PTX from the disk cache that does not load
         is compiled again from the source (the entry replaced, with one warning): a cache
         entry never fails a launch that compiling would not."""
-        kern = self.loaded.get(backend.name)
+        kern = self.loaded.get(backend)
         if kern is not None:
             return kern
         assert self.lowered is not None
@@ -171,7 +172,7 @@ class CompiledKernel:
             self._reader = None
             assert self.lowered is not None
             kern = backend.load_kernel(self.lowered.ptx, self.lowered.entry)
-        self.loaded[backend.name] = kern
+        self.loaded[backend] = kern
         self.check_spills(kern.assembly())
         return kern
 
@@ -205,20 +206,12 @@ class CompiledKernel:
 
     def prepared(self, backend: Backend, grid: tuple[int, ...]) -> PreparedLaunch:
         """This kernel ready to launch on `backend` over `grid`, made once."""
-        launch = self._prepared.get((backend.name, grid))
+        launch = self._prepared.get((backend, grid))
         if launch is None:
             kern = self.load(backend)  # may recompile, replacing `lowered`
-            lowered = self.lowered
-            assert lowered is not None
-            g = (*grid, 1, 1, 1)[:3]
-            launch = backend.prepare(
-                kern,
-                (g[0], g[1], g[2]),
-                (lowered.block_threads, 1, 1),
-                lowered.dynamic_shared,
-                self.param_reader().ptypes,
-            )
-            self._prepared[(backend.name, grid)] = launch
+            assert self.lowered is not None
+            launch = prepare_lowered(backend, kern, self.lowered, grid)
+            self._prepared[(backend, grid)] = launch
         return launch
 
     def param_reader(self) -> ParamReader:
@@ -293,8 +286,8 @@ class Kernel:
         self._arity = len(self._signature.parameters)
         self._params: tuple[ParamSpec, ...] | None = None
         self._atomic: frozenset[int] | None = None
-        #: Launch plans by (backend, `launch_key` of the arguments): see `plan`.
-        self._plans: dict[tuple[Backend, tuple[Any, ...]], LaunchPlan] = {}
+        #: Launch plans by backend and `launch_key` of the arguments: see `plan`.
+        self._plans: dict[Backend, dict[tuple[Any, ...], LaunchPlan]] = {}
         self.__doc__ = fn.__doc__
         self.__name__ = self.name
         self.__qualname__ = getattr(fn, "__qualname__", self.name)
@@ -502,16 +495,21 @@ class Kernel:
         """The launch plan made earlier for arguments like `args` on `backend` (same dtypes,
         shapes, tiles, alignment, scalar types and constant values), if what the kernel reads
         is unchanged and its int scalars still fit; else None (then `make_plan`)."""
-        consts, ints = self._shape_info()
+        plans = self._plans.get(backend)
+        if plans is None:
+            return None
+        consts, ints = self.__dict__["_param_kinds"]  # set by the `make_plan` of `plans`
         try:
-            plan = self._plans.get((backend, launch_key(args, consts)))
+            if consts:
+                plan = plans.get(launch_key(args, consts))
+            else:  # `launch_key` without constants, inline: this is every launch's lookup
+                plan = plans.get(tuple([a._key if type(a) in _TENSORS else type(a) for a in args]))
         except TypeError:  # an unhashable argument: `make_plan` says what is wrong with it
             return None
-        if (
-            plan is None
-            or plan.generation != _MemoryCache.generation
-            or plan.deps != self.captured.fingerprint()
-        ):
+        if plan is None or plan.generation != _MemoryCache.generation:
+            return None
+        deps = self.captured.fingerprint()
+        if plan.deps is not deps and plan.deps != deps:
             return None
         for i in ints:
             if not -(2**31) <= args[i] < 2**31:
@@ -528,10 +526,14 @@ class Kernel:
         spec = self.specialize(args)
         target = backend.target if backend.runs_ptx else None
         compiled = self.compiled(spec, target)  # CompileError, before anything is held
-        plan = LaunchPlan(deps, _MemoryCache.generation, spec, compiled, grid)
-        if len(self._plans) >= MAX_PLANS:
-            self._plans.clear()  # a kernel launched over ever-new shapes: start over
-        self._plans[(backend, launch_key(args, self._shape_info()[0]))] = plan
+        plan = LaunchPlan(
+            deps, _MemoryCache.generation, spec, compiled, grid, backend, args, self.fn,
+            self.atomic_params,
+        )  # fmt: skip
+        plans = self._plans.setdefault(backend, {})
+        if len(plans) >= MAX_PLANS:
+            plans.clear()  # a kernel launched over ever-new shapes: start over
+        plans[launch_key(args, self._shape_info()[0])] = plan
         return plan
 
     def _shape_info(self) -> tuple[frozenset[int], tuple[int, ...]]:
@@ -545,50 +547,24 @@ class Kernel:
             info = self.__dict__["_param_kinds"] = (consts, ints)
         return info
 
-    @user_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from cutile_py.host.device_op import DeviceOp
-
-        if kwargs or len(args) != self._arity:
-            args = self.bind_arguments(args, kwargs)
-        return DeviceOp.for_kernel(self, args)
+        # As `user_boundary` does, spelled out: this is every launch's first call.
+        try:
+            if kwargs or len(args) != self._arity:
+                args = self.bind_arguments(args, kwargs)
+            return DeviceOp.for_kernel(self, args)
+        except CompileError as err:
+            raise err.with_traceback(None) from None  # the kernel's source line is shown below
 
     def __repr__(self) -> str:
         return f"<cutile_py kernel {self.__qualname__}>"
 
 
+#: The argument types a launch plan keys by their `_key` (see `launch_key`).
+_TENSORS = frozenset([Tensor, Partition])
+
 #: Plans one kernel keeps (one per distinct argument signature and backend).
 MAX_PLANS = 256
-
-
-@dataclass(frozen=True, eq=False)
-class LaunchPlan:
-    """What launching a kernel on arguments like these needs, computed once: the
-    specialization, the compiled kernel and the grid (from the partitions' tile counts)."""
-
-    deps: tuple[tuple[tuple[str, ...], Hashable], ...]
-    generation: int
-    spec: Specialization
-    compiled: CompiledKernel
-    grid: tuple[int, ...]
-
-
-def launch_key(args: tuple[Any, ...], constants: frozenset[int]) -> tuple[Any, ...]:
-    """What of `args` a launch plan depends on: each tensor's dtype, shape, tiles and address
-    alignment; each scalar's type; each constant's value (a float by its bits)."""
-    key: list[Any] = []
-    for i, a in enumerate(args):
-        cls = type(a)
-        if cls is Partition:
-            t = a._tensor
-            key.append((t._dtype, t._shape, a._tile_shape, t._align))
-        elif cls is Tensor:
-            key.append((a._dtype, a._shape, None, a._align))
-        elif i in constants:
-            key.append((cls, struct.pack("<d", a) if isinstance(a, float) else a))
-        else:
-            key.append(cls)
-    return tuple(key)
 
 
 def _default_target() -> Target:

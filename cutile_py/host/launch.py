@@ -1,18 +1,31 @@
-"""Launching compiled PTX: the `.param` values of a launch, and the call into the backend."""
+"""Launch plans: what launching a kernel on arguments like these needs, computed once (the
+specialization, the compiled kernel, the grid, the backend's prepared launch, how to read the
+`.param` values off the arguments, which arguments need which ownership check)."""
 
 from __future__ import annotations
 
-from typing import Any
+import struct
+from collections.abc import Callable, Hashable, Sequence
+from functools import partial
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
 
-from cutile_py.host.tensor import Partition
+from cutile_py.host.interpret_run import run_interpreted
+from cutile_py.host.tensor import Partition, Tensor
 from cutile_py.lower.pipeline import LoweredKernel
 from cutile_py.runtime.backend import (
     Backend,
-    KernelLaunch,
+    BoundLaunch,
+    Completion,
+    HostKernel,
     LoadedKernel,
-    ParamValue,
+    PreparedLaunch,
     Touch,
 )
+
+if TYPE_CHECKING:
+    from cutile_py.frontend.signature import Specialization
+    from cutile_py.host.kernel import CompiledKernel
 
 _PTR, _DIM, _INT, _FLOAT = range(4)
 
@@ -28,13 +41,13 @@ class ParamReader:
             if kind is None:
                 kind = _INT if p.ptype in ("s32", "u32", "s64") else _FLOAT
             steps.append((p.arg, kind, p.axis))
-        self._steps = tuple(steps)
+        self.steps = tuple(steps)
         self._pointers = tuple(dict.fromkeys(p.arg for p in lowered.params if p.what == "ptr"))
         self.ptypes = tuple(p.ptype for p in lowered.params)
 
-    def __call__(self, args: tuple[Any, ...]) -> list[int | float]:
+    def __call__(self, args: Sequence[Any]) -> list[int | float]:
         out: list[int | float] = []
-        for arg, kind, axis in self._steps:
+        for arg, kind, axis in self.steps:
             a = args[arg]
             if kind == _PTR:
                 out.append((a._tensor if type(a) is Partition else a)._address)
@@ -44,7 +57,7 @@ class ParamReader:
                 out.append(int(a) if kind == _INT else float(a))
         return out
 
-    def touches(self, args: tuple[Any, ...], atomic: frozenset[int] = frozenset()) -> list[Touch]:
+    def touches(self, args: Sequence[Any], atomic: frozenset[int] = frozenset()) -> list[Touch]:
         """The memory a launch reads and writes: each tensor argument's bytes, written where
         it is passed as a (Mut) partition or to an Atomic parameter (indices `atomic`), only
         read where it is passed as a shared Tensor."""
@@ -59,28 +72,187 @@ class ParamReader:
         return out
 
 
-def pack_params(lowered: LoweredKernel, args: tuple[Any, ...]) -> list[ParamValue]:
-    """The `.param` values of a launch, in the order the PTX declares them."""
-    reader = ParamReader(lowered)
-    return [ParamValue(t, v) for t, v in zip(reader.ptypes, reader(args))]
+class LaunchPlan:
+    """A kernel's launch on `backend` for arguments like the ones it was made for (the same
+    dtypes, shapes, tiles, alignment, scalar types and constants; see `launch_key`).
+
+    Made once; a launch then reads the parameters off its arguments and makes one call into
+    the backend's prepared launch (`start`), whatever launches it: sync, await, `.then`,
+    `ct.zip` or a graph capture (`bind`)."""
+
+    __slots__ = (
+        "_fn",
+        "_shapes",
+        "atomic",
+        "backend",
+        "compiled",
+        "deps",
+        "empty",
+        "generation",
+        "grid",
+        "launch",
+        "pairs",
+        "read",
+        "spec",
+        "tensors",
+        "touches",
+    )
+
+    def __init__(
+        self,
+        deps: tuple[tuple[tuple[str, ...], Hashable], ...],
+        generation: int,
+        spec: Specialization,
+        compiled: CompiledKernel,
+        grid: tuple[int, ...],
+        backend: Backend,
+        args: Sequence[Any],
+        fn: Any,
+        atomic: frozenset[int] = frozenset(),
+    ) -> None:
+        self.deps = deps
+        self.generation = generation
+        self.spec = spec
+        self.compiled = compiled
+        self.grid = grid
+        self.backend = backend
+        #: A launch over an empty partition: no blocks, nothing to run (API.md rule 6).
+        self.empty = 0 in grid
+        #: (position, whether it is a Mut partition) of each tensor argument: what a launch
+        #: holds, and checks for moves, holds and the backend.
+        self.tensors = tuple(
+            (i, type(a) is Partition) for i, a in enumerate(args) if type(a) in (Partition, Tensor)
+        )
+        #: Positions of the tensors passed to Atomic parameters: held exclusively, written.
+        self.atomic = atomic
+        #: The pairs of tensor arguments whose memory must not overlap (one of them is Mut or
+        #: Atomic).
+        self.pairs = tuple(
+            (i, mi, j, mj)
+            for k, (i, mi) in enumerate(self.tensors)
+            for j, mj in self.tensors[k + 1 :]
+            if mi or mj or i in atomic or j in atomic
+        )
+        #: The backend's prepared launch, the reader of its parameter values (None: they are
+        #: the arguments, for the interpreter) and of the memory it touches: set by `prepare`.
+        self.launch: PreparedLaunch | None = None
+        self.read: _Values | None = None
+        self.touches: Callable[[Sequence[Any]], list[Touch]] | None = None
+        # Each tensor argument's shape (part of the plan's key, so fixed): dims are constants.
+        self._shapes = {i: (mut, args[i]._storage()._shape) for i, mut in self.tensors}
+        self._fn = fn  # the kernel's Python (the interpreter runs it)
+
+    def prepare(self) -> PreparedLaunch:
+        """The backend's launch of this kernel over this grid, made on first use (loading the
+        module, which may recompile PTX from the disk cache that does not load)."""
+        launch = self.launch
+        if launch is not None:
+            return launch
+        compiled = self.compiled
+        backend = self.backend
+        g = (*self.grid, 1, 1, 1)[:3]
+        grid = (g[0], g[1], g[2])
+        if compiled.lowered is not None and backend.runs_ptx:
+            launch = compiled.prepared(backend, self.grid)
+            reader = compiled.param_reader()  # after any recompile
+            self.read = _Values(reader, self._shapes)
+            self.touches = partial(reader.touches, atomic=self.atomic)
+        else:
+            # The interpreter walks the partitions' own grid (of their rank), not the padded one.
+            fn, spec, tiles = self._fn, self.spec, self.grid
+            kernel = HostKernel(
+                compiled.name, lambda _, args: run_interpreted(fn, spec, tiles, tuple(args))
+            )
+            launch = backend.prepare(kernel, grid, (1, 1, 1), 0, ())
+        self.launch = launch
+        return launch
+
+    def start(self, args: tuple[Any, ...], stream: object | None, wait: bool = False) -> Completion:
+        """Launch on `stream` (None: the backend's own); `wait`: and wait, with a fault kept
+        in the finished completion (see `PreparedLaunch.start`)."""
+        launch = self.launch or self.prepare()
+        read, touches = self.read, self.touches
+        if read is None or touches is None:  # the kernel's Python runs: its arguments
+            return launch.start(args, stream, None, wait)
+        if not wait:
+            return launch.launch(read(args), stream, touches(args))
+        return launch.start(read(args), stream, touches(args), wait)
+
+    def run(self, args: tuple[Any, ...], stream: object | None) -> None:
+        """Launch and wait (a synchronous launch): `LaunchFailure` for a fault."""
+        launch = self.launch or self.prepare()
+        read, touches = self.read, self.touches
+        if read is None or touches is None:
+            launch.launch_and_wait(args, stream, None)
+        else:  # the memory touched is read only where the backend must order the launch
+            launch.launch_and_wait(read(args), stream, partial(touches, args))
+
+    def bind(self, args: tuple[Any, ...]) -> BoundLaunch:
+        """This launch with its parameters read, for a graph to capture."""
+        launch = self.launch or self.prepare()
+        read = self.read
+        return BoundLaunch(launch, tuple(args) if read is None else tuple(read(args)))
 
 
-def kernel_launch(
-    backend: Backend,
-    lowered: LoweredKernel,
-    grid: tuple[int, ...],
-    args: tuple[Any, ...],
-    loaded: dict[str, LoadedKernel],
-) -> KernelLaunch:
-    """The launch on `backend` with its parameters bound; `loaded` caches the module there."""
-    kern = loaded.get(backend.name)
-    if kern is None:
-        kern = loaded[backend.name] = backend.load_kernel(lowered.ptx, lowered.entry)
+class _Values:
+    """A `ParamReader` for one launch plan: the dims are the plan's (shapes are part of its
+    key), so only pointers and scalars are read, each by one C-level getter."""
+
+    __slots__ = ("template", "vary")
+
+    def __init__(
+        self, reader: ParamReader, shapes: dict[int, tuple[bool, tuple[int, ...]]]
+    ) -> None:
+        template: list[int | float] = []
+        vary: list[tuple[int, int, Callable[[Any], int | float]]] = []
+        for slot, (arg, kind, axis) in enumerate(reader.steps):
+            if kind == _DIM:
+                template.append(shapes[arg][1][axis])
+                continue
+            template.append(0)
+            if kind == _PTR:
+                vary.append((slot, arg, _PARTITION_ADDRESS if shapes[arg][0] else _ADDRESS))
+            else:
+                vary.append((slot, arg, int if kind == _INT else float))
+        self.template = template
+        self.vary = tuple(vary)
+
+    def __call__(self, args: Sequence[Any]) -> list[int | float]:
+        values = self.template.copy()
+        for slot, arg, get in self.vary:
+            values[slot] = get(args[arg])
+        return values
+
+
+_ADDRESS = attrgetter("_address")
+_PARTITION_ADDRESS = attrgetter("_tensor._address")
+
+
+def launch_key(args: tuple[Any, ...], constants: frozenset[int]) -> tuple[Any, ...]:
+    """What of `args` a launch plan depends on: each tensor's dtype, shape, tiles and address
+    alignment; each scalar's type; each constant's value (a float by its bits)."""
+    key: list[Any] = []
+    for i, a in enumerate(args):
+        cls = type(a)
+        if cls is Partition or cls is Tensor:
+            key.append(a._key)
+        elif i in constants:
+            key.append((cls, struct.pack("<d", a) if isinstance(a, float) else a))
+        else:
+            key.append(cls)
+    return tuple(key)
+
+
+def prepare_lowered(
+    backend: Backend, kernel: LoadedKernel, lowered: LoweredKernel, grid: tuple[int, ...]
+) -> PreparedLaunch:
+    """`kernel` (the loaded `lowered`) ready to launch on `backend` over `grid`: one block of
+    `lowered.block_threads` threads per tile, with the dynamic shared memory it declares."""
     g = (*grid, 1, 1, 1)[:3]
-    return KernelLaunch(
-        kern,
+    return backend.prepare(
+        kernel,
         (g[0], g[1], g[2]),
         (lowered.block_threads, 1, 1),
         lowered.dynamic_shared,
-        tuple(pack_params(lowered, args)),
+        tuple(p.ptype for p in lowered.params),
     )

@@ -13,12 +13,12 @@ import contextlib
 from abc import abstractmethod
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from cutile_py.host.device_op import DeviceOp, OpLike
 from cutile_py.host.errors import AliasError, BorrowError
 from cutile_py.host.streams import StreamLike, async_stream
-from cutile_py.host.tensor import Owned, Partition, Tensor
+from cutile_py.host.tensor import Owned
 
 
 class _Once(OpLike):
@@ -53,7 +53,7 @@ class Chain(_Once):
     """
 
     def __init__(self, first: OpLike, fn: Callable[[tuple[Any, ...]], OpLike]) -> None:
-        if not isinstance(first, OpLike):
+        if type(first) not in _OPS and not isinstance(first, OpLike):
             raise TypeError(f"then: expected an op to chain from, got {type(first).__name__}")
         if not callable(fn):
             raise TypeError(f"then: expected a callable, got {type(fn).__name__}")
@@ -65,7 +65,7 @@ class Chain(_Once):
 
     def _next(self, result: tuple[Any, ...]) -> OpLike:
         nxt = self.fn(result)
-        if not isinstance(nxt, OpLike):
+        if type(nxt) not in _OPS and not isinstance(nxt, OpLike):
             raise TypeError(
                 f"the function of {self.describe()} must return an op (a DeviceOp, chain or "
                 f"zip), got {type(nxt).__name__}"
@@ -76,7 +76,7 @@ class Chain(_Once):
     def _unwind(op: OpLike, pending: deque[Chain]) -> OpLike:
         """The op to run next (not a chain); the chains on `op`'s left spine go in front of
         `pending`, in the order their functions are to be called."""
-        while isinstance(op, Chain):
+        while _is_chain(op):
             op._use()
             pending.appendleft(op)
             op = op.first
@@ -90,7 +90,15 @@ class Chain(_Once):
         return result
 
     def sync(self) -> tuple[Any, ...]:
-        return self._drive(lambda op: op.sync())
+        # `_drive(lambda op: op.sync())`, spelled out: a chain's step costs this loop's turn.
+        pending: deque[Chain] = deque()
+        result = self._unwind(self, pending).sync()
+        while pending:
+            op = pending.popleft()._next(result)
+            if _is_chain(op):
+                op = self._unwind(op, pending)
+            result = op.sync()
+        return result
 
     def sync_on(self, stream: StreamLike) -> tuple[Any, ...]:
         return self._drive(lambda op: op.sync_on(stream))
@@ -223,6 +231,16 @@ class Zip(_Once):
         return tuple(results)
 
 
+#: The op types that need no ABC instance check (OpLike is a Coroutine, an ABC).
+_OPS = frozenset([DeviceOp, Chain, Zip])
+
+
+def _is_chain(op: object) -> TypeGuard[Chain]:
+    """`isinstance(op, Chain)`, without the ABC check for the usual types."""
+    cls = type(op)
+    return cls is Chain or (cls not in _OPS and isinstance(op, Chain))
+
+
 def zip(*ops: OpLike) -> Zip:
     """Run `ops` together; `sync()` / `await` give the tuple of their results, in order.
 
@@ -250,10 +268,11 @@ def _check_disjoint(ops: tuple[OpLike, ...]) -> None:
             holds.extend((i, obj, exclusive) for obj, exclusive in d._held)
     spans: list[_Span] = []
     for i, obj, exclusive in holds:
-        t = obj.tensor if isinstance(obj, Partition) else obj
-        if isinstance(t, Tensor) and t.nbytes:
-            lo = t.buffer.address
-            spans.append(_Span(lo, lo + t.nbytes, i, exclusive, obj))
+        t = obj._storage()
+        if t._nbytes:
+            lo = t._address
+            # (tuple.__new__: the named tuple's own constructor is a Python call per span.)
+            spans.append(tuple.__new__(_Span, (lo, lo + t._nbytes, i, exclusive, obj)))
     clash = _first_clash(spans)
     if clash is not None:
         s1, s2 = sorted(clash, key=lambda s: s.op)

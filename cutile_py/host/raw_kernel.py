@@ -19,10 +19,11 @@ from cutile_py.ptx.ast import Param
 from cutile_py.ptx.parser import parse
 from cutile_py.runtime.backend import (
     Backend,
+    BoundLaunch,
     Completion,
-    KernelLaunch,
     ParamValue,
     PreparedLaunch,
+    Touch,
 )
 from cutile_py.runtime.select import active_backend
 
@@ -169,20 +170,26 @@ class RawKernelOp(DeviceOp):
             if isinstance(a, Tensor) and not any(h is a for h, _ in self._held):
                 self._held.append(take_hold(self, a, exclusive=True))
 
-    def _kernel_launch(self) -> KernelLaunch:
-        kernel = self.backend.load_kernel(self.raw.ptx, self.raw.name)
-        g = self.grid
-        return KernelLaunch(
-            kernel, (g[0], g[1], g[2]), self.block, self.shared_mem, tuple(self.values)
-        )
-
-    def _start(self, stream: object | None = None, wait: bool = False) -> Completion:
+    def _launch_now(self) -> tuple[PreparedLaunch, list[int | float], list[Touch]]:
+        """The prepared launch, the parameter values and the memory it touches (hand-written
+        PTX may write any tensor it is given)."""
         g = self.grid
         launch = self.raw.prepared(self.backend, (g[0], g[1], g[2]), self.block, self.shared_mem)
         values = [v.value for v in self.values]
-        # Hand-written PTX may write any tensor it is given.
         touches = [(a._address, a._nbytes, True) for a in self.args if type(a) is Tensor]
+        return launch, values, touches
+
+    def _bound(self) -> BoundLaunch:
+        launch, values, _ = self._launch_now()
+        return BoundLaunch(launch, tuple(values))
+
+    def _start(self, stream: object | None = None, wait: bool = False) -> Completion:
+        launch, values, touches = self._launch_now()
         return launch.start(values, stream, touches, wait)
+
+    def _run(self, stream: object | None) -> None:
+        launch, values, touches = self._launch_now()
+        launch.launch_and_wait(values, stream, touches)
 
     def param_names(self) -> list[str]:
         return [p.name for p in self.raw.params]

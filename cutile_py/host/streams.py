@@ -103,8 +103,17 @@ def as_stream(stream: object, backend: Backend) -> Stream:
 _pools: weakref.WeakKeyDictionary[Backend, Iterator[Stream | None]] = weakref.WeakKeyDictionary()
 
 
+#: The last backend `async_stream` served and its pool (every awaited launch asks).
+_last: tuple[Backend, Iterator[Stream | None]] | None = None
+
+
 def async_stream(backend: Backend) -> object | None:
     """The stream handle for the next awaited launch on `backend` (None: its default)."""
+    global _last
+    last = _last
+    if last is not None and last[0] is backend:
+        stream = next(last[1])
+        return None if stream is None else stream.handle
     pool = _pools.get(backend)
     if pool is None:
         first = Stream._on(backend)
@@ -114,6 +123,7 @@ def async_stream(backend: Backend) -> object | None:
             rest = (Stream._on(backend) for _ in range(_ASYNC_STREAMS - 1))
             pool = itertools.cycle([first, *rest])
         _pools[backend] = pool
+    _last = (backend, pool)
     stream = next(pool)
     return None if stream is None else stream.handle
 
@@ -161,7 +171,7 @@ async def finish_first(fut: asyncio.Future[T]) -> None:
 
 async def wait_done(completion: Completion) -> None:
     """Return once `completion.done()` (a failure counts as done: `wait()` reports it)."""
-    if _done(completion):
+    if is_done(completion):
         return
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[None] = loop.create_future()
@@ -172,7 +182,7 @@ async def wait_done(completion: Completion) -> None:
         nonlocal polls, delay
         if fut.done():  # the awaiting task was cancelled
             return
-        if _done(completion):
+        if is_done(completion):
             fut.set_result(None)
             return
         polls += 1
@@ -196,7 +206,8 @@ async def settle(completion: Completion) -> None:
             continue
 
 
-def _done(completion: Completion) -> bool:
+def is_done(completion: Completion) -> bool:
+    """`completion.done()`; a failure to ask counts as done (`wait()` reports it)."""
     try:
         return completion.done()
     except Exception:

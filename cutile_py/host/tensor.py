@@ -29,13 +29,14 @@ def caller_location(depth: int = 2) -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The package directory: frames under it are cutile_py's own, not the user's.
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def user_location() -> str:
     """`file:line` of the innermost caller outside cutile_py (where the user made an op)."""
     frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
         frame = frame.f_back
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
@@ -190,6 +191,8 @@ class Owned:
                 f"cannot {action}: this {self._kind} was moved by {self._moved_by} "
                 f"at {self._moved_at}"
             )
+        if self._exclusive is None and not self._shared:
+            return  # held by nobody: the common case, without a call
         holder = self._holder()
         if holder is not None:
             raise BorrowError(f"cannot {action}: this {self._kind} is held by {holder.holding()}")
@@ -243,13 +246,15 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
         self._dtype = dtype
         self._backend = backend
         self._borrowed_from = borrowed_from  # keeps foreign memory alive; never freed by us
-        self._nbytes = prod(shape) * dtype.itemsize()
+        size = dtype.itemsize()
+        self._nbytes = prod(shape) * size
         #: The first element's address, and the elements (a power of two <= 16) it is aligned
         #: to: read on every launch, so kept rather than recomputed.
         self._address = address = buffer.address
-        size = dtype.itemsize()
         elements = address // size
         self._align = 1 if address % size else min(elements & -elements, 16) if elements else 16
+        #: What a launch plan depends on (see `cutile_py.host.kernel.launch_key`).
+        self._key = (dtype, shape, None, self._align)
         #: Whether objects outside this one's line (partition/unpartition) may view the memory:
         #: borrowed with from_dlpack, or exported. Holds on it are then also kept by span.
         self._escaped = escaped or borrowed_from is not None
@@ -319,10 +324,14 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
                 f"tile_shape {tiles} has rank {len(tiles)}; the tensor has shape {self._shape}"
             )
         for d in tiles:
-            if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d <= 0:
-                raise ValueError(f"tile_shape dims must be positive integers, got {tiles}")
+            if type(d) is not int or d <= 0:  # (else the common case: plain ints, one pass)
+                for e in tiles:
+                    if not isinstance(e, (int, np.integer)) or isinstance(e, bool) or e <= 0:
+                        raise ValueError(f"tile_shape dims must be positive integers, got {tiles}")
+                tiles = tuple(int(e) for e in tiles)
+                break
         self._move(".partition()")
-        return Partition(self, tuple(int(d) for d in tiles))
+        return Partition(self, tiles)
 
     def reshape(self, *shape: int | Sequence[int]) -> Tensor[Any, Unpack[tuple[Any, ...]]]:
         """The same memory with another shape (row-major, as NumPy's reshape of a contiguous
@@ -407,7 +416,8 @@ class Partition(Owned):
         super().__init__()
         self._tensor = tensor
         self._tile_shape = tile_shape
-        self._grid = tuple(-(-n // t) for n, t in zip(tensor.shape, tile_shape))
+        self._grid = tuple(-(-n // t) for n, t in zip(tensor._shape, tile_shape))
+        self._key = (tensor._dtype, tensor._shape, tile_shape, tensor._align)
 
     @property
     def tile_shape(self) -> tuple[int, ...]:
@@ -439,10 +449,10 @@ class Partition(Owned):
         self._move(".unpartition()")
         t = self._tensor
         return Tensor(
-            t.buffer,
-            t.shape,
-            t.dtype,
-            t.backend,
+            t._buffer,
+            t._shape,
+            t._dtype,
+            t._backend,
             borrowed_from=t._borrowed_from,
             escaped=t._escaped,
         )

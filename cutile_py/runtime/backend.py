@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +50,10 @@ class ParamValue:
 #: streams orders launches on different streams by these alone.
 Touch = tuple[int, int, bool]
 
+#: What a synchronous launch touches, or a function that gives it, called only where the
+#: backend needs it (work pending on other streams): a launch that waits at once records none.
+LazyTouches = Sequence[Touch] | Callable[[], Sequence[Touch]] | None
+
 
 class Completion(ABC):
     """The end of a piece of device work: poll it, or block until it has happened."""
@@ -86,25 +91,21 @@ class LoadedKernel(ABC):
         return None
 
 
-@dataclass(frozen=True)
-class KernelLaunch:
-    """One launch with its parameters bound: what a graph captures and replays."""
-
-    kernel: LoadedKernel
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    shared_mem: int
-    params: tuple[ParamValue, ...]
-
-
 class PreparedLaunch(ABC):
     """A kernel with its grid, block, dynamic shared memory and parameter types fixed, so that
-    each launch passes only the parameter values (in declared order)."""
+    each launch passes only the parameter values, in declared order: the `.param` values where
+    the backend runs PTX, the kernel's Python arguments where it runs the kernel's Python
+    (`HostKernel`). Every launch of every launcher goes through one of these."""
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """The kernel's name, for messages."""
 
     @abstractmethod
     def launch(
         self,
-        values: Sequence[int | float],
+        values: Sequence[Any],
         stream: object | None = None,
         touches: Sequence[Touch] | None = None,
     ) -> Completion:
@@ -113,17 +114,17 @@ class PreparedLaunch(ABC):
 
     def launch_and_wait(
         self,
-        values: Sequence[int | float],
+        values: Sequence[Any],
         stream: object | None = None,
-        touches: Sequence[Touch] | None = None,
+        touches: LazyTouches = None,
     ) -> None:
         """Launch and wait (a synchronous launch needs no completion object); a fault of the
         kernel raises `LaunchFailure`."""
-        self.launch(values, stream, touches).wait()
+        self.launch(values, stream, touches() if callable(touches) else touches).wait()
 
     def start(
         self,
-        values: Sequence[int | float],
+        values: Sequence[Any],
         stream: object | None,
         touches: Sequence[Touch] | None,
         wait: bool,
@@ -139,6 +140,14 @@ class PreparedLaunch(ABC):
         return Finished()
 
 
+@dataclass(frozen=True)
+class BoundLaunch:
+    """One launch with its parameter values read: what a graph captures and replays."""
+
+    launch: PreparedLaunch
+    values: tuple[Any, ...]
+
+
 @dataclass(frozen=True, eq=False)
 class _PreparedThroughLaunch(PreparedLaunch):
     """What a backend without its own preparation does: `Backend.launch` with the values."""
@@ -150,9 +159,13 @@ class _PreparedThroughLaunch(PreparedLaunch):
     shared_mem: int
     ptypes: tuple[str, ...]
 
+    @property
+    def name(self) -> str:
+        return self.kernel.name
+
     def launch(
         self,
-        values: Sequence[int | float],
+        values: Sequence[Any],
         stream: object | None = None,
         touches: Sequence[Touch] | None = None,
     ) -> Completion:
@@ -160,6 +173,37 @@ class _PreparedThroughLaunch(PreparedLaunch):
         return self.backend.launch(
             self.kernel, self.grid, self.block, self.shared_mem, params, stream, touches
         )
+
+
+class HostKernel(LoadedKernel):
+    """A kernel that runs as Python on the host (the interpreter): `run(grid, args)` runs
+    every block of `grid` on the arguments and returns once done."""
+
+    def __init__(
+        self, name: str, run: Callable[[tuple[int, int, int], Sequence[Any]], Completion]
+    ) -> None:
+        self.name = name
+        self.run = run
+
+
+@dataclass(frozen=True, eq=False)
+class _HostLaunch(PreparedLaunch):
+    """A `HostKernel` over a fixed grid; its values are the kernel's Python arguments."""
+
+    kernel: HostKernel
+    grid: tuple[int, int, int]
+
+    @property
+    def name(self) -> str:
+        return self.kernel.name
+
+    def launch(
+        self,
+        values: Sequence[Any],
+        stream: object | None = None,
+        touches: Sequence[Touch] | None = None,
+    ) -> Completion:
+        return self.kernel.run(self.grid, values)
 
 
 class GraphExec(ABC):
@@ -181,17 +225,17 @@ class GraphExec(ABC):
 class RecordedGraph(GraphExec):
     """The CPU backends' graph: the recorded launches, run again in order on each replay."""
 
-    def __init__(self, backend: Backend, launches: Sequence[KernelLaunch]) -> None:
+    def __init__(self, backend: Backend, launches: Sequence[BoundLaunch]) -> None:
         self.backend = backend
         self.launches = tuple(launches)
 
     def launch(self, stream: object | None = None) -> Completion:
         for k in self.launches:
-            done = self.backend.launch(k.kernel, k.grid, k.block, k.shared_mem, k.params, stream)
             try:
-                done.wait()  # in order: a later launch may read what this one wrote
+                # In order: a later launch may read what this one wrote.
+                k.launch.launch(k.values, stream).wait()
             except RuntimeFailure as e:
-                failure = type(e)(f"kernel {k.kernel.name!r}: {e}")
+                failure = type(e)(f"kernel {k.launch.name!r}: {e}")
                 failure.__cause__ = e
                 return Finished(failure)
         return Finished()
@@ -247,7 +291,10 @@ class Backend(ABC):
         shared_mem: int,
         ptypes: Sequence[str],
     ) -> PreparedLaunch:
-        """`kernel` ready to launch with only its parameter values (of PTX types `ptypes`)."""
+        """`kernel` ready to launch with only its parameter values (of PTX types `ptypes`):
+        the entry every launcher uses (sync, await, `.then`, `ct.zip`, graph capture through
+        `BoundLaunch`, `ct.RawKernel`). A backend that runs the kernel's Python prepares a
+        `HostKernel` (no PTX types)."""
         return _PreparedThroughLaunch(self, kernel, grid, block, shared_mem, tuple(ptypes))
 
     def launch(
@@ -260,11 +307,12 @@ class Backend(ABC):
         stream: object | None = None,
         touches: Sequence[Touch] | None = None,
     ) -> Completion:
-        """Queue a launch; `stream` is a handle from `stream_acquire` (None: the default one);
-        `touches` as for `PreparedLaunch.launch`."""
+        """Queue a launch with its parameters typed one by one (what `prepare` gives a
+        backend without its own preparation: sim); `stream` is a handle from
+        `stream_acquire` (None: the default one); `touches` as for `PreparedLaunch.launch`."""
         raise RuntimeFailure(f"the {self.name} backend does not run PTX")
 
-    def graph(self, launches: Sequence[KernelLaunch]) -> GraphExec:
+    def graph(self, launches: Sequence[BoundLaunch]) -> GraphExec:
         """Capture `launches` (run nothing now); the returned graph replays them in order."""
         return RecordedGraph(self, launches)
 
@@ -342,6 +390,18 @@ class InterpretBackend(Backend):
 
     def borrow_host(self, data: np.ndarray) -> Buffer:
         return HostBuffer.over(data)
+
+    def prepare(
+        self,
+        kernel: LoadedKernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        ptypes: Sequence[str],
+    ) -> PreparedLaunch:
+        if not isinstance(kernel, HostKernel):
+            raise RuntimeFailure(f"the {self.name} backend does not run PTX")
+        return _HostLaunch(kernel, grid)
 
     def download(self, buf: Buffer, nbytes: int) -> np.ndarray:
         assert isinstance(buf, HostBuffer)

@@ -13,7 +13,6 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -21,11 +20,12 @@ from cutile_py.ptx.target import Target
 from cutile_py.runtime import cuda_driver as cu
 from cutile_py.runtime.backend import (
     Backend,
+    BoundLaunch,
     Buffer,
     Completion,
     GraphExec,
-    KernelLaunch,
     LaunchFailure,
+    LazyTouches,
     LoadedKernel,
     ParamValue,
     PreparedLaunch,
@@ -48,12 +48,18 @@ def _quietly(release: Callable[[], None]) -> None:
         release()
 
 
-def _free(ctx: cu.Context, address: int) -> None:
-    def release() -> None:
+def _free(ctx: cu.Context, address: int, stream: cu.Stream | None) -> None:
+    try:  # (as `_quietly`, spelled out: every buffer ends here)
         cu.set_current(ctx)
-        cu.mem_free(address)
-
-    _quietly(release)
+        if stream is None:
+            cu.mem_free(address)
+        else:
+            # Back to the pool in the backend stream's order. The launches that used the
+            # buffer are over by now (an op keeps its tensors until it is known to be done),
+            # and later work of that stream runs after the free.
+            cu.mem_free_async(address, stream)
+    except Exception:
+        pass  # a late free (a poisoned context, shutdown) leaks, as `_quietly` says
 
 
 class Releases:
@@ -65,8 +71,10 @@ class Releases:
     last capture ends.
     """
 
-    def __init__(self, ctx: cu.Context) -> None:
+    def __init__(self, ctx: cu.Context, stream: cu.Stream | None = None) -> None:
         self._ctx = ctx
+        #: Where memory goes back to its pool (None: `cuMemFree`, no pool).
+        self._stream = stream
         # Reentrant: a collection can run a finalizer inside `capturing` in the same thread.
         self._lock = threading.RLock()
         self._captures = 0
@@ -78,7 +86,7 @@ class Releases:
             if self._captures:
                 self._deferred.append(address)
                 return
-        _free(self._ctx, address)
+        _free(self._ctx, address, self._stream)
 
     @property
     def deferred(self) -> int:
@@ -99,7 +107,7 @@ class Releases:
                 if not self._captures:
                     due, self._deferred = self._deferred, []
             for address in due:
-                _free(self._ctx, address)
+                _free(self._ctx, address, self._stream)
 
 
 def _destroy_event(ctx: cu.Context, event: cu.Event) -> None:
@@ -119,22 +127,31 @@ def _destroy_stream(ctx: cu.Context, stream: cu.Stream) -> None:
 
 
 class CudaBuffer(Buffer):
-    """A `cuMemAlloc` allocation, freed when garbage collected or by `free()`."""
+    """A device allocation (from the device's memory pool, or `cuMemAlloc` where it has
+    none), freed when garbage collected or by `free()`."""
 
     def __init__(self, releases: Releases, address: int, nbytes: int) -> None:
         self.nbytes = nbytes
         self._address = address
-        self._finalizer = weakref.finalize(self, releases.free, address)
-        # At exit the driver may already be torn down; the process's memory goes with it.
-        self._finalizer.atexit = False
+        self._releases: Releases | None = releases
 
     @property
     def address(self) -> int:
         return self._address
 
     def free(self) -> None:
-        """Release the memory now (no kernel may still be using it)."""
-        self._finalizer()
+        """Release the memory now (no kernel may still be using it); once."""
+        releases, self._releases = self._releases, None
+        if releases is not None:
+            releases.free(self._address)
+
+    def __del__(self) -> None:
+        # (Not `weakref.finalize`: a buffer is made per allocation, and that costs more.) At
+        # exit the driver may already be torn down: `Releases.free` leaks quietly then.
+        releases = self._releases
+        if releases is not None:
+            self._releases = None
+            releases.free(self._address)
 
 
 class ForeignCudaBuffer(Buffer):
@@ -192,7 +209,10 @@ class CudaCompletion(Completion):
     def done(self) -> bool:
         if self._passed:
             return True
-        self._backend.activate()
+        backend = self._backend
+        dev = backend._device  # (`activate`, inline: every awaited launch asks at least once)
+        if dev is None or getattr(backend._thread, "ctx", None) is not dev.ctx:
+            backend.activate()
         try:
             finished = cu.event_query(self._event)
         except cu.CudaDriverError:
@@ -291,15 +311,23 @@ class CudaPreparedLaunch(PreparedLaunch):
             f"launching kernel {kernel.name!r} (grid {grid}, block {block}, {shared_mem} B shared)"
         )
 
+    @property
+    def name(self) -> str:
+        return self._kernel.name
+
     def _queue(
         self,
         dev: _Device,
         values: Sequence[int | float],
         stream: object | None,
-        touches: Sequence[Touch] | None,
-    ) -> Any:
+        touches: LazyTouches,
+        synchronize: bool = False,
+    ) -> cu.Stream:
+        """Pack `values`, order the launch after the work it depends on, and queue it on
+        `stream` (None: the backend's); with `synchronize`, wait for that stream too (a fault
+        then raises `LaunchFailure`). The stream it went to."""
         on = dev.stream
-        if stream is not None and stream is not dev.stream:
+        if stream is not None and stream is not on:
             if not isinstance(stream, cu.Stream):
                 raise TypeError(f"the cuda backend cannot launch on a {type(stream).__name__}")
             on = stream
@@ -311,22 +339,67 @@ class CudaPreparedLaunch(PreparedLaunch):
         except (TypeError, ValueError) as e:
             raise type(e)(f"kernel {self._kernel.name!r}: {e}") from e
         kernel = self._kernel
+        backend = self._backend
         try:
             if self._shared_mem > kernel.max_dynamic_shared:
                 cu.set_max_dynamic_shared(kernel.function, self._shared_mem)
                 kernel.max_dynamic_shared = self._shared_mem
-            self._backend._order(dev, on, touches)
-            timer: LaunchTimes | None = getattr(self._backend._thread, "timer", None)
-            if timer is not None:
+            ordering = backend._ordering
+            # (Its state read directly: this is every launch's path. Allocations leave the
+            # backend stream unrecorded, which matters only to launches on other streams.)
+            unrecorded = ordering._unrecorded
+            if (
+                ordering._pending
+                or (unrecorded and on not in ordering.clean)
+                or (touches is None and on is not dev.stream)
+            ):
+                backend._order(dev, on, touches() if callable(touches) else touches)
+            timer: LaunchTimes | None = getattr(backend._thread, "timer", None)
+            if timer is None:
+                cu.launch_kernel_packed(
+                    kernel.function, self._grid, self._block, self._shared_mem, on, params,
+                    synchronize,
+                )  # fmt: skip
+            else:
                 timer.begin(on)
-            cu.launch_kernel_packed(
-                kernel.function, self._grid, self._block, self._shared_mem, on, params
-            )
-            if timer is not None:
+                cu.launch_kernel_packed(
+                    kernel.function, self._grid, self._block, self._shared_mem, on, params
+                )
                 timer.end(on)
+                if synchronize:
+                    cu.stream_synchronize(on)
         except cu.CudaDriverError as e:
-            raise self._backend._failure(self._what, e) from e
+            if synchronize and e.call == "cuStreamSynchronize":
+                backend._ordering.stream_idle(on)
+                raise LaunchFailure(
+                    f"kernel {kernel.name!r} (or work queued before it) failed on the device: {e}"
+                ) from e
+            raise backend._failure(self._what, e) from e
+        if synchronize and (ordering._pending or unrecorded):
+            ordering.stream_idle(on)
         return on
+
+    def capture(self, values: Sequence[int | float], stream: cu.Stream) -> None:
+        """Queue the launch on `stream`, which is capturing a graph: no ordering and no
+        timing (what the capture records is the launch alone); `ready()` came first."""
+        params: cu.ParamBlock | None = getattr(self._params, "block", None)
+        if params is None:
+            params = self._params.block = cu.ParamBlock(self._ptypes)
+        try:
+            params.pack(values)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"kernel {self._kernel.name!r}: {e}") from e
+        cu.launch_kernel_packed(
+            self._kernel.function, self._grid, self._block, self._shared_mem, stream, params
+        )
+
+    def ready(self) -> None:
+        """Raise the kernel's dynamic shared memory limit to this launch's, where needed (an
+        attribute call, which a stream capture cannot hold)."""
+        kernel = self._kernel
+        if self._shared_mem > kernel.max_dynamic_shared:
+            cu.set_max_dynamic_shared(kernel.function, self._shared_mem)
+            kernel.max_dynamic_shared = self._shared_mem
 
     def launch(
         self,
@@ -335,12 +408,18 @@ class CudaPreparedLaunch(PreparedLaunch):
         touches: Sequence[Touch] | None = None,
     ) -> Completion:
         backend = self._backend
-        dev = backend.activate()
+        dev = backend._device  # (`activate`, inline)
+        if dev is None or getattr(backend._thread, "ctx", None) is not dev.ctx:
+            dev = backend.activate()
         try:
-            # Taken before the launch, so that a fault of this kernel cannot surface here.
-            event = backend._take_event()
-        except cu.CudaDriverError as e:
-            raise backend._failure(self._what, e) from e
+            # Taken before the launch, so that a fault of this kernel cannot surface here
+            # (`_take_event`, inline).
+            event = backend._events.pop()
+        except IndexError:
+            try:
+                event = cu.event_create()
+            except cu.CudaDriverError as e:
+                raise backend._failure(self._what, e) from e
         try:
             on = self._queue(dev, values, stream, touches)
         except BaseException:
@@ -365,17 +444,13 @@ class CudaPreparedLaunch(PreparedLaunch):
         self,
         values: Sequence[int | float],
         stream: object | None = None,
-        touches: Sequence[Touch] | None = None,
+        touches: LazyTouches = None,
     ) -> None:
-        on = self._queue(self._backend.activate(), values, stream, touches)
-        try:
-            cu.stream_synchronize(on)
-        except cu.CudaDriverError as e:
-            raise LaunchFailure(
-                f"kernel {self._kernel.name!r} (or work queued before it) failed on the device: {e}"
-            ) from e
-        finally:
-            self._backend._ordering.stream_idle(on)
+        backend = self._backend
+        dev = backend._device
+        if dev is None or getattr(backend._thread, "ctx", None) is not dev.ctx:
+            dev = backend.activate()
+        self._queue(dev, values, stream, touches, synchronize=True)
 
 
 class CudaGraph(GraphExec):
@@ -443,6 +518,8 @@ class _Device:
     target: Target
     name: str
     releases: Releases
+    #: Whether memory comes from the device's stream-ordered pool (`cuMemAllocAsync`).
+    pooled: bool
 
 
 class CudaBackend(Backend):
@@ -487,8 +564,21 @@ class CudaBackend(Backend):
             except ValueError as e:
                 raise RuntimeFailure(f"{name}: {e}") from e
             weakref.finalize(self, _destroy_stream, ctx, stream).atexit = False
-            self._device = _Device(ctx, stream, target, name, Releases(ctx))
+            pooled = self._pool_memory()
+            releases = Releases(ctx, stream if pooled else None)
+            self._device = _Device(ctx, stream, target, name, releases, pooled)
             return self._device
+
+    def _pool_memory(self) -> bool:
+        """Whether allocations come from the device's default memory pool, made to keep
+        freed memory for the next ones; False where the device has no pools (or refuses)."""
+        try:
+            if not cu.memory_pools_supported(self.ordinal):
+                return False
+            cu.keep_pool_memory(self.ordinal)
+        except cu.CudaDriverError:
+            return False
+        return True
 
     def activate(self) -> _Device:
         """The device, initialized and its context current in the calling thread."""
@@ -537,17 +627,26 @@ class CudaBackend(Backend):
     def alloc(self, nbytes: int) -> CudaBuffer:
         dev = self.activate()
         try:
-            address = cu.mem_alloc(nbytes)
+            address = self._allocate(dev, nbytes)
         except cu.CudaDriverError as e:
             if e.name != "CUDA_ERROR_OUT_OF_MEMORY":
                 raise self._failure(f"allocating {nbytes} bytes", e) from e
             # Buffers that are garbage but not yet collected still hold device memory.
             gc.collect()
             try:
-                address = cu.mem_alloc(nbytes)
+                address = self._allocate(dev, nbytes)
             except cu.CudaDriverError as e2:
                 raise self._failure(f"allocating {nbytes} bytes", e2) from e2
         return CudaBuffer(dev.releases, address, nbytes)
+
+    def _allocate(self, dev: _Device, nbytes: int) -> int:
+        if not dev.pooled:
+            return cu.mem_alloc(nbytes)
+        address = cu.mem_alloc_async(nbytes, dev.stream)
+        # The memory exists from this point of the backend stream on: work of other streams
+        # waits for that point (a fence there when they launch; no event per allocation).
+        self._ordering.unrecorded(dev.stream)
+        return address
 
     def fill(self, buf: Buffer, nbytes: int, element: bytes) -> None:
         if not isinstance(buf, _DEVICE_BUFFERS):
@@ -744,33 +843,28 @@ class CudaBackend(Backend):
 
     # --- graphs -----------------------------------------------------------------------------
 
-    def graph(self, launches: Sequence[KernelLaunch]) -> CudaGraph:
-        """Stream capture of `launches`: parameters are packed once, here, into the graph."""
+    def graph(self, launches: Sequence[BoundLaunch]) -> CudaGraph:
+        """Stream capture of `launches`, each through its prepared launch (the path every
+        launch takes, less ordering and timing): the driver copies the packed parameters
+        into the graph."""
         dev = self.activate()
-        kernels = []
+        prepared: list[CudaPreparedLaunch] = []
         for k in launches:
-            if not isinstance(k.kernel, CudaKernel):
-                raise TypeError(f"the cuda backend cannot launch a {type(k.kernel).__name__}")
-            try:
-                packed = cu.pack_params([(p.ptype, p.value) for p in k.params])
-            except (TypeError, ValueError) as e:
-                raise type(e)(f"kernel {k.kernel.name!r}: {e}") from e
-            kernels.append((k, k.kernel, packed))
-        names = ", ".join(dict.fromkeys(k.kernel.name for k in launches)) or "nothing"
+            launch = k.launch
+            if not isinstance(launch, CudaPreparedLaunch) or launch._backend is not self:
+                raise TypeError(f"the cuda backend cannot capture a {type(launch).__name__}")
+            prepared.append(launch)
+        names = ", ".join(dict.fromkeys(k.launch.name for k in launches)) or "nothing"
         # A stream of our own: no other thread queues work on it while it captures.
         stream = self.stream_acquire()
         try:
-            for k, kernel, _ in kernels:  # outside the capture: attribute calls are not captured
-                if k.shared_mem > kernel.max_dynamic_shared:
-                    cu.set_max_dynamic_shared(kernel.function, k.shared_mem)
-                    kernel.max_dynamic_shared = k.shared_mem
+            for launch in prepared:  # outside the capture: attribute calls are not captured
+                launch.ready()
             with dev.releases.capturing():
                 cu.stream_begin_capture(stream)
                 try:
-                    for k, kernel, packed in kernels:
-                        cu.launch_kernel(
-                            kernel.function, k.grid, k.block, k.shared_mem, stream, packed
-                        )
+                    for launch, k in zip(prepared, launches):
+                        launch.capture(k.values, stream)
                 except BaseException:
                     # End the capture, or the stream stays unusable for the next `ct.Stream`.
                     with contextlib.suppress(Exception):

@@ -36,10 +36,17 @@ _SUCCESS = 0
 _NOT_READY = 600
 
 
+_bindings: Any = None
+
+
 def _cu() -> Any:
     # Imported by name: cuda-python ships no type information, and a static import would make
     # mypy report that in every user's kernel file that follows its imports into cutile_py.
-    return importlib.import_module("cuda.bindings.driver")
+    # Kept once found: every driver call goes through here (tests replace this function).
+    global _bindings
+    if _bindings is None:
+        _bindings = importlib.import_module("cuda.bindings.driver")
+    return _bindings
 
 
 def _doc_summary(doc: str | None) -> str:
@@ -215,6 +222,35 @@ def mem_alloc(nbytes: int) -> int:
 
 def mem_free(address: int) -> None:
     _check("cuMemFree", _cu().cuMemFree(address))
+
+
+def memory_pools_supported(ordinal: int = 0) -> bool:
+    """Whether the device has stream-ordered memory pools (`cuMemAllocAsync`)."""
+    cu = _cu()
+    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
+    return bool(_check("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(attr, _device(ordinal))))
+
+
+def keep_pool_memory(ordinal: int = 0, threshold: int = (1 << 64) - 1) -> None:
+    """Let the device's default memory pool keep up to `threshold` bytes of freed memory
+    for the next allocations instead of handing it back to the OS at every synchronize
+    (the default, 0, would make each `cuMemAllocAsync` after a sync a fresh allocation)."""
+    cu = _cu()
+    pool = _check("cuDeviceGetDefaultMemPool", cu.cuDeviceGetDefaultMemPool(_device(ordinal)))
+    attr = cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+    value = cu.cuuint64_t(threshold)
+    _check("cuMemPoolSetAttribute", cu.cuMemPoolSetAttribute(pool, attr, value))
+
+
+def mem_alloc_async(nbytes: int, stream: Stream) -> int:
+    """An allocation of `nbytes` (at least 1) from the device's default pool, usable in
+    `stream`'s order (other streams: after waiting for it there), as its address."""
+    return int(_check("cuMemAllocAsync", _cu().cuMemAllocAsync(max(nbytes, 1), stream.raw)))
+
+
+def mem_free_async(address: int, stream: Stream) -> None:
+    """Give `address` (from `mem_alloc_async`) back to its pool once `stream` reaches here."""
+    _check("cuMemFreeAsync", _cu().cuMemFreeAsync(address, stream.raw))
 
 
 _MEMSET = {1: "cuMemsetD8Async", 2: "cuMemsetD16Async", 4: "cuMemsetD32Async"}
@@ -517,14 +553,24 @@ def launch_kernel_packed(
     shared_mem: int,
     stream: Stream,
     params: ParamBlock,
+    synchronize: bool = False,
 ) -> None:
-    """`launch_kernel` with parameters already packed into `params`."""
-    _check(
-        "cuLaunchKernel",
-        _cu().cuLaunchKernel(
-            function.raw, *grid, *block, shared_mem, stream.raw, params.address or None, 0
-        ),
-    )
+    """`launch_kernel` with parameters already packed into `params`; with `synchronize`, then
+    wait for `stream` (a failure there raises a CudaDriverError whose `call` is
+    `cuStreamSynchronize`). The launch path of every kernel: two driver calls, nothing else."""
+    cu = _cu()
+    g0, g1, g2 = grid
+    b0, b1, b2 = block
+    raw = stream.raw
+    err = cu.cuLaunchKernel(
+        function.raw, g0, g1, g2, b0, b1, b2, shared_mem, raw, params.address or None, 0
+    )[0]
+    if err:
+        raise CudaDriverError("cuLaunchKernel", int(err))
+    if synchronize:
+        err = cu.cuStreamSynchronize(raw)[0]
+        if err:
+            raise CudaDriverError("cuStreamSynchronize", int(err))
 
 
 def launch_kernel(

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cutile_py.runtime import cuda_driver as cu
 from cutile_py.runtime.backend import Touch
 
 
-@dataclass(frozen=True, eq=False)
-class _Access:
+class _Access(NamedTuple):
+    """A byte range that pending work reads or writes (a tuple: made on every launch)."""
+
     lo: int
     hi: int
     writes: bool
@@ -37,8 +38,23 @@ class StreamOrdering:
 
     def __init__(self) -> None:
         self._pending: list[_Access] = []
+        #: Streams with work queued whose memory was not recorded (allocations from the
+        #: pool), each with the streams that have waited for all of it since (a fence): work
+        #: of other streams waits for it, until the stream is idle.
+        self._unrecorded: dict[cu.Stream, set[cu.Stream]] = {}
+        #: Streams that have waited for all of that unrecorded work: `order` has nothing to
+        #: do for them there (read on every launch).
+        self.clean: set[cu.Stream] = set()
         self._spare: list[cu.Event] = []
         self._lock = threading.Lock()
+        self._prune_at = self.PRUNE_AT
+
+    def unrecorded(self, stream: cu.Stream) -> None:
+        """Work was just queued on `stream` without its memory being recorded: work of other
+        streams is ordered after it (a fence on `stream`) until `stream_idle(stream)`."""
+        with self._lock:
+            self._unrecorded[stream] = set()
+            self.clean = set()
 
     @property
     def pending(self) -> int:
@@ -50,8 +66,26 @@ class StreamOrdering:
         with (None: that touches anything, so all of it). Work found finished is dropped
         instead of waited for (an upload long done costs one query, once, not a wait at every
         later launch). Returns how many waits it queued."""
+        with self._lock:
+            fences = [
+                s
+                for s, waited in self._unrecorded.items()
+                if s is not stream and stream not in waited
+            ]
+            for s in fences:
+                self._unrecorded[s].add(stream)  # (the fence below is queued before any use)
+            self.clean.add(stream)
+        for other in fences:
+            with self._lock:
+                fence = self._spare.pop() if self._spare else None
+            if fence is None:
+                fence = cu.event_create()
+            cu.event_record(fence, other)
+            cu.stream_wait_event(stream, fence)
+            with self._lock:  # `stream` took the fence's state at the wait: free to reuse
+                self._spare.append(fence)
         if not self._pending:
-            return 0
+            return len(fences)
         events: dict[int, cu.Event] = {}
         with self._lock:
             for a in self._pending:
@@ -70,7 +104,7 @@ class StreamOrdering:
                 cu.stream_wait_event(stream, event)
         if passed:
             self._drop(lambda a: id(a.event) in passed)
-        return len(events) - len(passed)
+        return len(fences) + len(events) - len(passed)
 
     def record(
         self,
@@ -81,29 +115,60 @@ class StreamOrdering:
     ) -> None:
         """Note `touches` as work just queued on `stream`: its end is `event` (recorded by the
         caller after it, and kept alive by `owner`), or an event recorded here now."""
-        touches = [t for t in touches if t[1] > 0]
-        if not touches:
-            return
         if event is None:
+            touches = [t for t in touches if t[1] > 0]
+            if not touches:
+                return
             with self._lock:
                 event = self._spare.pop() if self._spare else None
             if event is None:
                 event = cu.event_create()
             cu.event_record(event, stream)
-        accesses = [_Access(lo, lo + n, w, stream, event, owner) for lo, n, w in touches]
+        # (tuple.__new__: the named tuple's own constructor is a Python call per access.)
+        accesses = [
+            tuple.__new__(_Access, (lo, lo + n, w, stream, event, owner))
+            for lo, n, w in touches
+            if n > 0
+        ]
+        if not accesses:
+            return
         with self._lock:
             self._pending.extend(accesses)
-            crowded = len(self._pending) > self.PRUNE_AT
+            crowded = len(self._pending) > self._prune_at
         if crowded:
             self._drop(lambda a: _finished(a.event))
+            # Work still in flight stays: the next pass waits until the list has doubled, so
+            # that many launches in flight (a large ct.zip) cost linear time, not quadratic.
+            self._prune_at = max(self.PRUNE_AT, 2 * len(self._pending))
 
     def finished(self, owner: object) -> None:
         """The work of the completion `owner` is over."""
-        if self._pending:
-            self._drop(lambda a: a.owner is owner)
+        pending = self._pending
+        if not pending:
+            return
+        with self._lock:
+            # One `record` call appended all of an owner's accesses, together: they are found
+            # at the end (an awaited launch), at the start (the first of a `ct.zip`'s ops to
+            # complete), or else in one pass without a call per access.
+            pending = self._pending
+            if not pending:
+                return
+            if pending[-1].owner is owner:
+                while pending and pending[-1].owner is owner:
+                    pending.pop()
+            elif pending[0].owner is owner:
+                k = 1
+                while k < len(pending) and pending[k].owner is owner:
+                    k += 1
+                del pending[:k]
+            else:
+                self._pending = [a for a in pending if a.owner is not owner]
 
     def stream_idle(self, stream: cu.Stream) -> None:
         """Everything queued on `stream` so far is over (it was synchronized)."""
+        if self._unrecorded:
+            with self._lock:
+                self._unrecorded.pop(stream, None)
         if self._pending:
             self._drop(lambda a: a.stream is stream)
 

@@ -52,6 +52,9 @@ def default_backend_name() -> str:
 
 def active_backend() -> Backend:
     global _active
+    backend = _instances.get(_active)  # type: ignore[arg-type]  # (every launch asks)
+    if backend is not None:
+        return backend
     if _active is None:
         _active = default_backend_name()
     return get_backend(_active)

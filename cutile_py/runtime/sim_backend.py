@@ -74,6 +74,8 @@ class SimBackend(Backend):
         self._kernels: dict[tuple[str, str], SimKernel] = {}
         self._globals: dict[str, ModuleGlobals] = {}
         self._lock = threading.Lock()
+        #: Releases of memory made while a launch held the memory map (see `_release`).
+        self._due: list[int] = []
 
     @property
     def target(self) -> Target:
@@ -93,13 +95,30 @@ class SimBackend(Backend):
         addressable until the last of them is gone."""
         if buf.nbytes:
             with HOST_EXECUTION:  # not while a launch in a worker thread reads the map
+                self._release_due()
                 self.memory.acquire(buf.bytes, name)
             weakref.finalize(buf, self._release, buf.address)
         return buf
 
     def _release(self, address: int) -> None:
-        with HOST_EXECUTION:
+        """End a buffer's hold on the memory map, or, where a launch holds the map now (in a
+        worker thread), leave it to that launch's end: a garbage collection anywhere (the
+        event loop's thread) never waits for a launch. The map keeps the bytes meanwhile, and
+        no launch uses the memory of a buffer already collected."""
+        if not HOST_EXECUTION.acquire(blocking=False):
+            self._due.append(address)  # (atomic: the launch's thread may pop meanwhile)
+            return
+        try:
+            self._release_due()
             self.memory.release(address)
+        finally:
+            HOST_EXECUTION.release()
+
+    def _release_due(self) -> None:
+        """The releases left to this thread's hold of HOST_EXECUTION (the caller holds it)."""
+        due = self._due
+        while due:
+            self.memory.release(due.pop())
 
     def upload(self, buf: Buffer, data: np.ndarray) -> None:
         if not isinstance(buf, HostBuffer):
@@ -154,6 +173,20 @@ class SimBackend(Backend):
         # Every launch runs to the end here, so streams need no ordering.
         if not isinstance(kernel, SimKernel):
             raise TypeError(f"the sim backend cannot launch a {type(kernel).__name__}")
+        with HOST_EXECUTION:  # (held already where a launcher called: reentrant)
+            try:
+                return self._launch(kernel, grid, block, shared_mem, params)
+            finally:
+                self._release_due()  # what was collected while this launch held the map
+
+    def _launch(
+        self,
+        kernel: SimKernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        params: Sequence[ParamValue],
+    ) -> Completion:
         values = [(p.ptype, p.value) for p in params]
         try:
             check_launch(kernel.program, grid, block, shared_mem, self._target.max_shared_bytes)
