@@ -72,6 +72,16 @@ def scatter_transpose(z: Mut[Tensor[f32, R, R]], x: Tensor[f32, Dyn, Dyn]) -> No
 
 
 @ct.kernel
+def scatter_shift(z: Mut[Tensor[T, R, C]], x: Tensor[T, Dyn, Dyn], shift: int) -> None:
+    """Each tile's columns moved right by `shift` (those pushed out of the tile dropped): the
+    column index steps by one, so runs that are aligned and inside store as vectors."""
+    z.store(ct.full(z.shape, -7, z.dtype))
+    rows = ct.expand_dims(ct.arange(z.shape[0], i32), 1)
+    cols = ct.expand_dims(ct.arange(z.shape[1], i32), 0) + shift
+    ct.scatter(z, (rows, cols), ct.load_tile_like(x, z))
+
+
+@ct.kernel
 def scatter_fill(z: Mut[Tensor[i32, B]], where: Tensor[i32, Dyn]) -> None:
     """z = 0, then 5 at the listed offsets of the tile (a number as the values): the scatter
     is ordered after the store, though other threads hold those elements."""
@@ -168,6 +178,29 @@ def test_scatter_permutes_within_each_tile_and_drops_outside(
         if 0 <= dst < tile and b * tile + dst < n:
             want[b * tile + dst] = xs[i]
     np.testing.assert_array_equal(z.unpartition().to_numpy(), want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dt", [ct.f32, ct.f16], ids=lambda d: d.name)
+def test_scatter_of_consecutive_indices_any_shift(
+    backend: str, dt: type[ct.DType], rng: np.random.Generator
+) -> None:
+    ct.set_backend(backend)
+    r, c = int(rng.integers(1, 40)), int(rng.integers(1, 300))
+    x = (rng.standard_normal((r, c)) * 100).astype(NP[dt])
+    for shift in (0, int(rng.integers(-5, 6)), int(rng.integers(-70, 70))):
+        z = ct.empty((r, c), dt).partition((8, 64))
+        z, _, _ = scatter_shift(z, ct.from_numpy(x), shift).sync()
+        want = np.full((r, c), -7, NP[dt])
+        for j in range(-(-c // 64) * 64):  # the last tile's columns past c load as 0
+            tj, dst = divmod(j, 64)
+            dst += shift
+            if 0 <= dst < 64 and tj * 64 + dst < c:
+                want[:, tj * 64 + dst] = x[:, j] if j < c else 0
+        np.testing.assert_array_equal(z.unpartition().to_numpy(), want)
+    assert "st.global.v4.f32" in scatter_shift.ptx(
+        ct.PartitionSpec((64, 256), (8, 64)), ct.TensorSpec((64, 256)), 1
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
