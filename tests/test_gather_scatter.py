@@ -256,6 +256,8 @@ def test_gather_and_scatter_ptx_assembles(sm: int) -> None:
         ),
         (scatter_transpose, (ct.PartitionSpec((64, 64), (32, 32)), ct.TensorSpec((64, 64)))),
     ]
+    shifted = (ct.PartitionSpec((64, 256), (8, 64), ct.f16), ct.TensorSpec((64, 256), ct.f16), 1)
+    cases.append((scatter_shift, shifted))
     cases.append(
         (gather_window, (ct.PartitionSpec((999,), (512,), ct.f16), ct.TensorSpec((99,), ct.f16), 3))
     )
