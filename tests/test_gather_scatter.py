@@ -55,6 +55,16 @@ def gather_window(z: Mut[Tensor[T, B]], x: Tensor[T, Dyn], off: int) -> None:
 
 
 @ct.kernel
+def gather_diagonal(z: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn]) -> None:
+    """z[i, j] = x[j, j]: the row index is an arange reshaped from a column into a row, so it
+    varies along the last dim (no vector loads, though the column index steps by one)."""
+    j = ct.arange(z.shape[1], i32)
+    rows = ct.broadcast_to(ct.expand_dims(j, 1).reshape((1, z.shape[1])), z.shape)
+    cols = ct.broadcast_to(ct.expand_dims(j, 0), z.shape)
+    z.store(ct.gather(x, (rows, cols)))
+
+
+@ct.kernel
 def scatter_perm(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], perm: Tensor[i32, Dyn]) -> None:
     """Within each block's tile: z[perm[i]] = x[i] (perm counts from the tile's origin; past
     the end of `perm`, -1: a target outside the tile, dropped)."""
@@ -145,6 +155,16 @@ def test_gather_of_consecutive_indices_any_alignment(
         i = np.arange(m) + off
         want = np.where((i >= 0) & (i < n), x[np.clip(i, 0, n - 1)], NP[dt](-2))
         np.testing.assert_array_equal(z.unpartition().to_numpy(), want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gather_of_a_reshaped_index_is_not_taken_for_consecutive(
+    backend: str, rng: np.random.Generator
+) -> None:
+    ct.set_backend(backend)
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    z, _ = gather_diagonal(ct.empty((8, 64), f32).partition((8, 64)), ct.from_numpy(x)).sync()
+    np.testing.assert_array_equal(z.unpartition().to_numpy(), np.tile(np.diag(x), (8, 1)))
 
 
 def test_consecutive_indices_load_vectors_and_loaded_indices_do_not() -> None:
