@@ -166,6 +166,23 @@ def test_the_launch_holds_the_atomic_tensor_exclusively() -> None:
     np.testing.assert_array_equal(h.to_numpy(), [10, 0, 0, 0])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_graph_holds_the_atomic_tensor_and_each_replay_adds(
+    backend: str, rng: np.random.Generator
+) -> None:
+    ct.set_backend(backend)
+    xs = rng.integers(0, 16, 1000).astype(np.int32)
+    h = ct.zeros((16,), i32)
+    g = ct.graph(histogram(ct.empty((1000,), i32).partition(256), ct.from_numpy(xs), h))
+    g.replay()
+    g.replay()
+    np.testing.assert_array_equal(g.read(h), 2 * np.bincount(xs, minlength=16))
+    with pytest.raises(ct.BorrowError, match="held by graph of histogram"):
+        h.to_numpy()
+    _, _, back = g.release()
+    assert back is h
+
+
 def test_an_atomic_tensor_may_not_also_be_passed_shared() -> None:
     h = ct.zeros((16,), i32)
     with pytest.raises(ct.AliasError, match="'x' and 'h'"):

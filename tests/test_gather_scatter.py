@@ -55,6 +55,16 @@ def gather_window(z: Mut[Tensor[T, B]], x: Tensor[T, Dyn], off: int) -> None:
 
 
 @ct.kernel
+def gather_diagonal(z: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn]) -> None:
+    """z[i, j] = x[j, j]: the row index is an arange reshaped from a column into a row, so it
+    varies along the last dim (no vector loads, though the column index steps by one)."""
+    j = ct.arange(z.shape[1], i32)
+    rows = ct.broadcast_to(ct.expand_dims(j, 1).reshape((1, z.shape[1])), z.shape)
+    cols = ct.broadcast_to(ct.expand_dims(j, 0), z.shape)
+    z.store(ct.gather(x, (rows, cols)))
+
+
+@ct.kernel
 def scatter_perm(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], perm: Tensor[i32, Dyn]) -> None:
     """Within each block's tile: z[perm[i]] = x[i] (perm counts from the tile's origin; past
     the end of `perm`, -1: a target outside the tile, dropped)."""
@@ -69,6 +79,16 @@ def scatter_transpose(z: Mut[Tensor[f32, R, R]], x: Tensor[f32, Dyn, Dyn]) -> No
     i = ct.expand_dims(ct.arange(z.shape[0], i32), 1)
     j = ct.expand_dims(ct.arange(z.shape[1], i32), 0)
     ct.scatter(z, (j, i), t)
+
+
+@ct.kernel
+def scatter_shift(z: Mut[Tensor[T, R, C]], x: Tensor[T, Dyn, Dyn], shift: int) -> None:
+    """Each tile's columns moved right by `shift` (those pushed out of the tile dropped): the
+    column index steps by one, so runs that are aligned and inside store as vectors."""
+    z.store(ct.full(z.shape, -7, z.dtype))
+    rows = ct.expand_dims(ct.arange(z.shape[0], i32), 1)
+    cols = ct.expand_dims(ct.arange(z.shape[1], i32), 0) + shift
+    ct.scatter(z, (rows, cols), ct.load_tile_like(x, z))
 
 
 @ct.kernel
@@ -137,6 +157,16 @@ def test_gather_of_consecutive_indices_any_alignment(
         np.testing.assert_array_equal(z.unpartition().to_numpy(), want)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gather_of_a_reshaped_index_is_not_taken_for_consecutive(
+    backend: str, rng: np.random.Generator
+) -> None:
+    ct.set_backend(backend)
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    z, _ = gather_diagonal(ct.empty((8, 64), f32).partition((8, 64)), ct.from_numpy(x)).sync()
+    np.testing.assert_array_equal(z.unpartition().to_numpy(), np.tile(np.diag(x), (8, 1)))
+
+
 def test_consecutive_indices_load_vectors_and_loaded_indices_do_not() -> None:
     spec = (ct.PartitionSpec((4096,), (512,)), ct.TensorSpec((4096,)))
     assert "ld.global.nc.v4.f32" in gather_window.ptx(*spec, 3)
@@ -168,6 +198,29 @@ def test_scatter_permutes_within_each_tile_and_drops_outside(
         if 0 <= dst < tile and b * tile + dst < n:
             want[b * tile + dst] = xs[i]
     np.testing.assert_array_equal(z.unpartition().to_numpy(), want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dt", [ct.f32, ct.f16], ids=lambda d: d.name)
+def test_scatter_of_consecutive_indices_any_shift(
+    backend: str, dt: type[ct.DType], rng: np.random.Generator
+) -> None:
+    ct.set_backend(backend)
+    r, c = int(rng.integers(1, 40)), int(rng.integers(1, 300))
+    x = (rng.standard_normal((r, c)) * 100).astype(NP[dt])
+    for shift in (0, int(rng.integers(-5, 6)), int(rng.integers(-70, 70))):
+        z = ct.empty((r, c), dt).partition((8, 64))
+        z, _, _ = scatter_shift(z, ct.from_numpy(x), shift).sync()
+        want = np.full((r, c), -7, NP[dt])
+        for j in range(-(-c // 64) * 64):  # the last tile's columns past c load as 0
+            tj, dst = divmod(j, 64)
+            dst += shift
+            if 0 <= dst < 64 and tj * 64 + dst < c:
+                want[:, tj * 64 + dst] = x[:, j] if j < c else 0
+        np.testing.assert_array_equal(z.unpartition().to_numpy(), want)
+    assert "st.global.v4.f32" in scatter_shift.ptx(
+        ct.PartitionSpec((64, 256), (8, 64)), ct.TensorSpec((64, 256)), 1
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -223,6 +276,8 @@ def test_gather_and_scatter_ptx_assembles(sm: int) -> None:
         ),
         (scatter_transpose, (ct.PartitionSpec((64, 64), (32, 32)), ct.TensorSpec((64, 64)))),
     ]
+    shifted = (ct.PartitionSpec((64, 256), (8, 64), ct.f16), ct.TensorSpec((64, 256), ct.f16), 1)
+    cases.append((scatter_shift, shifted))
     cases.append(
         (gather_window, (ct.PartitionSpec((999,), (512,), ct.f16), ct.TensorSpec((99,), ct.f16), 3))
     )

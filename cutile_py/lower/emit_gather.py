@@ -76,15 +76,16 @@ def _coords(em: EmitContext, values: tuple[o.Value, ...], lay: Layout) -> list[l
     return [list(regs) for regs in zip(*per_dim)]
 
 
-def _vector_width(em: EmitContext, op: o.GatherOp, lay: Layout) -> int:
-    """Elements one load may take: the layout's run along the last dim when the last index
+def _vector_width(
+    em: EmitContext, coords: tuple[o.Value, ...], dt: type[DType], lay: Layout
+) -> int:
+    """Elements one access may take: the layout's run along the last dim when the last index
     steps by one along it and the others stay put (else 1)."""
-    dt = op.result.type.dtype
     base = lay.base
     if dt is bool_ or lay.dims[-1] != base.rank - 1 or base.vec == 1:
         return 1
     memo: dict[o.Value, int | None] = {}
-    *others, last = op.operands
+    *others, last = coords
     if last_dim_stride(em.uses, last, memo) != 1:
         return 1
     if any(last_dim_stride(em.uses, c, memo) != 0 for c in others):
@@ -97,7 +98,7 @@ def gather(em: EmitContext, op: o.GatherOp) -> None:
     dt = res.type.dtype
     lay = em.layout(res)
     acc = _Addressing(em, op.param, dt)
-    width = _vector_width(em, op, lay)
+    width = _vector_width(em, op.operands, dt, lay)
     if width > 1:
         em.define(res, _gather_vectors(em, op, lay, acc, width))
         return
@@ -132,11 +133,7 @@ def _gather_vectors(
         ok = acc.inside(first)
         end = fb.reg("pred")
         fb.ins("setp.lt.u32", end, last, acc.t.dims[len(first) - 1])
-        low, aligned = fb.reg("b64"), fb.reg("pred")
-        fb.ins("and.b64", low, addr, width * size - 1)
-        fb.ins("setp.eq.u64", aligned, low, 0)
-        whole = em.conj(em.conj(ok, end), aligned)
-        assert whole is not None
+        whole = _aligned(em, addr, width * size, ok, end)
         regs = _vector_load(em, addr, dt, width, whole, op.padding)
         rest = fb.reg("pred")
         fb.ins("not.pred", rest, whole)
@@ -235,13 +232,17 @@ def scatter(em: EmitContext, op: o.ScatterOp) -> None:
         fb.ins("mul.lo.u32", g, g, tile)
         origin.append(g)
     guards = _element_guards(em, lay)
+    coords = tuple(coord_values)
+    width = _vector_width(em, coords, dt, lay)
     # The tile's other writers and readers in this block (a store before, a load after) are
     # other threads: order the scatter after and before them, as the program text does.
     em.barrier()
-    for k, coords in enumerate(_coords(em, tuple(coord_values), lay)):
+    preds: list[Reg | None] = []
+    addrs: list[Reg] = []
+    for k, cs in enumerate(_coords(em, coords, lay)):
         pred = guards[k]
         glob: list[Reg] = []
-        for i, c in enumerate(coords):
+        for i, c in enumerate(cs):
             tile = p.dims[i]
             assert tile is not None
             ok = fb.reg("pred")
@@ -250,10 +251,48 @@ def scatter(em: EmitContext, op: o.ScatterOp) -> None:
             gc = fb.reg("b32")
             fb.ins("add.u32", gc, origin[i], c)
             glob.append(gc)
-        pred = em.conj(pred, acc.inside(glob))
-        addr = acc.address(glob)
-        _store_one(em, addr, src[k], dt, pred)
+        preds.append(em.conj(pred, acc.inside(glob)))
+        addrs.append(acc.address(glob))
+    for k in range(0, len(src), width):
+        rest: Reg | None = None
+        if width > 1:
+            # Consecutive indices: the run's first and last elements stored means all are
+            # (bounds and edge guards are monotone along the run); then one vector store.
+            whole = _aligned(em, addrs[k], width * dt.itemsize(), preds[k], preds[k + width - 1])
+            _store_vector(em, addrs[k], src[k : k + width], dt, whole)
+            rest = fb.reg("pred")
+            fb.ins("not.pred", rest, whole)
+        for i in range(k, k + width):
+            _store_one(em, addrs[i], src[i], dt, em.conj(rest, preds[i]))
     em.barrier()
+
+
+def _aligned(em: EmitContext, addr: Reg, nbytes: int, *preds: Reg | None) -> Reg:
+    """`addr` is a multiple of `nbytes`, and every one of `preds` holds."""
+    fb = em.fb
+    low, ok = fb.reg("b64"), fb.reg("pred")
+    fb.ins("and.b64", low, addr, nbytes - 1)
+    fb.ins("setp.eq.u64", ok, low, 0)
+    for p in preds:
+        if p is not None:
+            ok = em.and_(ok, p)
+    return ok
+
+
+def _store_vector(em: EmitContext, addr: Reg, regs: list[Reg], dt: type[DType], pred: Reg) -> None:
+    fb = em.fb
+    if dt in (f16, bf16):
+        words = []
+        for k in range(0, len(regs), 2):
+            w = fb.reg("b32")
+            fb.ins("mov.b32", w, Vec((regs[k], regs[k + 1])))
+            words.append(w)
+        regs, suffix = words, "b32"
+    else:
+        suffix = _suffix(dt)
+    src: Reg | Vec = Vec(tuple(regs)) if len(regs) > 1 else regs[0]
+    vec = f".v{len(regs)}" if len(regs) > 1 else ""
+    fb.ins(f"st.global{vec}.{suffix}", f"[{addr}]", src, pred=pred)
 
 
 def _store_one(em: EmitContext, addr: Reg, x: Reg, dt: type[DType], pred: Reg | None) -> None:

@@ -31,13 +31,18 @@ def last_dim_stride(uses: DefUse, v: o.Value, memo: dict[o.Value, int | None]) -
 def _of(uses: DefUse, op: o.Op, memo: dict[o.Value, int | None]) -> int | None:
     if isinstance(op, o.IotaOp):
         return 1
-    if isinstance(op, (o.BroadcastOp, o.ReshapeOp)):
-        # Both keep the last dim's index when they keep its size (row-major reshape).
+    if isinstance(op, o.BroadcastOp):
+        # Same rank (or a scalar): a last dim of 1 repeats one value along it.
+        (x,) = op.operands
+        if not x.type.shape or x.type.shape[-1] == 1:
+            return 0
+        return last_dim_stride(uses, x, memo)
+    if isinstance(op, o.ReshapeOp):
+        # A row-major reshape keeps each element's last-dim index when it keeps that dim's
+        # size; otherwise other dims fold into the last one.
         (x,) = op.operands
         shape, out = x.type.shape, op.result.type.shape
-        if not shape or shape[-1] == 1:
-            return 0
-        return last_dim_stride(uses, x, memo) if shape[-1] == out[-1] else None
+        return last_dim_stride(uses, x, memo) if shape and shape[-1] == out[-1] else None
     if not isinstance(op, _ELEMENTWISE):
         return None
     strides = [last_dim_stride(uses, x, memo) for x in op.operands]
