@@ -16,7 +16,12 @@ from cutile_py.ir import ops as o
 from cutile_py.ir.printer import value_names
 from cutile_py.ir.uses import DefUse, walk
 from cutile_py.lower.allocate_shared import SharedPlan, allocate_shared
-from cutile_py.lower.assign_fragments import FragmentPlan, assign_fragments
+from cutile_py.lower.assign_fragments import (
+    FragmentPlan,
+    assign_fragments,
+    family_threads,
+    find_families,
+)
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan, plan_layouts
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad, plan_pipelines
 from cutile_py.ptx.target import Target
@@ -43,9 +48,11 @@ def assign_layouts(
     kernel: o.Kernel, target: Target, uses: DefUse
 ) -> tuple[LayoutPlan, FragmentPlan]:
     """Which thread holds which element of each value: blocked layouts for every value, then
-    mma fragment layouts for the values of mma loops that can stay in fragments."""
-    layouts = plan_layouts(kernel, target)
-    return layouts, assign_fragments(kernel, target, uses, layouts.threads)
+    mma fragment layouts for the values of mma loops that can stay in fragments (whose row
+    bands may cap the block's size first: a warp per band)."""
+    families = find_families(kernel, target, uses)
+    layouts = plan_layouts(kernel, target, family_threads(families))
+    return layouts, assign_fragments(kernel, target, uses, layouts.threads, families)
 
 
 def plan_lowering(kernel: o.Kernel, target: Target, uses: DefUse) -> LoweringPlan:
