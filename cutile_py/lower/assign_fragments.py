@@ -92,7 +92,10 @@ def find_families(kernel: o.Kernel, target: Target, uses: DefUse) -> list[Family
         for mma in loop.body.ops:
             if isinstance(mma, o.MmaOp) and mma.result not in seen:
                 fam = _family(loop, mma, uses)
-                if fam is not None:
+                # A closure reaching into an earlier family (through an A operand carried
+                # from the previous iteration, the one link not followed backwards) stays
+                # blocked: each value belongs to one family.
+                if fam is not None and seen.isdisjoint(fam.kinds):
                     out.append(fam)
                     seen.update(fam.kinds)
     return out
