@@ -79,20 +79,50 @@ def no_fragments() -> FragmentPlan:
     return FragmentPlan(MappingProxyType({}), MappingProxyType({}))
 
 
-def assign_fragments(kernel: o.Kernel, target: Target, uses: DefUse, threads: int) -> FragmentPlan:
-    """The fragment families of every loop with a top-level mma in its body."""
+def find_families(kernel: o.Kernel, target: Target, uses: DefUse) -> list[Family]:
+    """The fragment families of every loop with a top-level mma in its body (shapes only:
+    before the block size is chosen)."""
+    out: list[Family] = []
+    seen: set[o.Value] = set()
+    if not target.mma_sync:
+        return out
+    for loop in walk(kernel.body):
+        if not isinstance(loop, o.ForOp):
+            continue
+        for mma in loop.body.ops:
+            if isinstance(mma, o.MmaOp) and mma.result not in seen:
+                fam = _family(loop, mma, uses)
+                # A closure reaching into an earlier family (through an A operand carried
+                # from the previous iteration, the one link not followed backwards) stays
+                # blocked: each value belongs to one family.
+                if fam is not None and seen.isdisjoint(fam.kinds):
+                    out.append(fam)
+                    seen.update(fam.kinds)
+    return out
+
+
+def family_threads(families: list[Family]) -> int | None:
+    """The most threads a block should have: one warp per 16-row band of the smallest family
+    held one band per warp (more warps would only hold copies of its fragments)."""
+    bands = [fam.m // 16 for fam in families if fam.one_band]
+    if not bands:
+        return None
+    return WARP * (1 << (min(bands).bit_length() - 1))
+
+
+def assign_fragments(
+    kernel: o.Kernel,
+    target: Target,
+    uses: DefUse,
+    threads: int,
+    families: list[Family] | None = None,
+) -> FragmentPlan:
+    """The fragment layouts of the values of each family, for a block of `threads`."""
     values: dict[o.Value, Fragment] = {}
     grids: dict[o.MmaOp, WarpGrid] = {}
-    if target.mma_sync:
-        warps = threads // WARP
-        for loop in walk(kernel.body):
-            if not isinstance(loop, o.ForOp):
-                continue
-            for mma in loop.body.ops:
-                if isinstance(mma, o.MmaOp) and mma.result not in values:
-                    fam = _family(loop, mma, uses)
-                    if fam is not None:
-                        _place(fam, warps, values, grids)
+    fams = find_families(kernel, target, uses) if families is None else families
+    for fam in fams:
+        _place(fam, threads // WARP, values, grids)
     return FragmentPlan(MappingProxyType(values), MappingProxyType(grids))
 
 
@@ -101,13 +131,26 @@ _Mark = Callable[[o.Value, str], bool]
 
 
 @dataclass
-class _Family:
+class Family:
+    """Values of one loop that can stay in fragments together, by kind, and their mmas."""
+
     kinds: dict[o.Value, str]
     mmas: list[o.MmaOp]
     a_fed: bool  # some mma takes its A operand from the family
 
+    @property
+    def m(self) -> int:
+        """Rows of the family's accumulators."""
+        return next(v.type.shape[0] for v, k in self.kinds.items() if k != "cols")
 
-def _family(loop: o.ForOp, seed: o.MmaOp, uses: DefUse) -> _Family | None:
+    @property
+    def one_band(self) -> bool:
+        """Held one warp per row band (wn = 1): it has row or column vectors, or feeds an
+        mma's A operand."""
+        return self.a_fed or any(k != "acc" for k in self.kinds.values())
+
+
+def _family(loop: o.ForOp, seed: o.MmaOp, uses: DefUse) -> Family | None:
     """The closure of `seed`'s result over the relations that run on fragments; None if an
     op touching it cannot."""
     body = loop.body
@@ -178,7 +221,7 @@ def _family(loop: o.ForOp, seed: o.MmaOp, uses: DefUse) -> _Family | None:
             return None
     if len({v.type.shape[0] for v, k in kinds.items() if k != "cols"}) != 1:
         return None
-    return _Family(kinds, mmas, a_fed)
+    return Family(kinds, mmas, a_fed)
 
 
 def _fits(v: o.Value, kind: str) -> bool:
@@ -255,12 +298,11 @@ def _init_ok(init: o.Value, kind: str, uses: DefUse) -> bool:
 
 
 def _place(
-    fam: _Family, warps: int, values: dict[o.Value, Fragment], grids: dict[o.MmaOp, WarpGrid]
+    fam: Family, warps: int, values: dict[o.Value, Fragment], grids: dict[o.MmaOp, WarpGrid]
 ) -> None:
     """Choose the family's warp split and record its values' layouts."""
-    m = next(v.type.shape[0] for v, k in fam.kinds.items() if k != "cols")
-    fm = m // 16
-    one_band = fam.a_fed or any(k != "acc" for k in fam.kinds.values())
+    fm = fam.m // 16
+    one_band = fam.one_band
 
     def grid(n: int) -> WarpGrid:
         if one_band:

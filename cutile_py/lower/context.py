@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, f32
 from cutile_py.ir.uses import DefUse
+from cutile_py.lower.allocate_shared import SharedPlan, no_shared
 from cutile_py.lower.assign_fragments import FragmentPlan, no_fragments
 from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import Operand, Setup, SharedTile
@@ -58,6 +59,8 @@ class EmitContext:
     pipelines: Mapping[o.ForOp, PipelinePlan] = field(default_factory=dict)
     #: Values held in mma fragment layouts, and the warp split of their families' mmas.
     fragment_plan: FragmentPlan = field(default_factory=no_fragments)
+    #: Where the long-lived shared buffers (rings, resident operand tiles) lie.
+    shared: SharedPlan = field(default_factory=no_shared)
     values: MutableMapping[o.Value, list[Reg]] = field(default_factory=dict)
     tensors: dict[int, TensorRegs] = field(default_factory=dict)
     bases: dict[Blocked, BaseRegs] = field(default_factory=dict)

@@ -1,11 +1,13 @@
 """`mma` on tensor cores: operands in swizzled shared memory, fragments loaded with
 `ldmatrix`, `mma.sync` m16n8k16 (f16, bf16) or m16n8k8 (tf32).
 
-Operands arrive in shared memory one of two ways: stored here from their registers, or
-copied there by the cp.async pipeline of the enclosing loop (`emit_pipeline`, which then
-lists them in `em.staged`). The accumulator is either in mma fragment form (a loop carries
-it: `em.fragment_values`) or in its blocked layout, converted through shared memory in row
-bands of at most 48 KiB, so accumulator tiles of any size fit.
+Operands arrive in shared memory one of three ways: stored here from their registers, stored
+once before the loop (`em.resident`: defined outside it), or copied there by the cp.async
+pipeline of the enclosing loop (`emit_pipeline`, which then lists them in `em.staged`). A
+16-bit A operand held in accumulator fragments (`assign_fragments`) is read from its
+registers instead: for m16n8k16 the A fragment is a permutation of two C fragments. The
+accumulator is either in mma fragment form (`em.fragment_values`) or in its blocked layout,
+converted through shared memory in row bands of at most 48 KiB, so tiles of any size fit.
 
 The fragment layouts and the shared tiles are kept apart from the instructions that use
 them so that Hopper's wgmma (whose operands are these swizzled tiles, read by descriptor)

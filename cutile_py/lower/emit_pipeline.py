@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import f32
 from cutile_py.lower import emit_mma
+from cutile_py.lower.allocate_shared import SharedRegion
 from cutile_py.lower.context import EmitContext
 from cutile_py.lower.emit_memory import Access
 from cutile_py.lower.fragments import Operand
@@ -41,23 +42,26 @@ def start(em: EmitContext, plan: PipelinePlan) -> LoopPipeline:
     for mma in plan.mmas:
         emit_mma.setup(em, mma)
     if plan.loads:
-        em.shared_scratch(plan.stages * plan.stage_bytes)  # the body's scratch comes after it
+        # The ring and the resident tiles; the body's scratch comes after them.
+        em.shared_scratch(em.shared.floor(plan.loop) - em.scratch_floor)
         for sl in plan.loads:
             em.skipped.update(sl.chain)
             em.base_regs(sl.copy.base)  # before the loop: the prologue and the body use it
-        if plan.resident:
-            _store_resident(em, plan)
-    return LoopPipeline(
-        em,
-        plan.loop,
-        dict(plan.carried),
-        list(plan.loads),
-        plan.stages if plan.loads else 1,
-        plan.stage_bytes,
-        plan.ring,
-        plan.floor,
-        [(v, which) for v, which, _ in plan.resident],
-    )
+        resident = em.shared.resident(plan.loop)
+        if resident:
+            _store_resident(em, resident)
+        return LoopPipeline(
+            em,
+            plan.loop,
+            dict(plan.carried),
+            list(plan.loads),
+            plan.stages,
+            plan.stage_bytes,
+            em.shared.ring(plan.loop),
+            em.shared.floor(plan.loop),
+            [(r.value, r.which) for r in resident if r.value is not None],
+        )
+    return LoopPipeline(em, plan.loop, dict(plan.carried), [], 1, plan.stage_bytes)
 
 
 @dataclass
@@ -202,17 +206,18 @@ def _copy(em: EmitContext, sl: StagedLoad, index: list[Reg], base: Reg) -> None:
             fb.ins(f"cp.async.{level}.shared.global", Addr(dst, imm), src, nbytes, size, pred=issue)
 
 
-def _store_resident(em: EmitContext, plan: PipelinePlan) -> None:
+def _store_resident(em: EmitContext, resident: tuple[SharedRegion, ...]) -> None:
     """Store the mma operands defined before the loop into their tiles once, before it
     (f32 ones rounded to tf32 on the way); the mmas of the body read them from there."""
-    em.shared_scratch(plan.floor - em.scratch_floor)  # the tiles count as used
     assert em.smem is not None
     em.barrier()  # earlier readers of this shared memory are done
-    for v, which, tile in plan.resident:
+    for r in resident:
+        v, tile = r.value, r.tile
+        assert v is not None and tile is not None
         dt = v.type.dtype
-        transpose = which == 1 and dt is f32
+        transpose = r.which == 1 and dt is f32
         emit_mma.store_tile(
             em, em.smem, tile, em.regs(v), em.layout(v), transpose=transpose, tf32=dt is f32
         )
-        em.resident[(v, which)] = Operand(tile, em.smem, k_rows=which == 1 and not transpose)
+        em.resident[(v, r.which)] = Operand(tile, em.smem, k_rows=r.which == 1 and not transpose)
     em.barrier()

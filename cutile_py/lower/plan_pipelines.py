@@ -1,7 +1,8 @@
 """plan_pipelines: before emission, decide for each loop with an mma in its body which carried
 accumulators stay in mma fragments, which operand loads become `cp.async` copies issued
-`stages - 1` iterations ahead into a ring of shared stages, how many stages, and where the
-ring lies. The decisions are data (`PipelinePlan`); `emit_pipeline` carries them out."""
+`stages - 1` iterations ahead into a ring of shared stages, how many stages, and which mma
+operands defined before the loop are stored once for it. The decisions are data
+(`PipelinePlan`); `allocate_shared` places the buffers, `emit_pipeline` carries them out."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ class StagedLoad:
 @dataclass(frozen=True)
 class PipelinePlan:
     """How one loop with an mma in its body runs: which carried values stay mma fragments,
-    which operand loads a `stages`-deep cp.async ring issues ahead, and where the ring lies."""
+        which operand loads a `stages`-deep cp.async ring issues ahead (`allocate_shared` places
+    the ring)."""
 
     loop: o.ForOp
     mmas: tuple[o.MmaOp, ...]
@@ -57,20 +59,17 @@ class PipelinePlan:
     loads: tuple[StagedLoad, ...]
     stages: int
     stage_bytes: int
-    #: Byte offset of stage 0 in shared memory: past the stages of every enclosing pipeline.
-    ring: int = 0
     #: mma operands defined before the loop: stored once, before it, into these tiles
-    #: (past the ring), instead of once per iteration.
+    #: (placed by `allocate_shared`), instead of once per iteration.
     resident: tuple[tuple[o.Value, int, SharedTile], ...] = ()
 
     @property
-    def floor(self) -> int:
-        """Where the shared scratch of the loop body starts (past the stages in flight and
-        the resident operand tiles)."""
+    def footprint(self) -> int:
+        """Bytes of shared memory held while the loop runs: its ring and resident tiles."""
         if not self.loads:
-            return self.ring
-        end = self.ring + self.stages * self.stage_bytes
-        return max([end, *(round_region(t.offset + t.nbytes) for _, _, t in self.resident)])
+            return 0
+        held = sum(round_region(t.nbytes) for _, _, t in self.resident)
+        return self.stages * self.stage_bytes + held
 
 
 def plan_pipelines(
@@ -81,19 +80,19 @@ def plan_pipelines(
     fragments: FragmentPlan | None = None,
 ) -> dict[o.ForOp, PipelinePlan]:
     """The pipeline of every loop with a top-level mma in its body, in program order. A loop
-    nested in a pipelined loop puts its ring past the outer one's stages."""
+    nested in a pipelined loop chooses its stages within what the outer one leaves."""
     out: dict[o.ForOp, PipelinePlan] = {}
     frags = fragments or no_fragments()
     cx = _Planning(kernel, layouts, target, uses, frags)
 
-    def visit(region: o.Region, floor: int) -> None:
+    def visit(region: o.Region, outer: int) -> None:
         for op in region.ops:
-            inner = floor
+            inner = outer
             if isinstance(op, o.ForOp):
-                plan = plan_loop(cx, op, floor)
+                plan = plan_loop(cx, op, outer)
                 if plan is not None:
                     out[op] = plan
-                    inner = plan.floor
+                    inner = outer + plan.footprint
             for r in op.regions():
                 visit(r, inner)
 
@@ -110,9 +109,9 @@ class _Planning:
     fragments: FragmentPlan
 
 
-def plan_loop(cx: _Planning, loop: o.ForOp, ring: int) -> PipelinePlan | None:
-    """What of `loop` runs as a tensor-core loop (its ring at byte `ring` of shared memory);
-    None if its body has no top-level mma."""
+def plan_loop(cx: _Planning, loop: o.ForOp, outer: int) -> PipelinePlan | None:
+    """What of `loop` runs as a tensor-core loop, within the shared memory left past the
+    `outer` bytes enclosing loops hold; None if its body has no top-level mma."""
     body = loop.body.ops
     mmas = [op for op in body if isinstance(op, o.MmaOp)]
     if not mmas:
@@ -135,8 +134,8 @@ def plan_loop(cx: _Planning, loop: o.ForOp, ring: int) -> PipelinePlan | None:
                 loads.append(sl)
     pairs = tuple(carried.items())
     if not loads:
-        return PipelinePlan(loop, tuple(mmas), pairs, (), 1, 0, ring)
-    return _place(cx, loop, pairs, loads, mmas, ring)
+        return PipelinePlan(loop, tuple(mmas), pairs, (), 1, 0)
+    return _place(cx, loop, pairs, loads, mmas, outer)
 
 
 def _staged_load(
@@ -236,7 +235,7 @@ def _place(
     carried: tuple[tuple[int, o.MmaOp], ...],
     loads: list[StagedLoad],
     mmas: list[o.MmaOp],
-    ring: int,
+    outer: int,
 ) -> PipelinePlan:
     """Lay the stages out in shared memory and choose their number."""
     stage_bytes = 0
@@ -257,7 +256,7 @@ def _place(
     max_shared = cx.target.max_shared_bytes
 
     def need(stages: int) -> int:
-        return ring + stages * stage_bytes + reg_bytes
+        return outer + stages * stage_bytes + reg_bytes
 
     explicit = cx.kernel.stages
     if explicit is not None:
@@ -284,7 +283,6 @@ def _place(
                 loop.span,
             )
     resident: list[tuple[o.Value, int, SharedTile]] = []
-    at = ring + stages * stage_bytes
     for mma in mmas:
         for which, v in enumerate(mma.operands[:2]):
             if v in staged or cx.fragments.of(v) is not None or _in_loop(cx.uses, loop, v):
@@ -296,11 +294,9 @@ def _place(
             # Oriented as the mma stores operands from registers: B of tf32 transposed.
             if which == 1 and dt is f32:
                 rows, cols = cols, rows
-            tile = SharedTile(at, rows, cols, dt.itemsize(), True)
-            resident.append((v, which, tile))
-            at += round_region(tile.nbytes)
+            resident.append((v, which, SharedTile(0, rows, cols, dt.itemsize(), True)))
     return PipelinePlan(
-        loop, tuple(mmas), carried, tuple(placed), stages, stage_bytes, ring, tuple(resident)
+        loop, tuple(mmas), carried, tuple(placed), stages, stage_bytes, tuple(resident)
     )
 
 
