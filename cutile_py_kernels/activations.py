@@ -50,8 +50,8 @@ def _gelu_kernel(dt: type[ct.DType]) -> Any:
 
 
 def _tile(dt: type[ct.DType]) -> int:
-    """Elements per block: 16-byte accesses by 256 threads."""
-    return 1024 if dt is f32 else 2048
+    """Elements per block: four 16-byte accesses per thread of 256 (set-up spread thinner)."""
+    return 4096 if dt is f32 else 8192
 
 
 def gelu(x: Tensor[Any, Any]) -> Tensor[Any, Any]:

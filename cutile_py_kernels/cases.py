@@ -18,7 +18,7 @@ from cutile_py_kernels.gemv import _gemv_kernel
 from cutile_py_kernels.layout import TRANSPOSE_TILE, _embedding_kernel, _transpose_kernel
 from cutile_py_kernels.norms import _layer_norm_kernels, _rms_kernels
 from cutile_py_kernels.rope import rope_kernel
-from cutile_py_kernels.softmax import _argmax_kernels, _softmax_kernels
+from cutile_py_kernels.softmax import _argmax_kernels, _softmax_kernels, softmax_plan
 
 Case = tuple[str, ct.Kernel, tuple[Any, ...]]
 
@@ -27,6 +27,17 @@ def _rows(dt: type[ct.DType], r: int, n: int) -> Iterator[tuple[str, bool, PS, i
     plan = row_plan(r, n, dt)
     tile = (1, -(-n // plan.width) * plan.width) if plan.loop else (plan.rows, plan.width)
     yield f"{dt.name} {r}x{n}", plan.loop, PS((r, n), tile, dt), plan.width
+
+
+def _softmax_case(dt: type[ct.DType], r: int, n: int) -> Case:
+    plan, warps = softmax_plan(r, n, dt)
+    tile_k, loop_k = _softmax_kernels(dt, max(warps, 1))
+    x = TS((r, n), dt)
+    if plan.loop:
+        out = PS((r, n), (1, -(-n // plan.width) * plan.width), dt)
+        return f"softmax {dt.name} {r}x{n}", loop_k, (out, x, n, True, plan.width)
+    out = PS((r, n), (plan.rows, plan.width), dt)
+    return f"softmax {dt.name} {r}x{n}", tile_k, (out, x, n, True)
 
 
 def cases() -> Iterator[Case]:
@@ -39,13 +50,14 @@ def cases() -> Iterator[Case]:
             _silu_mul_kernel(dt),
             (PS((n,), (1024,), dt), v, v),
         )
+        yield _softmax_case(dt, 8, 32768)
+        yield _softmax_case(dt, 8, 40_000)
         for r, n in ((256, 1000), (256, 4096), (8, 20_000)):
             for label, loop, out, width in _rows(dt, r, n):
                 x, w = TS((r, n), dt), TS((n,), dt)
                 tail = (width,) if loop else ()
                 rms_tile, rms_loop, add_tile, add_loop = _rms_kernels(dt)
                 ln_tile, ln_loop = _layer_norm_kernels(dt)
-                sm_tile, sm_loop = _softmax_kernels(dt)
                 yield (
                     f"rms_norm {label}",
                     rms_loop if loop else rms_tile,
@@ -61,7 +73,7 @@ def cases() -> Iterator[Case]:
                     ln_loop if loop else ln_tile,
                     (out, x, w, w, n, 1e-5, *tail),
                 )
-                yield (f"softmax {label}", sm_loop if loop else sm_tile, (out, x, n, True, *tail))
+                yield _softmax_case(dt, r, n)
                 am_tile, am_loop = _argmax_kernels(dt)
                 rows = 1 if loop else out.tile[0]
                 yield (

@@ -119,6 +119,21 @@ def _row(
     return lambda: _rows(kernels, dt, r, n, 1, lambda: extra)
 
 
+def _softmax(
+    dt: type[ct.DType], r: int, n: int, causal: bool
+) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
+    def build() -> tuple[Any, tuple[Any, ...]]:
+        plan, warps = softmax_mod.softmax_plan(r, n, dt)
+        tile_k, loop_k = softmax_mod._softmax_kernels(dt, max(warps, 1))
+        x = TensorSpec((r, n), dt)
+        if plan.loop:
+            out = PartitionSpec((r, n), (1, -(-n // plan.width) * plan.width), dt)
+            return loop_k, (out, x, n, causal, plan.width)
+        return tile_k, (PartitionSpec((r, n), (plan.rows, plan.width), dt), x, n, causal)
+
+    return build
+
+
 def cases() -> list[Case]:
     f = TensorSpec((FLAT,), f32)
     z = PartitionSpec((FLAT,), (elementwise.TILE,), f32)
@@ -137,11 +152,10 @@ def cases() -> list[Case]:
         for h in (1536, 2048, 4096):
             build = _row(rms, dt, ROWS, h, TensorSpec((h,), dt), 1.0 / h, 1e-6)
             out.append(Case(f"rms_norm {dt.name} {ROWS}x{h}", build, 2 * size))
-        sm = softmax_mod._softmax_kernels(dt)
         for n in (1024, 32768):
-            build = _row(sm, dt, ROWS, n, n, False)
+            build = _softmax(dt, ROWS, n, False)
             out.append(Case(f"softmax {dt.name} {ROWS}x{n}", build, 2 * size))
-        build = _row(sm, dt, 16 * CAUSAL_S, CAUSAL_S, CAUSAL_S, True)
+        build = _softmax(dt, 16 * CAUSAL_S, CAUSAL_S, True)
         causal_read = (CAUSAL_S + 1) / (2 * CAUSAL_S)
         name = f"causal softmax {dt.name} 16x{CAUSAL_S}x{CAUSAL_S}"
         out.append(Case(name, build, size * (1 + causal_read)))

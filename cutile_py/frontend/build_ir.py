@@ -120,8 +120,10 @@ class KernelBuilder:
         spec: Specialization,
         fast_math: bool,
         stages: int | None = None,
+        num_warps: int | None = None,
     ) -> None:
         self.cap = cap
+        self.num_warps = num_warps
         self.spec = spec
         self.fast_math = fast_math
         self.stages = stages
@@ -184,6 +186,7 @@ class KernelBuilder:
             grid_rank=max(ranks, default=1),
             fast_math=self.fast_math,
             stages=self.stages,
+            num_warps=self.num_warps,
         )
         ir.verify(kernel)
         return kernel
@@ -911,10 +914,11 @@ def build_kernel(
     spec: Specialization,
     fast_math: bool = False,
     stages: int | None = None,
+    num_warps: int | None = None,
 ) -> ir.Kernel:
     """Tile IR for `cap` specialized to `spec`; CompileError for anything unsupported."""
     try:
-        return KernelBuilder(cap, spec, fast_math, stages).build()
+        return KernelBuilder(cap, spec, fast_math, stages, num_warps).build()
     except CompileError:
         raise
     except RecursionError as e:

@@ -366,3 +366,5 @@ class Kernel:
     fast_math: bool = False
     #: K-loop iterations the cp.async pipeline loads ahead (None: the compiler chooses).
     stages: int | None = None
+    #: Warps per block (None: the compiler chooses from the tile sizes).
+    num_warps: int | None = None
