@@ -124,6 +124,9 @@ def test_releasing_memory_does_not_wait_for_an_executing_launch() -> None:
 
     from cutile_py.runtime.backend import HOST_EXECUTION
 
+    # Garbage of earlier tests first: an abandoned launched op waits for its launch when
+    # collected (rule 5), and would wait here for the lock this test holds.
+    gc.collect()
     sim = SimBackend()
     buf = sim.alloc(1024)
     address = buf.address
