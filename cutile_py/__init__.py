@@ -32,7 +32,7 @@ from cutile_py.host.specs import PartitionSpec, TensorSpec
 from cutile_py.host.streams import Stream
 from cutile_py.host.tensor import Partition, Tensor
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
-from cutile_py.language.annotations import Constant, Dyn, Mut
+from cutile_py.language.annotations import Atomic, Constant, Dyn, Mut
 from cutile_py.language.functions import (
     abs,
     argmax,
@@ -41,6 +41,7 @@ from cutile_py.language.functions import (
     broadcast_to,
     cdiv,
     cos,
+    cumsum,
     erf,
     exp,
     exp2,
@@ -70,6 +71,7 @@ from cutile_py.language.functions import (
     tanh,
     where,
 )
+from cutile_py.language.indexed import atomic_add, atomic_max, atomic_min, gather, scatter
 from cutile_py.language.tile import Tile
 from cutile_py.ptx.target import Target
 from cutile_py.runtime.select import set_backend as set_backend
@@ -86,6 +88,7 @@ def backend() -> str:
 
 __all__ = [
     "AliasError",
+    "Atomic",
     "BorrowError",
     "CompileError",
     "CompiledKernel",
@@ -113,6 +116,9 @@ __all__ = [
     "arange",
     "argmax",
     "argmin",
+    "atomic_add",
+    "atomic_max",
+    "atomic_min",
     "backend",
     "bf16",
     "bid",
@@ -121,6 +127,7 @@ __all__ = [
     "cache_info",
     "cdiv",
     "cos",
+    "cumsum",
     "erf",
     "exp",
     "exp2",
@@ -132,6 +139,7 @@ __all__ = [
     "from_numpy",
     "full",
     "function",
+    "gather",
     "graph",
     "i32",
     "i64",
@@ -154,6 +162,7 @@ __all__ = [
     "randn",
     "reshape",
     "rsqrt",
+    "scatter",
     "set_backend",
     "sigmoid",
     "sin",

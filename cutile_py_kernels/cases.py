@@ -11,13 +11,14 @@ from cutile_py import PartitionSpec as PS
 from cutile_py import TensorSpec as TS
 from cutile_py_kernels._common import row_plan
 from cutile_py_kernels.activations import _silu_mul_kernel
+from cutile_py_kernels.attention import _attention_kernels, block_m
 from cutile_py_kernels.autotune import candidates, default_config
 from cutile_py_kernels.gemm import _gemm_kernel
 from cutile_py_kernels.gemv import _gemv_kernel
 from cutile_py_kernels.layout import TRANSPOSE_TILE, _embedding_kernel, _transpose_kernel
 from cutile_py_kernels.norms import _layer_norm_kernels, _rms_kernels
-from cutile_py_kernels.rope import _rope_kernel
-from cutile_py_kernels.softmax import _argmax_kernels, _softmax_kernels
+from cutile_py_kernels.rope import rope_kernel
+from cutile_py_kernels.softmax import _argmax_kernels, _softmax_kernels, softmax_plan
 
 Case = tuple[str, ct.Kernel, tuple[Any, ...]]
 
@@ -26,6 +27,17 @@ def _rows(dt: type[ct.DType], r: int, n: int) -> Iterator[tuple[str, bool, PS, i
     plan = row_plan(r, n, dt)
     tile = (1, -(-n // plan.width) * plan.width) if plan.loop else (plan.rows, plan.width)
     yield f"{dt.name} {r}x{n}", plan.loop, PS((r, n), tile, dt), plan.width
+
+
+def _softmax_case(dt: type[ct.DType], r: int, n: int) -> Case:
+    plan, warps = softmax_plan(r, n, dt)
+    tile_k, loop_k = _softmax_kernels(dt, max(warps, 1))
+    x = TS((r, n), dt)
+    if plan.loop:
+        out = PS((r, n), (1, -(-n // plan.width) * plan.width), dt)
+        return f"softmax {dt.name} {r}x{n}", loop_k, (out, x, n, True, plan.width)
+    out = PS((r, n), (plan.rows, plan.width), dt)
+    return f"softmax {dt.name} {r}x{n}", tile_k, (out, x, n, True)
 
 
 def cases() -> Iterator[Case]:
@@ -38,13 +50,14 @@ def cases() -> Iterator[Case]:
             _silu_mul_kernel(dt),
             (PS((n,), (1024,), dt), v, v),
         )
+        yield _softmax_case(dt, 8, 32768)
+        yield _softmax_case(dt, 8, 40_000)
         for r, n in ((256, 1000), (256, 4096), (8, 20_000)):
             for label, loop, out, width in _rows(dt, r, n):
                 x, w = TS((r, n), dt), TS((n,), dt)
                 tail = (width,) if loop else ()
                 rms_tile, rms_loop, add_tile, add_loop = _rms_kernels(dt)
                 ln_tile, ln_loop = _layer_norm_kernels(dt)
-                sm_tile, sm_loop = _softmax_kernels(dt)
                 yield (
                     f"rms_norm {label}",
                     rms_loop if loop else rms_tile,
@@ -60,7 +73,7 @@ def cases() -> Iterator[Case]:
                     ln_loop if loop else ln_tile,
                     (out, x, w, w, n, 1e-5, *tail),
                 )
-                yield (f"softmax {label}", sm_loop if loop else sm_tile, (out, x, n, True, *tail))
+                yield _softmax_case(dt, r, n)
                 am_tile, am_loop = _argmax_kernels(dt)
                 rows = 1 if loop else out.tile[0]
                 yield (
@@ -70,13 +83,15 @@ def cases() -> Iterator[Case]:
                 )
         yield (
             f"rope {dt.name}",
-            _rope_kernel(dt),
+            rope_kernel,
             (
                 PS((512, 32, 128), (1, 32, 128), dt),
                 TS((512, 32, 128), dt),
                 TS((512,), ct.i32),
-                TS((4096, 64), ct.f32),
-                TS((4096, 64), ct.f32),
+                TS((64,), ct.f32),
+                TS((64,), ct.f32),
+                0,
+                4095,
             ),
         )
         t = TRANSPOSE_TILE
@@ -97,6 +112,61 @@ def cases() -> Iterator[Case]:
             (PS((4096,), (2048 // bk,), dt), TS((4096, 4096), dt), TS((4096,), dt), bk),
         )
     yield from _gemm_cases()
+    yield from _attention_cases()
+    yield from _qwen3_cases()
+
+
+def _attention_cases() -> Iterator[Case]:
+    """The flash kernel (prefill, 32 heads over 8 kv heads, 2048 tokens) and the split-KV
+    decode kernel and its merge (4 query heads per kv head, 16 splits), head_dim 64 and 128."""
+    for dt in (ct.f16, ct.bf16):
+        flash, split, merge = _attention_kernels(dt)
+        for d in (64, 128):
+            kv = TS((8, 2048, d), dt)
+            n = TS((1,), ct.i32)
+            rows, bm = 4 * 2048, block_m(4 * 2048)
+            yield (
+                f"attention flash {dt.name} d{d}",
+                flash,
+                (
+                    PS((8, rows, d), (1, bm, d), dt),
+                    TS((8, rows, d), dt),
+                    kv,
+                    kv,
+                    n,
+                    0,
+                    2048,
+                    True,
+                    0.1,
+                ),
+            )
+            bm = block_m(4)
+            parts = 8 * 16
+            yield (
+                f"attention split {dt.name} d{d}",
+                split,
+                (
+                    PS((parts, bm, d), (1, bm, d), ct.f32),
+                    PS((parts, bm, 1), (1, bm, 1), ct.f32),
+                    PS((parts, bm, 1), (1, bm, 1), ct.f32),
+                    TS((8, 4, d), dt),
+                    kv,
+                    kv,
+                    n,
+                    1,
+                    1,
+                    True,
+                    0.1,
+                    16,
+                ),
+            )
+            part = TS((parts, bm, d), ct.f32)
+            stat = TS((parts, bm, 1), ct.f32)
+            yield (
+                f"attention merge {dt.name} d{d}",
+                merge,
+                (PS((8, 4, d), (1, bm, d), dt), part, stat, stat, 16),
+            )
 
 
 def _gemm_cases() -> Iterator[Case]:
@@ -135,3 +205,53 @@ def _gemm_cases() -> Iterator[Case]:
         _gemm_kernel(ct.f16, ct.f32, False, False),
         (PS((m, n), (64, 64), ct.f32), TS((m, k), ct.f16), TS((k, n), ct.f16), 32),
     )
+
+
+def _qwen3_cases() -> Iterator[Case]:
+    """The Qwen3 model's own kernels at the Qwen3-4B shape (32 query and 8 kv heads of 128,
+    hidden 2560, intermediate 9728): a 512-token prefill and a decode step over a 4096-row KV
+    cache."""
+    from cutile_py_kernels.models.qwen3 import CACHE_BLOCK, TOKEN_BLOCK
+    from cutile_py_kernels.models.qwen3_kernels import mlp_kernels, qwen3_kernels
+
+    t, nq, nkv, d, cap = 512, 32, 8, 128, 4096
+    for dt in (ct.f16, ct.bf16):
+        q_prep, kv_prefill, kv_append, tokens_first = qwen3_kernels(dt)
+        w, table, pos = TS((d,), dt), TS((cap, d // 2), ct.f32), TS((1,), ct.i32)
+        cache = PS((nkv, cap, d), (1, CACHE_BLOCK, d), dt)
+        for tokens, bt in ((t, TOKEN_BLOCK), (1, 1)):
+            qkv = TS((tokens, nq + 2 * nkv, d), dt)
+            yield (
+                f"qwen3 q_prep {dt.name} T={tokens}",
+                q_prep,
+                (PS((nq, tokens, d), (1, bt, d), dt), qkv, w, table, table, pos, 1e-6),
+            )
+        qkv = TS((t, nq + 2 * nkv, d), dt)
+        yield (
+            f"qwen3 kv_prefill {dt.name}",
+            kv_prefill,
+            (cache, cache, qkv, w, table, table, nq, nkv, 1e-6),
+        )
+        qkv1 = TS((1, nq + 2 * nkv, d), dt)
+        yield (
+            f"qwen3 kv_append {dt.name}",
+            kv_append,
+            (cache, cache, qkv1, w, table, table, pos, nq, nkv, 1e-6),
+        )
+        yield (
+            f"qwen3 tokens_first {dt.name}",
+            tokens_first,
+            (PS((t, nq, d), (TOKEN_BLOCK, 1, d), dt), TS((nq, t, d), dt)),
+        )
+        swiglu_rows, swiglu_down = mlp_kernels(dt)
+        hid, inter = 2560, 9728
+        yield (
+            f"qwen3 swiglu_rows {dt.name}",
+            swiglu_rows,
+            (PS((t, inter), (1, 2048), dt), TS((t, 2, inter), dt)),
+        )
+        yield (
+            f"qwen3 swiglu_down {dt.name}",
+            swiglu_down,
+            (PS((hid,), (4,), dt), TS((hid, inter), dt), TS((1, 2, inter), dt), 512),
+        )

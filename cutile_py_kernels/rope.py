@@ -1,66 +1,69 @@
-"""Rotary position embedding, half-split (GPT-NeoX) layout, with host-made cos/sin tables.
+"""Rotary position embedding, half-split (GPT-NeoX) layout, with cos/sin computed on the device.
 
-The kernel language has no sin/cos: `rope` builds cos(pos·freq) and sin(pos·freq) tables of
-shape (max_position, D/2) on the host in float64, rounds them to f32 and keeps them (per
-backend, D, theta and max_position) for later calls; each block gathers its token's row.
+One kernel serves f32, f16 and bf16 (its dtype is a TypeVar). The only host-made data is the
+frequency row `theta^(-i/half)` in f64, split into f32 high and low parts and kept per (backend,
+half, theta); each block computes the angles `pos·freq` of its token to about 2^-48 relative
+(the product's rounding error recovered with an fma) and their cos and sin with `ct.cos` and
+`ct.sin` of the high and low parts, combined by the angle-sum identities.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, f32, i32
-from cutile_py_kernels._common import BLOCK_ELEMS, Elem, check_float, per_dtype, prev_pow2
+from cutile_py_kernels._common import BLOCK_ELEMS, check_float, prev_pow2
 
+T = TypeVar("T")  # the element dtype of x and y
 ONE = TypeVar("ONE")  # 1 token per block
 H = TypeVar("H")  # heads per block
 D = TypeVar("D")  # head_dim
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 
 
-@per_dtype
-def _rope_kernel(dt: type[ct.DType]) -> Any:
-    if not TYPE_CHECKING:
-        Elem = dt  # noqa: F841 (named by the annotations below)
-
-    @ct.kernel
-    def rope_kernel(
-        y: Mut[Tensor[Elem, ONE, H, D]],
-        x: Tensor[Elem, Dyn, Dyn, Dyn],
-        positions: Tensor[i32, Dyn],
-        cos: Tensor[f32, Dyn, Dyn],
-        sin: Tensor[f32, Dyn, Dyn],
-    ) -> None:
-        """For i < D/2: y[i] = x1 cos - x2 sin, y[i + D/2] = x2 cos + x1 sin, where x1, x2
-        are the halves of the head and cos, sin the table rows at the token's position."""
-        tok = ct.bid(0)
-        half = y.shape[2] // 2
-        shape = (1, y.shape[1], half)
-        pos = ct.load(positions, (tok,), (1,)).item()
-        c = ct.load(cos, (pos, 0), (1, half)).reshape((1, 1, half))
-        s = ct.load(sin, (pos, 0), (1, half)).reshape((1, 1, half))
-        x1 = ct.load(x, (tok, ct.bid(1), 0), shape).astype(f32)
-        x2 = ct.load(x, (tok, ct.bid(1), 1), shape).astype(f32)
-        ct.store(y, (0, 0, 0), (x1 * c - x2 * s).astype(y.dtype))
-        ct.store(y, (0, 0, 1), (x2 * c + x1 * s).astype(y.dtype))
-
-    return rope_kernel
+@ct.kernel
+def rope_kernel(
+    y: Mut[Tensor[T, ONE, H, D]],
+    x: Tensor[T, Dyn, Dyn, Dyn],
+    positions: Tensor[i32, Dyn],
+    freq_hi: Tensor[f32, Dyn],
+    freq_lo: Tensor[f32, Dyn],
+    first: int,
+    last: int,
+) -> None:
+    """For i < D/2, with a = pos·freq[i]: y[i] = x1 cos a - x2 sin a, y[i + D/2] = x2 cos a +
+    x1 sin a, where x1, x2 are the halves of the head; a position outside [first, last]
+    gives 0."""
+    tok = ct.bid(0)
+    half = y.shape[2] // 2
+    shape = (1, y.shape[1], half)
+    p = ct.load(positions, (tok,), (1,)).reshape((1, 1, 1))
+    pos = p.astype(f32)  # exact below 2^24
+    fh = ct.load(freq_hi, (0,), (half,)).reshape((1, 1, half))
+    fl = ct.load(freq_lo, (0,), (half,)).reshape((1, 1, half))
+    a_hi = pos * fh
+    a_lo = ct.fma(pos, fh, -a_hi) + pos * fl  # what a_hi lost, and the frequency's low part
+    ch, sh, cl, sl = ct.cos(a_hi), ct.sin(a_hi), ct.cos(a_lo), ct.sin(a_lo)
+    inside = (p >= first) & (p <= last)
+    c = ct.where(inside, ch * cl - sh * sl, 0.0)
+    s = ct.where(inside, sh * cl + ch * sl, 0.0)
+    x1 = ct.load(x, (tok, ct.bid(1), 0), shape).astype(f32)
+    x2 = ct.load(x, (tok, ct.bid(1), 1), shape).astype(f32)
+    ct.store(y, (0, 0, 0), (x1 * c - x2 * s).astype(y.dtype))
+    ct.store(y, (0, 0, 1), (x2 * c + x1 * s).astype(y.dtype))
 
 
 @functools.lru_cache(maxsize=16)
-def _tables(
-    backend: str, half: int, theta: float, max_position: int
-) -> tuple[Tensor[Any, Any], Tensor[Any, Any]]:
-    """cos and sin of pos·theta^(-i/half) for pos < max_position, i < half (f64 → f32)."""
+def frequencies(backend: str, half: int, theta: float) -> tuple[Tensor[Any, Any], Tensor[Any, Any]]:
+    """theta^(-i/half) for i < half in f64, as f32 high parts and the f32 rest."""
     freq = theta ** (-np.arange(half, dtype=np.float64) / half)
-    angle = np.arange(max_position, dtype=np.float64)[:, None] * freq[None, :]
-    return (
-        ct.from_numpy(np.cos(angle).astype(np.float32)),
-        ct.from_numpy(np.sin(angle).astype(np.float32)),
-    )
+    high = freq.astype(np.float32)
+    low = (freq - high.astype(np.float64)).astype(np.float32)
+    return ct.from_numpy(high), ct.from_numpy(low)
 
 
 def rope(
@@ -74,8 +77,10 @@ def rope(
     `y[..., i] = x[..., i] cos a - x[..., i + D/2] sin a` and
     `y[..., i + D/2] = x[..., i + D/2] cos a + x[..., i] sin a` (f32 arithmetic).
 
-    The cos/sin tables cover positions below `max_position`; when it is None the positions
-    are read back to the host to size them. Positions outside [0, max_position) give zeros.
+    cos and sin are computed on the device (nothing is read back to the host). With
+    `max_position`, positions outside [0, max_position) give zeros; without, every position
+    rotates (a negative one backwards). Angles are exact to about 2^-48 relative for
+    positions below 2^24, so results stay within a few f32 ulp of the exact rotation.
     """
     dt = check_float("rope", x)
     if len(x.shape) != 3 or x.shape[2] % 2:
@@ -86,16 +91,12 @@ def rope(
             f"rope: positions must be int32 of shape ({tokens},), got "
             f"{positions.dtype.name} {positions.shape}"
         )
-    if max_position is None:
-        pos = positions.to_numpy()
-        if pos.size and pos.min() < 0:
-            raise ValueError("rope: positions must be >= 0")
-        max_position = int(pos.max()) + 1 if pos.size else 1
+    first, last = (I32_MIN, I32_MAX) if max_position is None else (0, int(max_position) - 1)
     if x.size == 0:
         return ct.zeros(x.shape, dt)
-    cos, sin = _tables(ct.backend(), d // 2, float(theta), int(max_position))
+    freq_hi, freq_lo = frequencies(ct.backend(), d // 2, float(theta))
     hb = heads if heads * d <= BLOCK_ELEMS[dt] else prev_pow2(max(1, BLOCK_ELEMS[dt] // d))
     out = ct.empty(x.shape, dt).partition((1, hb, d))
-    y, *_ = _rope_kernel(dt)(out, x, positions, cos, sin).sync()
+    y, *_ = rope_kernel(out, x, positions, freq_hi, freq_lo, first, last).sync()
     result: Tensor[Any, Any] = y.unpartition()
     return result

@@ -27,6 +27,7 @@ EXPERIMENTS = [
     "host",
     "workdist",
     "dispatch",
+    "decode",
 ]
 
 

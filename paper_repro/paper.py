@@ -15,3 +15,9 @@ LAUNCH_US = {"sync": 7.3, "chained": 3.4, "async": 3.4, "graph": 0.8}
 LAUNCH_GPU = "RTX 5090"
 #: cuTile Python's permute with a swapped store index: 17-35 % of elements differ between runs.
 RACE_DIFFERING = (0.17, 0.35)
+#: Grout (the paper's Qwen3 engine on cuTile Rust), batch-1 greedy decode: (model, GPU,
+#: tokens/s, fraction of the HBM roofline or None where the paper gives none).
+GROUT_DECODE = [
+    ("Qwen3-4B", "RTX 5090", 171.0, 0.768),
+    ("Qwen3-32B", "B200", 82.0, None),
+]

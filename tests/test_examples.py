@@ -22,7 +22,14 @@ EXPECTED: dict[str, list[str]] = {
     "hello_world.py": ["backend: sim", "[0 0 0 0 0 0 0 0 1 1 1 1 1 1 1 1 2 2 2 2]", ".entry"],
     "add.py": ["as expected:", "backend sim: 65536 sums correct"],
     "saxpy.py": ["backend sim: max |error|"],
+    "generic_dtype.py": ["backend sim: f32:", "backend sim: f16:", "backend sim: bf16:"],
     "async_pipeline.py": ["backend sim: 4 pipelines in flight", "graph replays max |error|"],
+    "qwen3_decode.py": [
+        "backend sim (the PTX simulator",
+        "prompt [1, 2, 3, 4] -> [",
+        "tokens/s; roofline",
+        "% of the roofline",
+    ],
     "serving_loop.py": [
         "backend sim (the PTX simulator",
         "captured 6 launches",
@@ -34,8 +41,9 @@ EXPECTED: dict[str, list[str]] = {
 ENDS_WITH_OK = {"serving_loop.py"}
 #: Per-run cap (seconds). The examples take a few seconds each on sim with a cold JIT cache.
 RUN_CAP = 45.0
-#: The whole file's budget on sim (seconds), checked after each run.
-FILE_BUDGET = 60.0
+#: The whole file's budget on sim (seconds), checked after each run (qwen3_decode.py compiles
+#: about 20 kernels on a cold cache).
+FILE_BUDGET = 90.0
 _spent: list[float] = []
 
 

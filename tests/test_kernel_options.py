@@ -111,3 +111,54 @@ def test_disk_keys_differ_by_stages() -> None:
     keys = [key(s) for s in (None, 1, 2, 3)]
     assert None not in keys and len(set(keys)) == 4
     assert key(2) == key(2)
+
+
+# -- num_warps ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("num_warps", "error", "match"),
+    [
+        (0, ValueError, "1, 2, 4, 8, 16 or 32, got 0"),
+        (3, ValueError, "got 3"),
+        (64, ValueError, "got 64"),
+        (True, TypeError, "must be an int or None, got True"),
+        (4.0, TypeError, "got 4.0"),
+    ],
+)
+def test_bad_num_warps_are_rejected_at_decoration(
+    num_warps: Any, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match) as info:
+        ct.kernel(num_warps=num_warps)(_copy)
+    assert f"{__file__}:{_def_line('_copy')}: kernel _copy: num_warps" in str(info.value)
+
+
+@pytest.mark.parametrize("num_warps", [1, 2, 8, 32])
+def test_num_warps_sets_the_block_and_runs(num_warps: int, rng: Any) -> None:
+    """The block is num_warps warps, whatever the tile would give (64 elements: 32 threads by
+    default), and the copy is right on the simulator with every block size."""
+    k = ct.kernel(num_warps=num_warps)(_copy)
+    spec = (ct.PartitionSpec((1000,), (64,)), ct.TensorSpec((1000,)))
+    assert k.compile(*spec, target="sm_80").lowered.block_threads == 32 * num_warps
+    header = k.ir(*spec).splitlines()[0]
+    assert header.endswith(f" num_warps={num_warps} {{"), header
+    ct.set_backend("sim")
+    xs = rng.standard_normal(1000).astype("float32")
+    z, _ = k(ct.empty((1000,)).partition(64), ct.from_numpy(xs)).sync()
+    assert (z.unpartition().to_numpy() == xs).all()
+
+
+def test_kernels_differing_only_in_num_warps_do_not_share_a_cache_entry() -> None:
+    one, four = ct.kernel(num_warps=1)(_copy), ct.kernel(num_warps=4)(_copy)
+    c1, c4 = one.compile(*SPEC, target="sm_80"), four.compile(*SPEC, target="sm_80")
+    cd = ct.kernel(_copy).compile(*SPEC, target="sm_80")
+    assert len({id(c1), id(c4), id(cd)}) == 3
+    assert (c1.lowered.block_threads, c4.lowered.block_threads) == (32, 128)
+    k = ct.kernel(_copy)
+    spec = k.specialize(SPEC)
+    keys = {
+        jit_disk.disk_key(captured=k.captured, qualname=k.__qualname__, spec=spec,
+                          target=ct.Target(80), fast_math=False, compiler=COMPILER_VERSION,
+                          num_warps=w)
+        for w in (None, 1, 4)
+    }  # fmt: skip
+    assert None not in keys and len(keys) == 3

@@ -3,6 +3,7 @@ cuda where a GPU is found), and the PTX of every library kernel through nvJitLin
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,8 @@ import cutile_py as ct
 import cutile_py_kernels as ck
 from cutile_py.ir.dtypes import round_to
 from cutile_py_kernels import _common
+
+softmax_module = importlib.import_module("cutile_py_kernels.softmax")
 
 DTYPES = [ct.f32, ct.f16, ct.bf16]
 DT_PARAMS = [pytest.param(d, id=d.name) for d in DTYPES]
@@ -45,6 +48,7 @@ def small_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     """A row cap of 256 elements, so that short rows take the chunked (looping) kernels."""
     for dt in DTYPES:
         monkeypatch.setitem(_common.ROW_CAP, dt, 256)
+    monkeypatch.setattr(softmax_module, "ONE_PASS_CAP", 256)
 
 
 # -- element-wise -----------------------------------------------------------------------------
@@ -73,6 +77,16 @@ def test_silu_mul(backend: str, rng: np.random.Generator, dt: Any, shape: tuple[
     u, ut = rand(rng, shape, dt)
     check(ck.silu_mul(gt, ut), g / (1 + np.exp(-g)) * u, dt)
     gt.to_numpy(), ut.to_numpy()  # inputs stay usable
+
+
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("shape", [(1,), (7, 33), (3, 5, 700)])
+def test_gelu(backend: str, rng: np.random.Generator, dt: Any, shape: tuple[int, ...]) -> None:
+    x, xt = rand(rng, shape, dt, 4.0)
+    x64 = x.astype(np.float64)
+    ref = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64**3)))
+    check(ck.gelu(xt), ref, dt, 4.0)
+    xt.to_numpy()  # the input stays usable
 
 
 # -- norms ------------------------------------------------------------------------------------
@@ -199,8 +213,31 @@ def test_softmax_chunked(
 
 
 def test_softmax_beyond_the_real_cap(backend: str, rng: np.random.Generator) -> None:
-    x, xt = rand(rng, (2, _common.ROW_CAP[ct.f32] + 50), ct.f32, 4.0)
+    x, xt = rand(rng, (2, softmax_module.ONE_PASS_CAP + 50), ct.f32, 4.0)
     check(ck.softmax(xt), softmax_ref(x), ct.f32)
+
+
+@pytest.mark.parametrize("dt", [DT_PARAMS[0], DT_PARAMS[2]])
+@pytest.mark.parametrize("n", [2048, 32768])
+def test_softmax_long_rows_in_one_pass(
+    backend: str, rng: np.random.Generator, dt: Any, n: int
+) -> None:
+    """Rows up to ONE_PASS_CAP are one tile, one row per block, 32 or 64 elements a thread
+    (2048: 2 warps; 32768: 16 warps, 512 threads)."""
+    plan, warps = softmax_module.softmax_plan(3, n, dt)
+    assert (plan.loop, plan.rows, plan.width, warps) == (False, 1, n, min(16, n // 1024))
+    x, xt = rand(rng, (3, n), dt, 4.0)
+    check(ck.softmax(xt), softmax_ref(x), dt)
+
+
+def test_softmax_reads_each_element_once_at_32768() -> None:
+    """The bf16 4096 x 32768 row of issue 19: one read of x, one write of y (sampled)."""
+    plan, warps = softmax_module.softmax_plan(64, 32768, ct.bf16)
+    assert not plan.loop
+    tile_k, _ = softmax_module._softmax_kernels(ct.bf16, warps)
+    spec = ct.PartitionSpec((64, 32768), (1, 32768), ct.bf16), ct.TensorSpec((64, 32768), ct.bf16)
+    r = tile_k.report(*spec, 32768, False, target="sm_90")
+    assert r.bytes_ratio == 1.0 and r.spill_store_bytes in (0, None)
 
 
 def test_softmax_checks_causal_shape() -> None:

@@ -4,7 +4,16 @@ never through private names (DESIGN.md, "Lowering: plan first, then emit")."""
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pytest
+
+import cutile_py as ct
+from cutile_py.ir import ops as o
+from cutile_py.lower import emit_ptx
 
 LOWER = Path(__file__).resolve().parent.parent / "cutile_py" / "lower"
 PREFIX = "cutile_py.lower"
@@ -87,3 +96,34 @@ def test_lower_has_no_import_cycle() -> None:
 def test_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+@ct.kernel
+def negate_table(z: ct.Mut[ct.Tensor[ct.f32, Literal[64]]], x: ct.Tensor[ct.f32, ct.Dyn]) -> None:
+    z.store(-ct.load(x, (0,), (64,)))
+
+
+def test_every_ir_op_kind_has_one_table_entry() -> None:
+    """Emission dispatches through one table (op kind → handler): every op kind the IR
+    defines has an entry, and an entry put there is what emits that kind."""
+    kinds = {
+        c
+        for _, c in inspect.getmembers(o, inspect.isclass)
+        if issubclass(c, o.Op) and c is not o.Op and c.__module__ == o.__name__
+    }
+    assert kinds - set(emit_ptx.HANDLERS) == set()
+
+    seen: list[str] = []
+    original = emit_ptx.HANDLERS[o.UnaryOp]
+
+    def counted(em: emit_ptx.Emitter, op: o.UnaryOp) -> None:
+        seen.append(op.kind)
+        original(em, op)
+
+    ct.set_backend("sim")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(emit_ptx.HANDLERS, o.UnaryOp, counted)
+        x = np.arange(64, dtype=np.float32)
+        (z, _) = negate_table(ct.zeros((64,), ct.f32).partition((64,)), ct.from_numpy(x)).sync()
+    assert seen == ["neg"]
+    np.testing.assert_array_equal(z.unpartition().to_numpy(), -x)

@@ -16,10 +16,12 @@ import pytest
 import cutile_py as ct
 
 ROOT = Path(__file__).resolve().parents[1]
-EXPERIMENTS = ["bandwidth", "race", "elementwise", "gemm", "jit", "launch", "workdist", "dispatch"]
+EXPERIMENTS = ["bandwidth", "race", "elementwise", "gemm", "jit", "launch", "workdist", "dispatch",
+               "decode"]  # fmt: skip
 #: Columns holding measurements, which must be positive wherever a row says "ok".
 METRICS = ["time_us", "gbps", "frac_copy", "tflops", "us_per_op", "ops_per_s", "ms", "device_us",
-           "host_us_per_call"]  # fmt: skip
+           "host_us_per_call", "tokens_per_s", "roofline_tokens_per_s",
+           "frac_roofline"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

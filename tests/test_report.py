@@ -336,3 +336,65 @@ def test_spill_check_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", ct.PerformanceWarning)
         held(ct.empty((256, 256)).partition((256, 256)), ct.zeros((256, 256)), 1).sync()
+
+
+# -- SASS counted by the PTX line each instruction came from ----------------------------------
+needs_nvdisasm = pytest.mark.skipif(
+    sass.find_tool("nvdisasm") is None or not nvjitlink_available(),
+    reason="nvdisasm or nvJitLink is not installed",
+)
+
+
+@ct.kernel
+def divide(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], y: Tensor[f32, Dyn]) -> None:
+    z.store(ct.load_tile_like(x, z) / ct.load_tile_like(y, z))
+
+
+@ct.kernel
+def repeat_exp(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], n: int) -> None:
+    t = ct.load_tile_like(x, z)
+    for _ in range(n):
+        t = ct.exp(t * 0.5)
+    z.store(t)
+
+
+@needs_nvdisasm
+def test_sass_per_element_leaves_out_the_slow_path() -> None:
+    """`div.rn` is a dozen SASS instructions on its common path, and a call to a slow-path
+    subroutine of about a hundred (denormal or huge operands) that normal inputs never run;
+    the count from the cubin's size and the PTX executed/written ratio charged it all
+    (51.75 per element here)."""
+    n = 4096
+    spec = (ct.PartitionSpec((n,), (1024,)), ct.TensorSpec((n,)), ct.TensorSpec((n,)))
+    div = divide.report(*spec, target="sm_90").sass_per_element
+    plain = add.report(*spec, target="sm_90").sass_per_element
+    assert div is not None and plain is not None
+    assert plain + 6.0 <= div <= plain + 16.0, (div, plain)
+
+
+@needs_nvdisasm
+def test_sass_per_element_grows_with_the_trip_count(rng: np.random.Generator) -> None:
+    n = 1024 * int(rng.integers(2, 5))
+    spec = (ct.PartitionSpec((n,), (1024,)), ct.TensorSpec((n,)))
+    k = int(rng.integers(3, 9))
+    rates = [repeat_exp.report(*spec, trips, target="sm_90").sass_per_element for trips in
+             (1, 2, k)]  # fmt: skip
+    assert None not in rates
+    one, two, many = (float(v) for v in rates if v is not None)
+    step = two - one
+    assert step > 2.0  # an exp per element per trip
+    assert many == pytest.approx(one + (k - 1) * step, rel=1e-9)
+
+
+def test_line_info_names_each_instruction_line() -> None:
+    ptx = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n" \
+          "\t.reg .b32 %r<2>;\nL1:\n\tmov.u32 %r1, 1;\n\tret;\n}\n"  # fmt: skip
+    text = sass.with_line_info(ptx)
+    assert '.file 1 "kernel.ptx"' in text.splitlines()[3]
+    assert "\t.loc 1 8 0\n\tmov.u32 %r1, 1;" in text and "\t.loc 1 9 0\n\tret;" in text
+    assert ".loc 1 6" not in text and ".loc 1 7" not in text  # not declarations or labels
+    listing = (
+        '\t.text.k:\n\t//## File "kernel.ptx", line 8\n        /*0000*/   MOV R1, 1 ;\n'
+        "        /*0010*/   EXIT ;\n.text.__cuda_slowpath:\n        /*0020*/   RET ;\n"
+    )
+    assert sass.located(listing) == [("MOV R1, 1", 8), ("EXIT", 8), ("RET", None)]

@@ -85,7 +85,7 @@ def run(ctx: FakeCtx, spelled: str, *ops: Operand) -> None:
     opcode, *mods = spelled.split(".")
     instr = Instruction(1, f"{spelled} ...", opcode, tuple(mods), tuple(ops))
     ctx.instr = instr
-    INSTRUCTIONS[opcode](instr, ctx)
+    INSTRUCTIONS[opcode](instr)(ctx)
 
 
 R = Reg

@@ -27,6 +27,28 @@ def scaled(t: ct.Tile, s: float) -> ct.Tile:
     return t * s
 
 
+T = TypeVar("T")
+
+
+@ct.kernel
+def scale_any(z: Mut[Tensor[T, R]], x: Tensor[T, Dyn], s: float) -> None:
+    z.store((ct.load_tile_like(x, z).astype(f32) * s).astype(x.dtype))
+
+
+@ct.kernel
+def gather_scan_count(
+    z: Mut[Tensor[f32, R]],
+    x: Tensor[f32, Dyn],
+    idx: Tensor[ct.i32, Dyn],
+    h: ct.Atomic[Tensor[ct.i32, Dyn]],
+) -> None:
+    i = ct.load(idx, ct.bid(0), z.shape, padding=-1)
+    ct.atomic_add(h, i, 1)
+    ct.atomic_max(h, 0, i)
+    z.store(ct.cumsum(ct.gather(x, i, padding=0.0), 0))
+    ct.scatter(z, (ct.arange(z.shape[0], ct.i32),), 0.0)
+
+
 @ct.kernel
 def row_softmax(z: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn], s: float) -> None:
     t = scaled(ct.load_tile_like(x, z), s)

@@ -95,9 +95,19 @@ def ir_params(spec: Specialization) -> tuple[ir.Param, ...]:
     params: list[ir.Param] = []
     for bp in spec.params:
         ps = bp.spec
-        if ps.kind in ("tensor", "partition"):
+        if ps.kind in ("tensor", "partition", "atomic"):
             mut = ps.kind == "partition"
-            params.append(ir.TensorParam(ps.name, bp.dtype, bp.rank, mut, bp.static_dims, bp.align))
+            params.append(
+                ir.TensorParam(
+                    ps.name,
+                    bp.dtype,
+                    bp.rank,
+                    mut,
+                    bp.static_dims,
+                    bp.align,
+                    atomic=ps.kind == "atomic",
+                )
+            )
         else:
             params.append(ir.ScalarParam(ps.name, bp.dtype, bp.value))
     return tuple(params)
@@ -110,8 +120,10 @@ class KernelBuilder:
         spec: Specialization,
         fast_math: bool,
         stages: int | None = None,
+        num_warps: int | None = None,
     ) -> None:
         self.cap = cap
+        self.num_warps = num_warps
         self.spec = spec
         self.fast_math = fast_math
         self.stages = stages
@@ -151,7 +163,7 @@ class KernelBuilder:
         values: list[Value | None] = []
         for i, bp in enumerate(self.spec.params):
             spec = bp.spec
-            if spec.kind in ("tensor", "partition"):
+            if spec.kind in ("tensor", "partition", "atomic"):
                 values.append(None)
                 self.env[spec.name] = ParamRef(i, bp)
             elif spec.kind == "scalar":
@@ -174,6 +186,7 @@ class KernelBuilder:
             grid_rank=max(ranks, default=1),
             fast_math=self.fast_math,
             stages=self.stages,
+            num_warps=self.num_warps,
         )
         ir.verify(kernel)
         return kernel
@@ -482,7 +495,13 @@ class KernelBuilder:
         if isinstance(value, typing.TypeVar):
             bound = self.spec.typevar(value.__name__)
             if bound is None:
-                self.fail(f"TypeVar {value.__name__} has no value in this launch", node)
+                self.fail(
+                    f"TypeVar {value.__name__} has no value in this launch: no parameter binds "
+                    f"it (a dtype TypeVar takes its value from a Tensor[{value.__name__}, ...] "
+                    "argument, a dim TypeVar from a Partition's tile shape or a Constant "
+                    "parameter of that name)",
+                    node,
+                )
             return bound
         return value
 
@@ -895,10 +914,11 @@ def build_kernel(
     spec: Specialization,
     fast_math: bool = False,
     stages: int | None = None,
+    num_warps: int | None = None,
 ) -> ir.Kernel:
     """Tile IR for `cap` specialized to `spec`; CompileError for anything unsupported."""
     try:
-        return KernelBuilder(cap, spec, fast_math, stages).build()
+        return KernelBuilder(cap, spec, fast_math, stages, num_warps).build()
     except CompileError:
         raise
     except RecursionError as e:

@@ -8,6 +8,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from cutile_py.frontend import call_indexed
 from cutile_py.frontend.inline import inline_helper
 from cutile_py.frontend.values import BoundMethod, ParamRef, Reduced, ShapeRef
 from cutile_py.ir import Value, reference
@@ -185,9 +186,12 @@ def _reshape_hint(have: tuple[int, ...], want: tuple[int, ...]) -> str:
     return f"to repeat it, broadcast it explicitly with ct.broadcast_to(tile, {want})"
 
 
-def _param(kb: KernelBuilder, x: Any, what: str, node: ast.AST) -> ParamRef:
+def _param(kb: KernelBuilder, x: Any, what: str, node: ast.AST, touches: bool = True) -> ParamRef:
+    """`x` as a tensor parameter; one whose data `what` `touches` may not be Atomic."""
     if not isinstance(x, ParamRef):
         kb.fail(f"{what} must be a tensor parameter of the kernel", node)
+    if touches and x.bound.spec.kind == "atomic":
+        call_indexed.refuse_atomic(kb, x, node)
     return x
 
 
@@ -275,7 +279,8 @@ def _within(
 
 def _load(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     src = _param(kb, a["src"], "the source of ct.load", node)
-    shape = _static_shape(kb, a["shape"], node)
+    # A rank-4 tensor is read in rank-4 tiles (typically (1, 1, m, n), then reshaped).
+    shape = _static_shape(kb, a["shape"], node, max_rank=MAX_RANK)
     index = a["index"]
     if not isinstance(index, tuple):
         index = (index,)
@@ -397,6 +402,16 @@ def _expand_dims(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     return kb.b.broadcast(v, shape) if v.type.is_scalar else kb.b.reshape(v, shape)
 
 
+def _cumsum(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
+    x = _tile(kb, a["x"], "ct.cumsum", node)
+    rank, axis = len(x.type.shape), a["axis"]
+    if not isinstance(axis, int) or isinstance(axis, bool) or not -rank <= axis < rank:
+        kb.fail(f"ct.cumsum: axis must be a constant in [-{rank}, {rank}), got {axis!r}", node)
+    if x.type.dtype is bool_:
+        kb.fail("ct.cumsum of a bool tile: convert it with .astype(ct.i32) first", node)
+    return kb.b.scan("sum", x, axis % rank)
+
+
 def _reduction(kb: KernelBuilder, node: ast.AST, kind: str, a: dict[str, Any]) -> Value:
     """ct.sum/max/min/argmax/argmin: one ReduceOp per axis (keeping it), then a reshape that
     drops the reduced axes unless `keepdims`."""
@@ -498,7 +513,7 @@ def matmul(kb: KernelBuilder, x: Any, y: Any, node: ast.AST) -> Value:
 
 
 def _num_tiles(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Any:
-    src = _param(kb, a["src"], "the first argument of ct.num_tiles", node)
+    src = _param(kb, a["src"], "the first argument of ct.num_tiles", node, touches=False)
     axis = a["axis"]
     if not isinstance(axis, int) or not 0 <= axis < src.bound.rank:
         kb.fail(f"axis must be a constant in [0, {src.bound.rank})", node)
@@ -547,4 +562,6 @@ _BUILTINS: dict[str, Callable[[KernelBuilder, ast.AST, dict[str, Any]], Any]] = 
     "pow": _pow,
     "mma": _mma,
     **{k: (lambda kind: lambda kb, n, a: _unary(kb, kind, a["x"]))(k) for k in UNARY_BUILTINS},
+    **call_indexed.HANDLERS,
+    "cumsum": _cumsum,
 }

@@ -13,12 +13,16 @@ from typing import Any, Literal
 
 from cutile_py.frontend.capture import CapturedFunction, float_bits
 from cutile_py.ir.dtypes import DType, bool_, f32, i32, is_dtype
-from cutile_py.language.annotations import Constant, Dyn, Mut, is_tensor_class
+from cutile_py.language.annotations import Atomic, Constant, Dyn, Mut, is_tensor_class
 
-Kind = Literal["partition", "tensor", "scalar", "constant"]
+Kind = Literal["partition", "tensor", "atomic", "scalar", "constant"]
 #: A dim of a tensor annotation: ("dyn", None), ("var", "B") or ("lit", 64).
 Dim = tuple[str, Any]
 SCALAR_TYPES: dict[type, type[DType]] = {int: i32, float: f32, bool: bool_}
+#: Shared (read-only) and Atomic tensors may have rank 4 (attention's (B, H, S, D)); Mut
+#: partitions stay at rank 3 at most: their grid is the launch grid.
+MAX_TENSOR_RANK = 4
+MAX_PARTITION_RANK = 3
 #: Vector widths never exceed 16 elements; alignment is tracked up to that.
 MAX_ALIGN = 16
 
@@ -27,9 +31,11 @@ MAX_ALIGN = 16
 class ParamSpec:
     name: str
     kind: Kind
-    dtype: type[DType]
+    #: None where the annotation's dtype is a TypeVar (`dtype_var`), bound at launch.
+    dtype: type[DType] | None
     dims: tuple[Dim, ...] = ()
     py_type: type | None = None  # for scalars and constants
+    dtype_var: str | None = None
 
 
 @dataclass(frozen=True)
@@ -72,9 +78,18 @@ class BoundParam:
 class Specialization:
     params: tuple[BoundParam, ...]
     typevars: tuple[tuple[str, int], ...]
+    #: The dtype TypeVars (`Tensor[T, ...]`) and the dtypes this launch bound them to.
+    dtypevars: tuple[tuple[str, type[DType]], ...] = ()
 
-    def typevar(self, name: str) -> int | None:
-        return dict(self.typevars).get(name)
+    def typevar(self, name: str) -> int | type[DType] | None:
+        """The value of TypeVar `name` in this launch: a dim's size or a dtype."""
+        for k, v in self.typevars:
+            if k == name:
+                return v
+        for k, d in self.dtypevars:
+            if k == name:
+                return d
+        return None
 
 
 def _fail(kernel: str, param: str, message: str, exc: type[Exception] = TypeError) -> Exception:
@@ -107,7 +122,22 @@ def parse_signature(cap: CapturedFunction) -> tuple[ParamSpec, ...]:
             except Exception as e:
                 raise cap.error(node, f"cannot evaluate the annotation of '{p.name}': {e}") from e
         specs.append(_param_spec(cap, node, p.name, ann))
+    _check_typevar_roles(cap, specs)
     return tuple(specs)
+
+
+def _check_typevar_roles(cap: CapturedFunction, specs: list[ParamSpec]) -> None:
+    """A TypeVar names either a dtype or a dim, never both (its one value is one or the other)."""
+    dim_vars = {v: s.name for s in specs for k, v in s.dims if k == "var"}
+    dim_vars.update({s.name: s.name for s in specs if s.kind == "constant"})
+    for s in specs:
+        if s.dtype_var is not None and s.dtype_var in dim_vars:
+            node = next((a for a in cap.tree.args.args if a.arg == s.name), cap.tree)
+            raise cap.error(
+                node,
+                f"parameter '{s.name}': TypeVar {s.dtype_var} is its dtype here but a dim "
+                f"of '{dim_vars[s.dtype_var]}'; use one TypeVar per role",
+            )
 
 
 def _param_spec(cap: CapturedFunction, node: Any, name: str, ann: Any) -> ParamSpec:
@@ -121,10 +151,22 @@ def _param_spec(cap: CapturedFunction, node: Any, name: str, ann: Any) -> ParamS
                 f"parameter '{name}': the dims of a Mut tile must be static "
                 "(a TypeVar or Literal[n]), not Dyn",
             )
-        return ParamSpec(name, "partition", dtype, dims)
+        if len(dims) > MAX_PARTITION_RANK:
+            raise cap.error(
+                node,
+                f"parameter '{name}': Mut tiles have rank 1 to {MAX_PARTITION_RANK} (the "
+                f"launch grid's), not {len(dims)}; reshape the output tensor first",
+            )
+        return _tensor_spec(name, "partition", dtype, dims)
+    if origin is Atomic:
+        (inner,) = typing.get_args(ann)
+        if not (is_tensor_class(typing.get_origin(inner)) or is_tensor_class(inner)):
+            raise cap.error(node, f"parameter '{name}': write Atomic[Tensor[dtype, Dyn, ...]]")
+        dtype, dims = _tensor_dims(cap, node, name, inner)
+        return _tensor_spec(name, "atomic", dtype, dims)
     if is_tensor_class(origin) or is_tensor_class(ann):
         dtype, dims = _tensor_dims(cap, node, name, ann)
-        return ParamSpec(name, "tensor", dtype, dims)
+        return _tensor_spec(name, "tensor", dtype, dims)
     if origin is Constant:
         (t,) = typing.get_args(ann)
         if t not in SCALAR_TYPES:
@@ -135,13 +177,24 @@ def _param_spec(cap: CapturedFunction, node: Any, name: str, ann: Any) -> ParamS
     raise cap.error(node, f"parameter '{name}': unsupported annotation {ann!r}")
 
 
+def _tensor_spec(
+    name: str, kind: Kind, dtype: type[DType] | typing.TypeVar, dims: tuple[Dim, ...]
+) -> ParamSpec:
+    if isinstance(dtype, typing.TypeVar):
+        return ParamSpec(name, kind, None, dims, dtype_var=dtype.__name__)
+    return ParamSpec(name, kind, dtype, dims)
+
+
 def _tensor_dims(
     cap: CapturedFunction, node: Any, name: str, ann: Any
-) -> tuple[type[DType], tuple[Dim, ...]]:
+) -> tuple[type[DType] | typing.TypeVar, tuple[Dim, ...]]:
+    """The dtype (a DType or a TypeVar bound at launch) and dims of `Tensor[dtype, dims...]`."""
     args = typing.get_args(ann)
-    if not args or not is_dtype(args[0]):
+    if not args or not (is_dtype(args[0]) or isinstance(args[0], typing.TypeVar)):
         raise cap.error(
-            node, f"parameter '{name}': write Tensor[dtype, dim, ...], e.g. Tensor[f32, Dyn]"
+            node,
+            f"parameter '{name}': write Tensor[dtype, dim, ...], e.g. Tensor[f32, Dyn] "
+            "(the dtype may be a TypeVar, bound at launch)",
         )
     dims: list[Dim] = []
     for d in args[1:]:
@@ -155,9 +208,11 @@ def _tensor_dims(
             raise cap.error(
                 node, f"parameter '{name}': a dim must be Dyn, a TypeVar or Literal[n], not {d!r}"
             )
-    if not 1 <= len(dims) <= 3:
+    if not 1 <= len(dims) <= MAX_TENSOR_RANK:
         raise cap.error(
-            node, f"parameter '{name}': tensors of rank 1 to 3 are supported, not {len(dims)}"
+            node,
+            f"parameter '{name}': tensors of rank 1 to {MAX_TENSOR_RANK} are supported, "
+            f"not {len(dims)}",
         )
     return args[0], tuple(dims)
 
@@ -189,8 +244,20 @@ def bind(kernel: str, specs: tuple[ParamSpec, ...], args: tuple[Any, ...]) -> Sp
         typevars.setdefault(var, value)
         where.setdefault(var, param)
 
+    dtypevars: dict[str, type[DType]] = {}
     # Bind TypeVars from partitions and constants first, then check every use.
     for spec, arg in zip(specs, args):
+        if spec.dtype_var is not None and isinstance(arg, TensorArg):
+            var = spec.dtype_var
+            if var in dtypevars and dtypevars[var] is not arg.dtype:
+                raise _fail(
+                    kernel,
+                    spec.name,
+                    f"dtype {var} = {arg.dtype.name} disagrees with {var} = "
+                    f"{dtypevars[var].name} bound by '{where[var]}'",
+                )
+            dtypevars.setdefault(var, arg.dtype)
+            where.setdefault(var, spec.name)
         if spec.kind == "partition" and isinstance(arg, TensorArg) and arg.tile_shape is not None:
             for (k, v), t in zip(spec.dims, arg.tile_shape):
                 if k == "var":
@@ -201,7 +268,9 @@ def bind(kernel: str, specs: tuple[ParamSpec, ...], args: tuple[Any, ...]) -> Sp
     bound = []
     for spec, arg in zip(specs, args):
         bound.append(_bind_one(kernel, spec, arg, typevars))
-    return Specialization(tuple(bound), tuple(sorted(typevars.items())))
+    return Specialization(
+        tuple(bound), tuple(sorted(typevars.items())), tuple(sorted(dtypevars.items()))
+    )
 
 
 def _bind_one(kernel: str, spec: ParamSpec, arg: Any, typevars: dict[str, int]) -> BoundParam:
@@ -214,6 +283,7 @@ def _bind_one(kernel: str, spec: ParamSpec, arg: Any, typevars: dict[str, int]) 
                 f"expected a {spec.py_type.__name__ if spec.py_type else ''} scalar, got a tensor",
             )
         value = _scalar(kernel, spec, arg)
+        assert spec.dtype is not None  # scalars have a fixed dtype
         return BoundParam(spec, spec.dtype, value=value if spec.kind == "constant" else None)
     if not isinstance(arg, TensorArg):
         raise _fail(
@@ -228,14 +298,14 @@ def _bind_one(kernel: str, spec: ParamSpec, arg: Any, typevars: dict[str, int]) 
             name,
             "a Mut parameter takes a Partition (t.partition(tile_shape)), not a Tensor",
         )
-    if spec.kind == "tensor" and arg.tile_shape is not None:
+    if spec.kind in ("tensor", "atomic") and arg.tile_shape is not None:
         raise _fail(
             kernel,
             name,
-            "a shared Tensor parameter takes the tensor itself, not a "
-            "Partition (p.unpartition() gives it back)",
+            f"{'an Atomic' if spec.kind == 'atomic' else 'a shared Tensor'} parameter takes "
+            "the tensor itself, not a Partition (p.unpartition() gives it back)",
         )
-    if arg.dtype is not spec.dtype:
+    if spec.dtype is not None and arg.dtype is not spec.dtype:
         raise _fail(kernel, name, f"expected dtype {spec.dtype.name}, got {arg.dtype.name}")
     if len(arg.shape) != len(spec.dims):
         raise _fail(

@@ -227,9 +227,10 @@ class DeviceOp(OpLike):
         backend = active_backend()
         plan = kernel.plan(backend, args)
         names = kernel.param_names
+        atomic = kernel.atomic_params
         if plan is None:
             kernel.specialize(args)  # TypeError / ValueError naming the parameter, first
-            _check_ownership(kernel.name, names, args, backend)
+            _check_ownership(kernel.name, names, args, backend, atomic)
             plan = kernel.make_plan(backend, args, _grid(kernel.name, names, args))
         else:
             for i, mut in plan.tensors:
@@ -237,9 +238,9 @@ class DeviceOp(OpLike):
                 t = a._tensor if mut else a
                 # Usable, held by nobody, memory nobody else views: the common case, inline.
                 if a._moved_at is not None or a._exclusive is not None or a._shared or t._escaped:
-                    _check_use(kernel.name, names[i], a)
+                    _check_use(kernel.name, names[i], a, mut or i in atomic)
                 if t._backend is not backend:
-                    _check_ownership(kernel.name, names, args, backend)  # raises
+                    _check_ownership(kernel.name, names, args, backend, atomic)  # raises
             for i, mi, j, mj in plan.pairs:
                 a, b = args[i], args[j]
                 ta = a._tensor if mi else a
@@ -262,7 +263,7 @@ class DeviceOp(OpLike):
         shared: list[Tensor[Any]] = []  # a tensor passed twice is held once
         for i, mut in plan.tensors:
             a = args[i]
-            if mut:
+            if mut or i in atomic:  # an Atomic tensor is the op's alone too
                 wanted.append((a, True))
             elif a not in shared:  # (by identity: tensors do not define ==)
                 shared.append(a)
@@ -463,30 +464,36 @@ def _storage(a: Any) -> Tensor[Any] | None:
 
 
 def _check_ownership(
-    kernel: str, names: Sequence[str], args: tuple[Any, ...], backend: Backend
+    kernel: str,
+    names: Sequence[str],
+    args: tuple[Any, ...],
+    backend: Backend,
+    atomic: frozenset[int] = frozenset(),
 ) -> None:
-    """Moved, borrowed and aliased arguments, and tensors of another backend."""
+    """Moved, borrowed and aliased arguments, and tensors of another backend. The arguments
+    at `atomic` are Atomic tensors: taken exclusively, as partitions are."""
     spans = []
     writes = False
-    for name, a in zip(names, args):
+    for i, (name, a) in enumerate(zip(names, args)):
         cls = type(a)
+        exclusive = cls is Partition or i in atomic
         if cls is Partition:
             t = a._tensor
-            writes = True
         elif cls is Tensor:
             t = a
         else:
             continue
+        writes = writes or exclusive
         # The common case, checked inline: usable, held by nobody, memory nobody else views.
         if a._moved_at is not None or a._exclusive is not None or a._shared or t._escaped:
-            _check_use(kernel, name, a)
+            _check_use(kernel, name, a, exclusive)
         if t._backend is not backend:
             raise ValueError(
                 f"kernel {kernel}, parameter '{name}': the tensor lives on the "
                 f"{t.device} backend but the active backend is {backend.name}"
             )
         lo = t._address
-        spans.append((name, cls is Partition, a, lo, lo + t._nbytes))
+        spans.append((name, exclusive, a, lo, lo + t._nbytes))
     if not writes or len(spans) < 2:
         return
     for i, (n1, mut1, a1, lo1, hi1) in enumerate(spans):
@@ -499,7 +506,7 @@ def _alias_error(kernel: str, n1: str, n2: str, same: bool) -> None:
     raise AliasError(
         f"kernel {kernel}: parameters '{n1}' and '{n2}' receive "
         f"{'the same partition' if same else 'overlapping memory'}, and at least one is Mut "
-        "(exclusive)"
+        "or Atomic (exclusive)"
     )
 
 
@@ -512,11 +519,11 @@ def _user_frame() -> tuple[str, int]:
     return frame.f_code.co_filename, frame.f_lineno
 
 
-def _check_use(kernel: str, name: str, a: Tensor[Any] | Partition) -> None:
+def _check_use(kernel: str, name: str, a: Tensor[Any] | Partition, exclusive: bool) -> None:
     """Raise unless `a` may be passed to a launch now (naming the kernel and parameter)."""
     # Shared holds allow more shared use (a tensor that other pending ops read: no error
     # message is built for it); exclusive ones allow none.
-    if type(a) is not Tensor or a._moved_at is not None or a.held_exclusively:
+    if exclusive or type(a) is not Tensor or a._moved_at is not None or a.held_exclusively:
         try:
             a._check_usable("pass it to a launch")
         except MovedError as e:
@@ -525,7 +532,7 @@ def _check_use(kernel: str, name: str, a: Tensor[Any] | Partition) -> None:
             raise BorrowError(f"kernel {kernel}, parameter '{name}': {e}") from None
     if a._storage()._escaped:
         try:
-            a._check_aliases("pass it to a launch", exclusive=isinstance(a, Partition))
+            a._check_aliases("pass it to a launch", exclusive=exclusive)
         except BorrowError as e:
             raise BorrowError(f"kernel {kernel}, parameter '{name}': {e}") from None
 

@@ -19,9 +19,9 @@ from cutile_py.runtime.backend import Completion, Finished, HostBuffer
 
 def _with_typevars(fn: Any, spec: Specialization) -> Any:
     """`fn` seeing each TypeVar it names as the value this launch gave it."""
-    if not spec.typevars:
+    if not spec.typevars and not spec.dtypevars:
         return fn
-    values = dict(spec.typevars)
+    values: dict[str, object] = {**dict(spec.typevars), **dict(spec.dtypevars)}
     glob = fn.__globals__
     overrides = {
         k: values[v.__name__]

@@ -115,6 +115,7 @@ def disk_key(
     fast_math: bool,
     compiler: str,
     stages: int | None = None,
+    num_warps: int | None = None,
 ) -> str | None:
     """The hex key of a specialization's PTX on disk, or None if some part has no stable form."""
     try:
@@ -131,6 +132,8 @@ def disk_key(
             "fast_math": fast_math,
             "stages": stages,
         }
+        if num_warps is not None:  # absent otherwise: earlier entries keep their keys
+            parts["num_warps"] = num_warps
     except (Unstable, RecursionError):
         return None
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"))

@@ -106,6 +106,7 @@ class CacheKey:
     #: variables, module attributes (see `CapturedFunction.fingerprint`).
     deps: tuple[tuple[tuple[str, ...], Hashable], ...] = ()
     compiler: str = COMPILER_VERSION
+    num_warps: int | None = None
 
 
 class CompiledKernel:
@@ -274,17 +275,21 @@ class Kernel:
         *,
         fast_math: bool = False,
         stages: int | None = None,
+        num_warps: int | None = None,
         scope: dict[str, Any] | None = None,
     ) -> None:
         self.fn = fn
         self.fast_math = fast_math
         self.captured: CapturedFunction = capture(fn, scope)
         _check_stages(stages, self.captured)
+        _check_num_warps(num_warps, self.captured)
         self.stages = stages
+        self.num_warps = num_warps
         self.name = self.captured.name
         self._signature = inspect.signature(fn)
         self._arity = len(self._signature.parameters)
         self._params: tuple[ParamSpec, ...] | None = None
+        self._atomic: frozenset[int] | None = None
         #: Launch plans by backend and `launch_key` of the arguments: see `plan`.
         self._plans: dict[Backend, dict[tuple[Any, ...], LaunchPlan]] = {}
         self.__doc__ = fn.__doc__
@@ -297,6 +302,13 @@ class Kernel:
         if self._params is None:
             self._params = parse_signature(self.captured)
         return self._params
+
+    @property
+    def atomic_params(self) -> frozenset[int]:
+        """Indices of the `Atomic` parameters (held exclusively, like partitions)."""
+        if self._atomic is None:
+            self._atomic = frozenset(i for i, p in enumerate(self.params) if p.kind == "atomic")
+        return self._atomic
 
     def bind_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """Positional and keyword arguments in parameter order; TypeError if any is missing."""
@@ -320,6 +332,7 @@ class Kernel:
             self.fast_math,
             self.stages,
             deps,
+            num_warps=self.num_warps,
         )
         hit = _CACHE.get(key)
         if hit is not None:
@@ -336,6 +349,7 @@ class Kernel:
                 target=target,
                 fast_math=self.fast_math,
                 stages=self.stages,
+                num_warps=self.num_warps,
                 compiler=COMPILER_VERSION,
             )
             from_disk = self._from_disk(disk_key, spec, target)
@@ -358,11 +372,12 @@ class Kernel:
             self.fast_math,
             self.stages,
             deps,
+            num_warps=self.num_warps,
         )
         base = _CACHE.get(ir_key)
         if base is None:
             STATS.compiles += 1
-            kir = build_kernel(self.captured, spec, self.fast_math, self.stages)
+            kir = build_kernel(self.captured, spec, self.fast_math, self.stages, self.num_warps)
             base = _CACHE[ir_key] = CompiledKernel(kir, print_kernel(kir), None)
         return base
 
@@ -519,8 +534,9 @@ class Kernel:
         target = backend.target if backend.runs_ptx else None
         compiled = self.compiled(spec, target)  # CompileError, before anything is held
         plan = LaunchPlan(
-            deps, _MemoryCache.generation, spec, compiled, grid, backend, args, self.fn
-        )
+            deps, _MemoryCache.generation, spec, compiled, grid, backend, args, self.fn,
+            self.atomic_params,
+        )  # fmt: skip
         plans = self._plans.setdefault(backend, {})
         if len(plans) >= MAX_PLANS:
             plans.clear()  # a kernel launched over ever-new shapes: start over
@@ -583,7 +599,7 @@ def kernel(fn: Callable[..., Any], /) -> Kernel: ...
 
 @overload
 def kernel(
-    *, fast_math: bool = False, stages: int | None = None
+    *, fast_math: bool = False, stages: int | None = None, num_warps: int | None = None
 ) -> Callable[[Callable[..., Any]], Kernel]: ...
 
 
@@ -593,13 +609,17 @@ def kernel(
     *,
     fast_math: bool = False,
     stages: int | None = None,
+    num_warps: int | None = None,
 ) -> Kernel | Callable[[Callable[..., Any]], Kernel]:
     """Capture a kernel function: `@ct.kernel`, or with options, `@ct.kernel(fast_math=True,
     stages=3)`. `stages`: how many K-loop iterations ahead the cp.async pipeline loads
-    tensor-core operand tiles (1 to 8; None: the compiler chooses)."""
+    tensor-core operand tiles (1 to 8; None: the compiler chooses). `num_warps`: warps per
+    block (1, 2, 4, 8, 16 or 32; None: the compiler chooses from the tile sizes)."""
     if fn is not None:
         return Kernel(fn, fast_math=fast_math, stages=stages, scope=_defining_scope(fn))
-    return lambda f: Kernel(f, fast_math=fast_math, stages=stages, scope=_defining_scope(f))
+    return lambda f: Kernel(
+        f, fast_math=fast_math, stages=stages, num_warps=num_warps, scope=_defining_scope(f)
+    )
 
 
 def _check_stages(stages: object, captured: CapturedFunction) -> None:
@@ -613,6 +633,18 @@ def _check_stages(stages: object, captured: CapturedFunction) -> None:
         raise TypeError(f"{where}: stages must be an int or None, got {stages!r}")
     if not 1 <= stages <= MAX_STAGES:
         raise ValueError(f"{where}: stages must be from 1 to {MAX_STAGES}, got {stages}")
+
+
+def _check_num_warps(num_warps: object, captured: CapturedFunction) -> None:
+    """TypeError / ValueError, located at the kernel's `def`, unless `num_warps` is None or a
+    power of two from 1 to 32 (checked when decorating)."""
+    if num_warps is None:
+        return
+    where = f"{captured.file}:{captured.first_line}: kernel {captured.name}"
+    if isinstance(num_warps, bool) or not isinstance(num_warps, int):
+        raise TypeError(f"{where}: num_warps must be an int or None, got {num_warps!r}")
+    if num_warps not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"{where}: num_warps must be 1, 2, 4, 8, 16 or 32, got {num_warps}")
 
 
 def _defining_scope(fn: Callable[..., Any]) -> dict[str, Any]:

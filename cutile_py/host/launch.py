@@ -56,9 +56,10 @@ class ParamReader:
                 out.append(int(a) if kind == _INT else float(a))
         return out
 
-    def touches(self, args: Sequence[Any]) -> list[Touch]:
+    def touches(self, args: Sequence[Any], atomic: frozenset[int] = frozenset()) -> list[Touch]:
         """The memory a launch reads and writes: each tensor argument's bytes, written where
-        it is passed as a (Mut) partition, only read where it is passed as a Tensor."""
+        it is passed as a (Mut) partition or to an Atomic parameter (indices `atomic`), only
+        read where it is passed as a shared Tensor."""
         out: list[Touch] = []
         for arg in self._pointers:
             a = args[arg]
@@ -66,7 +67,7 @@ class ParamReader:
                 t = a._tensor
                 out.append((t._address, t._nbytes, True))
             else:
-                out.append((a._address, a._nbytes, False))
+                out.append((a._address, a._nbytes, arg in atomic))
         return out
 
 
@@ -82,6 +83,7 @@ class LaunchPlan:
     __slots__ = (
         "_fn",
         "_shapes",
+        "atomic",
         "backend",
         "compiled",
         "deps",
@@ -106,6 +108,7 @@ class LaunchPlan:
         backend: Backend,
         args: Sequence[Any],
         fn: Any,
+        atomic: frozenset[int] = frozenset(),
     ) -> None:
         self.deps = deps
         self.generation = generation
@@ -120,12 +123,15 @@ class LaunchPlan:
         self.tensors = tuple(
             (i, type(a) is Partition) for i, a in enumerate(args) if type(a) in (Partition, Tensor)
         )
-        #: The pairs of tensor arguments whose memory must not overlap (one of them is Mut).
+        #: Positions of the tensors passed to Atomic parameters: held exclusively, written.
+        self.atomic = atomic
+        #: The pairs of tensor arguments whose memory must not overlap (one of them is Mut or
+        #: Atomic).
         self.pairs = tuple(
             (i, mi, j, mj)
             for k, (i, mi) in enumerate(self.tensors)
             for j, mj in self.tensors[k + 1 :]
-            if mi or mj
+            if mi or mj or i in atomic or j in atomic
         )
         #: The backend's prepared launch, the reader of its parameter values (None: they are
         #: the arguments, for the interpreter) and of the memory it touches: set by `prepare`.
@@ -150,7 +156,7 @@ class LaunchPlan:
             launch = compiled.prepared(backend, self.grid)
             reader = compiled.param_reader()  # after any recompile
             self.read = _Values(reader, self._shapes)
-            self.touches = reader.touches
+            self.touches = partial(reader.touches, atomic=self.atomic)
         else:
             # The interpreter walks the partitions' own grid (of their rank), not the padded one.
             fn, spec, tiles = self._fn, self.spec, self.grid

@@ -28,7 +28,13 @@ from cutile_py.runtime.nvjitlink import (
     assemble,
     nvjitlink_available,
 )
-from cutile_py.runtime.sass import SassUnavailable, disassemble, instructions
+from cutile_py.runtime.sass import (
+    SassUnavailable,
+    disassemble,
+    instructions,
+    located,
+    with_line_info,
+)
 from cutile_py.runtime.sim_backend import SimBackend
 
 if TYPE_CHECKING:
@@ -119,8 +125,10 @@ class KernelReport:
     occupancy: Occupancy | None
     #: SASS instructions in the cubin (less the padding after the code).
     sass_instructions: int | None
-    #: SASS executed per element, estimated: the cubin's instructions weighted by the
-    #: simulator's ratio of executed to written PTX instructions (exact for loop-free code).
+    #: SASS executed per element: each instruction of the cubin counted as often as warps ran
+    #: the PTX line it came from on the simulator (ptxas line info), in lanes (32 per warp);
+    #: code no PTX line owns (ptxas's slow-path subroutines) counts 0. Without line info: the
+    #: cubin's instructions weighted by the ratio of executed to written PTX instructions.
     sass_per_element: float | None
     ptx_instructions: int
     bytes_moved: int
@@ -289,8 +297,14 @@ def build_report(
         except SassUnavailable as e:
             missing.append(("sass_instructions", str(e)))
         if sass_count is not None and elements:
-            written = len(loaded.program.steps)
-            sass_rate = sass_count * executed / written / elements
+            traced = (
+                None if measured is None else _sass_executed(lowered.ptx, target, loaded, measured)
+            )
+            if traced is not None:
+                sass_rate = traced * scale / elements
+            else:
+                written = len(loaded.program.steps)
+                sass_rate = sass_count * executed / written / elements
 
     occ = None
     if asm is not None:
@@ -342,6 +356,40 @@ def build_report(
         blocks_total=measured.blocks_total if measured else 0,
         unavailable=tuple(missing),
     )
+
+
+def _sass_executed(ptx: str, target: Target, loaded: Any, measured: Any) -> float | None:
+    """SASS thread-instructions the measured run executed: each instruction of a `-lineinfo`
+    cubin weighted by its PTX line's executions; None where the line info is not to be had."""
+    try:
+        cubin = assemble(with_line_info(ptx), target, verbose=False, lineinfo=True).cubin
+        listing = located(disassemble(cubin, line_info=True))
+    except (PtxAssemblyError, SassUnavailable):
+        return None
+    counters = measured.counters
+    lanes: dict[int, int] = {}
+    for pc, step in enumerate(loaded.program.steps):
+        lanes.setdefault(step.instr.line, counters.lanes_at(pc))
+    if not any(line is not None for _, line in listing):
+        return None
+    return float(sum(lanes.get(line, 0) for line in _hot_lines(listing) if line is not None))
+
+
+def _hot_lines(listing: list[tuple[str, int | None]]) -> list[int | None]:
+    """The PTX line of each SASS instruction, None for the cold ones: a call to one of
+    ptxas's internal slow paths (`__cuda_...`) and its argument set-up after the conditional
+    branch that skips it (taken only for rare operands, e.g. a denormal divisor)."""
+    lines = [line for _, line in listing]
+    skip = -1
+    for i, (text, _) in enumerate(listing):
+        if text.startswith("@") and " BRA " in text:
+            skip = i
+        elif text.startswith("CALL") and "__cuda_" in text and skip >= 0:
+            lines[skip + 1 : i + 1] = [None] * (i - skip)
+            skip = -1
+        elif "BRA" in text or "EXIT" in text or "BAR" in text:
+            skip = -1
+    return lines
 
 
 def _regions(args: Sequence[Any], names: Sequence[str]) -> list[tuple[str, tuple[int, int]]]:

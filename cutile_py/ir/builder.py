@@ -112,6 +112,36 @@ class Builder:
         _check_within(within, value.type.shape)
         self._add(o.StoreOp((*index, value), (), param=param, within=within))
 
+    def gather(
+        self, param: int, dtype: type[DType], coords: Sequence[o.Value], padding: int | float
+    ) -> o.Value:
+        """The elements of tensor `param` at `coords` (see `GatherOp`)."""
+        shape = _coords_shape(coords)
+        res = o.Value(TileType(dtype, shape))
+        return self._add(o.GatherOp(tuple(coords), (res,), param=param, padding=padding)).result
+
+    def scatter(self, param: int, coords: Sequence[o.Value], value: o.Value) -> None:
+        """Store `value` at `coords` of this block's tile of `param` (see `ScatterOp`)."""
+        if _coords_shape(coords) != value.type.shape:
+            raise IRTypeError(f"scatter of a {value.type} tile at coordinates of another shape")
+        self._add(o.ScatterOp((*coords, value), (), param=param))
+
+    def atomic(self, kind: str, param: int, coords: Sequence[o.Value], value: o.Value) -> None:
+        """Atomic `kind` of `value` into tensor `param` at `coords` (see `AtomicOp`)."""
+        if kind not in o.ATOMIC_KINDS:
+            raise IRTypeError(f"unknown atomic {kind!r}")
+        if _coords_shape(coords) != value.type.shape:
+            raise IRTypeError(f"atomic {kind} of a {value.type} tile at coordinates of other shape")
+        self._add(o.AtomicOp((*coords, value), (), kind=kind, param=param))
+
+    def scan(self, kind: str, x: o.Value, axis: int) -> o.Value:
+        """Inclusive prefix `kind` of `x` along `axis` (see `ScanOp`)."""
+        if x.type.is_scalar or not 0 <= axis < len(x.type.shape):
+            raise IRTypeError(f"scan axis {axis} of a {x.type} value")
+        if kind != "sum" or x.type.dtype is bool_:
+            raise IRTypeError(f"scan {kind} of {x.type.dtype.name} is not supported")
+        return self._add(o.ScanOp((x,), (o.Value(x.type),), kind=kind, axis=axis)).result
+
     def iota(self, n: int) -> o.Value:
         if n <= 0:
             raise IRTypeError(f"arange needs a positive length, got {n}")
@@ -317,3 +347,14 @@ def check_mma(a: TileType, b: TileType, acc: TileType) -> None:
             f"mma of {a.dtype.name} tiles needs M a multiple of 16, N of 8 and K of {step} "
             f"(whole tensor-core instructions); got {shapes}"
         )
+
+
+def _coords_shape(coords: Sequence[o.Value]) -> tuple[int, ...]:
+    """The one tile shape of the i32 coordinate tiles of a gather, scatter or atomic."""
+    if not coords:
+        raise IRTypeError("an indexed access needs one coordinate tile per dim")
+    shape = coords[0].type.shape
+    for c in coords:
+        if c.type.dtype is not i32 or c.type.shape != shape or not shape:
+            raise IRTypeError(f"coordinates must be i32 tiles of one shape, not {c.type}")
+    return shape

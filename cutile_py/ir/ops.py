@@ -51,6 +51,8 @@ class TensorParam:
     dims: tuple[int | None, ...]
     #: Largest power of two (at most 16) dividing the last dim: the widest aligned vector access.
     align: int = 1
+    #: An `Atomic` parameter: the kernel only updates it with atomics (never reads or stores).
+    atomic: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,62 @@ class StoreOp(Op):
     def attrs(self) -> str:
         w = f" within={self.within}" if self.within is not None else ""
         return f"param={self.param}{w}"
+
+
+@dataclass(eq=False)
+class GatherOp(Op):
+    """The elements of tensor `param` at coordinates `operands` (one i32 tile per dim of the
+    tensor, each of the result's shape); a coordinate outside the tensor reads `padding`."""
+
+    opname: ClassVar[str] = "gather"
+    param: int = 0
+    padding: int | float = 0
+
+    def attrs(self) -> str:
+        return f"param={self.param} padding={self.padding!r}"
+
+
+@dataclass(eq=False)
+class ScatterOp(Op):
+    """Store `operands[-1]` at coordinates `operands[:-1]` (one i32 tile per dim, each of the
+    value's shape), counted from this block's tile of the `Mut` parameter `param`; elements
+    whose coordinates leave the block's tile (or the tensor) are dropped."""
+
+    opname: ClassVar[str] = "scatter"
+    param: int = 0
+
+    def attrs(self) -> str:
+        return f"param={self.param}"
+
+
+ATOMIC_KINDS = frozenset({"add", "max", "min"})
+
+
+@dataclass(eq=False)
+class AtomicOp(Op):
+    """`t[c] = kind(t[c], v)` atomically for each element `v` of `operands[-1]` at coordinates
+    `operands[:-1]` (whole-tensor coordinates) of the `Atomic` parameter `param`; coordinates
+    outside the tensor are dropped."""
+
+    opname: ClassVar[str] = "atomic"
+    kind: str = "add"
+    param: int = 0
+
+    def attrs(self) -> str:
+        return f"{self.kind} param={self.param}"
+
+
+@dataclass(eq=False)
+class ScanOp(Op):
+    """Inclusive prefix `kind` (sum) along `axis`: result[..., i, ...] = sum of x[..., :i+1, ...].
+    f16/bf16 accumulate in f32 and round each output once; integers wrap around."""
+
+    opname: ClassVar[str] = "scan"
+    kind: str = "sum"
+    axis: int = 0
+
+    def attrs(self) -> str:
+        return f"{self.kind} axis={self.axis}"
 
 
 @dataclass(eq=False)
@@ -308,3 +366,5 @@ class Kernel:
     fast_math: bool = False
     #: K-loop iterations the cp.async pipeline loads ahead (None: the compiler chooses).
     stages: int | None = None
+    #: Warps per block (None: the compiler chooses from the tile sizes).
+    num_warps: int | None = None

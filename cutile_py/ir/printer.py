@@ -38,6 +38,7 @@ def _render(kernel: o.Kernel) -> tuple[str, dict[o.Value, str]]:
         f") grid_rank={kernel.grid_rank}"
         + (" fast_math" if kernel.fast_math else "")
         + (f" stages={kernel.stages}" if kernel.stages is not None else "")
+        + (f" num_warps={kernel.num_warps}" if kernel.num_warps is not None else "")
         + " {"
     )
 

@@ -59,6 +59,14 @@ def _op(kernel: o.Kernel, op: o.Op, defined: set[int]) -> None:
             raise VerifyError(f"load of {param.name} gives {op.result.type}")
         if not isinstance(op, o.TensorDimOp) and op.within is not None:
             _within(op, param)
+        if param.atomic and not isinstance(op, o.TensorDimOp):
+            raise VerifyError(f"{op.opname} of Atomic parameter {param.name}")
+    elif isinstance(op, (o.GatherOp, o.ScatterOp, o.AtomicOp)):
+        _indexed(kernel, op)
+    elif isinstance(op, o.ScanOp):
+        (x,) = op.operands
+        if op.result.type != x.type or not 0 <= op.axis < len(x.type.shape):
+            raise VerifyError(f"scan[{op.kind} axis={op.axis}] of {x.type}")
     elif isinstance(op, o.BroadcastOp):
         (x,) = op.operands
         out = op.result.type
@@ -115,6 +123,26 @@ def _op(kernel: o.Kernel, op: o.Op, defined: set[int]) -> None:
         then_values = _region(kernel, op.then, defined, needs_yield=True)
         else_values = _region(kernel, op.orelse, defined, needs_yield=True)
         _same_types("if", then_values, else_values, op.results)
+
+
+def _indexed(kernel: o.Kernel, op: o.GatherOp | o.ScatterOp | o.AtomicOp) -> None:
+    """A gather reads a shared tensor, a scatter writes a Mut tile, an atomic updates an
+    Atomic tensor; one i32 coordinate tile per dim, all of the data's shape and dtype."""
+    param = kernel.params[op.param]
+    if not isinstance(param, o.TensorParam):
+        raise VerifyError(f"{op.opname} of scalar parameter {param.name}")
+    coords = op.operands if isinstance(op, o.GatherOp) else op.operands[:-1]
+    data = op.result if isinstance(op, o.GatherOp) else op.operands[-1]
+    if len(coords) != param.rank:
+        raise VerifyError(f"{op.opname} of {param.name} has {len(coords)} coordinate tiles")
+    if any(c.type != TileType(i32, data.type.shape) for c in coords):
+        raise VerifyError(f"{op.opname} coordinates must be i32 tiles of shape {data.type.shape}")
+    if data.type.dtype is not param.dtype:
+        raise VerifyError(f"{op.opname} of {data.type} with {param.name} ({param.dtype.name})")
+    wanted = {o.GatherOp: "shared", o.ScatterOp: "mut", o.AtomicOp: "atomic"}[type(op)]
+    kind = "atomic" if param.atomic else "mut" if param.mut else "shared"
+    if kind != wanted:
+        raise VerifyError(f"{op.opname} of {kind} parameter {param.name}")
 
 
 def _within(op: o.LoadOp | o.StoreOp, param: o.TensorParam) -> None:

@@ -1,4 +1,5 @@
-"""The types kernel parameters are annotated with: `Mut[...]`, `Dyn`, `Constant[...]`.
+"""The types kernel parameters are annotated with: `Mut[...]`, `Atomic[...]`, `Dyn`,
+`Constant[...]`.
 
 `Tensor[dtype, dims...]` itself is the host tensor class (`cutile_py.host.tensor.Tensor`); the
 frontend recognizes it by its `__cutile_tensor__` marker, so this layer need not import it.
@@ -32,6 +33,16 @@ class Mut(Generic[T]):
         def load(self) -> Tile: ...
 
         def store(self, tile: Tile | float) -> None: ...
+
+
+class Atomic(Generic[T]):
+    """`Atomic[Tensor[dtype, Dyn, ...]]`: a whole tensor the kernel only updates atomically
+    (`ct.atomic_add`, `atomic_max`, `atomic_min`), never reads or stores. The host passes the
+    Tensor itself; the launch holds it exclusively, so nothing else races on it."""
+
+    if TYPE_CHECKING:
+        shape: tuple[int, ...]
+        dtype: Any
 
 
 if TYPE_CHECKING:

@@ -328,6 +328,22 @@ def min(x: Tile, axis: Axis = None, keepdims: bool = False) -> Tile:
     return _reduce("min", x, axis, keepdims)
 
 
+@builtin("cumsum")
+def cumsum(x: Tile, axis: int = 0) -> Tile:
+    """Inclusive prefix sum along `axis`: `out[..., i, ...] = sum(x[..., :i+1, ...])`, same
+    shape and dtype. Integers wrap around; f16/bf16 accumulate in f32 and round each output
+    once. Compiled f32 code adds in a tree order (runs per thread, then warp shuffles, then
+    across warps): measured on sim over 2^20 inputs per case (`python -m
+    cutile_py.tools.scan_accuracy`), every prefix is within 4.3 half-ulps of its sum of |x|
+    for rows of 128 to 4096 (NumPy's sequential f32 cumsum: up to 53 on uniform [0, 1)
+    inputs). The interpreter sums in f64 and rounds each output once."""
+    ax = axis + x.ndim if axis < 0 else axis
+    if x.dtype.is_float():
+        wide = np.cumsum(x.array.astype(np.float64), axis=ax)
+        return Tile(round_to(wide, x.dtype).astype(x.dtype.compute), x.dtype)
+    return Tile(np.cumsum(x.array, axis=ax, dtype=x.dtype.compute), x.dtype)
+
+
 @builtin("argmax")
 def argmax(x: Tile, axis: int | None = None, keepdims: bool = False) -> Tile:
     """i32 index of the first maximum along `axis` (None: in the flattened tile); a NaN
@@ -352,6 +368,7 @@ __all__ = [
     "builtin_name",
     "cdiv",
     "cos",
+    "cumsum",
     "erf",
     "exp",
     "exp2",

@@ -4,14 +4,18 @@ scratch space and the barrier. It imports no emitter, so every emitter can impor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections import ChainMap
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, f32
 from cutile_py.ir.uses import DefUse
+from cutile_py.lower.allocate_shared import SharedPlan, no_shared
+from cutile_py.lower.assign_fragments import FragmentPlan, no_fragments
 from cutile_py.lower.errors import LoweringError
-from cutile_py.lower.fragments import Setup, SharedTile
+from cutile_py.lower.fragments import Operand, Setup, SharedTile
 from cutile_py.lower.isel import FLOAT_NAME, REG_CLASS
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan
 from cutile_py.lower.plan_pipelines import PipelinePlan
@@ -53,7 +57,11 @@ class EmitContext:
     uses: DefUse
     #: The pipeline planned for each loop with an mma in its body.
     pipelines: Mapping[o.ForOp, PipelinePlan] = field(default_factory=dict)
-    values: dict[o.Value, list[Reg]] = field(default_factory=dict)
+    #: Values held in mma fragment layouts, and the warp split of their families' mmas.
+    fragment_plan: FragmentPlan = field(default_factory=no_fragments)
+    #: Where the long-lived shared buffers (rings, resident operand tiles) lie.
+    shared: SharedPlan = field(default_factory=no_shared)
+    values: MutableMapping[o.Value, list[Reg]] = field(default_factory=dict)
     tensors: dict[int, TensorRegs] = field(default_factory=dict)
     bases: dict[Blocked, BaseRegs] = field(default_factory=dict)
     tid: Reg | None = None
@@ -66,18 +74,25 @@ class EmitContext:
     # -- tensor cores (emit_mma, emit_pipeline) --
     #: Per mma op, its fragment addressing.
     mma_setups: dict[o.MmaOp, Setup] = field(default_factory=dict)
-    #: Values held as mma accumulator fragments (a loop carries them), not blocked.
+    #: Values held as mma accumulator fragments (`acc` values of `fragment_plan`).
     fragment_values: set[o.Value] = field(default_factory=set)
     #: mma operand value → (its shared tile, whether its rows run along K, register
     #: with the byte offset of the pipeline stage being read): operands a cp.async pipeline
     #: loads.
     staged: dict[o.Value, tuple[SharedTile, bool, Reg]] = field(default_factory=dict)
+    #: (mma operand, 0 for A or 1 for B) → its tile, stored once before the loop.
+    resident: dict[tuple[o.Value, int], Operand] = field(default_factory=dict)
     #: Bytes at the start of shared memory a cp.async pipeline keeps in flight while its
     #: loop body is emitted, and the address past them (None: scratch starts at `smem`).
     scratch_floor: int = 0
     scratch: Reg | None = None
     #: Ops not emitted where they stand (loads a pipeline issues ahead instead).
     skipped: set[o.Op] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.fragment_values.update(
+            v for v, f in self.fragment_plan.values.items() if f.kind == "acc"
+        )
 
     @property
     def max_shared(self) -> int:
@@ -90,6 +105,17 @@ class EmitContext:
 
     def define(self, v: o.Value, regs: list[Reg]) -> None:
         self.values[v] = regs
+
+    @contextmanager
+    def scope(self, bindings: Mapping[o.Value, list[Reg]]) -> Iterator[None]:
+        """Emit with `bindings` over the current registers; what is defined inside is
+        forgotten at the end (ops emitted once more, for another loop iteration)."""
+        outer = self.values
+        self.values = ChainMap(dict(bindings), outer)
+        try:
+            yield
+        finally:
+            self.values = outer
 
     def new(self, dtype: type[DType]) -> Reg:
         return self.fb.reg(REG_CLASS[dtype])

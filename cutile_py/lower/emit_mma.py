@@ -1,11 +1,13 @@
 """`mma` on tensor cores: operands in swizzled shared memory, fragments loaded with
 `ldmatrix`, `mma.sync` m16n8k16 (f16, bf16) or m16n8k8 (tf32).
 
-Operands arrive in shared memory one of two ways: stored here from their registers, or
-copied there by the cp.async pipeline of the enclosing loop (`emit_pipeline`, which then
-lists them in `em.staged`). The accumulator is either in mma fragment form (a loop carries
-it: `em.fragment_values`) or in its blocked layout, converted through shared memory in row
-bands of at most 48 KiB, so accumulator tiles of any size fit.
+Operands arrive in shared memory one of three ways: stored here from their registers, stored
+once before the loop (`em.resident`: defined outside it), or copied there by the cp.async
+pipeline of the enclosing loop (`emit_pipeline`, which then lists them in `em.staged`). A
+16-bit A operand held in accumulator fragments (`assign_fragments`) is read from its
+registers instead: for m16n8k16 the A fragment is a permutation of two C fragments. The
+accumulator is either in mma fragment form (`em.fragment_values`) or in its blocked layout,
+converted through shared memory in row bands of at most 48 KiB, so tiles of any size fit.
 
 The fragment layouts and the shared tiles are kept apart from the instructions that use
 them so that Hopper's wgmma (whose operands are these swizzled tiles, read by descriptor)
@@ -53,7 +55,7 @@ def setup(em: EmitContext, op: o.MmaOp) -> Setup:
     if got is None:
         a, b, _ = op.operands
         (m, _), n = a.type.shape, b.type.shape[1]
-        grid = warp_grid(em.plan.threads // WARP, m // 16, n // 8)
+        grid = em.fragment_plan.grids.get(op) or warp_grid(em.plan.threads // WARP, m // 16, n // 8)
         lane = _lane_regs(em, grid)
         got = Setup(
             grid,
@@ -79,8 +81,17 @@ def mma(em: EmitContext, op: o.MmaOp) -> None:
     frags = acc_fragments(em, op, acc)
     at = 0
     stores: list[tuple[Operand, o.Value, bool]] = []
-    ops: list[Operand] = []
+    ops: list[Operand | Reader] = []
+    # An A operand computed in accumulator fragments (16-bit) is read from its registers.
+    fed = em.fragment_plan.of(a) is not None
     for which, v in enumerate((a, b)):
+        if which == 0 and fed:
+            ops.append(_fed_reader(em, a, len(s.slots_m), k))
+            continue
+        resident = em.resident.get((v, which))
+        if resident is not None:
+            ops.append(resident)
+            continue
         staged = em.staged.get(v)
         if staged is not None:
             tile, k_rows, stage = staged
@@ -120,7 +131,9 @@ def mma(em: EmitContext, op: o.MmaOp) -> None:
                 tf32=dt is f32,
             )
         em.barrier()
-    frags = warp_mma(em, dt, k, ops[0], ops[1], s, frags)
+    b_op = ops[1]
+    assert isinstance(b_op, Operand)
+    frags = warp_mma(em, dt, k, ops[0], b_op, s, frags)
     if op.result in em.fragment_values:
         if stores:
             # The next user of scratch (a reduction, a layout change, this op in the next
@@ -619,7 +632,7 @@ def _row_fragments(
 
 
 #: Reads one k step of an operand's fragments: per slot, its registers in mma order.
-_Reader = Callable[[int], list[list[Reg]]]
+Reader = Callable[[int], list[list[Reg]]]
 
 
 def _ldmatrix(em: EmitContext, count: int, trans: bool, where: Addr, rounded: bool) -> list[Reg]:
@@ -635,7 +648,7 @@ def _per_slot(regs: list[Reg], which: int) -> list[list[Reg]]:
     return [regs] if which == 0 else [regs[c : c + 2] for c in range(0, len(regs), 2)]
 
 
-def _mn_rows(em: EmitContext, op: Operand, s: Setup, which: int) -> _Reader:
+def _mn_rows(em: EmitContext, op: Operand, s: Setup, which: int) -> Reader:
     """An operand with M rows (A: `.x4` per slot, 16 rows) or N rows (B: 8 rows per slot,
     two slots per `.x4`), read with plain ldmatrix at the k step's two chunks."""
     lane = s.lane.lane
@@ -659,7 +672,7 @@ def _mn_rows(em: EmitContext, op: Operand, s: Setup, which: int) -> _Reader:
     return read
 
 
-def _k_rows_trans(em: EmitContext, op: Operand, s: Setup, which: int) -> _Reader:
+def _k_rows_trans(em: EmitContext, op: Operand, s: Setup, which: int) -> Reader:
     """A 16-bit operand with K rows, read with `ldmatrix.trans`. A: `.x4` per M slot, its
     matrices (k 0-7, m 0-7), (k 0-7, m 8-15), (k 8-15, m 0-7), (k 8-15, m 8-15) from lanes
     0-7, ..., 24-31; B: 8 columns of N per slot, k 0-15 from lanes 0-15, and a second slot
@@ -708,7 +721,7 @@ def _k_rows_trans(em: EmitContext, op: Operand, s: Setup, which: int) -> _Reader
     return read
 
 
-def _k_rows_words(em: EmitContext, op: Operand, s: Setup, which: int) -> _Reader:
+def _k_rows_words(em: EmitContext, op: Operand, s: Setup, which: int) -> Reader:
     """A tf32 operand with K rows, read a word per register (ldmatrix cannot transpose
     32-bit elements): lane (g, t) reads k = t and t + 4 at m = g and g + 8 (A: a0 (g, t),
     a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4)) or at n = g (B: b0 (t, g), b1 (t+4, g)). The
@@ -757,7 +770,7 @@ def _k_rows_words(em: EmitContext, op: Operand, s: Setup, which: int) -> _Reader
     return read
 
 
-def _reader(em: EmitContext, dt: type[DType], op: Operand, s: Setup, which: int) -> _Reader:
+def _reader(em: EmitContext, dt: type[DType], op: Operand, s: Setup, which: int) -> Reader:
     if not op.k_rows:
         return _mn_rows(em, op, s, which)
     if dt is f32:
@@ -765,11 +778,40 @@ def _reader(em: EmitContext, dt: type[DType], op: Operand, s: Setup, which: int)
     return _k_rows_trans(em, op, s, which)
 
 
+def _fed_reader(em: EmitContext, v: o.Value, m_slots: int, k: int) -> Reader:
+    """The A operand of an m16n8k16 mma from the 16-bit accumulator fragments of `v` (M x K):
+    for k step ks, N slots 2 ks and 2 ks + 1 give the A fragment's (row g, k 2t..2t+1),
+    (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..) pairs, packed two halves to a register."""
+    frag = em.fragment_plan.of(v)
+    assert frag is not None
+    xs = em.regs(v)
+    sn = frag.grid.sn
+    assert frag.grid.wn == 1 and frag.grid.sm == m_slots and sn * 8 == k, (frag, k)
+    fb = em.fb
+
+    def pack(lo: Reg, hi: Reg) -> Reg:
+        r = fb.reg("b32")
+        fb.ins("mov.b32", r, Vec((lo, hi)))
+        return r
+
+    def read(ks: int) -> list[list[Reg]]:
+        out = []
+        for i in range(m_slots):
+            regs = []
+            for j in (2 * ks, 2 * ks + 1):
+                at = 4 * (i * sn + j)
+                regs += [pack(xs[at], xs[at + 1]), pack(xs[at + 2], xs[at + 3])]
+            out.append([regs[0], regs[1], regs[2], regs[3]])
+        return out
+
+    return read
+
+
 def warp_mma(
     em: EmitContext,
     dt: type[DType],
     k: int,
-    a: Operand,
+    a: Operand | Reader,
     b: Operand,
     s: Setup,
     frags: list[list[list[Reg]]],
@@ -777,7 +819,8 @@ def warp_mma(
     """Each warp's K loop (unrolled): read its A and B fragments from shared memory, one
     mma.sync per (M slot, N slot); returns the new accumulator fragments."""
     fb = em.fb
-    read_a, read_b = _reader(em, dt, a, s, 0), _reader(em, dt, b, s, 1)
+    read_a = _reader(em, dt, a, s, 0) if isinstance(a, Operand) else a
+    read_b = _reader(em, dt, b, s, 1)
     opcode = MMA_OPCODE[dt]
     for ks in range(k // MMA_K_STEP[dt]):
         a_regs, b_regs = read_a(ks), read_b(ks)

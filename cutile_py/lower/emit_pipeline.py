@@ -22,12 +22,15 @@ with the induction variable advanced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cutile_py.ir import ops as o
+from cutile_py.ir.dtypes import f32
 from cutile_py.lower import emit_mma
+from cutile_py.lower.allocate_shared import SharedRegion
 from cutile_py.lower.context import EmitContext
 from cutile_py.lower.emit_memory import Access
+from cutile_py.lower.fragments import Operand
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad
 from cutile_py.ptx.builder import Addr, Reg
 
@@ -38,23 +41,27 @@ def start(em: EmitContext, plan: PipelinePlan) -> LoopPipeline:
     pipeline issues ahead."""
     for mma in plan.mmas:
         emit_mma.setup(em, mma)
-    for k, mma in plan.carried:
-        em.fragment_values.add(plan.loop.body.args[k + 1])
-        em.fragment_values.add(mma.result)
     if plan.loads:
-        em.shared_scratch(plan.stages * plan.stage_bytes)  # the body's scratch comes after it
+        # The ring and the resident tiles; the body's scratch comes after them.
+        em.shared_scratch(em.shared.floor(plan.loop) - em.scratch_floor)
         for sl in plan.loads:
             em.skipped.update(sl.chain)
             em.base_regs(sl.copy.base)  # before the loop: the prologue and the body use it
-    return LoopPipeline(
-        em,
-        plan.loop,
-        dict(plan.carried),
-        list(plan.loads),
-        plan.stages if plan.loads else 1,
-        plan.stage_bytes,
-        plan.ring,
-    )
+        resident = em.shared.resident(plan.loop)
+        if resident:
+            _store_resident(em, resident)
+        return LoopPipeline(
+            em,
+            plan.loop,
+            dict(plan.carried),
+            list(plan.loads),
+            plan.stages,
+            plan.stage_bytes,
+            em.shared.ring(plan.loop),
+            em.shared.floor(plan.loop),
+            [(r.value, r.which) for r in resident if r.value is not None],
+        )
+    return LoopPipeline(em, plan.loop, dict(plan.carried), [], 1, plan.stage_bytes)
 
 
 @dataclass
@@ -69,6 +76,10 @@ class LoopPipeline:
     #: Byte offset of stage 0 in shared memory: the scratch floor of the enclosing code
     #: (an outer pipeline's stages stay untouched).
     ring: int = 0
+    #: Where the body's scratch starts: past the ring and the resident operand tiles.
+    floor: int = 0
+    #: The keys of `em.resident` this loop stored (their tiles are scratch after it).
+    resident: list[tuple[o.Value, int]] = field(default_factory=list)
     #: The scratch space of the enclosing code, restored after the loop.
     outer_scratch: tuple[int, Reg | None] = (0, None)
     read: Reg | None = None  # byte offset of the stage this iteration reads
@@ -96,7 +107,7 @@ class LoopPipeline:
         # operands from registers) starts past the stages in flight.
         assert em.smem is not None
         self.outer_scratch = (em.scratch_floor, em.scratch)
-        floor = self.ring + self.stages * self.stage_bytes
+        floor = self.floor
         em.scratch_floor, em.scratch = floor, fb.reg("b32")
         fb.ins("add.u32", em.scratch, em.smem, floor)
 
@@ -131,6 +142,8 @@ class LoopPipeline:
         self.em.fb.ins("cp.async.wait_all")
         self.em.barrier()
         self.em.scratch_floor, self.em.scratch = self.outer_scratch
+        for key in self.resident:
+            del self.em.resident[key]
 
     # -- internals ------------------------------------------------------------------------
     def _advance(self, r: Reg) -> None:
@@ -160,20 +173,11 @@ class LoopPipeline:
 
 def _index_at(em: EmitContext, loop: o.ForOp, sl: StagedLoad, iv: Reg) -> list[Reg]:
     """The load's index registers with the induction variable at `iv`: its index ops
-    emitted again, the body's own definitions restored afterwards."""
-    touched = [loop.body.args[0], *(op.result for op in sl.index_ops)]
-    saved = {v: em.values.get(v) for v in touched}
-    em.define(loop.body.args[0], [iv])
-    for op in sl.index_ops:
-        em.emit_op(op)
-    index = [em.regs(v)[0] for v in sl.load.operands]
-    for v in touched:
-        old = saved[v]
-        if old is None:
-            em.values.pop(v, None)
-        else:
-            em.values[v] = old
-    return index
+    emitted again in a scope of their own (the body's registers are untouched)."""
+    with em.scope({loop.body.args[0]: [iv]}):
+        for op in sl.index_ops:
+            em.emit_op(op)
+        return [em.regs(v)[0] for v in sl.load.operands]
 
 
 def _copy(em: EmitContext, sl: StagedLoad, index: list[Reg], base: Reg) -> None:
@@ -202,15 +206,18 @@ def _copy(em: EmitContext, sl: StagedLoad, index: list[Reg], base: Reg) -> None:
             fb.ins(f"cp.async.{level}.shared.global", Addr(dst, imm), src, nbytes, size, pred=issue)
 
 
-# -- accumulators in and out of fragment form -------------------------------------------
-def fragments_of(em: EmitContext, mma: o.MmaOp, init: o.Value) -> list[Reg]:
-    """The loop's initial accumulator `init` as `mma`'s fragments, flattened."""
-    frags = emit_mma.acc_fragments(em, mma, init)
-    return [x for row in frags for c in row for x in c]
-
-
-def blocked_of(em: EmitContext, mma: o.MmaOp, arg: o.Value, result: o.Value) -> list[Reg]:
-    """The carried accumulator (fragments in `arg`'s registers) in `result`'s layout."""
-    s = emit_mma.setup(em, mma)
-    frags = emit_mma.acc_fragments(em, mma, arg)
-    return emit_mma.fragments_to_blocked(em, s, frags, em.layout(result), mma)
+def _store_resident(em: EmitContext, resident: tuple[SharedRegion, ...]) -> None:
+    """Store the mma operands defined before the loop into their tiles once, before it
+    (f32 ones rounded to tf32 on the way); the mmas of the body read them from there."""
+    assert em.smem is not None
+    em.barrier()  # earlier readers of this shared memory are done
+    for r in resident:
+        v, tile = r.value, r.tile
+        assert v is not None and tile is not None
+        dt = v.type.dtype
+        transpose = r.which == 1 and dt is f32
+        emit_mma.store_tile(
+            em, em.smem, tile, em.regs(v), em.layout(v), transpose=transpose, tf32=dt is f32
+        )
+        em.resident[(v, r.which)] = Operand(tile, em.smem, k_rows=r.which == 1 and not transpose)
+    em.barrier()

@@ -10,10 +10,21 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
-from cutile_py.lower import emit_math, emit_memory, emit_mma, emit_pipeline, emit_shared
+from cutile_py.lower import (
+    emit_fragments,
+    emit_gather,
+    emit_math,
+    emit_memory,
+    emit_mma,
+    emit_pipeline,
+    emit_scan,
+    emit_shared,
+)
 from cutile_py.lower.context import EmitContext, TensorRegs
 from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.isel import (
@@ -32,7 +43,15 @@ from cutile_py.lower.isel import (
 from cutile_py.lower.layout import Layout
 from cutile_py.ptx.builder import Imm, Reg, f32_imm, int_imm
 
-__all__ = ["Emitter", "LoweringError", "PtxParam", "entry_name", "entry_params"]
+__all__ = [
+    "FRAGMENT_HANDLERS",
+    "HANDLERS",
+    "Emitter",
+    "LoweringError",
+    "PtxParam",
+    "entry_name",
+    "entry_params",
+]
 
 
 @dataclass(frozen=True)
@@ -74,6 +93,7 @@ class Emitter(EmitContext):
     smem_line: int = -1
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.emit_op = self.op
 
     # -- preamble -------------------------------------------------------------------------
@@ -158,15 +178,28 @@ class Emitter(EmitContext):
     def op(self, op: o.Op) -> None:
         if op in self.skipped:
             return
-        handler = getattr(self, f"op_{op.opname}", None)
-        if handler is None:
-            raise LoweringError(f"no lowering for IR op {op.opname}", op.span)
+        handler = self.handler(op)
         try:
             handler(op)
         except LoweringError as e:
             if e.span is None:  # the innermost op that knows its source
                 e.span = op.span
             raise
+
+    def handler(self, op: o.Op) -> Callable[[o.Op], None]:
+        """The handler of `op`: from `FRAGMENT_HANDLERS` where its result is held in mma
+        fragments, else from `HANDLERS`, else an `op_<opname>` method."""
+        if op.results and self.fragment_plan.of(op.results[0]) is not None:
+            on_fragments = FRAGMENT_HANDLERS.get(type(op))
+            if on_fragments is not None:
+                return partial(on_fragments, self)
+        handler = HANDLERS.get(type(op))
+        if handler is not None:
+            return partial(handler, self)
+        method: Callable[[o.Op], None] | None = getattr(self, f"op_{op.opname}", None)
+        if method is None:
+            raise LoweringError(f"no lowering for IR op {op.opname}", op.span)
+        return method
 
     def op_constant(self, op: o.ConstantOp) -> None:
         dt = op.result.type.dtype
@@ -206,32 +239,14 @@ class Emitter(EmitContext):
             out.append(x)
         self.define(op.result, out)
 
-    def op_broadcast(self, op: o.BroadcastOp) -> None:
-        emit_shared.broadcast(self, op)
-
-    def op_reduce(self, op: o.ReduceOp) -> None:
-        emit_shared.reduce(self, op)
-
-    def op_mma(self, op: o.MmaOp) -> None:
-        emit_mma.mma(self, op)
-
-    def op_reshape(self, op: o.ReshapeOp) -> None:
-        emit_shared.reshape(self, op)
-
-    def op_permute(self, op: o.PermuteOp) -> None:
-        emit_shared.permute(self, op)
-
-    def op_load(self, op: o.LoadOp) -> None:
-        emit_memory.load(self, op)
-
-    def op_store(self, op: o.StoreOp) -> None:
-        emit_memory.store(self, op)
-
     # -- element-wise ---------------------------------------------------------------------
     def elementwise(self, op: o.Op, fn: Callable[..., Reg]) -> None:
         res = op.result
-        n = self.count(res)
-        if res.type.shape:
+        frag = self.fragment_plan.of(res)
+        n = frag.count() if frag is not None else self.count(res)
+        if frag is not None:  # operands in the same fragment layout, or scalars
+            ins = [self.regs(v) for v in op.operands]
+        elif res.type.shape:
             want = self.layout(res)
             ins = [
                 self.regs(v) if not v.type.shape else emit_shared.regs_as(self, v, want)
@@ -450,11 +465,11 @@ class Emitter(EmitContext):
         # Accumulators the loop carries stay mma fragments; operand loads go through cp.async.
         planned = self.pipelines.get(op)
         pipe = emit_pipeline.start(self, planned) if planned is not None else None
-        frag = pipe.carried if pipe is not None else {}
+        frag = {k: f for k, a in enumerate(args) if (f := self.fragment_plan.of(a)) is not None}
         iv = fb.reg("b32")
         self.mov(iv, self.regs(lo)[0])
         init_regs = [
-            emit_pipeline.fragments_of(self, frag[k], v) if k in frag else self.regs_like(v, a)
+            emit_fragments.enter(self, frag[k], v) if k in frag else self.regs_like(v, a)
             for k, (v, a) in enumerate(zip(inits, args))
         ]
         carried = [self.fresh_like(r) for r in init_regs]
@@ -490,7 +505,7 @@ class Emitter(EmitContext):
             pipe.drain()
         for k, (res, arg) in enumerate(zip(op.results, args)):
             if k in frag:
-                self.define(res, emit_pipeline.blocked_of(self, frag[k], arg, res))
+                self.define(res, emit_fragments.leave(self, frag[k], arg, res))
             else:
                 self.define(res, self.regs_like(arg, res))
 
@@ -517,6 +532,54 @@ class Emitter(EmitContext):
 
     def op_yield(self, op: o.YieldOp) -> None:
         raise LoweringError("yield outside a loop or branch")
+
+
+#: Emits one op (of the kind it is registered for) on the emitter.
+Handler = Callable[[Emitter, Any], None]
+
+#: How each op kind is emitted: a function of the emitter and the op. A new op adds its
+#: entry here (its handler may live in a module of its own, taking an `EmitContext`).
+HANDLERS: dict[type[o.Op], Handler] = {
+    # element-wise and scalar ops (this module)
+    o.ConstantOp: Emitter.op_constant,
+    o.GridOp: Emitter.op_grid,
+    o.TensorDimOp: Emitter.op_tensor_dim,
+    o.IotaOp: Emitter.op_iota,
+    o.UnaryOp: Emitter.op_unary,
+    o.BinaryOp: Emitter.op_binary,
+    o.CompareOp: Emitter.op_compare,
+    o.SelectOp: Emitter.op_select,
+    o.FmaOp: Emitter.op_fma,
+    o.CastOp: Emitter.op_cast,
+    # control flow (this module)
+    o.ForOp: Emitter.op_for,
+    o.IfOp: Emitter.op_if,
+    o.YieldOp: Emitter.op_yield,
+    # data movement between threads
+    o.BroadcastOp: emit_shared.broadcast,
+    o.ReduceOp: emit_shared.reduce,
+    o.ReshapeOp: emit_shared.reshape,
+    o.PermuteOp: emit_shared.permute,
+    # global memory
+    o.LoadOp: emit_memory.load,
+    o.StoreOp: emit_memory.store,
+    # indexed memory and scans
+    o.GatherOp: emit_gather.gather,
+    o.ScatterOp: emit_gather.scatter,
+    o.AtomicOp: emit_gather.atomic,
+    o.ScanOp: emit_scan.scan,
+    # tensor cores
+    o.MmaOp: emit_mma.mma,
+}
+
+#: Handlers of ops whose result is held in mma fragments (`assign_fragments`); element-wise
+#: ops need none: their `HANDLERS` entry runs on fragment registers as well.
+FRAGMENT_HANDLERS: dict[type[o.Op], Handler] = {
+    o.BroadcastOp: emit_fragments.broadcast,
+    o.ReduceOp: emit_fragments.reduce,
+    o.ReshapeOp: emit_fragments.reshape,
+    o.IotaOp: emit_fragments.iota,
+}
 
 
 def entry_name(name: str) -> str:

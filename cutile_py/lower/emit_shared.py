@@ -99,6 +99,22 @@ def convert(
         else:
             fb.ins(f"st.shared.{suffix}", where, r, pred=pred)
     em.barrier()
+    out = _load_row_major(em, smem, dst, dst_t, d_strides)
+    em.barrier()
+    return out
+
+
+def load_row_major(em: EmitContext, smem: Reg, dst: Layout, dst_t: TileType) -> list[Reg]:
+    """The registers of layout `dst` read from a row-major `dst_t` tile at `smem`."""
+    return _load_row_major(em, smem, dst, dst_t, _row_major(dst_t.shape, 0))
+
+
+def _load_row_major(
+    em: EmitContext, smem: Reg, dst: Layout, dst_t: TileType, d_strides: list[int]
+) -> list[Reg]:
+    fb = em.fb
+    dt = dst_t.dtype
+    eb, suffix = _elem(dt)
     base = _thread_part(em, dst, d_strides, eb, smem)
     out = []
     for offs in dst.registers():
@@ -116,7 +132,6 @@ def convert(
             fb.ins(f"mov.{MOV[x.ptype]}", x, 0 if x.ptype != "f32" else f32_imm(0.0))
         fb.ins(f"ld.shared.{suffix}", x, where, pred=pred)
         out.append(x)
-    em.barrier()
     return out
 
 
@@ -171,7 +186,7 @@ def permute(em: EmitContext, op: o.PermuteOp) -> None:
 
 
 # -- reductions --------------------------------------------------------------------------
-class _Combiner:
+class Combiner:
     """How one reduction kind combines partials; values are f32, integers or predicates."""
 
     def __init__(self, em: EmitContext, kind: str, dt: type[DType]) -> None:
@@ -262,7 +277,7 @@ def _or(em: EmitContext, a: Reg, b: Reg) -> Reg:
     return r
 
 
-def _shuffle(em: EmitContext, x: Reg, lanes: int) -> Reg:
+def shuffle(em: EmitContext, x: Reg, lanes: int) -> Reg:
     """The value of `x` in lane `lane ^ lanes`."""
     fb = em.fb
     if x.ptype == "b64":
@@ -290,7 +305,7 @@ def reduce(em: EmitContext, op: o.ReduceOp) -> None:
     xl = em.layout(x)
     d = xl.dims[op.axis]
     want = Layout(xl.base, tuple(None if i == op.axis else e for i, e in enumerate(xl.dims)))
-    cb = _Combiner(em, op.kind, x.type.dtype)
+    cb = Combiner(em, op.kind, x.type.dtype)
     fb = em.fb
     xregs = em.regs(x)
     values: list[Reg] = []
@@ -338,7 +353,7 @@ def reduce(em: EmitContext, op: o.ReduceOp) -> None:
             indices.append(acc_i)
     if d is not None:
         values, indices = _across_threads(em, cb, xl, d, values, indices)
-    out = indices if cb.arg else [_finish(em, v, x.type.dtype, cb) for v in values]
+    out = indices if cb.arg else [finish(em, v, x.type.dtype, cb) for v in values]
     rl = em.layout(res)
     em.define(res, out if rl == want else convert(em, out, want, rl, res.type, res.type))
 
@@ -352,14 +367,14 @@ def _pred_select(em: EmitContext, dst: Reg, a: Reg, b: Reg, c: Reg) -> None:
     fb.ins("or.pred", dst, t1, t2)
 
 
-def _finish(em: EmitContext, v: Reg, dt: type[DType], cb: _Combiner) -> Reg:
+def finish(em: EmitContext, v: Reg, dt: type[DType], cb: Combiner) -> Reg:
     if dt in (f16, bf16):
         return em.narrow(v, dt)
     return v
 
 
 def _across_threads(
-    em: EmitContext, cb: _Combiner, lay: Layout, d: int, values: list[Reg], indices: list[Reg]
+    em: EmitContext, cb: Combiner, lay: Layout, d: int, values: list[Reg], indices: list[Reg]
 ) -> tuple[list[Reg], list[Reg]]:
     """Combine the partials of the threads along base dim d: shuffles, then shared memory."""
     b = lay.base
@@ -369,9 +384,9 @@ def _across_threads(
     hi = lo + b.threads[d].bit_length() - 1
     for bit in range(lo, min(hi, 5)):
         for k in range(len(values)):
-            pv = _shuffle(em, values[k], 1 << bit)
+            pv = shuffle(em, values[k], 1 << bit)
             if cb.arg:
-                pi = _shuffle(em, indices[k], 1 << bit)
+                pi = shuffle(em, indices[k], 1 << bit)
                 values[k], indices[k] = cb.combine_arg(values[k], indices[k], pv, pi)
             else:
                 values[k] = cb.combine(values[k], pv)

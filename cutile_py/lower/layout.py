@@ -264,10 +264,17 @@ def _relate(op: o.Op, u: _DimUnion) -> None:
                 same(res, x, [(i, i) for i in range(len(res.type.shape))])
 
 
-def plan_layouts(kernel: o.Kernel, target: Target) -> LayoutPlan:
+def plan_layouts(kernel: o.Kernel, target: Target, max_threads: int | None = None) -> LayoutPlan:
     """Assign each tile value a layout; dims that ops relate share base dims. The block is
-    at most `MAX_THREADS` threads (a choice well inside every target's limit)."""
+    the kernel's `num_warps` warps, else at most `MAX_THREADS` threads (a choice well inside
+    every target's limit); and at most `max_threads` if given (a power of two: mma fragment
+    families ask for fewer)."""
     assert target.max_threads_per_block >= MAX_THREADS
+    if kernel.num_warps is not None and kernel.num_warps * 32 > target.max_threads_per_block:
+        raise ValueError(
+            f"kernel {kernel.name}: num_warps={kernel.num_warps} is more than the "
+            f"{target.max_threads_per_block} threads per block of {target.name}"
+        )
     ops = list(walk(kernel.body))
     u = _DimUnion()
     values: list[o.Value] = []
@@ -349,7 +356,9 @@ def plan_layouts(kernel: o.Kernel, target: Target) -> LayoutPlan:
         )
         if prod(widest.shape) // widest.vec > chunks:
             chunks, vec = prod(widest.shape) // widest.vec, widest.vec
-    block = block_size(chunks, vec)
+    block = 32 * kernel.num_warps if kernel.num_warps is not None else block_size(chunks, vec)
+    if max_threads is not None:
+        block = min(block, max_threads)
     bases: dict[tuple[int, int], Blocked] = {}
     position: dict[tuple[int, int], int] = {}
     for fam_root, members in order.items():

@@ -1,5 +1,5 @@
-"""The lowering pipeline, in order: verify → def-use → plan (layouts, then pipelines) → emit
-PTX → render the module.
+"""The lowering pipeline, in order: verify → def-use → plan (layouts and mma fragments,
+pipelines, shared memory) → emit PTX → render the module.
 
 Every decision is planned before emission (`plan.py`): every op of a shape must agree on which
 thread holds which element, and a loop's pipeline claims shared memory that the code after
@@ -38,7 +38,9 @@ def lower_kernel(kernel: Kernel, target: Target) -> LoweredKernel:
     uses = def_use(kernel)
     plan = plan_lowering(kernel, target, uses)
     fb = FunctionBuilder(entry_name(kernel.name), [])
-    em = Emitter(kernel, plan.layouts, fb, target, uses, plan.pipelines)
+    em = Emitter(
+        kernel, plan.layouts, fb, target, uses, plan.pipelines, plan.fragment_plan, plan.shared
+    )
     em.preamble()
     em.region(kernel.body)
     em.finish()

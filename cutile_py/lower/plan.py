@@ -1,8 +1,9 @@
 """The lowering plan: every decision made before emission, as one frozen, printable value.
 
-`plan_lowering` runs the planning passes in order: `plan_layouts` (which thread holds which
-element of each value) first, because `plan_pipelines` splits its cp.async copies over the
-block that layouts chose. Emission then carries the plan out.
+`plan_lowering` runs the planning passes in order: `assign_layouts` (which thread holds which
+element of each value: blocked layouts, then mma fragments) first, because `plan_pipelines`
+splits its cp.async copies over the block that layouts chose and leaves fragment operands out;
+then `allocate_shared` places the pipelines' buffers. Emission then carries the plan out.
 """
 
 from __future__ import annotations
@@ -14,6 +15,13 @@ from types import MappingProxyType
 from cutile_py.ir import ops as o
 from cutile_py.ir.printer import value_names
 from cutile_py.ir.uses import DefUse, walk
+from cutile_py.lower.allocate_shared import SharedPlan, allocate_shared
+from cutile_py.lower.assign_fragments import (
+    FragmentPlan,
+    assign_fragments,
+    family_threads,
+    find_families,
+)
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan, plan_layouts
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad, plan_pipelines
 from cutile_py.ptx.target import Target
@@ -25,22 +33,34 @@ class LoweringPlan:
     layouts: LayoutPlan
     #: The pipeline of each loop with an mma in its body.
     pipelines: Mapping[o.ForOp, PipelinePlan]
+    #: Values held in mma fragment layouts instead of their blocked ones.
+    fragment_plan: FragmentPlan
+    #: Where the pipelines' rings and resident operand tiles lie, and for how long.
+    shared: SharedPlan
 
     @property
     def fragments(self) -> frozenset[o.Value]:
-        """Values held as mma accumulator fragments (carried by a loop), not blocked."""
-        out: set[o.Value] = set()
-        for p in self.pipelines.values():
-            for k, mma in p.carried:
-                out.update((p.loop.body.args[k + 1], mma.result))
-        return frozenset(out)
+        """Values held in mma fragments (accumulators, row and column vectors), not blocked."""
+        return frozenset(self.fragment_plan.values)
+
+
+def assign_layouts(
+    kernel: o.Kernel, target: Target, uses: DefUse
+) -> tuple[LayoutPlan, FragmentPlan]:
+    """Which thread holds which element of each value: blocked layouts for every value, then
+    mma fragment layouts for the values of mma loops that can stay in fragments (whose row
+    bands may cap the block's size first: a warp per band)."""
+    families = find_families(kernel, target, uses)
+    layouts = plan_layouts(kernel, target, family_threads(families))
+    return layouts, assign_fragments(kernel, target, uses, layouts.threads, families)
 
 
 def plan_lowering(kernel: o.Kernel, target: Target, uses: DefUse) -> LoweringPlan:
     """Run the planning passes over a verified kernel."""
-    layouts = plan_layouts(kernel, target)
-    pipelines = plan_pipelines(kernel, layouts, target, uses)
-    return LoweringPlan(target, layouts, MappingProxyType(pipelines))
+    layouts, fragments = assign_layouts(kernel, target, uses)
+    pipelines = plan_pipelines(kernel, layouts, target, uses, fragments)
+    shared = allocate_shared(kernel, pipelines)
+    return LoweringPlan(target, layouts, MappingProxyType(pipelines), fragments, shared)
 
 
 def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
@@ -69,20 +89,20 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
             return f"{op.opname} {names[op.results[0]]}"
         return f"{op.opname}[{op.attrs()}] " + ", ".join(names[v] for v in op.operands)
 
-    fragments = plan.fragments
-    body = [
-        f"  {names[v]} {v.type}: "
-        + ("mma fragments" if v in fragments else lay(plan.layouts.of(v)))
-        for v in tiles
-    ]
+    def held(v: o.Value) -> str:
+        frag = plan.fragment_plan.of(v)
+        return frag.describe() if frag is not None else lay(plan.layouts.of(v))
+
+    body = [f"  {names[v]} {v.type}: {held(v)}" for v in tiles]
     memory = [f"  {op_name(op)}: {lay(m)}" for op, m in plan.layouts.memory.items()]
+
+    def loop_name(loop: o.ForOp) -> str:
+        return names[loop.results[0]] if loop.results else names[loop.body.args[0]]
+
     pipes: list[str] = []
     for p in plan.pipelines.values():
-        loop = names[p.loop.results[0]] if p.loop.results else names[p.loop.body.args[0]]
-        pipes.append(
-            f"  for {loop}: stages={p.stages} stage_bytes={p.stage_bytes} ring={p.ring} "
-            f"floor={p.floor}"
-        )
+        loop = loop_name(p.loop)
+        pipes.append(f"  for {loop}: stages={p.stages} stage_bytes={p.stage_bytes}")
         pipes += [
             f"    carried {names[p.loop.body.args[k + 1]]}: fragments of mma {names[m.result]}"
             for k, m in p.carried
@@ -98,6 +118,17 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
         lines += ["memory access layouts:", *memory]
     if pipes:
         lines += ["pipelines:", *pipes]
+    shared = []
+    for r in plan.shared.regions:
+        what = "ring" if r.value is None else f"{names[r.value]} ({'AB'[r.which]} operand)"
+        span = f"[{r.offset}, {r.offset + r.nbytes})"
+        shared.append(f"  {what}: {span} while for {loop_name(r.loop)} runs")
+    shared += [
+        f"  scratch in for {loop_name(loop)}: from {at} (one op at a time)"
+        for loop, at in plan.shared.floors.items()
+    ]
+    if shared:
+        lines += ["shared memory:", *shared]
     lines += ["bases:"] + [
         f"  {n} = blocked shape={b.shape} vec={b.vec} threads={b.threads}" for b, n in bases.items()
     ]

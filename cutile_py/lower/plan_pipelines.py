@@ -1,7 +1,8 @@
 """plan_pipelines: before emission, decide for each loop with an mma in its body which carried
 accumulators stay in mma fragments, which operand loads become `cp.async` copies issued
-`stages - 1` iterations ahead into a ring of shared stages, how many stages, and where the
-ring lies. The decisions are data (`PipelinePlan`); `emit_pipeline` carries them out."""
+`stages - 1` iterations ahead into a ring of shared stages, how many stages, and which mma
+operands defined before the loop are stored once for it. The decisions are data
+(`PipelinePlan`); `allocate_shared` places the buffers, `emit_pipeline` carries them out."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, replace
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import bf16, f16, f32
 from cutile_py.ir.uses import DefUse
+from cutile_py.lower.assign_fragments import FragmentPlan, no_fragments
 from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import SHARED_LIMIT, SharedTile, round_region
 from cutile_py.lower.layout import Layout, LayoutPlan, canonical_blocked
@@ -47,7 +49,8 @@ class StagedLoad:
 @dataclass(frozen=True)
 class PipelinePlan:
     """How one loop with an mma in its body runs: which carried values stay mma fragments,
-    which operand loads a `stages`-deep cp.async ring issues ahead, and where the ring lies."""
+        which operand loads a `stages`-deep cp.async ring issues ahead (`allocate_shared` places
+    the ring)."""
 
     loop: o.ForOp
     mmas: tuple[o.MmaOp, ...]
@@ -56,31 +59,40 @@ class PipelinePlan:
     loads: tuple[StagedLoad, ...]
     stages: int
     stage_bytes: int
-    #: Byte offset of stage 0 in shared memory: past the stages of every enclosing pipeline.
-    ring: int = 0
+    #: mma operands defined before the loop: stored once, before it, into these tiles
+    #: (placed by `allocate_shared`), instead of once per iteration.
+    resident: tuple[tuple[o.Value, int, SharedTile], ...] = ()
 
     @property
-    def floor(self) -> int:
-        """Where the shared scratch of the loop body starts (past the stages in flight)."""
-        return self.ring + self.stages * self.stage_bytes if self.loads else self.ring
+    def footprint(self) -> int:
+        """Bytes of shared memory held while the loop runs: its ring and resident tiles."""
+        if not self.loads:
+            return 0
+        held = sum(round_region(t.nbytes) for _, _, t in self.resident)
+        return self.stages * self.stage_bytes + held
 
 
 def plan_pipelines(
-    kernel: o.Kernel, layouts: LayoutPlan, target: Target, uses: DefUse
+    kernel: o.Kernel,
+    layouts: LayoutPlan,
+    target: Target,
+    uses: DefUse,
+    fragments: FragmentPlan | None = None,
 ) -> dict[o.ForOp, PipelinePlan]:
     """The pipeline of every loop with a top-level mma in its body, in program order. A loop
-    nested in a pipelined loop puts its ring past the outer one's stages."""
+    nested in a pipelined loop chooses its stages within what the outer one leaves."""
     out: dict[o.ForOp, PipelinePlan] = {}
-    cx = _Planning(kernel, layouts, target, uses)
+    frags = fragments or no_fragments()
+    cx = _Planning(kernel, layouts, target, uses, frags)
 
-    def visit(region: o.Region, floor: int) -> None:
+    def visit(region: o.Region, outer: int) -> None:
         for op in region.ops:
-            inner = floor
+            inner = outer
             if isinstance(op, o.ForOp):
-                plan = plan_loop(cx, op, floor)
+                plan = plan_loop(cx, op, outer)
                 if plan is not None:
                     out[op] = plan
-                    inner = plan.floor
+                    inner = outer + plan.footprint
             for r in op.regions():
                 visit(r, inner)
 
@@ -94,30 +106,26 @@ class _Planning:
     layouts: LayoutPlan
     target: Target
     uses: DefUse
+    fragments: FragmentPlan
 
 
-def plan_loop(cx: _Planning, loop: o.ForOp, ring: int) -> PipelinePlan | None:
-    """What of `loop` runs as a tensor-core loop (its ring at byte `ring` of shared memory);
-    None if its body has no top-level mma."""
+def plan_loop(cx: _Planning, loop: o.ForOp, outer: int) -> PipelinePlan | None:
+    """What of `loop` runs as a tensor-core loop, within the shared memory left past the
+    `outer` bytes enclosing loops hold; None if its body has no top-level mma."""
     body = loop.body.ops
     mmas = [op for op in body if isinstance(op, o.MmaOp)]
     if not mmas:
         return None
     uses = cx.uses
     yield_op = body[-1]
+    # Accumulators the loop carries in fragments (decided by `assign_fragments`), with the
+    # mma that yields each.
     carried: dict[int, o.MmaOp] = {}
     for k, arg in enumerate(loop.body.args[1:]):
-        for mma in mmas:
-            a, b, acc = mma.operands
-            if (
-                acc is arg
-                and uses.users(arg) == (mma,)
-                and yield_op.operands[k] is mma.result
-                and uses.users(mma.result) == (yield_op,)
-                and a is not arg
-                and b is not arg
-            ):
-                carried[k] = mma
+        frag = cx.fragments.of(arg)
+        made = uses.producer(yield_op.operands[k])
+        if frag is not None and frag.kind == "acc" and isinstance(made, o.MmaOp):
+            carried[k] = made
     loads = []
     for mma in mmas if cx.target.cp_async else ():
         for which in (0, 1):
@@ -126,8 +134,8 @@ def plan_loop(cx: _Planning, loop: o.ForOp, ring: int) -> PipelinePlan | None:
                 loads.append(sl)
     pairs = tuple(carried.items())
     if not loads:
-        return PipelinePlan(loop, tuple(mmas), pairs, (), 1, 0, ring)
-    return _place(cx, loop, pairs, loads, mmas, ring)
+        return PipelinePlan(loop, tuple(mmas), pairs, (), 1, 0)
+    return _place(cx, loop, pairs, loads, mmas, outer)
 
 
 def _staged_load(
@@ -227,7 +235,7 @@ def _place(
     carried: tuple[tuple[int, o.MmaOp], ...],
     loads: list[StagedLoad],
     mmas: list[o.MmaOp],
-    ring: int,
+    outer: int,
 ) -> PipelinePlan:
     """Lay the stages out in shared memory and choose their number."""
     stage_bytes = 0
@@ -241,14 +249,14 @@ def _place(
     reg_bytes = 0
     for mma in mmas:
         for v in mma.operands[:2]:
-            if v not in staged:
+            if v not in staged and cx.fragments.of(v) is None:  # A fed from fragments
                 rows, cols = v.type.shape
                 reg_bytes += round_region(rows * cols * v.type.dtype.itemsize())
 
     max_shared = cx.target.max_shared_bytes
 
     def need(stages: int) -> int:
-        return ring + stages * stage_bytes + reg_bytes
+        return outer + stages * stage_bytes + reg_bytes
 
     explicit = cx.kernel.stages
     if explicit is not None:
@@ -274,4 +282,31 @@ def _place(
                 "a block may have on this target; use smaller tiles",
                 loop.span,
             )
-    return PipelinePlan(loop, tuple(mmas), carried, tuple(placed), stages, stage_bytes, ring)
+    resident: list[tuple[o.Value, int, SharedTile]] = []
+    for mma in mmas:
+        for which, v in enumerate(mma.operands[:2]):
+            if v in staged or cx.fragments.of(v) is not None or _in_loop(cx.uses, loop, v):
+                continue
+            if any(v is r and which == w for r, w, _ in resident):
+                continue
+            rows, cols = v.type.shape
+            dt = v.type.dtype
+            # Oriented as the mma stores operands from registers: B of tf32 transposed.
+            if which == 1 and dt is f32:
+                rows, cols = cols, rows
+            resident.append((v, which, SharedTile(0, rows, cols, dt.itemsize(), True)))
+    return PipelinePlan(
+        loop, tuple(mmas), carried, tuple(placed), stages, stage_bytes, tuple(resident)
+    )
+
+
+def _in_loop(uses: DefUse, loop: o.ForOp, v: o.Value) -> bool:
+    """Whether `v` is defined inside `loop` (its body, at any depth, or its arguments)."""
+    if v in loop.body.args:
+        return True
+    op = uses.producer(v)
+    while op is not None:
+        if op is loop:
+            return True
+        op = uses.enclosing(op)
+    return False

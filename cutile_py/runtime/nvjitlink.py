@@ -95,11 +95,16 @@ def _read_log(lib: Any, handle: int, which: str) -> str:
     return bytes(buf).rstrip(b"\x00").decode("utf-8", errors="replace").strip()
 
 
-def assemble(ptx: str, target: Target, *, verbose: bool = True) -> AssemblyReport:
-    """Compile `ptx` to a cubin for `target`; raise PtxAssemblyError with ptxas's log."""
+def assemble(
+    ptx: str, target: Target, *, verbose: bool = True, lineinfo: bool = False
+) -> AssemblyReport:
+    """Compile `ptx` to a cubin for `target`; raise PtxAssemblyError with ptxas's log.
+    `lineinfo` keeps the PTX's `.loc` lines in the cubin (for a disassembly that names them)."""
     lib = _load()
     arch = _arch_option(ptx, target)
-    options = [f"-arch={arch}"] + (["-verbose"] if verbose else [])
+    options = (
+        [f"-arch={arch}"] + (["-verbose"] if verbose else []) + (["-lineinfo"] if lineinfo else [])
+    )
     try:
         handle = int(lib.create(len(options), options))
     except lib.nvJitLinkError as e:

@@ -33,8 +33,9 @@ def find_tool(name: str) -> Path | None:
     return None
 
 
-def disassemble(cubin: bytes) -> str:
-    """The SASS text of `cubin`; SassUnavailable if no disassembler is installed or it fails."""
+def disassemble(cubin: bytes, *, line_info: bool = False) -> str:
+    """The SASS text of `cubin`; SassUnavailable if no disassembler is installed or it fails.
+    `line_info`: nvdisasm's notes of each instruction's source line (see `located`)."""
     nvdisasm = find_tool("nvdisasm")
     cuobjdump = find_tool("cuobjdump")
     if nvdisasm is None:
@@ -42,7 +43,9 @@ def disassemble(cubin: bytes) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        if cuobjdump is not None:
+        if line_info:
+            cmd, run_env = [str(nvdisasm), "-g", "-c", str(path)], None
+        elif cuobjdump is not None:
             # cuobjdump runs the nvdisasm it finds on PATH.
             env = {
                 **os.environ,
@@ -65,10 +68,50 @@ def disassemble(cubin: bytes) -> str:
 def instructions(sass: str) -> list[str]:
     """The instructions of a SASS listing, less the padding after the code: NOPs, and the
     branch to itself that ends every kernel."""
-    out: list[str] = []
-    for m in _LINE.finditer(sass):
+    return [text for text, _ in located(sass)]
+
+
+#: nvdisasm -g's note of the source line of the instructions that follow it.
+_SOURCE = re.compile(r'//##\s*File\s+"[^"]*",\s*line\s+(\d+)')
+_FUNCTION = re.compile(r"^\s*\.(text|section)\b")
+
+
+def located(sass: str) -> list[tuple[str, int | None]]:
+    """Each instruction of a listing (as `instructions`) with the source line nvdisasm's
+    line info gives it (`.loc` of a `-lineinfo` cubin), or None: code that no line owns,
+    such as the slow-path subroutines ptxas adds."""
+    out: list[tuple[str, int | None]] = []
+    line: int | None = None
+    for raw in sass.splitlines():
+        if _FUNCTION.match(raw):
+            line = None  # a new function or section: its code starts without a line
+            continue
+        src = _SOURCE.search(raw)
+        if src:
+            line = int(src.group(1))
+            continue
+        m = _LINE.search(raw)
+        if m is None:
+            continue
         text = " ".join(m.group(2).split())
         if text == "NOP" or text == f"BRA 0x{int(m.group(1), 16):x}":
             continue
-        out.append(text)
+        out.append((text, line))
     return out
+
+
+def with_line_info(ptx: str, file: str = "kernel.ptx") -> str:
+    """`ptx` with a `.loc` naming each instruction's own line (1-based, in `ptx`), so that a
+    `-lineinfo` cubin ties every SASS instruction to the PTX line it came from."""
+    out: list[str] = []
+    body = False
+    for number, text in enumerate(ptx.splitlines(), 1):
+        s = text.strip()
+        if s == "{":
+            body = True
+        elif body and s and not s.startswith((".", "//", "{", "}", "$")) and not s.endswith(":"):
+            out.append(f"\t.loc 1 {number} 0")
+        out.append(text)
+        if s.startswith(".address_size"):
+            out.append(f'.file 1 "{file}"')
+    return "\n".join(out) + "\n"

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cutile_py.ptx.ast import Imm, Instruction, Operand
+from cutile_py.sim.bulk_copy import make_bulk
 from cutile_py.sim.memops import _address, is_predicate, unsupported
 from cutile_py.sim.memory import MemoryFault, check_aligned
 
@@ -78,8 +79,10 @@ def copies_of(b: Batch) -> AsyncCopies:
 
 def make_cp(ins: Instruction, prog: Program) -> Handler:
     mods = ins.modifiers
+    if mods[:2] == ("async", "bulk"):
+        return make_bulk(ins, prog)
     if mods[:1] != ("async",) or any(m.startswith("bulk") for m in mods):
-        raise unsupported(ins, "only cp.async (not bulk copies) is supported")
+        raise unsupported(ins, "only cp.async and cp.async.bulk copies are supported")
     if "commit_group" in mods:
         return lambda b: copies_of(b).commit(b.mask)
     if "wait_all" in mods or "wait_group" in mods:

@@ -100,6 +100,9 @@ def _make(ins: Instruction, prog: Program, returns: bool) -> Handler:
     esize = dtype.itemsize
     step = _step(op, dtype)
     scan = SCANS.get(op)
+    # .release/.acq_rel publish the thread's earlier accesses (at gpu or system scope, the
+    # default); a relaxed atomic does after a fence of its thread (`GlobalRaces`).
+    release = bool({"release", "acq_rel"} & set(ins.modifiers)) and "cta" not in ins.modifiers
 
     def run(b: Batch) -> None:
         lanes = b.active()
@@ -110,6 +113,8 @@ def _make(ins: Instruction, prog: Program, returns: bool) -> Handler:
         cv = b.read(srcs[1], ptype)[lanes] if op == "cas" else bv
         old = np.empty(lanes.size, dtype=dtype)
         addrs = b.addresses(addr, lanes, space == "")
+        if b.global_races is not None and space in ("global", ""):
+            b.global_races.atomic(b.instr, lanes, addrs, returns, release)
         for view, idx, pos in b.elements(space, lanes, addrs, esize):
             typed = view.view(dtype)
             sel = slice(None) if pos is None else pos

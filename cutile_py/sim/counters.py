@@ -29,7 +29,7 @@ from cutile_py.sim.executor import (
 )
 from cutile_py.sim.memops import _address, is_predicate, value_type, vector_width
 from cutile_py.sim.memory import SHARED_WINDOW, WINDOW_SPAN, GlobalMemory, ParamMemory
-from cutile_py.sim.program import Program, Step
+from cutile_py.sim.program import BRANCH, EXIT, NORMAL, Program, Step
 from cutile_py.sim.spaces import Batch, space_of
 
 if TYPE_CHECKING:
@@ -87,6 +87,15 @@ class MemoryCounters:
     other_bytes: int = 0
     global_accesses: dict[int, GlobalAccess] = field(default_factory=dict)
     shared_accesses: dict[int, SharedAccess] = field(default_factory=dict)
+    #: Per pc, the lanes of the warps that ran it (counted at one step of each basic block;
+    #: `block_of[pc]` names that step, for the pcs of blocks that have one).
+    step_lanes: list[int] = field(default_factory=list)
+    block_of: dict[int, int] = field(default_factory=dict)
+
+    def lanes_at(self, pc: int) -> int:
+        """The lanes of the warps that reached step `pc` (its block's count; 0 if unknown)."""
+        rep = self.block_of.get(pc)
+        return 0 if rep is None else self.step_lanes[rep]
 
     def __post_init__(self) -> None:
         self.read = [0] * len(self.regions)
@@ -295,17 +304,63 @@ def _wrap(step: Step, pc: int, counters: MemoryCounters, prog: Program) -> Handl
     return None
 
 
+def _leaders(steps: Sequence[Step]) -> dict[int, int]:
+    """Each step's basic block, as the pc of a step that runs whenever the block does (an
+    unguarded NORMAL one), for the blocks that have one."""
+    starts = {0}
+    for pc, st in enumerate(steps):
+        if st.kind in (BRANCH, EXIT):
+            starts.add(pc + 1)
+            if st.kind == BRANCH:
+                starts.add(st.target)
+    out: dict[int, int] = {}
+    block: list[int] = []
+    for pc in range(len(steps) + 1):
+        if pc in starts or pc == len(steps):
+            rep = next((q for q in block if steps[q].kind == NORMAL and steps[q].guard is None), -1)
+            if rep >= 0:
+                out.update((q, rep) for q in block)
+            block = []
+        if pc < len(steps):
+            block.append(pc)
+    return out
+
+
+def _wrap_count(inner: Handler, pc: int, counts: list[int]) -> Handler:
+    """Count the lanes of the warps that run the step (a warp issues for all of its lanes)."""
+
+    def run(b: Batch) -> None:
+        m = b.mask
+        counts[pc] += (
+            WARP * int(np.count_nonzero(m.reshape(-1, WARP).any(axis=1)))
+            if m.size % WARP == 0
+            else int(np.count_nonzero(m))
+        )
+        inner(b)
+
+    return run
+
+
 def instrument(
     program: Program, regions: Sequence[tuple[int, int]]
 ) -> tuple[Program, MemoryCounters]:
-    """A copy of `program` whose memory instructions count into the returned counters."""
+    """A copy of `program` whose memory instructions count into the returned counters, and
+    whose blocks count their executions into `counters.step_lanes`."""
     counters = MemoryCounters(regions)
     counted = copy.copy(program)
+    lead = _leaders(program.steps)
+    reps = set(lead.values())
+    counts = [0] * len(program.steps)
     steps = []
     for pc, st in enumerate(program.steps):
         run = _wrap(st, pc, counters, program)
+        inner = run or st.run
+        if pc in reps and inner is not None:
+            run = _wrap_count(inner, pc, counts)
         steps.append(st if run is None else replace(st, run=run))
     counted.steps = steps
+    counters.step_lanes = counts
+    counters.block_of = lead
     return counted, counters
 
 

@@ -168,6 +168,8 @@ class Stats:
     steps: int = 0
     thread_instructions: int = 0
     batches: int = 0
+    #: Threads the launch ran (grid times block).
+    threads: int = 0
     #: With Options.profile: seconds spent in `cutile_py.sim.semantics` handlers.
     semantics_seconds: float = 0.0
 
@@ -228,7 +230,7 @@ def _run(
     pmem = ParamMemory(program.pack_params(params))
     total = prod(grid)
     per_batch = min(total, batch_blocks(program, block, shared_mem, opts))
-    stats = Stats()
+    stats = Stats(threads=total * prod(block))
     races = GlobalRaces(memory, grid, block) if opts.race_check else None
     blocks = schedule.block_order(total)
     for first in range(0, total, per_batch):

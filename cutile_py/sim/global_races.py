@@ -1,15 +1,22 @@
 """Global-memory race detection over one launch: two threads touch one address, at least one
 of them writing, and nothing orders the two accesses.
 
-Threads of different blocks are ordered by nothing the simulator models: atomics are not
-tracked, and do not order the plain accesses around them (a last-block-done reduction through a
-fence and a counter is reported). Every pair of accesses of two blocks to one byte with a write
-among them is a race. Inside a block (INSIDE_BLOCKS) only two writes are checked: threads of one
-block storing to one address with no `bar.sync` between (lanes of one warp: or
-`bar.warp.sync`). A thread reading what another of its block wrote is how tile layouts that
-replicate elements read their own output back (the replica's value is never stored), so read-
-write pairs inside a block are not reported. Lanes of one store writing equal values to one
-address are no race; different values are.
+Threads of different blocks are ordered only by release and acquire through an atomic: a
+thread's gpu-scope fence (`__threadfence()`: membar.gl, fence.sc/acq_rel.gpu) followed by its
+atomic on an address (or an atomic with .release/.acq_rel) publishes what the thread did before
+the fence, and what its block did before the block's last bar.sync preceding it; an `atom` of
+another block on that address acquires what was published there so far, for its own thread at
+once and for the rest of its block after the block's next bar.sync (a "last block done"
+reduction: partials, fence, counter). Acquisitions are not passed on (no transitivity), and
+readers in several blocks cannot be ordered before a write. Every other pair of accesses of
+two blocks to one byte with a write among them is a race.
+
+Inside a block (INSIDE_BLOCKS) only two writes are checked: threads of one block storing to one
+address with no `bar.sync` between (lanes of one warp: or `bar.warp.sync`). A thread reading
+what another of its block wrote is how tile layouts that replicate elements read their own
+output back (the replica's value is never stored), so read-write pairs inside a block are not
+reported. Lanes of one store writing equal values to one address are no race; different values
+are.
 
 Shadow state exists only for the allocations a launch touches, made on first access, with one
 entry per granule (the narrowest access seen: an f32 tensor gets one per 4 bytes; a narrower
@@ -80,6 +87,13 @@ class GlobalRaces:
         #: bar.warp.sync (-1: none yet).
         self.last_barrier = np.zeros(0, dtype=np.int64)
         self.last_warp_sync = np.zeros(0, dtype=np.int64)
+        #: Per address of an atomic: per releasing thread, (fence clock, its block's last
+        #: bar.sync clock at the fence): accesses before either are published there.
+        self.releases: dict[int, dict[int, tuple[int, int]]] = {}
+        #: Per batch slot: (acquiring thread, clock, the releases it acquired).
+        self.acquired: dict[int, list[tuple[int, int, dict[int, tuple[int, int]]]]] = {}
+        self.fenced = np.zeros(0, dtype=np.int64)
+        self.fence_bar = np.zeros(0, dtype=np.int64)
 
     def start_batch(self, block_ids: np.ndarray) -> None:
         """A batch runs the blocks `block_ids` (linear indices), one per slot."""
@@ -91,6 +105,11 @@ class GlobalRaces:
         ).astype(self.who_type)
         self.last_barrier = np.full(nblocks, -1, dtype=np.int64)
         self.last_warp_sync = np.full(nblocks * self.per_block // WARP, -1, dtype=np.int64)
+        #: Each batch lane's last gpu-scope fence (-1: none), and its block's last bar.sync
+        #: then.
+        self.fenced = np.full(nblocks * self.per_block, -1, dtype=np.int64)
+        self.fence_bar = np.full(nblocks * self.per_block, -1, dtype=np.int64)
+        self.acquired = {}
 
     def _tick(self, ins: Instruction | None) -> int:
         self.events.append(ins)
@@ -103,6 +122,65 @@ class GlobalRaces:
     def warp_barrier(self, lanes: np.ndarray) -> None:
         """`bar.warp.sync` by batch lanes `lanes`."""
         self.last_warp_sync[np.unique(lanes // WARP)] = self._tick(None)
+
+    def fence(self, ins: Instruction, lanes: np.ndarray) -> None:
+        """A gpu-scope fence by batch lanes `lanes`."""
+        self.fenced[lanes] = self._tick(ins)
+        self.fence_bar[lanes] = self.last_barrier[lanes // self.per_block]
+
+    def atomic(
+        self, ins: Instruction, lanes: np.ndarray, addrs: np.ndarray, acquire: bool, release: bool
+    ) -> None:
+        """An atomic by batch lanes `lanes` at `addrs`: it acquires (an `atom`, which reads)
+        what other threads released at its address, and releases (with `release`, or after
+        a fence of the lane) what its lane did before."""
+        if lanes.size == 0:
+            return
+        now = self._tick(ins)
+        if release:
+            when, bar = np.full(lanes.size, now), self.last_barrier[lanes // self.per_block]
+        else:
+            when, bar = self.fenced[lanes], self.fence_bar[lanes]
+        releasing = when >= 0
+        if not releasing.any() and not (acquire and self.releases):
+            return
+        # Lanes serialize in the order given: each acquires what the lanes before it released.
+        keys = {*self.releases, *addrs[releasing].tolist()}
+        touched = np.isin(addrs, np.fromiter(keys, np.uint64, len(keys)))
+        for k in np.flatnonzero(touched & (releasing | acquire)):
+            address, lane = int(addrs[k]), int(lanes[k])
+            who = int(self.who[lane])
+            got = self.releases.get(address)
+            if acquire and got:
+                slot = lane // self.per_block
+                self.acquired.setdefault(slot, []).append((who, now, dict(got)))
+            if releasing[k]:
+                self.releases.setdefault(address, {})[who] = (int(when[k]), int(bar[k]))
+
+    def _acquired(
+        self, bad: np.ndarray, other: np.ndarray, when: np.ndarray, lane: np.ndarray
+    ) -> np.ndarray:
+        """Which of the `bad` pairs an acquisition orders: the access of `other` (a thread,
+        or IN_BLOCK code) at clock `when` was published where this lane's block acquired,
+        and the acquisition reaches this lane (its own, or a bar.sync of its block since)."""
+        ordered = np.zeros(bad.shape, dtype=bool)
+        for k in np.flatnonzero(bad):
+            o, t = int(other[k]), int(when[k])
+            if o == MANY_BLOCKS:
+                continue
+            oblock = o // self.per_block if o >= 0 else IN_BLOCK - o
+            slot = int(lane[k]) // self.per_block
+            me = int(self.who[lane[k]])
+            for u, at, rels in self.acquired.get(slot, ()):
+                if u != me and self.last_barrier[slot] <= at:
+                    continue
+                if any(
+                    (r == o and t < f) or (r // self.per_block == oblock and t < bar)
+                    for r, (f, bar) in rels.items()
+                ):
+                    ordered[k] = True
+                    break
+        return ordered
 
     # -- accesses -------------------------------------------------------------------------------
     def access(
@@ -179,6 +257,8 @@ class GlobalRaces:
                 bad &= ~self._ordered(w, sh.wtime[sel], who, slot, lane)
             else:
                 bad &= w // self.per_block != block  # see INSIDE_BLOCKS
+            if bad.any() and self.acquired:
+                bad &= ~self._acquired(bad, w, sh.wtime[sel], lane)
             if bad.any():
                 k = int(np.argmax(bad))
                 self._fail(alloc, lane, idx, g, k, write, int(w[k]), int(sh.wtime[sel][k]), True)
@@ -190,6 +270,8 @@ class GlobalRaces:
                 block = who // self.per_block
                 rblock = np.where(r >= 0, r // self.per_block, IN_BLOCK - r)
                 bad = seen & (r != who) & ((r == MANY_BLOCKS) | (rblock != block))
+                if bad.any() and self.acquired:
+                    bad &= ~self._acquired(bad, r, rt, lane)
                 if bad.any():
                     k = int(np.argmax(bad))
                     self._fail(alloc, lane, idx, g, k, True, int(r[k]), int(rt[k]), False)
@@ -276,8 +358,8 @@ class GlobalRaces:
         why = (
             "with no bar.sync between the two accesses"
             if same
-            else "from another block of the launch, and nothing orders blocks (atomics are "
-            "not tracked)"
+            else "from another block of the launch, and nothing orders the two (blocks are "
+            "ordered only by a fence and an atomic one makes and the other's atomic sees)"
         )
         raise RaceFault(
             int(lane[k]),

@@ -1,5 +1,5 @@
 """Handlers of the memory instructions: `ld`, `st`, `cvta`, `mov` of a symbol, `ldmatrix`,
-and the hints and fences that need no work in a sequential simulator.
+the hints that need no work in a sequential simulator, and fences (see `make_fence`).
 
 Each `make_*` decodes its instruction once, at load time, and returns the per-step handler.
 """
@@ -182,11 +182,68 @@ def make_ldmatrix(ins: Instruction, prog: Program) -> Handler:
     return run
 
 
+def make_stmatrix(ins: Instruction, prog: Program) -> Handler:
+    """`stmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16`: ldmatrix's inverse; lane
+    8i + r gives the address of row r of matrix i, register i holds the matrix's fragment."""
+    mods = ins.modifiers
+    if "m8n8" not in mods or "b16" not in mods:
+        raise unsupported(ins, "only stmatrix .m8n8 ... .b16 is supported")
+    num = next((int(m[1:]) for m in mods if m in ("x1", "x2", "x4")), 0)
+    if not num:
+        raise unsupported(ins, "stmatrix needs .x1, .x2 or .x4")
+    trans = "trans" in mods
+    space = space_of(mods)
+    addr = _address(ins, 0)
+    srcs = items(ins.operands[1], num, ins)
+    lane = np.arange(WARP)
+    row, col = lane // 4, 2 * (lane % 4)
+    providers = np.arange(8 * num)
+
+    def run(b: Batch) -> None:
+        warps = b.mask.reshape(-1, WARP)
+        used = warps.any(axis=1)
+        if (used & ~warps.all(axis=1)).any():
+            b.fail("stmatrix.sync.aligned executed by only part of a warp",
+                   np.repeat(used & ~warps.all(axis=1), WARP))  # fmt: skip
+        wl = np.flatnonzero(used)
+        m = np.zeros((wl.size, num, 8, 8), dtype=np.uint16)
+        for i, s in enumerate(srcs):
+            v = b.read(s, "b32").view(np.uint32).reshape(-1, WARP)[wl]  # (warps, 32)
+            m[:, i, row, col] = (v & np.uint32(0xFFFF)).astype(np.uint16)
+            m[:, i, row, col + 1] = (v >> np.uint32(16)).astype(np.uint16)
+        if trans:
+            m = m.transpose(0, 1, 3, 2)
+        lanes = (wl[:, None] * WARP + providers).ravel()
+        b.store(space, lanes, b.addresses(addr, lanes, space == ""), 2,
+                np.ascontiguousarray(m).reshape(-1, 8))  # fmt: skip
+
+    return run
+
+
 def make_nop(ins: Instruction, prog: Program) -> Handler:
     """Hints, fences and sleeps: nothing to do when every access happens in program order."""
 
     def run(b: Batch) -> None:
         return None
+
+    return run
+
+
+#: Fence forms that order a thread's global accesses for every block of the GPU.
+GPU_SCOPES = frozenset({"gl", "sys", "gpu"})
+
+
+def make_fence(ins: Instruction, prog: Program) -> Handler:
+    """`membar` / `fence`: a no-op on memory (every access happens in program order); one of
+    gpu or system scope (`membar.gl`, `fence.sc.gpu`, ...; not `.proxy` forms) lets the
+    thread's next atomic order its earlier accesses for other blocks (`GlobalRaces`)."""
+    orders = bool(GPU_SCOPES.intersection(ins.modifiers)) and "proxy" not in ins.modifiers
+    if not orders:
+        return make_nop(ins, prog)
+
+    def run(b: Batch) -> None:
+        if b.global_races is not None:
+            b.global_races.fence(b.instr, b.active())
 
     return run
 

@@ -1,8 +1,10 @@
 """Loading a parsed kernel for execution: steps with their handlers, the CFG's reconvergence
 points, and the layouts of its parameters, shared, local and global variables.
 
-Every instruction gets its handler here, once, so an opcode the simulator lacks is an error
-naming its PTX line at load time, never a silent skip at run time.
+Every instruction is decoded here, once, into its handler: one registry maps each opcode to a
+decoder `(instruction, program) -> handler`, so modifiers are parsed at load and never per step,
+and an instruction the simulator lacks (in any branch, taken or not) is an error naming the
+kernel and its PTX line when the kernel is loaded, never at run time.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import struct
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -22,25 +23,30 @@ from cutile_py.sim.async_copy import make_cp
 from cutile_py.sim.atomics import make_atom, make_red
 from cutile_py.sim.cfg import EXITS, branch_target, build_cfg
 from cutile_py.sim.context import PTYPE_DTYPE, ExecContext, SimError
+from cutile_py.sim.mbarrier import make_mbarrier
 from cutile_py.sim.memops import (
     make_cvta,
+    make_fence,
     make_ld,
     make_ldmatrix,
     make_mov_symbol,
     make_nop,
     make_st,
+    make_stmatrix,
     make_trap,
     make_warp_sync,
     unsupported,
 )
 from cutile_py.sim.memory import GlobalMemory
+from cutile_py.sim.wgmma import make_setmaxnreg, make_wgmma
 
 if TYPE_CHECKING:
     from cutile_py.sim.spaces import Batch
 
-Semantics = Callable[[Instruction, ExecContext], None]
+#: A register semantic (`cutile_py.sim.semantics`): decodes an instruction into what runs it.
+Semantics = Callable[[Instruction], Callable[[ExecContext], None]]
 Handler = Callable[["Batch"], None]
-#: Builds the handler of one instruction (may raise SimError for forms it does not support).
+#: Decodes one instruction into its handler, once, at load (SimError for forms it lacks).
 Factory = Callable[[Instruction, "Program"], Handler]
 
 NORMAL, BRANCH, EXIT, BARRIER = range(4)
@@ -62,7 +68,7 @@ def default_instructions() -> Mapping[str, Semantics]:
 class Step:
     kind: int
     instr: Instruction
-    run: Handler | None
+    run: Handler | None  # NORMAL steps only
     guard: str | None
     negated: bool
     own: bool = False  # run by the executor's own handler (not register semantics)
@@ -167,8 +173,9 @@ class Program:
     def shared_size(self, dynamic: int) -> int:
         return self.dynamic_base + dynamic if (dynamic or self.has_dynamic) else self.static_shared
 
-    def pack_params(self, values: Sequence[tuple[str, int | float]]) -> bytes:
-        """The parameter bytes of a launch; `values` are (ptype, value) in declared order."""
+    def pack_params(self, values: Sequence[tuple[str, int | float | bytes]]) -> bytes:
+        """The parameter bytes of a launch; `values` are (ptype, value) in declared order,
+        where an array parameter (`.param .b8 name[N]`) takes `bytes` of its size."""
         if len(values) != len(self.param_types):
             raise SimError(
                 f"kernel {self.name} declares {len(self.param_types)} parameters; "
@@ -177,6 +184,12 @@ class Program:
         buf = bytearray(self.param_size)
         for (name, ptype, size), (given, value) in zip(self.param_types, values):
             off = self.param_offsets[name]
+            if isinstance(value, bytes):  # an array parameter: a tensor map, a struct
+                if len(value) != size:
+                    raise SimError(f"kernel {self.name}: parameter {name} takes {size} bytes; "
+                                   f"{len(value)} were passed")  # fmt: skip
+                buf[off : off + size] = value
+                continue
             dtype = PTYPE_DTYPE.get(ptype)
             if dtype is None or size != dtype.itemsize:
                 raise SimError(f"kernel {self.name}: parameter {name} (.{ptype}, {size} bytes) "
@@ -192,29 +205,37 @@ class Program:
     def _build_steps(
         self, fn: Function, instructions: Mapping[str, Semantics] | None
     ) -> list[Step]:
-        table = default_instructions() if instructions is None else instructions
+        table = registry(default_instructions() if instructions is None else instructions)
         _check_labels(fn)
         cfg, block_of = build_cfg(fn.body, fn.labels)
         steps = []
         for pc, ins in enumerate(fn.body):
             guard = ins.guard.name if ins.guard is not None else None
-            kind = control_kind(ins)
-            step = Step(kind, ins, None, guard, ins.guard_negated)
-            if kind == BRANCH:
-                step.target = branch_target(ins, fn.labels)
-                step.back = step.target <= pc
-                step.reconv = cfg.ipdom[block_of[pc]]
-            own = own_factory(ins)
-            if own is not None:
-                step.run = own(ins, self)
-                step.own = True
-            elif kind == NORMAL:
-                sem = table.get(ins.opcode)
-                if sem is None:
-                    raise unsupported(ins, f"the simulator does not implement `{ins.opcode}`")
-                step.run = cast(Handler, partial(sem, ins))
+            try:
+                kind = control_kind(ins)
+                step = Step(kind, ins, None, guard, ins.guard_negated)
+                if kind == BRANCH:
+                    step.target = branch_target(ins, fn.labels)
+                    step.back = step.target <= pc
+                    step.reconv = cfg.ipdom[block_of[pc]]
+                elif kind == NORMAL:
+                    decode = table.get(ins.opcode)
+                    if decode is None:
+                        raise unsupported(ins, f"the simulator does not implement `{ins.opcode}`")
+                    step.run = decode(ins, self)
+                    step.own = executor_owned(ins)
+            except SimError as e:
+                raise self._load_error(ins, e) from None
             steps.append(step)
         return steps
+
+    def _load_error(self, ins: Instruction, e: SimError) -> SimError:
+        """`e`, raised decoding `ins`, with the kernel and PTX line in front."""
+        text = str(e)
+        where = f"PTX line {ins.line} `{ins.text}`"
+        if not text.startswith(where):
+            text = f"{where}: {text}"
+        return SimError(f"kernel {self.name}, {text}")
 
 
 #: The instructions the executor implements itself (memory, barriers, fences), by opcode;
@@ -224,19 +245,59 @@ OWN: dict[str, Factory] = {
     "ldu": make_ld,
     "st": make_st,
     "cvta": make_cvta,
-    "mov": make_mov_symbol,  # only `mov d, symbol`; other movs are semantics
     "ldmatrix": make_ldmatrix,
+    "stmatrix": make_stmatrix,
+    "wgmma": make_wgmma,
+    "mbarrier": make_mbarrier,
+    "setmaxnreg": make_setmaxnreg,
     "cp": make_cp,
     "atom": make_atom,
     "red": make_red,
     "prefetch": make_nop,
     "prefetchu": make_nop,
-    "membar": make_nop,
-    "fence": make_nop,
+    "membar": make_fence,
+    "fence": make_fence,
     "nanosleep": make_nop,
     "brkpt": make_nop,
     "trap": make_trap,
+    "bar": make_warp_sync,  # only `bar.warp.sync` reaches a decoder (see `control_kind`)
 }
+
+
+def registry(semantics: Mapping[str, Semantics]) -> dict[str, Factory]:
+    """The decoder of every opcode the simulator runs: its own (`OWN`) and the register
+    semantics; `mov` of a symbol (an address) is its own, every other `mov` a semantic."""
+    table: dict[str, Factory] = {op: _semantic(sem) for op, sem in semantics.items()}
+    table.update(OWN)
+    table["mov"] = _mov(semantics.get("mov"))
+    return table
+
+
+def _semantic(sem: Semantics) -> Factory:
+    def decode(ins: Instruction, prog: Program) -> Handler:
+        return sem(ins)
+
+    return decode
+
+
+def _mov(sem: Semantics | None) -> Factory:
+    def decode(ins: Instruction, prog: Program) -> Handler:
+        if _moves_symbol(ins):
+            return make_mov_symbol(ins, prog)
+        if sem is None:
+            raise unsupported(ins, "the simulator does not implement `mov`")
+        return sem(ins)
+
+    return decode
+
+
+def _moves_symbol(ins: Instruction) -> bool:
+    return len(ins.operands) == 2 and isinstance(ins.operands[1], Symbol)
+
+
+def executor_owned(ins: Instruction) -> bool:
+    """Whether `ins` runs on the executor's own handler rather than a register semantic."""
+    return _moves_symbol(ins) if ins.opcode == "mov" else ins.opcode in OWN
 
 
 def control_kind(ins: Instruction) -> int:
@@ -254,15 +315,6 @@ def control_kind(ins: Instruction) -> int:
             raise unsupported(ins, f"{op}.{'.'.join(mods)} is not supported")
         return BARRIER
     return NORMAL
-
-
-def own_factory(ins: Instruction) -> Factory | None:
-    """The executor's own handler factory for `ins`, or None (semantics or control)."""
-    if ins.opcode == "bar" and "warp" in ins.modifiers:
-        return make_warp_sync
-    if ins.opcode == "mov" and not (len(ins.operands) == 2 and isinstance(ins.operands[1], Symbol)):
-        return None
-    return OWN.get(ins.opcode)
 
 
 def _check_labels(fn: Function) -> None:

@@ -30,8 +30,10 @@ from cutile_py.sim.races import RaceTracker
 if TYPE_CHECKING:
     from cutile_py.sim.async_copy import AsyncCopies
     from cutile_py.sim.global_races import GlobalRaces
+    from cutile_py.sim.mbarrier import Barriers
     from cutile_py.sim.program import Program
     from cutile_py.sim.schedule import Schedule
+    from cutile_py.sim.wgmma import Wgmma
 
 WINDOWS = {"shared": SHARED_WINDOW, "local": LOCAL_WINDOW, "param": PARAM_WINDOW}
 U64 = np.uint64
@@ -87,6 +89,8 @@ class Batch(Lanes):
         self.local = BlockMemory("local", self.n if program.local_size else 0,
                                  program.local_size, None)  # fmt: skip
         self.async_copies: AsyncCopies | None = None  # made by the first cp.async
+        self.barriers: Barriers | None = None  # made by the first bulk tensor load
+        self.wgmma: Wgmma | None = None  # made by the first wgmma
         #: The launch's global-memory race detector (None: not checking).
         self.global_races: GlobalRaces | None = None
         #: The order of warps at stores and atomics (None: lane order).

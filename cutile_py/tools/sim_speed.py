@@ -1,8 +1,9 @@
 """Measure the simulator's speed: thread-instructions per second on element-wise kernels.
 
-`python -m cutile_py.tools.sim_speed [--write]` runs each kernel at 1M elements on the `sim`
-backend (compiled PTX), checks the result against NumPy, and prints a Markdown table; with
-`--write` it also writes `paper_repro/results/sim-speed.md` with this CPU's model and the date.
+`python -m cutile_py.tools.sim_speed [--write]` runs each element-wise kernel at 1M elements
+and a 128^3 f16 GEMM (tensor-core mma, cp.async pipeline, ldmatrix) on the `sim` backend
+(compiled PTX), checks the results against NumPy, and prints a Markdown table; with `--write`
+it also writes `paper_repro/results/sim-speed.md` with this CPU's model and the date.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from typing import Any, TypeVar
 import numpy as np
 
 import cutile_py as ct
-from cutile_py import Dyn, Mut, Tensor, f32
+from cutile_py import Dyn, Mut, Tensor, f16, f32
 from cutile_py.runtime.select import get_backend
 from cutile_py.runtime.sim_backend import SimBackend
 from cutile_py_kernels.elementwise import add_kernel, saxpy_kernel
+from cutile_py_kernels.gemm import _gemm_kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 B = TypeVar("B")
@@ -58,6 +60,28 @@ def cases(n: int, tile: int) -> list[Case]:
     ]  # fmt: skip
 
 
+#: The GEMM case: (M, N, K), the output tile and K step the tuner picks for it on sim.
+GEMM = (128, 128, 128)
+GEMM_TILE, GEMM_BK = (64, 64), 32
+
+
+def gemm_case() -> Case:
+    m, n, k = GEMM
+    kernel = _gemm_kernel(f16, f16, False, False)
+
+    def make(x: np.ndarray, y: np.ndarray) -> tuple[Any, ...]:
+        a = ct.from_numpy(x[: m * k].astype(np.float16).reshape(m, k))
+        b = ct.from_numpy(y[: k * n].astype(np.float16).reshape(k, n))
+        return (kernel, ct.empty((m, n), f16).partition(GEMM_TILE), a, b, GEMM_BK)
+
+    def ref(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        a = x[: m * k].astype(np.float16).astype(np.float64).reshape(m, k)
+        b = y[: k * n].astype(np.float16).astype(np.float64).reshape(k, n)
+        return (a @ b).astype(np.float16)
+
+    return ("gemm_f16_128^3", make, ref)
+
+
 def measure(n: int = 1 << 20, tile: int = 1024, repeats: int = 3) -> list[dict[str, Any]]:
     ct.set_backend("sim")
     sim = get_backend("sim")
@@ -66,7 +90,7 @@ def measure(n: int = 1 << 20, tile: int = 1024, repeats: int = 3) -> list[dict[s
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     rows = []
-    for name, make, ref in cases(n, tile):
+    for name, make, ref in [*cases(n, tile), gemm_case()]:
         kernel, *args = make(x, y)
         kernel(*args).sync()  # compile, load and parse outside the timing
         best = float("inf")
@@ -76,7 +100,11 @@ def measure(n: int = 1 << 20, tile: int = 1024, repeats: int = 3) -> list[dict[s
             result = kernel(*args).sync()
             best = min(best, time.perf_counter() - t0)
         out = result[0].unpartition().to_numpy()
-        np.testing.assert_allclose(out, ref(x, y), rtol=2e-6, atol=1e-6)
+        want = ref(x, y)
+        if want.dtype == np.float16:  # f32 sums rounded once to f16: within an f16 ulp
+            np.testing.assert_allclose(out.astype(np.float64), want, rtol=2e-3, atol=2e-3)
+        else:
+            np.testing.assert_allclose(out, want, rtol=2e-6, atol=1e-6)
         stats = sim.last_stats
         assert stats is not None
         # Once more with the register semantics timed apart from the executor.
@@ -92,7 +120,7 @@ def measure(n: int = 1 << 20, tile: int = 1024, repeats: int = 3) -> list[dict[s
             {
                 "kernel": name,
                 "elements": n,
-                "threads": n // 4,
+                "threads": stats.threads,
                 "thread_instructions": stats.thread_instructions,
                 "steps": stats.steps,
                 "seconds": best,
@@ -119,7 +147,9 @@ def report(rows: list[dict[str, Any]]) -> str:
         "# Simulator speed",
         "",
         "The `sim` backend executing the compiled PTX of element-wise kernels (f32, 1M elements,",
-        "1024-element tiles, 256 threads per block), checked against NumPy. A thread-instruction",
+        "1024-element tiles, 256 threads per block) and of a 128^3 f16 GEMM (64x64 output tiles,",
+        "K steps of 32, mma.sync, 3-stage cp.async pipeline), checked against NumPy, with the",
+        "shared- and global-memory race checks on (the default). A thread-instruction",
         "is one instruction executed by one thread; the time is the best of three launches,",
         "after the first launch (compilation, PTX parsing) has been done. Regenerate with",
         "`PYTHONPATH=. python -m cutile_py.tools.sim_speed --write`.",

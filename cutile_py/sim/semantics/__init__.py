@@ -1,15 +1,16 @@
 """PTX instruction semantics for the simulator, vectorized over all lanes of a block.
 
-`INSTRUCTIONS` maps a base opcode ("add", "cvt", "mma", ...) to a function `(instr, ctx)` that
-reads its operands through `ctx.read`, writes results through `ctx.write` (masked to the executing
-lanes) and reports faults through `ctx.fail`. Memory, control flow and barriers belong to the
-executor. Every modifier a semantic does not implement is an error, never silently ignored.
+`INSTRUCTIONS` maps a base opcode ("add", "cvt", "mma", ...) to a function that decodes one
+instruction, once, when the kernel is loaded (SimError for a form it does not implement), into a
+`Run`: a function of `ctx` that reads its operands through `ctx.read`, writes results through
+`ctx.write` (masked to the executing lanes) and reports faults through `ctx.fail`. Memory, control
+flow and barriers belong to the executor. Every modifier a semantic does not implement is an
+error, never silently ignored.
 """
 
 from __future__ import annotations
 
 from cutile_py.ptx.ast import Instruction
-from cutile_py.sim.context import ExecContext
 from cutile_py.sim.semantics import (
     approx,
     compare,
@@ -21,17 +22,16 @@ from cutile_py.sim.semantics import (
     mma,
     warp,
 )
-from cutile_py.sim.semantics._common import FLOAT_TYPES, Semantic
+from cutile_py.sim.semantics._common import FLOAT_TYPES, Run, Semantic
 
 
 def _by_type(int_fn: Semantic, float_fn: Semantic) -> Semantic:
     """One opcode, two families: a floating type modifier selects `float_fn`."""
 
-    def dispatch(instr: Instruction, ctx: ExecContext) -> None:
+    def dispatch(instr: Instruction) -> Run:
         if any(mod in FLOAT_TYPES for mod in instr.modifiers):
-            float_fn(instr, ctx)
-        else:
-            int_fn(instr, ctx)
+            return float_fn(instr)
+        return int_fn(instr)
 
     return dispatch
 
@@ -93,7 +93,8 @@ INSTRUCTIONS: dict[str, Semantic] = {
     "activemask": warp.activemask,
     "redux": warp.redux,
     "match": warp.match,
+    "elect": warp.elect,
     "mma": mma.mma,
 }
 
-__all__ = ["INSTRUCTIONS", "Semantic"]
+__all__ = ["INSTRUCTIONS", "Run", "Semantic"]

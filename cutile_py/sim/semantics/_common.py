@@ -1,7 +1,8 @@
 """Shared helpers of the instruction semantics: modifier parsing, operand access, type facts.
 
-Every semantic parses its modifiers through `Mods`, which fails (via `ctx.fail`) on any modifier
-left unconsumed, so an unimplemented variant is reported instead of silently computed.
+Every semantic decodes its instruction once, at load, through `Mods`, which raises SimError on
+any modifier left unconsumed, so an unimplemented variant is reported when the kernel is loaded
+instead of silently computed; what it returns runs the instruction at every step.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from typing import NoReturn
 import numpy as np
 
 from cutile_py.ptx.ast import Imm, Instruction, Neg, Operand, Sink, Vec
-from cutile_py.sim.context import WARP, ExecContext
+from cutile_py.sim.context import WARP, ExecContext, SimError
 
-#: The signature of every instruction semantic.
-Semantic = Callable[[Instruction, ExecContext], None]
+#: One decoded instruction, run for the executing lanes of `ctx`.
+Run = Callable[[ExecContext], None]
+#: The signature of every instruction semantic: decode (SimError for a form it lacks) to a Run.
+Semantic = Callable[[Instruction], Run]
 
 #: Unsigned NumPy dtype of each bit width (raw register bits are handled in these).
 UINT: dict[int, type[np.unsignedinteger]] = {
@@ -54,15 +57,15 @@ class Mods:
     """The modifiers of one instruction, consumed one by one by its semantic.
 
     `finish()` fails on whatever was not consumed: the simulator never ignores a modifier.
+    Failures are decode errors (SimError), raised when the kernel is loaded.
     """
 
-    def __init__(self, instr: Instruction, ctx: ExecContext) -> None:
+    def __init__(self, instr: Instruction) -> None:
         self.instr = instr
-        self.ctx = ctx
         self.left: list[str] = list(instr.modifiers)
 
     def fail(self, message: str) -> NoReturn:
-        self.ctx.fail(f"{self.instr.opcode}: {message}")
+        raise SimError(f"{self.instr.opcode}: {message}")
 
     def flag(self, name: str) -> bool:
         """Consume `name` if present."""
@@ -107,15 +110,19 @@ class Mods:
             self.fail(f"modifier(s) {mods} not supported here (in `{self.instr.text.strip()}`)")
 
 
-def operands(instr: Instruction, ctx: ExecContext, count: int) -> tuple[Operand, ...]:
+def decode_error(instr: Instruction, message: str) -> NoReturn:
+    raise SimError(f"{instr.opcode}: {message}")
+
+
+def operands(instr: Instruction, count: int) -> tuple[Operand, ...]:
     """The operands, checked to be exactly `count`."""
     if len(instr.operands) != count:
-        ctx.fail(f"{instr.opcode}: expected {count} operands, got {len(instr.operands)}")
+        decode_error(instr, f"expected {count} operands, got {len(instr.operands)}")
     return instr.operands
 
 
 def split_dest_pair(
-    instr: Instruction, ctx: ExecContext, nsrc: int
+    instr: Instruction, nsrc: int
 ) -> tuple[Operand, Operand | None, tuple[Operand, ...]]:
     """Split `d[|p], src...`: the `|` pair may arrive as two operands or as a 2-item Vec."""
     ops = instr.operands
@@ -126,7 +133,7 @@ def split_dest_pair(
         if isinstance(first, Vec) and len(first.items) == 2:
             return first.items[0], first.items[1], tuple(ops[1:])
         return first, None, tuple(ops[1:])
-    ctx.fail(f"{instr.opcode}: expected {nsrc + 1} or {nsrc + 2} operands, got {len(ops)}")
+    decode_error(instr, f"expected {nsrc + 1} or {nsrc + 2} operands, got {len(ops)}")
 
 
 def read_pred(ctx: ExecContext, op: Operand) -> np.ndarray:
@@ -163,8 +170,8 @@ def lane_ids(ctx: ExecContext) -> np.ndarray:
     return np.arange(ctx.n, dtype=np.int64) % WARP
 
 
-def imm_value(ctx: ExecContext, op: Operand, what: str) -> int:
+def imm_value(instr: Instruction, op: Operand, what: str) -> int:
     """An operand that the ISA requires to be an integer constant (lop3's immLut)."""
     if not isinstance(op, Imm) or not isinstance(op.value, int):
-        ctx.fail(f"{what} must be an integer immediate")
+        decode_error(instr, f"{what} must be an integer immediate")
     return int(op.value)

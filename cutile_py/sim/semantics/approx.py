@@ -21,6 +21,7 @@ from cutile_py.sim.semantics import floating
 from cutile_py.sim.semantics._common import (
     ROUND_FLOAT,
     Mods,
+    Run,
     operands,
     read_typed_bits,
     write_bits,
@@ -51,52 +52,58 @@ EXTRA_TYPES: dict[str, frozenset[str]] = {
 }
 
 
-def approx_or_rounded(instr: Instruction, ctx: ExecContext) -> None:
+def approx_or_rounded(instr: Instruction) -> Run:
     """rcp and sqrt: `.approx` here, `.rn/.rz/.rm/.rp` in `floating` (correctly rounded)."""
     rnd = next((m for m in instr.modifiers if m in ROUND_FLOAT), None)
     if rnd is not None:
-        floating.rcp_sqrt_rounded(instr, ctx, instr.opcode, rnd)
-    else:
-        approx(instr, ctx)
+        return floating.rcp_sqrt_rounded(instr, instr.opcode, rnd)
+    return approx(instr)
 
 
-def approx(instr: Instruction, ctx: ExecContext) -> None:
+def approx(instr: Instruction) -> Run:
     """rcp/sqrt/rsqrt/ex2/lg2/sin/cos/tanh `.approx` on .f32, .f64 (rcp, rsqrt), f16/bf16."""
     name = instr.opcode
-    m = Mods(instr, ctx)
+    m = Mods(instr)
     if not m.flag("approx"):
         m.fail("needs .approx (or a rounding modifier for rcp/sqrt)")
     ftype = m.type(frozenset({"f32"}) | EXTRA_TYPES.get(name, frozenset()))
     ftz = m.flag("ftz")
     m.finish()
-    d, a_op = operands(instr, ctx, 2)
+    d, a_op = operands(instr, 2)
     if ftype == "f64":
-        _approx_f64(ctx, name, ftz, d, a_op)
-        return
+        if name == "rcp" and not ftz:
+            m.fail("rcp.approx.f64 requires .ftz (rcp.approx.ftz.f64)")
+
+        def run_f64(ctx: ExecContext) -> None:
+            _approx_f64(ctx, name, ftz, d, a_op)
+
+        return run_f64
     fmt = floating.ELEMS[ftype][0]
     if ftz and (ftype not in ("f32", "bf16", "bf16x2") or name == "tanh"):
         m.fail(f".ftz is not defined for {name}.approx.{ftype}")
     if ftype in ("bf16", "bf16x2") and name == "ex2" and not ftz:
         m.fail("ex2.approx on bf16 requires .ftz")
-    bits = floating.load(ctx, a_op, ftype)
-    if name != "tanh" and ftype == "f32":
-        bits = flush_bits(bits, fmt)  # the ISA tables: subnormal inputs act as signed zeros
-    elif ftz:
-        bits = flush_bits(bits, fmt)
-    x = decode(bits, fmt)
-    with np.errstate(all="ignore"):
-        y = FUNCS[name](x)
-        if name == "lg2":
-            y = np.where(x == 0, -np.inf, y)  # lg2(-0.0) = -Inf per the table
-    out = round_f64(y, fmt, "rn")
-    floating.store(ctx, d, ftype, flush_bits(out, fmt) if ftz else out)
+
+    def run(ctx: ExecContext) -> None:
+        bits = floating.load(ctx, a_op, ftype)
+        if name != "tanh" and ftype == "f32":
+            bits = flush_bits(bits, fmt)  # the ISA tables: subnormal inputs act as signed zeros
+        elif ftz:
+            bits = flush_bits(bits, fmt)
+        x = decode(bits, fmt)
+        with np.errstate(all="ignore"):
+            y = FUNCS[name](x)
+            if name == "lg2":
+                y = np.where(x == 0, -np.inf, y)  # lg2(-0.0) = -Inf per the table
+        out = round_f64(y, fmt, "rn")
+        floating.store(ctx, d, ftype, flush_bits(out, fmt) if ftz else out)
+
+    return run
 
 
 def _approx_f64(ctx: ExecContext, name: str, ftz: bool, d: Operand, a_op: Operand) -> None:
     """rsqrt.approx.f64, and the `.ftz.f64` forms that work on the upper 32 bits only."""
     bits = read_typed_bits(ctx, a_op, "f64")
-    if name == "rcp" and not ftz:
-        ctx.fail("rcp.approx.f64 requires .ftz (rcp.approx.ftz.f64)")
     if ftz:
         # §9.7.3.14/17: use a[63:32] only, return 32 result bits and zero the low word;
         # subnormals flush; NaN inputs give the canonical 0x7fffffff00000000.

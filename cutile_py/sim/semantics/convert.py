@@ -23,6 +23,7 @@ from cutile_py.sim.semantics._common import (
     UINT,
     WIDTH,
     Mods,
+    Run,
     is_signed,
     operands,
     read_typed_bits,
@@ -52,8 +53,8 @@ ALL_TYPES = CVT_INT | FLOAT_TYPES
 _INTEGRAL = {"rni": np.rint, "rzi": np.trunc, "rmi": np.floor, "rpi": np.ceil}
 
 
-def cvt(instr: Instruction, ctx: ExecContext) -> None:
-    m = Mods(instr, ctx)
+def cvt(instr: Instruction) -> Run:
+    m = Mods(instr)
     dtype, atype = m.types(ALL_TYPES, 2)
     rnd = m.one_of((*ROUND_FLOAT, "rna", *ROUND_INT), "rounding")
     ftz = m.flag("ftz")
@@ -66,54 +67,67 @@ def cvt(instr: Instruction, ctx: ExecContext) -> None:
     if (relu or satfinite) and dtype not in ("f16", "bf16", "f16x2", "bf16x2", "tf32"):
         m.fail(".relu/.satfinite need an f16/bf16/tf32 destination")
     if dtype in ("f16x2", "bf16x2", "tf32"):
-        _to_packed(instr, ctx, m, dtype, atype, rnd, relu, satfinite)
-        return
+        return _to_packed(instr, m, dtype, atype, rnd, relu, satfinite)
     if dtype not in CVT_FLOAT | CVT_INT or atype not in CVT_FLOAT | CVT_INT:
         m.fail(f"cvt.{dtype}.{atype} is not supported")
-    d, a_op = operands(instr, ctx, 2)
+    d, a_op = operands(instr, 2)
     if atype in CVT_INT and dtype in CVT_INT:
         if rnd is not None:
             m.fail("integer-to-integer conversions take no rounding modifier")
-        _int_to_int(ctx, d, a_op, dtype, atype, sat)
-        return
+
+        def run_int(ctx: ExecContext) -> None:
+            _int_to_int(ctx, d, a_op, dtype, atype, sat)
+
+        return run_int
     if atype in CVT_FLOAT and dtype in CVT_INT:
         if rnd not in ROUND_INT:
             m.fail("float-to-integer conversions need .rni, .rzi, .rmi or .rpi")
-        x = _float_in(ctx, a_op, atype, ftz)
-        ctx.write(d, dtype, _float_to_int(x, dtype, atype, str(rnd)))
-        return
+
+        def run_to_int(ctx: ExecContext) -> None:
+            x = _float_in(ctx, a_op, atype, ftz)
+            ctx.write(d, dtype, _float_to_int(x, dtype, atype, str(rnd)))
+
+        return run_to_int
     if sat and dtype == "bf16":
         m.fail(".sat is not defined for a .bf16 destination")
     dfmt = FORMATS[dtype]
     if atype in CVT_INT:
         if rnd not in ROUND_FLOAT:
             m.fail("integer-to-float conversions need .rn, .rz, .rm or .rp")
-        bits = _int_to_float(read_typed_bits(ctx, a_op, atype), atype, dfmt, str(rnd), sat)
     else:
         afmt = FORMATS[atype]
-        x = _float_in(ctx, a_op, atype, ftz)
         if rnd in ROUND_INT:
             if afmt.nbits != dfmt.nbits:
                 m.fail("integer rounding of a float needs the same source and destination size")
-            with np.errstate(all="ignore"):
-                x = _INTEGRAL[str(rnd)](x)
-            bits = _float_out(x, dfmt, "rn", sat)
         else:
             narrowing = afmt.prec > dfmt.prec or afmt.ebits > dfmt.ebits
             if narrowing and rnd not in ROUND_FLOAT:
                 m.fail(f"cvt.{dtype}.{atype} needs .rn, .rz, .rm or .rp")
             if rnd == "rna":
                 m.fail(".rna is defined for the .tf32 destination only")
-            bits = _float_out(x, dfmt, rnd or "rn", sat)
-            if dfmt is F64:  # widening to f64 keeps a NaN's payload (quieted)
-                bits = np.where(np.isnan(x), _nan_to_f64(ctx, a_op, afmt), bits)
-    if ftz and dfmt is F32:
-        bits = flush_bits(bits, F32)
-    if relu:
-        bits = relu_bits(bits, dfmt)
-    if satfinite:
-        bits = _satfinite(bits, dfmt)
-    write_bits(ctx, d, dfmt.nbits, bits)
+
+    def run(ctx: ExecContext) -> None:
+        if atype in CVT_INT:
+            bits = _int_to_float(read_typed_bits(ctx, a_op, atype), atype, dfmt, str(rnd), sat)
+        else:
+            x = _float_in(ctx, a_op, atype, ftz)
+            if rnd in ROUND_INT:
+                with np.errstate(all="ignore"):
+                    x = _INTEGRAL[str(rnd)](x)
+                bits = _float_out(x, dfmt, "rn", sat)
+            else:
+                bits = _float_out(x, dfmt, rnd or "rn", sat)
+                if dfmt is F64:  # widening to f64 keeps a NaN's payload (quieted)
+                    bits = np.where(np.isnan(x), _nan_to_f64(ctx, a_op, afmt), bits)
+        if ftz and dfmt is F32:
+            bits = flush_bits(bits, F32)
+        if relu:
+            bits = relu_bits(bits, dfmt)
+        if satfinite:
+            bits = _satfinite(bits, dfmt)
+        write_bits(ctx, d, dfmt.nbits, bits)
+
+    return run
 
 
 def _float_in(ctx: ExecContext, op: Operand, atype: str, ftz: bool) -> np.ndarray:
@@ -153,14 +167,13 @@ def _satfinite(bits: np.ndarray, fmt: FloatFormat) -> np.ndarray:
 
 def _to_packed(
     instr: Instruction,
-    ctx: ExecContext,
     m: Mods,
     dtype: str,
     atype: str,
     rnd: str | None,
     relu: bool,
     satfinite: bool,
-) -> None:
+) -> Run:
     """cvt.frnd2.{f16x2,bf16x2}.f32 d, a, b (a → upper half, b → lower) and cvt to tf32."""
     if atype != "f32":
         m.fail(f"cvt.{dtype}.{atype} is not supported (only .f32 sources)")
@@ -169,22 +182,29 @@ def _to_packed(
             m.fail("cvt to .tf32 needs .rna, .rn or .rz")
         if relu and rnd == "rna":
             m.fail(".relu is not defined with .rna")
-        d, a_op = operands(instr, ctx, 2)
-        bits = round_f64(_float_in(ctx, a_op, "f32", False), TF32, str(rnd))
-        bits = relu_bits(bits, F32) if relu else bits
-        write_bits(ctx, d, 32, _satfinite(bits, TF32) if satfinite else bits)
-        return
+        d, a_op = operands(instr, 2)
+
+        def run_tf32(ctx: ExecContext) -> None:
+            bits = round_f64(_float_in(ctx, a_op, "f32", False), TF32, str(rnd))
+            bits = relu_bits(bits, F32) if relu else bits
+            write_bits(ctx, d, 32, _satfinite(bits, TF32) if satfinite else bits)
+
+        return run_tf32
     if rnd not in ("rn", "rz"):
         m.fail(f"cvt.{dtype}.f32 needs .rn or .rz")
     fmt = F16 if dtype == "f16x2" else BF16
-    d, a_op, b_op = operands(instr, ctx, 3)
-    halves = []
-    for op in (a_op, b_op):
-        h = round_f64(_float_in(ctx, op, "f32", False), fmt, str(rnd))
-        h = relu_bits(h, fmt) if relu else h
-        halves.append(_satfinite(h, fmt) if satfinite else h)
-    packed = (halves[0].astype(np.uint32) << np.uint32(16)) | halves[1].astype(np.uint32)
-    write_bits(ctx, d, 32, packed)
+    d, a_op, b_op = operands(instr, 3)
+
+    def run(ctx: ExecContext) -> None:
+        halves = []
+        for op in (a_op, b_op):
+            h = round_f64(_float_in(ctx, op, "f32", False), fmt, str(rnd))
+            h = relu_bits(h, fmt) if relu else h
+            halves.append(_satfinite(h, fmt) if satfinite else h)
+        packed = (halves[0].astype(np.uint32) << np.uint32(16)) | halves[1].astype(np.uint32)
+        write_bits(ctx, d, 32, packed)
+
+    return run
 
 
 def _int_to_int(

@@ -17,6 +17,7 @@ from cutile_py.sim.semantics import f64ops
 from cutile_py.sim.semantics._common import (
     ROUND_FLOAT,
     Mods,
+    Run,
     operands,
     read_typed_bits,
     write_bits,
@@ -98,10 +99,10 @@ def relu_bits(bits: np.ndarray, fmt: FloatFormat) -> np.ndarray:
 
 
 def _float_mods(
-    instr: Instruction, ctx: ExecContext, types: frozenset[str], sat_ok: bool = False
+    instr: Instruction, types: frozenset[str], sat_ok: bool = False
 ) -> tuple[Mods, str, bool, bool]:
     """Type, `.ftz` (f32, f16) and, where the instruction has it, `.sat` (f32, f16)."""
-    m = Mods(instr, ctx)
+    m = Mods(instr)
     ftype = m.type(types)
     ftz = ftype in FTZ_TYPES and m.flag("ftz")
     sat = sat_ok and ftype in FTZ_TYPES and m.flag("sat")
@@ -111,10 +112,10 @@ def _float_mods(
 ARITH_TYPES = frozenset(ELEMS)
 
 
-def arith(instr: Instruction, ctx: ExecContext) -> None:
+def arith(instr: Instruction) -> Run:
     """add, sub, mul, fma and mad on floating types (§9.7.3.3-7, §9.7.4.1-4)."""
     kind = instr.opcode
-    m, ftype, ftz, sat = _float_mods(instr, ctx, ARITH_TYPES, sat_ok=True)
+    m, ftype, ftz, sat = _float_mods(instr, ARITH_TYPES, sat_ok=True)
     rnd = m.one_of(ROUND_FLOAT, "rounding")
     fused = kind in ("fma", "mad")
     if fused and rnd is None:
@@ -126,105 +127,126 @@ def arith(instr: Instruction, ctx: ExecContext) -> None:
     relu = fused and ftype in HALF and m.flag("relu")
     m.finish()
     mode = rnd or "rn"
-    d, *srcs = operands(instr, ctx, 4 if fused else 3)
+    d, *srcs = operands(instr, 4 if fused else 3)
     if ftype == "f64":
-        a, b, *c = (np.asarray(ctx.read(s, "f64"), dtype=np.float64) for s in srcs)
-        if kind == "add":
-            r = f64ops.f64_add(a, b, mode)
-        elif kind == "sub":
-            r = f64ops.f64_add(a, -b, mode)
-        elif kind == "mul":
-            r = f64ops.f64_mul(a, b, mode)
-        else:
-            r = f64ops.f64_fma(a, b, c[0], mode)
-        ctx.write(d, "f64", r)
-        return
+
+        def run_f64(ctx: ExecContext) -> None:
+            a, b, *c = (np.asarray(ctx.read(s, "f64"), dtype=np.float64) for s in srcs)
+            if kind == "add":
+                r = f64ops.f64_add(a, b, mode)
+            elif kind == "sub":
+                r = f64ops.f64_add(a, -b, mode)
+            elif kind == "mul":
+                r = f64ops.f64_mul(a, b, mode)
+            else:
+                r = f64ops.f64_fma(a, b, c[0], mode)
+            ctx.write(d, "f64", r)
+
+        return run_f64
     fmt = ELEMS[ftype][0]
     if ftype == "f32" and mode == "rn" and not fused:
-        _f32_rn(ctx, kind, d, srcs, ftz, sat)
-        return
-    vals = [load_values(ctx, s, ftype, ftz) for s in srcs]
-    with np.errstate(all="ignore"):
-        if fused and mode == "rn" and fmt is F32:
-            odd = fma_rn_f32(vals[0], vals[1], vals[2])
-        elif kind == "add":
-            odd = odd_add(vals[0], vals[1], mode)
-        elif kind == "sub":
-            odd = odd_add(vals[0], -vals[1], mode)
-        elif kind == "mul":
-            odd = vals[0] * vals[1]  # exact in f64 for these formats
-        else:
-            odd = odd_fma(vals[0], vals[1], vals[2], mode)
-    bits = finish_bits(odd, fmt, mode, ftz, sat)
-    store(ctx, d, ftype, relu_bits(bits, fmt) if relu else bits)
+        return _f32_rn(kind, d, srcs, ftz, sat)
+
+    def run(ctx: ExecContext) -> None:
+        vals = [load_values(ctx, s, ftype, ftz) for s in srcs]
+        with np.errstate(all="ignore"):
+            if fused and mode == "rn" and fmt is F32:
+                odd = fma_rn_f32(vals[0], vals[1], vals[2])
+            elif kind == "add":
+                odd = odd_add(vals[0], vals[1], mode)
+            elif kind == "sub":
+                odd = odd_add(vals[0], -vals[1], mode)
+            elif kind == "mul":
+                odd = vals[0] * vals[1]  # exact in f64 for these formats
+            else:
+                odd = odd_fma(vals[0], vals[1], vals[2], mode)
+        bits = finish_bits(odd, fmt, mode, ftz, sat)
+        store(ctx, d, ftype, relu_bits(bits, fmt) if relu else bits)
+
+    return run
 
 
-def _f32_rn(
-    ctx: ExecContext, kind: str, d: Operand, srcs: list[Operand], ftz: bool, sat: bool
-) -> None:
+def _f32_rn(kind: str, d: Operand, srcs: list[Operand], ftz: bool, sat: bool) -> Run:
     """add/sub/mul.rn.f32 in NumPy's float32, which rounds to nearest even like IEEE 754
     (subnormals, overflow and signed zeros included); only NaNs need canonicalising."""
-    a, b = (load(ctx, s, "f32")[0] for s in srcs)
-    if ftz:
-        a, b = flush_bits(a, F32), flush_bits(b, F32)
-    x, y = a.view(np.float32), b.view(np.float32)
-    with np.errstate(all="ignore"):
-        r = x + y if kind == "add" else x - y if kind == "sub" else x * y
-    if sat:
-        r = saturate(r)
-    bits = np.where(np.isnan(r), np.uint32(F32.canonical_nan), r.view(np.uint32))
-    store(ctx, d, "f32", (flush_bits(bits, F32) if ftz else bits)[None, :])
+    a_op, b_op = srcs
+    nan = np.uint32(F32.canonical_nan)
+
+    def run(ctx: ExecContext) -> None:
+        x, y = ctx.read(a_op, "f32"), ctx.read(b_op, "f32")
+        if ftz:
+            x = flush_bits(x.view(np.uint32), F32).view(np.float32)
+            y = flush_bits(y.view(np.uint32), F32).view(np.float32)
+        with np.errstate(all="ignore"):
+            r = x + y if kind == "add" else x - y if kind == "sub" else x * y
+        if sat:
+            r = saturate(r)
+        bits = r.view(np.uint32)
+        isnan = np.isnan(r)
+        if isnan.any():
+            bits = np.where(isnan, nan, bits)
+        ctx.write(d, "f32", (flush_bits(bits, F32) if ftz else bits).view(np.float32))
+
+    return run
 
 
-def div(instr: Instruction, ctx: ExecContext) -> None:
+def div(instr: Instruction) -> Run:
     """div.{rnd,approx,full}{.ftz}.f32 and div.rnd.f64 (§9.7.3.8)."""
-    m, ftype, ftz, _ = _float_mods(instr, ctx, frozenset({"f32", "f64"}))
+    m, ftype, ftz, _ = _float_mods(instr, frozenset({"f32", "f64"}))
     kind = m.one_of((*ROUND_FLOAT, "approx", "full"), "division", required=True)
     m.finish()
     assert kind is not None
-    d, a_op, b_op = operands(instr, ctx, 3)
-    if ftype == "f64":
-        if kind not in ROUND_FLOAT:
-            m.fail(f".{kind} is defined for .f32 only")
-        a, b = (np.asarray(ctx.read(x, "f64"), dtype=np.float64) for x in (a_op, b_op))
-        ctx.write(d, "f64", f64ops.f64_div(a, b, kind))
-        return
-    if kind in ROUND_FLOAT:
-        a, b = (load_values(ctx, x, "f32", ftz) for x in (a_op, b_op))
+    d, a_op, b_op = operands(instr, 3)
+    if ftype == "f64" and kind not in ROUND_FLOAT:
+        m.fail(f".{kind} is defined for .f32 only")
+
+    def run(ctx: ExecContext) -> None:
+        if ftype == "f64":
+            a, b = (np.asarray(ctx.read(x, "f64"), dtype=np.float64) for x in (a_op, b_op))
+            ctx.write(d, "f64", f64ops.f64_div(a, b, kind))
+            return
+        if kind in ROUND_FLOAT:
+            a, b = (load_values(ctx, x, "f32", ftz) for x in (a_op, b_op))
+            with np.errstate(all="ignore"):
+                store(ctx, d, "f32", finish_bits(odd_div(a, b), F32, kind, ftz, False))
+            return
+        # .approx/.full: modelled as the correctly rounded quotient (the hardware is within 2 ulp).
+        # The ISA flushes their subnormal inputs and results; division by zero gives infinity with
+        # the sign of a; div.approx returns 0 (NaN for infinite a) when 2**126 < |b| < 2**128.
+        a, b = (load_values(ctx, x, "f32", True) for x in (a_op, b_op))
         with np.errstate(all="ignore"):
-            store(ctx, d, "f32", finish_bits(odd_div(a, b), F32, kind, ftz, False))
-        return
-    # .approx/.full: modelled as the correctly rounded quotient (the hardware is within 2 ulp).
-    # The ISA flushes their subnormal inputs and results; division by zero gives infinity with
-    # the sign of a; div.approx returns 0 (NaN for infinite a) when 2**126 < |b| < 2**128.
-    a, b = (load_values(ctx, x, "f32", True) for x in (a_op, b_op))
-    with np.errstate(all="ignore"):
-        q = a / b
-        q = np.where((b == 0) & (a != 0) & ~np.isnan(a), np.copysign(np.inf, a), q)
-        if kind == "approx":
-            huge = (np.abs(b) > 2.0**126) & np.isfinite(b)
-            q = np.where(huge, np.where(np.isinf(a), np.nan, np.copysign(0.0, a * b)), q)
-    store(ctx, d, "f32", finish_bits(q, F32, "rn", True, False))
+            q = a / b
+            q = np.where((b == 0) & (a != 0) & ~np.isnan(a), np.copysign(np.inf, a), q)
+            if kind == "approx":
+                huge = (np.abs(b) > 2.0**126) & np.isfinite(b)
+                q = np.where(huge, np.where(np.isinf(a), np.nan, np.copysign(0.0, a * b)), q)
+        store(ctx, d, "f32", finish_bits(q, F32, "rn", True, False))
+
+    return run
 
 
-def rcp_sqrt_rounded(instr: Instruction, ctx: ExecContext, kind: str, rnd: str) -> None:
+def rcp_sqrt_rounded(instr: Instruction, kind: str, rnd: str) -> Run:
     """rcp.rnd / sqrt.rnd on .f32 (`.ftz` allowed) and .f64, correctly rounded."""
-    m = Mods(instr, ctx)
+    m = Mods(instr)
     m.flag(rnd)
     ftype = m.type({"f32", "f64"})
     ftz = ftype == "f32" and m.flag("ftz")
     m.finish()
-    d, a_op = operands(instr, ctx, 2)
-    if ftype == "f64":
-        a = np.asarray(ctx.read(a_op, "f64"), dtype=np.float64)
-        one = np.ones_like(a)
-        r = f64ops.f64_div(one, a, rnd) if kind == "rcp" else f64ops.f64_sqrt(a, rnd)
-        ctx.write(d, "f64", r)
-        return
-    a = load_values(ctx, a_op, "f32", ftz)
-    with np.errstate(all="ignore"):
-        odd = odd_div(np.ones_like(a), a) if kind == "rcp" else odd_sqrt(a)
-    store(ctx, d, "f32", finish_bits(odd, F32, rnd, ftz, False))
+    d, a_op = operands(instr, 2)
+
+    def run(ctx: ExecContext) -> None:
+        if ftype == "f64":
+            a = np.asarray(ctx.read(a_op, "f64"), dtype=np.float64)
+            one = np.ones_like(a)
+            r = f64ops.f64_div(one, a, rnd) if kind == "rcp" else f64ops.f64_sqrt(a, rnd)
+            ctx.write(d, "f64", r)
+            return
+        a = load_values(ctx, a_op, "f32", ftz)
+        with np.errstate(all="ignore"):
+            odd = odd_div(np.ones_like(a), a) if kind == "rcp" else odd_sqrt(a)
+        store(ctx, d, "f32", finish_bits(odd, F32, rnd, ftz, False))
+
+    return run
 
 
 def _select(x: np.ndarray, y: np.ndarray, fmt: FloatFormat, is_max: bool, nan: bool) -> np.ndarray:
@@ -243,10 +265,10 @@ def _select(x: np.ndarray, y: np.ndarray, fmt: FloatFormat, is_max: bool, nan: b
     return np.where(nan_res, x.dtype.type(fmt.canonical_nan), res)
 
 
-def minmax(instr: Instruction, ctx: ExecContext) -> None:
+def minmax(instr: Instruction) -> Run:
     """min/max on floating types incl. .NaN, .xorsign.abs and 3-input .f32 (§9.7.3.11-12)."""
     is_max = instr.opcode == "max"
-    m, ftype, ftz, _ = _float_mods(instr, ctx, ARITH_TYPES)
+    m, ftype, ftz, _ = _float_mods(instr, ARITH_TYPES)
     nan = ftype != "f64" and m.flag("NaN")
     xorsign = ftype != "f64" and m.flag("xorsign")
     absf = ftype != "f64" and m.flag("abs")
@@ -256,67 +278,83 @@ def minmax(instr: Instruction, ctx: ExecContext) -> None:
     nsrc = len(instr.operands) - 1
     if nsrc == 3 and (ftype != "f32" or xorsign):
         m.fail("three inputs are defined for .f32 without .xorsign only")
-    d, *srcs = operands(instr, ctx, nsrc + 1 if nsrc == 3 else 3)
+    d, *srcs = operands(instr, nsrc + 1 if nsrc == 3 else 3)
     fmt = ELEMS[ftype][0]
-    bits = [load(ctx, s, ftype) for s in srcs]
-    if ftz:
-        bits = [flush_bits(b, fmt) for b in bits]
-    sign = bits[0].dtype.type(fmt.sign_bit)
-    xsign = (bits[0] ^ bits[1]) & sign
-    if absf:
-        bits = [b & ~sign for b in bits]
-    res = _select(bits[0], bits[1], fmt, is_max, nan)
-    if nsrc == 3:
-        res = _select(res, bits[2], fmt, is_max, nan)
-    if xorsign:
-        res = np.where(is_nan_bits(res, fmt), res, (res & ~sign) | xsign)
-    store(ctx, d, ftype, res)
+
+    def run(ctx: ExecContext) -> None:
+        bits = [load(ctx, s, ftype) for s in srcs]
+        if ftz:
+            bits = [flush_bits(b, fmt) for b in bits]
+        sign = bits[0].dtype.type(fmt.sign_bit)
+        xsign = (bits[0] ^ bits[1]) & sign
+        if absf:
+            bits = [b & ~sign for b in bits]
+        res = _select(bits[0], bits[1], fmt, is_max, nan)
+        if nsrc == 3:
+            res = _select(res, bits[2], fmt, is_max, nan)
+        if xorsign:
+            res = np.where(is_nan_bits(res, fmt), res, (res & ~sign) | xsign)
+        store(ctx, d, ftype, res)
+
+    return run
 
 
-def abs_neg(instr: Instruction, ctx: ExecContext) -> None:
+def abs_neg(instr: Instruction) -> Run:
     """abs/neg on floating types: sign-bit operations (NaN in gives an unspecified NaN)."""
-    m, ftype, ftz, _ = _float_mods(instr, ctx, ARITH_TYPES)
+    m, ftype, ftz, _ = _float_mods(instr, ARITH_TYPES)
     m.finish()
-    d, a_op = operands(instr, ctx, 2)
+    d, a_op = operands(instr, 2)
     fmt = ELEMS[ftype][0]
-    bits = load(ctx, a_op, ftype)
-    if ftz:
-        bits = flush_bits(bits, fmt)
-    sign = bits.dtype.type(fmt.sign_bit)
-    store(ctx, d, ftype, bits & ~sign if instr.opcode == "abs" else bits ^ sign)
+
+    def run(ctx: ExecContext) -> None:
+        bits = load(ctx, a_op, ftype)
+        if ftz:
+            bits = flush_bits(bits, fmt)
+        sign = bits.dtype.type(fmt.sign_bit)
+        store(ctx, d, ftype, bits & ~sign if instr.opcode == "abs" else bits ^ sign)
+
+    return run
 
 
-def copysign(instr: Instruction, ctx: ExecContext) -> None:
+def copysign(instr: Instruction) -> Run:
     """copysign.{f32,f64} d, a, b: b with the sign bit of a (§9.7.3.2)."""
-    m = Mods(instr, ctx)
+    m = Mods(instr)
     ftype = m.type({"f32", "f64"})
     m.finish()
-    d, a_op, b_op = operands(instr, ctx, 3)
+    d, a_op, b_op = operands(instr, 3)
     width = 32 if ftype == "f32" else 64
-    a, b = read_typed_bits(ctx, a_op, ftype), read_typed_bits(ctx, b_op, ftype)
-    sign = a.dtype.type(1 << (width - 1))
-    write_bits(ctx, d, width, (b & ~sign) | (a & sign))
+
+    def run(ctx: ExecContext) -> None:
+        a, b = read_typed_bits(ctx, a_op, ftype), read_typed_bits(ctx, b_op, ftype)
+        sign = a.dtype.type(1 << (width - 1))
+        write_bits(ctx, d, width, (b & ~sign) | (a & sign))
+
+    return run
 
 
-def testp(instr: Instruction, ctx: ExecContext) -> None:
+def testp(instr: Instruction) -> Run:
     """testp.op.{f32,f64} p, a (§9.7.3.1); zeros count as normal."""
-    m = Mods(instr, ctx)
+    m = Mods(instr)
     op = m.one_of(
         ("finite", "infinite", "number", "notanumber", "normal", "subnormal"), "test", required=True
     )
     ftype = m.type({"f32", "f64"})
     m.finish()
-    p, a_op = operands(instr, ctx, 2)
+    p, a_op = operands(instr, 2)
     fmt = F32 if ftype == "f32" else F64
-    bits = read_typed_bits(ctx, a_op, ftype)
-    v = decode(bits, fmt)
-    sub = is_subnormal_bits(bits, fmt)
-    result = {
-        "finite": np.isfinite(v),
-        "infinite": np.isinf(v),
-        "number": ~np.isnan(v),
-        "notanumber": np.isnan(v),
-        "normal": np.isfinite(v) & ~sub,
-        "subnormal": sub,
-    }[str(op)]
-    write_pred(ctx, p, result)
+
+    def run(ctx: ExecContext) -> None:
+        bits = read_typed_bits(ctx, a_op, ftype)
+        v = decode(bits, fmt)
+        sub = is_subnormal_bits(bits, fmt)
+        result = {
+            "finite": np.isfinite(v),
+            "infinite": np.isinf(v),
+            "number": ~np.isnan(v),
+            "notanumber": np.isnan(v),
+            "normal": np.isfinite(v) & ~sub,
+            "subnormal": sub,
+        }[str(op)]
+        write_pred(ctx, p, result)
+
+    return run

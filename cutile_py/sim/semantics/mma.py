@@ -17,7 +17,7 @@ import numpy as np
 
 from cutile_py.ptx.ast import Instruction, Operand, Vec
 from cutile_py.sim.context import WARP, ExecContext
-from cutile_py.sim.semantics._common import Mods, read_bits, write_bits
+from cutile_py.sim.semantics._common import Mods, Run, decode_error, read_bits, write_bits
 from cutile_py.sim.semantics.fpcore import BF16, F16, F32, F64, TF32, FloatFormat, decode, round_f64
 
 #: (lane group g, thread t, register r, element e) -> (row, col) of a fragment element.
@@ -67,9 +67,9 @@ CONFIGS: dict[tuple[str, str], tuple[int, int, int, str, int, str, int, FloatFor
 }
 
 
-def _regs(ctx: ExecContext, op: Operand, count: int, what: str) -> list[Operand]:
+def _regs(instr: Instruction, op: Operand, count: int, what: str) -> list[Operand]:
     if not isinstance(op, Vec) or len(op.items) != count:
-        ctx.fail(f"mma: operand {what} must be a vector of {count} registers")
+        decode_error(instr, f"operand {what} must be a vector of {count} registers")
     return list(op.items)
 
 
@@ -78,14 +78,18 @@ def _load(ctx: ExecContext, ops: list[Operand], fmt: FloatFormat) -> np.ndarray:
     width = 64 if fmt is F64 else 32
     raw = np.stack([read_bits(ctx, op, width) for op in ops], axis=-1)  # (n, regs)
     raw = raw.reshape(-1, WARP, len(ops))
+    if fmt is F16:
+        # Little-endian: the low half of each register is its first f16; f16 -> f64 is exact.
+        halves16 = np.ascontiguousarray(raw).view(np.float16)
+        return halves16.reshape(*raw.shape, 2).astype(np.float64)
     if fmt in (F16, BF16):
         halves = np.stack([raw & np.uint32(0xFFFF), raw >> np.uint32(16)], axis=-1)
         return decode(halves.astype(np.uint16), fmt)
     return decode(raw, fmt)[..., None]
 
 
-def mma(instr: Instruction, ctx: ExecContext) -> None:
-    m = Mods(instr, ctx)
+def mma(instr: Instruction) -> Run:
+    m = Mods(instr)
     if not (m.flag("sync") and m.flag("aligned")):
         m.fail("needs .sync.aligned")
     shape = m.one_of(("m16n8k16", "m16n8k8", "m16n8k4", "m8n8k4"), "shape", required=True)
@@ -103,40 +107,44 @@ def mma(instr: Instruction, ctx: ExecContext) -> None:
     if len(instr.operands) != 4:
         m.fail("expected operands d, a, b, c")
     d_op, a_op, b_op, c_op = instr.operands
-
-    warps = ctx.mask.reshape(-1, WARP)
-    partial = warps.any(axis=1) & ~warps.all(axis=1)
-    if partial.any():
-        ctx.fail("mma.sync.aligned needs all 32 lanes of the warp", np.repeat(partial, WARP))
-
     elems = 2 if fmt in (F16, BF16) else 1
-    nw = warps.shape[0]
-    a_mat = np.zeros((nw, big_m, big_k))
-    b_mat = np.zeros((nw, big_k, big_n))
-    rows, cols = fragment_index(a_lay, a_regs, elems)
-    a_mat[:, rows, cols] = _load(ctx, _regs(ctx, a_op, a_regs, "a"), fmt)
-    rows, cols = fragment_index(b_lay, b_regs, elems)
-    b_mat[:, rows, cols] = _load(ctx, _regs(ctx, b_op, b_regs, "b"), fmt)
-
+    a_ops = _regs(instr, a_op, a_regs, "a")
+    b_ops = _regs(instr, b_op, b_regs, "b")
     c_lay, c_regs, c_fmt, c_el = _acc_layout(str(shape), ctype)
-    c_mat = np.zeros((nw, big_m, big_n))
-    rows, cols = fragment_index(c_lay, c_regs, c_el)
-    c_mat[:, rows, cols] = _load(ctx, _regs(ctx, c_op, c_regs, "c"), c_fmt)
-
-    with np.errstate(all="ignore"):
-        d_mat = a_mat @ b_mat + c_mat
+    c_ops = _regs(instr, c_op, c_regs, "c")
     d_lay, d_regs, d_fmt, d_el = _acc_layout(str(shape), dtype)
-    rows, cols = fragment_index(d_lay, d_regs, d_el)
-    vals = d_mat[:, rows, cols]  # (warps, 32, regs, elems)
-    for r, op in enumerate(_regs(ctx, d_op, d_regs, "d")):
-        v = vals[:, :, r, :].reshape(-1, d_el)
-        if d_fmt is F64:
-            write_bits(ctx, op, 64, np.ascontiguousarray(v[:, 0]).view(np.uint64))
-        elif d_fmt is F32:
-            write_bits(ctx, op, 32, round_f64(v[:, 0], F32, "rn"))
-        else:
-            h = round_f64(v, F16, "rn").astype(np.uint32)
-            write_bits(ctx, op, 32, h[:, 0] | (h[:, 1] << np.uint32(16)))
+    d_ops = _regs(instr, d_op, d_regs, "d")
+    a_idx = fragment_index(a_lay, a_regs, elems)
+    b_idx = fragment_index(b_lay, b_regs, elems)
+    c_idx = fragment_index(c_lay, c_regs, c_el)
+    d_idx = fragment_index(d_lay, d_regs, d_el)
+
+    def run(ctx: ExecContext) -> None:
+        warps = ctx.mask.reshape(-1, WARP)
+        partial = warps.any(axis=1) & ~warps.all(axis=1)
+        if partial.any():
+            ctx.fail("mma.sync.aligned needs all 32 lanes of the warp", np.repeat(partial, WARP))
+        nw = warps.shape[0]
+        a_mat = np.zeros((nw, big_m, big_k))
+        b_mat = np.zeros((nw, big_k, big_n))
+        a_mat[:, a_idx[0], a_idx[1]] = _load(ctx, a_ops, fmt)
+        b_mat[:, b_idx[0], b_idx[1]] = _load(ctx, b_ops, fmt)
+        c_mat = np.zeros((nw, big_m, big_n))
+        c_mat[:, c_idx[0], c_idx[1]] = _load(ctx, c_ops, c_fmt)
+        with np.errstate(all="ignore"):
+            d_mat = a_mat @ b_mat + c_mat
+        vals = d_mat[:, d_idx[0], d_idx[1]]  # (warps, 32, regs, elems)
+        for r, op in enumerate(d_ops):
+            v = vals[:, :, r, :].reshape(-1, d_el)
+            if d_fmt is F64:
+                write_bits(ctx, op, 64, np.ascontiguousarray(v[:, 0]).view(np.uint64))
+            elif d_fmt is F32:
+                write_bits(ctx, op, 32, round_f64(v[:, 0], F32, "rn"))
+            else:
+                h = round_f64(v, F16, "rn").astype(np.uint32)
+                write_bits(ctx, op, 32, h[:, 0] | (h[:, 1] << np.uint32(16)))
+
+    return run
 
 
 def _acc_layout(shape: str, acc: str) -> tuple[str, int, FloatFormat, int]:

@@ -1,0 +1,221 @@
+"""`cp.async.bulk.tensor` (the Tensor Memory Accelerator, PTX ISA §9.7.9.25): boxes of a
+tensor copied between global and shared memory, described by a tensor map
+(`cutile_py.sim.tensor_map`).
+
+A load (global → shared) reads global memory when it is issued (a bad tensor map or box is
+reported at its line) and lands in shared memory when a thread of the block tests or waits
+on the barrier it signals (`cutile_py.sim.mbarrier`). The box is written densely, dimension
+0 innermost; out-of-bounds elements are zero (or NaN, as the map asks); with a swizzled map,
+16-byte chunk c of each `span`-byte row at shared address a goes to chunk
+`c ^ ((a >> 7) & (span/16 - 1))`, the pattern `wgmma` descriptors read back.
+
+A store (shared → global, `.bulk_group`) is carried out when issued; elements outside the
+tensor are not written. `cp.async.bulk.commit_group` / `wait_group` then have nothing left
+to wait for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cutile_py.ptx.ast import Addr, Instruction, Operand, Reg, Symbol, Vec
+from cutile_py.sim.context import SimError
+from cutile_py.sim.mbarrier import Delivery, barriers_of, shared_offsets
+from cutile_py.sim.memops import _address, unsupported
+from cutile_py.sim.memory import MemoryFault
+from cutile_py.sim.races import NONE
+from cutile_py.sim.tensor_map import FLOATS, SIZE, TensorMap, decode
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from cutile_py.sim.program import Handler, Program
+    from cutile_py.sim.spaces import Batch
+
+_NAN = {2: 0x7FFF, 4: 0x7FFFFFFF, 8: 0x7FFFFFFFFFFFFFFF}
+
+
+def swizzle(offs: np.ndarray, span: int) -> np.ndarray:
+    """Shared addresses `offs` under the `span`-byte swizzle (32, 64 or 128; 0: none): the
+    16-byte chunk bits [4, 4 + log2(span/16)) XOR the same number of bits from bit 7."""
+    if not span:
+        return offs
+    mask = np.uint64(span // 16 - 1)
+    out: np.ndarray = offs ^ (((offs >> np.uint64(7)) & mask) << np.uint64(4))
+    return out
+
+
+def make_bulk(ins: Instruction, prog: Program) -> Handler:
+    """`cp.async.bulk.tensor.{1..5}d` loads and stores, `cp.async.bulk.commit_group` and
+    `wait_group{.read}`, and `cp.async.bulk.prefetch.tensor` (a hint)."""
+    mods = ins.modifiers
+    if "commit_group" in mods or "wait_group" in mods or "prefetch" in mods:
+        return lambda b: None  # stores completed when issued; prefetches are hints
+    if "tensor" not in mods:
+        raise unsupported(ins, "only the tensor forms of cp.async.bulk are supported")
+    rank = next((int(m[0]) for m in mods if len(m) == 2 and m[1] == "d" and m[0] in "12345"), 0)
+    if not rank:
+        raise unsupported(ins, "cp.async.bulk.tensor needs .1d to .5d")
+    if any(m.startswith(("multicast", "im2col", "tile::gather", "tile::scatter")) for m in mods):
+        raise unsupported(ins, "multicast, im2col and gather/scatter modes are not supported")
+    spaces = [m for m in mods if m.split("::")[0] in ("global", "shared")]
+    if len(spaces) != 2:
+        raise unsupported(ins, "cp.async.bulk.tensor names its destination and source spaces")
+    if spaces[0] == "global":  # destination first: a store
+        tmap, coords = _tensor_operand(ins, 0)
+        return _make_store(ins, tmap, coords, rank, _address(ins, 1))
+    if "mbarrier::complete_tx::bytes" not in mods:
+        raise unsupported(ins, "a tensor load must signal a barrier (mbarrier::complete_tx::bytes)")
+    tmap, coords = _tensor_operand(ins, 1)
+    return _make_load(ins, tmap, coords, rank, _address(ins, 0), _address(ins, 2))
+
+
+def _tensor_operand(ins: Instruction, k: int) -> tuple[Operand, tuple[Operand, ...]]:
+    op = ins.operands[k] if len(ins.operands) > k else None
+    if (
+        isinstance(op, Vec)
+        and len(op.items) == 2
+        and isinstance(op.items[0], (Reg, Symbol))
+        and isinstance(op.items[1], Vec)
+    ):
+        return op.items[0], op.items[1].items
+    raise unsupported(ins, f"operand {k + 1} must be `[tensorMap, {{coordinates}}]`")
+
+
+def _maps(b: Batch, tmap: Operand, lanes: np.ndarray) -> list[TensorMap]:
+    if isinstance(tmap, Symbol):
+        addrs = b.addresses(Addr(tmap, 0), lanes, True)
+    else:
+        addrs = b.read(tmap, "u64")[lanes]
+    if (addrs % np.uint64(64)).any():
+        k = int(np.argmax(addrs % np.uint64(64) != 0))
+        raise MemoryFault(int(lanes[k]), f"tensor map at {int(addrs[k]):#x} is not 64-byte aligned")
+    words = SIZE // 8  # read as 8-byte words: one 128-byte access would need 128-byte alignment
+    at = (addrs[:, None] + np.arange(0, SIZE, 8, dtype=np.uint64)).ravel()
+    raw = b.load("", np.repeat(lanes, words), at, 8, 1).reshape(lanes.size, words)
+    out = []
+    for i in range(lanes.size):
+        try:
+            out.append(decode(raw[i].tobytes()))
+        except SimError as e:
+            raise MemoryFault(int(lanes[i]), str(e)) from None
+    return out
+
+
+def _box(m: TensorMap, rank: int, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Global byte address of each box element (dimension 0 fastest) and whether it is in
+    the tensor."""
+    if len(m.dims) != rank:
+        raise SimError(f"a .{rank}d copy with a tensor map of rank {len(m.dims)}")
+    grids = np.meshgrid(*[np.arange(n, dtype=np.int64) for n in reversed(m.box)], indexing="ij")
+    addr = np.full(grids[0].shape, m.address, dtype=np.int64)
+    inside = np.ones(grids[0].shape, dtype=bool)
+    for d in range(rank):
+        c = grids[rank - 1 - d] + int(start[d])
+        inside &= (c >= 0) & (c < m.dims[d])
+        addr += c * m.strides[d]
+    return addr.ravel(), inside.ravel()
+
+
+def _smem_bytes(b: Batch, lane: int, dst: int, m: TensorMap) -> np.ndarray:
+    """Flat byte indices in the batch's shared memory of the box's bytes, in box order."""
+    if dst % 128:
+        raise MemoryFault(lane, f"bulk tensor copy at shared address {dst:#x}: "
+                          "not 128-byte aligned")  # fmt: skip
+    if m.swizzle and m.box[0] * m.esize != m.swizzle:
+        raise MemoryFault(lane, f"a {m.swizzle}-byte swizzled box must have {m.swizzle}-byte "
+                          f"rows (boxDim[0] = {m.box[0]})")  # fmt: skip
+    n = m.box_bytes
+    offs = swizzle(np.uint64(dst) + np.arange(n, dtype=np.uint64), m.swizzle)
+    lanes = np.full(1, lane, dtype=np.int64)
+    b.shared.flat(lanes, b.slot[lanes], np.array([dst], np.uint64), n, "bulk tensor copy")
+    flat: np.ndarray = np.uint64(int(b.slot[lane]) * b.shared.stride) + offs
+    return flat.astype(np.intp)
+
+
+def _element_bytes(values: np.ndarray, esize: int) -> np.ndarray:
+    return np.ascontiguousarray(values).view(np.uint8).reshape(-1)
+
+
+def _make_load(
+    ins: Instruction, tmap: Operand, coords: tuple[Operand, ...], rank: int, dst: Addr,
+    mbar: Addr,
+) -> Handler:  # fmt: skip
+    if len(coords) != rank:
+        raise unsupported(ins, f"a .{rank}d copy needs {rank} coordinates")
+
+    def run(b: Batch) -> None:
+        lanes = b.active()
+        if not lanes.size:
+            return
+        maps = _maps(b, tmap, lanes)
+        start = np.stack([b.read(c, "s32")[lanes].astype(np.int64) for c in coords], axis=1)
+        dsts = b.addresses(dst, lanes, False)
+        bars = shared_offsets(b, ins, mbar, lanes)
+        pending = barriers_of(b).pending
+        for i, lane in enumerate(lanes.tolist()):
+            m = maps[i]
+            addr, inside = _box(m, rank, start[i])
+            fill = _NAN[m.esize] if m.nan_fill and m.dtype in FLOATS else 0
+            vals = np.full(addr.size, fill, dtype=f"u{m.esize}")
+            if inside.any():
+                got = np.flatnonzero(inside)
+                who = np.full(got.size, lane, dtype=np.int64)
+                at = addr[got].astype(np.uint64)
+                vals[got] = b.glob.load(who, at, m.esize, 1)[:, 0]
+                if b.global_races is not None:
+                    b.global_races.access(b.instr, who, at, m.esize, False)
+            data = _element_bytes(vals, m.esize)
+            flat = _smem_bytes(b, lane, int(dsts[i]), m)
+            bar = int(b.slot[lane]) * b.shared.stride + int(bars[i])
+            pending.append(Delivery(bar, data.size, _lander(b, flat, data)))
+        b.writes += 1
+
+    return run
+
+
+def _lander(b: Batch, flat: np.ndarray, data: np.ndarray) -> Callable[[], None]:
+    def land() -> None:
+        b.shared.data[flat] = data
+        tracker = b.shared.tracker
+        if tracker is not None:  # written by the copy engine, ordered by the barrier's wait
+            tracker.writer[flat] = NONE
+            tracker.reader[flat] = NONE
+            tracker.reader_warp[flat] = NONE
+
+    return land
+
+
+def _make_store(
+    ins: Instruction, tmap: Operand, coords: tuple[Operand, ...], rank: int, src: Addr
+) -> Handler:
+    if "bulk_group" not in ins.modifiers:
+        raise unsupported(ins, "a tensor store completes through .bulk_group")
+    if len(coords) != rank:
+        raise unsupported(ins, f"a .{rank}d copy needs {rank} coordinates")
+
+    def run(b: Batch) -> None:
+        lanes = b.active()
+        if not lanes.size:
+            return
+        maps = _maps(b, tmap, lanes)
+        start = np.stack([b.read(c, "s32")[lanes].astype(np.int64) for c in coords], axis=1)
+        srcs = b.addresses(src, lanes, False)
+        for i, lane in enumerate(lanes.tolist()):
+            m = maps[i]
+            addr, inside = _box(m, rank, start[i])
+            flat = _smem_bytes(b, lane, int(srcs[i]), m)
+            elems = b.shared.data[flat].view(f"u{m.esize}")
+            got = np.flatnonzero(inside)
+            if got.size:
+                who = np.full(got.size, lane, dtype=np.int64)
+                at = addr[got].astype(np.uint64)
+                b.glob.store(who, at, m.esize, elems[got][:, None])
+                if b.global_races is not None:
+                    raw = elems[got][:, None].view(np.uint8)
+                    b.global_races.access(b.instr, who, at, m.esize, True, raw)
+        b.writes += 1
+
+    return run

@@ -1,0 +1,137 @@
+"""Qwen3 configuration and checkpoints: `config.json` fields, the Hugging Face weight names, and
+`*.safetensors` files (f32, f16 or bf16) read with the optional `safetensors` library."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import MISSING, asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: How to install the optional reader (an extra of this package).
+INSTALL_HINT = "pip install 'cutile_py[models]' (or: pip install safetensors)"
+
+
+@dataclass(frozen=True)
+class Qwen3Config:
+    """The architecture fields of a Hugging Face Qwen3 `config.json` (names as there)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 40960
+    torch_dtype: str = "bfloat16"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "config") -> Qwen3Config:
+        """The fields of `d` (a parsed config.json; other keys are ignored)."""
+        fields = cls.__dataclass_fields__
+        if "torch_dtype" not in d and isinstance(d.get("dtype"), str):
+            d = {**d, "torch_dtype": d["dtype"]}  # newer transformers write `dtype`
+        missing = [n for n, f in fields.items() if n not in d and f.default is MISSING]
+        if "head_dim" in missing and "hidden_size" in d and "num_attention_heads" in d:
+            d = {**d, "head_dim": d["hidden_size"] // d["num_attention_heads"]}
+            missing.remove("head_dim")
+        if missing:
+            raise ValueError(f"{where}: missing Qwen3 fields {', '.join(missing)}")
+        cfg = cls(**{n: d[n] for n in fields if n in d})
+        if cfg.num_attention_heads % cfg.num_key_value_heads:
+            raise ValueError(
+                f"{where}: num_attention_heads ({cfg.num_attention_heads}) must be a multiple "
+                f"of num_key_value_heads ({cfg.num_key_value_heads})"
+            )
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every weight's Hugging Face name and shape (Linear weights are (out, in))."""
+        h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
+        nq, nkv = self.num_attention_heads, self.num_key_value_heads
+        shapes: dict[str, tuple[int, ...]] = {
+            "model.embed_tokens.weight": (self.vocab_size, h),
+            "model.norm.weight": (h,),
+        }
+        for layer in range(self.num_hidden_layers):
+            p = f"model.layers.{layer}."
+            shapes |= {
+                p + "input_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (nq * d, h),
+                p + "self_attn.k_proj.weight": (nkv * d, h),
+                p + "self_attn.v_proj.weight": (nkv * d, h),
+                p + "self_attn.o_proj.weight": (h, nq * d),
+                p + "self_attn.q_norm.weight": (d,),
+                p + "self_attn.k_norm.weight": (d,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+            }
+        if not self.tie_word_embeddings:
+            shapes["lm_head.weight"] = (self.vocab_size, h)
+        return shapes
+
+
+def read_config(path: Path) -> Qwen3Config:
+    """The Qwen3Config of a model directory's config.json."""
+    file = path / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"Qwen3.from_pretrained: no config.json in {path}")
+    with file.open() as f:
+        return Qwen3Config.from_dict(json.load(f), str(file))
+
+
+def _as_float32(name: str, dtype: str, shape: list[int], data: bytes) -> np.ndarray:
+    if dtype == "F32":
+        a = np.frombuffer(data, dtype="<f4")
+    elif dtype == "F16":
+        a = np.frombuffer(data, dtype="<f2").astype(np.float32)
+    elif dtype == "BF16":  # the high half of an f32: exact
+        a = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        raise TypeError(f"{name}: dtype {dtype} is not supported (F32, F16 or BF16)")
+    return a.reshape(shape).astype(np.float32, copy=False)
+
+
+def read_weights(path: Path, cfg: Qwen3Config) -> dict[str, np.ndarray]:
+    """The weights of the `*.safetensors` files in `path` as float32 arrays, checked against
+    the names and shapes that `cfg` implies."""
+    try:
+        import safetensors
+    except ImportError as e:
+        raise ImportError(
+            f"Qwen3.from_pretrained needs the safetensors library: {INSTALL_HINT}"
+        ) from e
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"Qwen3.from_pretrained: no *.safetensors files in {path}")
+    # The library ships no type hints: its one call here, typed.
+    deserialize: Callable[[bytes], list[tuple[str, dict[str, Any]]]] = safetensors.deserialize
+    want = cfg.weight_shapes()
+    out: dict[str, np.ndarray] = {}
+    for file in files:
+        # `deserialize` hands back raw bytes for every dtype: NumPy has no bf16.
+        for name, t in deserialize(file.read_bytes()):
+            if name not in want:
+                continue  # e.g. a tied lm_head saved anyway
+            shape = [int(d) for d in t["shape"]]
+            if tuple(shape) != want[name]:
+                raise ValueError(f"{file.name}: {name} has shape {shape}, expected {want[name]}")
+            out[name] = _as_float32(f"{file.name}: {name}", str(t["dtype"]), shape, t["data"])
+    missing = [n for n in want if n not in out]
+    if missing:
+        raise ValueError(
+            f"Qwen3.from_pretrained: {path} lacks {len(missing)} weights, e.g. {missing[0]}"
+        )
+    return out

@@ -1,0 +1,480 @@
+"""`Qwen3`: a Qwen3 decoder on the library's kernels, prefilled eagerly and decoded by replaying
+one captured graph per token.
+
+Per layer (T tokens, h the hidden state, x the residual stream):
+    h, x = add_rms_norm(mlp_out, x, input_layernorm)      (rms_norm of the embedding at layer 0)
+    qkv  = h @ [Wq; Wk; Wv]ᵀ                               (one fused projection)
+    q    = rope(rms_norm_per_head(q) · q_norm)             (head-major, `q_prep`)
+    k, v → KV cache rows at their positions, k normed and rotated the same way
+    o    = attention(q, K cache, V cache, causal)          (GQA, split-KV when T is small)
+    h, x = add_rms_norm(o @ Woᵀ, x, post_attention_layernorm)
+    g, u = h @ [Wg; Wu]ᵀ                                   (one fused projection)
+    mlp_out = (silu(g) · u) @ Wdᵀ                          (decode: one fused gemv)
+then the final norm, the LM head (the embedding when tied) and argmax on the device.
+
+A step is a `.then` chain of launches over tensors it allocates (`_Steps`); the same builder
+makes the prefill (run at once, gemm projections) and the decode step (T = 1, gemv projections,
+captured once by `ct.graph`; each token only updates the token id and position tensors).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import cutile_py as ct
+from cutile_py import Tensor, f16, f32, i32
+from cutile_py_kernels import autotune
+from cutile_py_kernels._common import next_pow2, prev_pow2, row_plan, view
+from cutile_py_kernels.attention import AttentionPlan
+from cutile_py_kernels.gemm import _gemm_kernel
+from cutile_py_kernels.gemv import _gemv_kernel
+from cutile_py_kernels.layout import _embedding_kernel
+from cutile_py_kernels.models.checkpoint import Qwen3Config, read_config, read_weights
+from cutile_py_kernels.models.qwen3_kernels import mlp_kernels, qwen3_kernels
+from cutile_py_kernels.norms import _rms_kernels
+from cutile_py_kernels.softmax import _argmax_kernels
+
+AnyTensor = Tensor[Any, Any]
+
+
+def _rope_tables(half: int, theta: float, rows: int) -> tuple[AnyTensor, AnyTensor]:
+    """cos and sin of pos·theta^(-i/half) for pos < rows, i < half (f64 → f32): made once per
+    cache capacity, read by the fused q/k-norm + RoPE kernels."""
+    freq = theta ** (-np.arange(half, dtype=np.float64) / half)
+    angle = np.arange(rows, dtype=np.float64)[:, None] * freq[None, :]
+    return (
+        ct.from_numpy(np.cos(angle).astype(np.float32)),
+        ct.from_numpy(np.sin(angle).astype(np.float32)),
+    )
+
+
+DTYPES = {"float32": ct.bf16, "bfloat16": ct.bf16, "float16": ct.f16}
+#: Cache rows per block of the KV-cache kernels.
+CACHE_BLOCK = 64
+#: Prefill tokens per block of the q/transpose kernels.
+TOKEN_BLOCK = 16
+
+
+class _Layer:
+    """One decoder layer's weights on the device (Linear weights (out, in))."""
+
+    def __init__(self, w: Mapping[str, np.ndarray], prefix: str, dt: type[ct.DType]) -> None:
+        def dev(name: str) -> AnyTensor:
+            return ct.from_numpy(w[prefix + name], dt)
+
+        self.ln1 = dev("input_layernorm.weight")
+        self.ln2 = dev("post_attention_layernorm.weight")
+        qkv = np.concatenate([w[prefix + f"self_attn.{p}_proj.weight"] for p in "qkv"], axis=0)
+        self.qkv = ct.from_numpy(qkv, dt)
+        self.o = dev("self_attn.o_proj.weight")
+        self.q_norm = dev("self_attn.q_norm.weight")
+        self.k_norm = dev("self_attn.k_norm.weight")
+        # gate and up as one (2I, H) projection: one launch, its output viewed as (T, 2, I).
+        gate_up = [w[prefix + f"mlp.{p}_proj.weight"] for p in ("gate", "up")]
+        self.gate_up = ct.from_numpy(np.concatenate(gate_up, axis=0), dt)
+        self.down = dev("mlp.down_proj.weight")
+
+
+class _Cache:
+    """The KV cache: per layer (kv_heads, capacity, head_dim) K and V, zero-filled (rows past
+    the current length are read as padding by the attention kernels and must be finite)."""
+
+    def __init__(self, cfg: Qwen3Config, capacity: int, dt: type[ct.DType]) -> None:
+        self.capacity = -(-capacity // CACHE_BLOCK) * CACHE_BLOCK
+        shape = (cfg.num_key_value_heads, self.capacity, cfg.head_dim)
+        self.k: list[AnyTensor] = [ct.zeros(shape, dt) for _ in range(cfg.num_hidden_layers)]
+        self.v: list[AnyTensor] = [ct.zeros(shape, dt) for _ in range(cfg.num_hidden_layers)]
+
+
+class _Steps:
+    """Builds a `.then` chain of launches. Outputs are partitions made by `out`; once the
+    launch that wrote them has completed (at the next step), they become tensors in `env`."""
+
+    def __init__(self) -> None:
+        self.env: dict[str, AnyTensor] = {}
+        self.pending: dict[str, ct.Partition] = {}
+        self.makers: list[Callable[[], ct.OpLike]] = []
+
+    def out(
+        self, name: str, shape: tuple[int, ...], tile: tuple[int, ...], dt: type[ct.DType]
+    ) -> ct.Partition:
+        p: ct.Partition = ct.empty(shape, dt).partition(tile)
+        self.pending[name] = p
+        return p
+
+    def put(self, name: str, p: ct.Partition) -> ct.Partition:
+        """Hand an existing tensor's partition to a launch; it comes back as `name`."""
+        self.pending[name] = p
+        return p
+
+    def settle(self) -> None:
+        for name, p in self.pending.items():
+            self.env[name] = p.unpartition()
+        self.pending.clear()
+
+    def add(self, make: Callable[[], ct.OpLike]) -> None:
+        self.makers.append(make)
+
+    def op(self) -> ct.OpLike:
+        def after(make: Callable[[], ct.OpLike]) -> Callable[[tuple[Any, ...]], ct.OpLike]:
+            def step(_: tuple[Any, ...]) -> ct.OpLike:
+                self.settle()
+                return make()
+
+            return step
+
+        op = self.makers[0]()
+        for make in self.makers[1:]:
+            op = op.then(after(make))
+        return op
+
+
+class Qwen3:
+    """A Qwen3 causal LM (q/k RMSNorm, RoPE, GQA, SwiGLU) on cutile_py kernels, f16 or bf16
+    (f32 sums). Make one with `from_pretrained(path)` or `random(config, seed)`."""
+
+    def __init__(
+        self, cfg: Qwen3Config, weights: Mapping[str, np.ndarray], dtype: type[ct.DType]
+    ) -> None:
+        if dtype not in (f16, ct.bf16):
+            raise TypeError(f"Qwen3: dtype must be f16 or bf16, got {dtype.name}")
+        self.config = cfg
+        self.dtype = dtype
+        self.layers = [
+            _Layer(weights, f"model.layers.{i}.", dtype) for i in range(cfg.num_hidden_layers)
+        ]
+        self.embed = ct.from_numpy(weights["model.embed_tokens.weight"], dtype)
+        self.norm = ct.from_numpy(weights["model.norm.weight"], dtype)
+        self.lm_head = self.embed
+        if not cfg.tie_word_embeddings:
+            self.lm_head = ct.from_numpy(weights["lm_head.weight"], dtype)
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        self._tables: tuple[AnyTensor, AnyTensor] | None = None
+        self._table_rows = 0
+
+    # --- construction ----------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: type[ct.DType] | None = None) -> Qwen3:
+        """Load a Hugging Face Qwen3 directory (config.json and *.safetensors in f32, f16 or
+        bf16); weights are converted to `dtype` (default: config's torch_dtype, f32 → bf16)."""
+        path = Path(path)
+        cfg = read_config(path)
+        weights = read_weights(path, cfg)
+        return cls(cfg, weights, dtype or DTYPES.get(cfg.torch_dtype, ct.bf16))
+
+    @classmethod
+    def random(
+        cls,
+        config: Qwen3Config | dict[str, Any],
+        seed: int = 0,
+        dtype: type[ct.DType] | None = None,
+    ) -> Qwen3:
+        """Random weights of the shapes `config` implies: Linear weights N(0, 1/in), norm
+        weights 1 + N(0, 0.1²), the embedding N(0, 1)."""
+        cfg = config if isinstance(config, Qwen3Config) else Qwen3Config.from_dict(config)
+        return cls(cfg, RandomWeights(cfg, seed), dtype or DTYPES.get(cfg.torch_dtype, ct.bf16))
+
+    # --- public -------------------------------------------------------------------------------
+    def logits(self, ids: list[int] | np.ndarray) -> np.ndarray:
+        """The prefill logits (float32, (len(ids), vocab)) at every position of `ids`."""
+        ids_a = self._ids(ids)
+        cache = _Cache(self.config, len(ids_a), self.dtype)
+        s = self._prefill(ids_a, cache)
+        s.op().sync()
+        s.settle()
+        out: np.ndarray = s.env["logits"].to_numpy().astype(np.float32)
+        return out
+
+    def generate(self, prompt_ids: list[int] | np.ndarray, max_new_tokens: int) -> list[int]:
+        """Greedy decoding: the prompt's prefill picks the first new token; each further token
+        is one replay of the captured decode step (its token id and position updated)."""
+        ids_a = self._ids(prompt_ids)
+        if max_new_tokens <= 0:
+            return []
+        n = len(ids_a)
+        cache = _Cache(self.config, n + max_new_tokens, self.dtype)
+        s = self._prefill(ids_a, cache)
+        s.op().sync()
+        s.settle()
+        tokens = [int(s.env["next"].to_numpy().reshape(-1)[-1])]
+        if max_new_tokens == 1:
+            return tokens
+        token = ct.from_numpy(np.array(tokens[-1:], dtype=np.int32))
+        pos = ct.from_numpy(np.array([n], dtype=np.int32))
+        d = self._decode_step(token, pos, cache)
+        g = ct.graph(d.op(), name="qwen3 decode step")
+        try:
+            for p in range(n, n + max_new_tokens - 1):
+                g.update(token, np.array(tokens[-1:], dtype=np.int32))
+                g.update(pos, np.array([p], dtype=np.int32))
+                g.replay()
+                tokens.append(int(g.read(d.pending["next"]).reshape(-1)[0]))
+        finally:
+            g.release()
+        return tokens
+
+    def decode_graph(self, capacity: int) -> tuple[ct.Graph, AnyTensor, AnyTensor, ct.Partition]:
+        """A captured decode step over a fresh (zero) KV cache of `capacity` rows: (graph,
+        token id tensor, position tensor, next-token partition), for timing."""
+        cache = _Cache(self.config, capacity, self.dtype)
+        token = ct.zeros((1,), i32)
+        pos = ct.zeros((1,), i32)
+        d = self._decode_step(token, pos, cache)
+        return ct.graph(d.op(), name="qwen3 decode step"), token, pos, d.pending["next"]
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weights one decode step reads (the LM head counted once)."""
+        ts = [self.embed, self.norm, *([self.lm_head] if self.lm_head is not self.embed else [])]
+        for layer in self.layers:
+            ts += [layer.ln1, layer.ln2, layer.qkv, layer.o, layer.q_norm, layer.k_norm]
+            ts += [layer.gate_up, layer.down]
+        # The embedding's one row per token is negligible next to the LM head's whole table.
+        return sum(t.nbytes for t in ts) - (
+            self.embed.nbytes if self.lm_head is not self.embed else 0
+        )
+
+    # --- building the steps ------------------------------------------------------------------
+    def _ids(self, ids: list[int] | np.ndarray) -> np.ndarray:
+        a = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if a.size == 0:
+            raise ValueError("Qwen3: ids must not be empty")
+        if a.min() < 0 or a.max() >= self.config.vocab_size:
+            raise ValueError(f"Qwen3: ids must be in [0, {self.config.vocab_size})")
+        return a.astype(np.int32)
+
+    def _rope_tables(self, rows: int) -> tuple[AnyTensor, AnyTensor]:
+        cfg = self.config
+        need = max(rows, 1)
+        if self._tables is None or self._table_rows < need:
+            self._table_rows = next_pow2(need)
+            self._tables = _rope_tables(cfg.head_dim // 2, float(cfg.rope_theta), self._table_rows)
+        return self._tables
+
+    def _prefill(self, ids: np.ndarray, cache: _Cache) -> _Steps:
+        t = len(ids)
+        s = _Steps()
+        s.env["ids"] = ct.from_numpy(ids)
+        s.env["pos0"] = ct.zeros((1,), i32)
+        s.env["kv_len"] = ct.from_numpy(np.array([t], dtype=np.int32))
+        self._build(s, t, cache, s.env["pos0"], s.env["kv_len"], 0, prefill=True)
+        return s
+
+    def _decode_step(self, token: AnyTensor, pos: AnyTensor, cache: _Cache) -> _Steps:
+        s = _Steps()
+        s.env["ids"] = token
+        self._build(s, 1, cache, pos, pos, 1, prefill=False)
+        return s
+
+    def _build(
+        self,
+        s: _Steps,
+        t: int,
+        cache: _Cache,
+        pos0: AnyTensor,
+        kv_len: AnyTensor,
+        len_offset: int,
+        prefill: bool,
+    ) -> None:
+        cfg, dt = self.config, self.dtype
+        d = cfg.head_dim
+        nq, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        group = nq // nkv
+        eps = float(cfg.rms_norm_eps)
+        cos, sin = self._rope_tables(cache.capacity)
+        q_prep, kv_prefill, kv_append, tokens_first = qwen3_kernels(dt)
+        bt = min(TOKEN_BLOCK, next_pow2(t)) if prefill else 1
+        attn = AttentionPlan(dt, nkv, group * t, t, d, cache.capacity, True, self.scale)
+        env = s.env
+
+        s.add(partial(self._embed, s, t))
+        for i, layer in enumerate(self.layers):
+            if i == 0:
+                s.add(partial(self._rms, s, "h", "x", None, layer.ln1, t, eps))
+            else:
+                s.add(partial(self._rms, s, "h", "mlp", "x", layer.ln1, t, eps))
+            s.add(partial(self._proj, s, "qkv", "h", layer.qkv, t, prefill))
+
+            def prep(layer: _Layer = layer, i: int = i) -> ct.OpLike:
+                qkv = view(env["qkv"], (t, nq + 2 * nkv, d))
+                q = s.out("q", (nq, t, d), (1, bt, d), dt)
+                kc = s.put(f"k{i}", cache.k[i].partition((1, CACHE_BLOCK, d)))
+                vc = s.put(f"v{i}", cache.v[i].partition((1, CACHE_BLOCK, d)))
+                qop = q_prep(q, qkv, layer.q_norm, cos, sin, pos0, eps)
+                if prefill:
+                    kvop = kv_prefill(kc, vc, qkv, layer.k_norm, cos, sin, nq, nkv, eps)
+                else:
+                    kvop = kv_append(kc, vc, qkv, layer.k_norm, cos, sin, pos0, nq, nkv, eps)
+                zipped: ct.OpLike = ct.zip(qop, kvop)
+                return zipped
+
+            s.add(prep)
+
+            def attend(i: int = i) -> ct.OpLike:
+                cache.k[i], cache.v[i] = env[f"k{i}"], env[f"v{i}"]
+                q_rows = view(env["q"], (nkv, group * t, d))
+                o = s.put("o", attn.partition())
+                return attn.op(o, q_rows, cache.k[i], cache.v[i], kv_len, len_offset)
+
+            s.add(attend)
+            if prefill:
+
+                def to_tokens() -> ct.OpLike:
+                    y = s.out("o_t", (t, nq, d), (bt, 1, d), dt)
+                    op: ct.OpLike = tokens_first(y, view(env["o"], (nq, t, d)))
+                    return op
+
+                s.add(to_tokens)
+            o_name = "o_t" if prefill else "o"
+            s.add(partial(self._proj, s, "attn", o_name, layer.o, t, prefill))
+            s.add(partial(self._rms, s, "h", "attn", "x", layer.ln2, t, eps))
+
+            s.add(partial(self._proj, s, "gu", "h", layer.gate_up, t, prefill))
+            if prefill:
+                s.add(partial(self._swiglu, s, t))
+                s.add(partial(self._proj, s, "mlp", "act", layer.down, t, prefill))
+            else:
+                s.add(partial(self._swiglu_down, s, layer.down))
+        s.add(partial(self._rms, s, "h", "mlp", "x", self.norm, t, eps))
+        s.add(partial(self._head, s, t, prefill))
+        s.add(partial(self._argmax, s, t, prefill))
+
+    # --- one launch each ---------------------------------------------------------------------
+    def _embed(self, s: _Steps, t: int) -> ct.OpLike:
+        hid = self.config.hidden_size
+        plan = row_plan(t, hid, self.dtype)
+        y = s.out("x", (t, hid), (1, plan.width), self.dtype)
+        op: ct.OpLike = _embedding_kernel(self.dtype)(y, self.embed, s.env["ids"])
+        return op
+
+    def _rms(
+        self,
+        s: _Steps,
+        out: str,
+        x: str,
+        residual: str | None,
+        w: AnyTensor,
+        t: int,
+        eps: float,
+    ) -> ct.OpLike:
+        """out = rms_norm(x (+ residual)) · w; with a residual, the sum is the new x."""
+        hid, dt = self.config.hidden_size, self.dtype
+        rows = view(s.env[x], (t, hid))
+        plan = row_plan(t, hid, dt)
+        tile = (1, -(-hid // plan.width) * plan.width) if plan.loop else (plan.rows, plan.width)
+        tail = (plan.width,) if plan.loop else ()
+        rms_tile, rms_loop, add_tile, add_loop = _rms_kernels(dt)
+        y = s.out(out, (t, hid), tile, dt)
+        if residual is None:
+            op: ct.OpLike = (rms_loop if plan.loop else rms_tile)(y, rows, w, 1.0 / hid, eps, *tail)
+            return op
+        h = s.out("x", (t, hid), tile, dt)
+        res = view(s.env[residual], (t, hid))
+        op = (add_loop if plan.loop else add_tile)(y, h, rows, res, w, 1.0 / hid, eps, *tail)
+        return op
+
+    def _proj(
+        self,
+        s: _Steps,
+        out: str,
+        x: str | AnyTensor,
+        w: AnyTensor,
+        t: int,
+        prefill: bool,
+        odt: type[ct.DType] | None = None,
+    ) -> ct.OpLike:
+        """out = x @ wᵀ: gemm for a prefill's (T, K) rows, gemv for a decode step's one
+        (x: a name in s.env, or the tensor already in the shape the kernel reads)."""
+        m, k = w.shape
+        dt = self.dtype
+        odt = odt or dt
+        xt = _shaped(s.env[x] if isinstance(x, str) else x, (t, k) if prefill else (k,))
+        if prefill:
+            cfg = autotune.default_config(dt, t, m, k)
+            y = s.out(out, (t, m), (cfg.bm, cfg.bn), odt)
+            kernel = _gemm_kernel(dt, odt, True, False, cfg.stages)
+            op: ct.OpLike = kernel(y, xt, w, cfg.bk)
+            return op
+        bk = min(next_pow2(k), 512)
+        bm = min(prev_pow2(max(1, 2048 // bk)), next_pow2(m))
+        y = s.out(out, (m,), (bm,), dt)
+        op = _gemv_kernel(dt)(y, w, xt, bk)
+        return op
+
+    def _swiglu(self, s: _Steps, t: int) -> ct.OpLike:
+        """act = silu(gate) · up for a prefill's T tokens."""
+        i = self.config.intermediate_size
+        swiglu_rows, _ = mlp_kernels(self.dtype)
+        a = s.out("act", (t, i), (1, min(2048, next_pow2(i))), self.dtype)
+        op: ct.OpLike = swiglu_rows(a, view(s.env["gu"], (t, 2, i)))
+        return op
+
+    def _swiglu_down(self, s: _Steps, down: AnyTensor) -> ct.OpLike:
+        """mlp = down @ (silu(gate) · up) for one token, the activation made as it is read."""
+        hid, i = down.shape
+        _, swiglu_down = mlp_kernels(self.dtype)
+        bk = min(next_pow2(i), 512)
+        bm = min(prev_pow2(max(1, 2048 // bk)), next_pow2(hid))
+        y = s.out("mlp", (hid,), (bm,), self.dtype)
+        op: ct.OpLike = swiglu_down(y, down, view(s.env["gu"], (1, 2, i)), bk)
+        return op
+
+    def _head(self, s: _Steps, t: int, prefill: bool) -> ct.OpLike:
+        # The prefill's logits are returned to the user: f32 (the sums' precision).
+        return self._proj(s, "logits", "h", self.lm_head, t, prefill, f32 if prefill else None)
+
+    def _argmax(self, s: _Steps, t: int, prefill: bool) -> ct.OpLike:
+        v = self.config.vocab_size
+        dt = f32 if prefill else self.dtype
+        rows = view(s.env["logits"], (t, v))
+        plan = row_plan(t, v, dt)
+        tile_k, loop_k = _argmax_kernels(dt)
+        if plan.loop:
+            y = s.out("next", (t, 1), (1, 1), i32)
+            op: ct.OpLike = loop_k(y, rows, plan.width)
+            return op
+        y = s.out("next", (t, 1), (plan.rows, 1), i32)
+        op = tile_k(y, rows, plan.width)
+        return op
+
+
+def _shaped(t: AnyTensor, shape: tuple[int, ...]) -> AnyTensor:
+    """`t` itself when it has `shape`, else a view of it in that shape."""
+    return t if tuple(t.shape) == shape else view(t, shape)
+
+
+class RandomWeights(Mapping[str, np.ndarray]):
+    """Random float32 weights for a config, made when first asked for (one tensor at a time,
+    so that a 4B-shaped model never holds all of them on the host): Linear weights N(0, 1/in),
+    norm weights 1 + N(0, 0.1²), the embedding N(0, 1); each from its own stream of `seed`."""
+
+    def __init__(self, cfg: Qwen3Config, seed: int = 0) -> None:
+        self.shapes = cfg.weight_shapes()
+        self.index = {name: i for i, name in enumerate(self.shapes)}
+        self.seed = seed
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        shape = self.shapes[name]
+        rng = np.random.default_rng([self.seed, self.index[name]])
+        a = rng.standard_normal(shape, dtype=np.float32)
+        if len(shape) == 1:
+            a = a * np.float32(0.1) + np.float32(1.0)
+        elif name != "model.embed_tokens.weight":
+            a *= np.float32(1.0 / np.sqrt(shape[1]))
+        return a
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def random_weights(cfg: Qwen3Config, seed: int = 0) -> dict[str, np.ndarray]:
+    """All of `RandomWeights(cfg, seed)` as a dict (the weights `Qwen3.random` makes)."""
+    return dict(RandomWeights(cfg, seed))

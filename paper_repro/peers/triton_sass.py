@@ -1,0 +1,183 @@
+"""Triton's versions of the memory-bound library kernels, compiled for sm_90 with no GPU.
+
+Run with the Python that has Triton (`python -m paper_repro.peers.triton_sass`, this
+repository on PYTHONPATH); it needs nothing of cutile_py. It prints one JSON object per case:
+its name, Triton's PTX, the threads of one program, the programs and the elements, for
+`paper_repro.kernels_sass` to assemble and count like ours.
+"""
+
+# mypy: disable-error-code="no-untyped-def,misc,untyped-decorator"
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without a warning
+
+import triton  # type: ignore[import-not-found, import-untyped, unused-ignore]
+import triton.language as tl  # type: ignore[import-not-found, import-untyped, unused-ignore]
+from triton.backends.compiler import GPUTarget  # type: ignore[import-not-found, import-untyped, unused-ignore]
+from triton.compiler import ASTSource  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+from paper_repro.peers import triton_kernels as tk
+
+
+@triton.jit
+def _saxpy_kernel(x_ptr, y_ptr, z_ptr, a, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    y = tl.load(y_ptr + offs, mask=mask)
+    tl.store(z_ptr + offs, a * x + y, mask=mask)
+
+
+@triton.jit
+def _silu_mul_kernel(g_ptr, u_ptr, z_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(z_ptr + offs, (g * tl.sigmoid(g) * u).to(z_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gelu_kernel(x_ptr, z_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    # tanh(u) = 1 - 2 / (exp(2u) + 1): Triton has no tanh of its own outside libdevice.
+    t = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
+    tl.store(z_ptr + offs, (0.5 * x * (1.0 + t)).to(z_ptr.dtype.element_ty), mask=mask)
+
+
+_T = {"f32": "*fp32", "bf16": "*bf16"}
+
+
+def _row_warps(block: int) -> int:
+    return int(tk._row_warps(block))
+
+
+def cases() -> list[dict[str, Any]]:
+    """(name, kernel, signature, constants, warps, programs, elements) of each case."""
+    out: list[dict[str, Any]] = []
+    flat = 1 << 22
+    for dt in ("f32", "bf16"):
+        p = _T[dt]
+        if dt == "f32":
+            out.append(
+                dict(
+                    name="add f32",
+                    fn=tk._add_kernel,
+                    warps=4,
+                    programs=flat // 1024,
+                    elements=flat,
+                    constants={"BLOCK": 1024},
+                    sig={"x_ptr": p, "y_ptr": p, "z_ptr": p, "n": "i32"},
+                )
+            )
+            out.append(
+                dict(
+                    name="saxpy f32",
+                    fn=_saxpy_kernel,
+                    warps=4,
+                    programs=flat // 1024,
+                    elements=flat,
+                    constants={"BLOCK": 1024},
+                    sig={"x_ptr": p, "y_ptr": p, "z_ptr": p, "a": "fp32", "n": "i32"},
+                )
+            )
+        block = 1024 if dt == "f32" else 2048
+        out.append(
+            dict(
+                name=f"silu_mul {dt}",
+                fn=_silu_mul_kernel,
+                warps=4,
+                programs=flat // block,
+                elements=flat,
+                constants={"BLOCK": block},
+                sig={"g_ptr": p, "u_ptr": p, "z_ptr": p, "n": "i32"},
+            )
+        )
+        out.append(
+            dict(
+                name=f"gelu {dt}",
+                fn=_gelu_kernel,
+                warps=4,
+                programs=flat // block,
+                elements=flat,
+                constants={"BLOCK": block},
+                sig={"x_ptr": p, "z_ptr": p, "n": "i32"},
+            )
+        )
+        for h in (1536, 2048, 4096):
+            block = triton.next_power_of_2(h)
+            out.append(
+                dict(
+                    name=f"rms_norm {dt} 4096x{h}",
+                    fn=tk._rms_norm_kernel,
+                    warps=_row_warps(block),
+                    programs=4096,
+                    elements=4096 * h,
+                    constants={"BLOCK": block},
+                    sig={"out_ptr": p, "x_ptr": p, "w_ptr": p, "n_cols": "i32", "eps": "fp32"},
+                )
+            )
+        for n in (1024, 32768):
+            out.append(
+                dict(
+                    name=f"softmax {dt} 4096x{n}",
+                    fn=tk._softmax_kernel,
+                    warps=_row_warps(n),
+                    programs=4096,
+                    elements=4096 * n,
+                    constants={"BLOCK": n, "CAUSAL": False},
+                    sig={"out_ptr": p, "in_ptr": p, "n_cols": "i32", "seq": "i32"},
+                )
+            )
+        out.append(
+            dict(
+                name=f"causal softmax {dt} 16x1024x1024",
+                fn=tk._softmax_kernel,
+                warps=_row_warps(1024),
+                programs=16 * 1024,
+                elements=16 * 1024 * 1024,
+                constants={"BLOCK": 1024, "CAUSAL": True},
+                sig={"out_ptr": p, "in_ptr": p, "n_cols": "i32", "seq": "i32"},
+            )
+        )
+    return out  # fmt: skip
+
+
+def compile_case(case: dict[str, Any]) -> dict[str, Any]:
+    sig = dict(case["sig"])
+    sig.update({k: "constexpr" for k in case["constants"]})
+    # As Triton's launcher specializes them for these shapes: 16-byte aligned pointers and
+    # sizes that are multiples of 16 (the tensors' own sizes here), so loads vectorize.
+    aligned = {
+        (i,): [["tt.divisibility", 16]]
+        for i, (k, t) in enumerate(case["sig"].items())
+        if t.startswith("*") or t == "i32"
+    }
+    src = ASTSource(case["fn"], sig, constexprs=dict(case["constants"]), attrs=aligned)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": case["warps"]})
+    return {
+        "name": case["name"],
+        "ptx": k.asm["ptx"],
+        "threads": 32 * case["warps"],
+        "programs": case["programs"],
+        "elements": case["elements"],
+    }
+
+
+def main() -> int:
+    for case in cases():
+        print(json.dumps(compile_case(case)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

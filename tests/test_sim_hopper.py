@@ -1,0 +1,280 @@
+"""Hopper's instructions on the simulator: `wgmma`, `cp.async.bulk.tensor` with tensor maps,
+`mbarrier`, `elect.sync`, `stmatrix`, `setmaxnreg`.
+
+The semantics are checked first against PTX that nobody here wrote: Triton's GEMMs compiled
+for sm_90a with no GPU (`triton_oracle/generate_hopper.py`): one feeds `wgmma` through
+`cp.async` into 128-byte-swizzled shared memory (A K-major, B N-major), the other through
+TMA loads guarded by mbarriers, with a `stmatrix` + TMA-store epilogue. Hand-written PTX
+covers what they do not: barrier phases and errors, elect's leader, stmatrix's layout.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cutile_py.sim.bulk_copy import swizzle
+from cutile_py.sim.context import SimError
+from cutile_py.sim.tensor_map import decode, encode_tiled
+from tests.support.sim_harness import Sim
+
+ORACLE = Path(__file__).parent / "triton_oracle"
+F16 = 6  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+
+
+def oracle(name: str) -> tuple[str, int, dict[str, int], list[dict[str, Any]]]:
+    """PTX, dynamic shared bytes, block sizes and descriptor boxes of a generated kernel."""
+    text = (ORACLE / f"{name}.ptx").read_text()
+    head = re.match(
+        r"// triton \S+ sm_90a num_warps=4 shared=(\d+) constexprs=(\{.*?\}) "
+        r"descriptors=(\[.*?\]) ",
+        text,
+    )
+    assert head, f"{name}.ptx: no generate_hopper.py header"
+    return text, int(head[1]), ast.literal_eval(head[2]), ast.literal_eval(head[3])
+
+
+def f16_close(got: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """`got` is A @ B accumulated in f32 and rounded to f16: within one f16 ulp of the exact
+    product rounded to f16, plus what f32 accumulation may lose where terms cancel."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    want = (a64 @ b64).astype(np.float16).astype(np.float64)
+    ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
+    accumulation = a.shape[1] * 2.0**-24 * (np.abs(a64) @ np.abs(b64))
+    assert not np.isnan(got).any()
+    assert (np.abs(got.astype(np.float64) - want) <= ulp + accumulation).all()
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(128, 128, 64), (200, 136, 112), (64, 256, 320)])
+def test_triton_cp_async_wgmma_gemm(rng: np.random.Generator, m: int, n: int, k: int) -> None:
+    """Triton's tutorial GEMM for sm_90a: cp.async stages, 128-byte swizzle, 8 wgmma
+    m64n128k16 a step with A K-major and B N-major descriptors, ragged M and N masked."""
+    ptx, shared, blk, _ = oracle("matmul_sm90")
+    sim = Sim()
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((k, n)).astype(np.float16)
+    pa, _ = sim.buffer(a)
+    pb, _ = sim.buffer(b)
+    pc, c = sim.buffer(np.full((m, n), np.nan, np.float16))
+    grid = (-(-m // blk["BM"]), -(-n // blk["BN"]), 1)
+    params: list[tuple[str, int | float]] = [
+        ("u64", pa), ("u64", pb), ("u64", pc), ("u32", m), ("u32", n), ("u32", k),
+        ("u32", k), ("u32", n), ("u32", n), ("u64", 0), ("u64", 0),
+    ]  # fmt: skip
+    sim.launch(ptx, "matmul_kernel", grid, (128, 1, 1), params, shared=shared)
+    f16_close(c, a, b)
+
+
+def _desc(address: int, rows: int, cols: int, box: list[int]) -> list[tuple[str, Any]]:
+    """Triton's host-side descriptor arguments: the map, then the shape and strides."""
+    tmap = encode_tiled(F16, address, (cols, rows), (cols * 2,), (box[1], box[0]), swizzle=3)
+    return [("b8", tmap), ("u32", rows), ("u32", cols), ("u64", cols), ("u64", 1)]
+
+
+def tma_gemm(
+    rng: np.random.Generator, m: int, n: int, k: int, ptx: str | None = None, threads: int = 128
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    text, shared, blk, boxes = oracle("tma_matmul_sm90")
+    sim = Sim()
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((k, n)).astype(np.float16)
+    pa, _ = sim.buffer(a)
+    pb, _ = sim.buffer(b)
+    pc, c = sim.buffer(np.full((m, n), np.nan, np.float16))
+    assert [d["swizzle"] for d in boxes] == [3, 3, 3]  # CU_TENSOR_MAP_SWIZZLE_128B
+    params = [
+        *_desc(pa, m, k, boxes[0]["block"]),
+        *_desc(pb, k, n, boxes[1]["block"]),
+        *_desc(pc, m, n, boxes[2]["block"]),
+        ("u32", m), ("u32", n), ("u32", k), ("u64", 0), ("u64", 0),
+    ]  # fmt: skip
+    grid = (-(-m // blk["BM"]), -(-n // blk["BN"]), 1)
+    sim.launch(ptx or text, "tma_matmul_kernel", grid, (threads, 1, 1), params, shared=shared)
+    return a, b, c
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(128, 128, 64), (200, 136, 104), (256, 128, 320)])
+def test_triton_tma_wgmma_gemm(rng: np.random.Generator, m: int, n: int, k: int) -> None:
+    """TMA loads into a three-stage ring guarded by mbarriers (expect_tx, try_wait.parity),
+    elected issuing lanes, wgmma, stmatrix and TMA stores; boxes past the edges read zeros
+    and store nothing."""
+    a, b, c = tma_gemm(rng, m, n, k)
+    f16_close(c, a, b)
+
+
+def test_reading_a_tma_stage_without_waiting_is_caught(rng: np.random.Generator) -> None:
+    """The same kernel with its barrier wait replaced by `true`: the copies never land, so
+    the next phase's arrive finds the barrier still in the old phase."""
+    text, *_ = oracle("tma_matmul_sm90")
+    wait = "mbarrier.try_wait.parity.shared::cta.b64 complete, [%r37], %r162;"
+    assert wait in text
+    broken = text.replace(wait, "mov.pred complete, -1;")
+    with pytest.raises(SimError, match="more arrivals than the barrier's expected count"):
+        tma_gemm(rng, 256, 128, 320, broken)
+
+
+def test_swizzle_is_the_chunk_xor_of_notes_ptx() -> None:
+    """Chunk c of 128-byte row r lands at chunk c ^ (r % 8); 64- and 32-byte spans use the
+    low two and one bits of the row."""
+    for span, bits in ((128, 7), (64, 3), (32, 1)):
+        for r in range(16):
+            for c in range(span // 16):
+                addr = np.array([r * 128 + c * 16 + 5], dtype=np.uint64)
+                want = r * 128 + ((c ^ (r & bits)) * 16) + 5
+                assert int(swizzle(addr, span)[0]) == want
+
+
+def test_tensor_map_round_trip_and_the_drivers_rules() -> None:
+    raw = encode_tiled(F16, 0x1000, (96, 40, 3), (192, 192 * 40), (64, 16, 1), swizzle=3)
+    assert len(raw) == 128
+    m = decode(raw)
+    assert (m.address, m.dims, m.strides, m.box, m.swizzle) == (
+        0x1000, (96, 40, 3), (2, 192, 7680), (64, 16, 1), 128
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"globalStrides\[0\] = 200"):
+        encode_tiled(F16, 0x1000, (100, 8), (200,), (64, 8))
+    with pytest.raises(ValueError, match="exceeds the 128-byte swizzle span"):
+        encode_tiled(F16, 0x1000, (128, 8), (256,), (128, 8), swizzle=3)
+    with pytest.raises(ValueError, match=r"boxDim\[1\] = 512"):
+        encode_tiled(F16, 0x1000, (64, 1024), (128,), (64, 512))
+    with pytest.raises(ValueError, match="not 16-byte aligned"):
+        encode_tiled(F16, 0x1008, (64, 8), (128,), (64, 8))
+    with pytest.raises(SimError, match="not point at a tensor map"):
+        decode(bytes(128))
+
+
+BARRIER = """
+.visible .entry bar(.param .u64 out, .param .u32 count)
+{
+    .reg .b32 %r<12>;
+    .reg .b64 %rd<6>;
+    .reg .pred %p<6>;
+    .shared .align 8 .b64 mbar;
+    ld.param.u64 %rd1, [out];
+    ld.param.u32 %r9, [count];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, mbar;
+    setp.eq.u32 %p1, %r1, 0;
+    @%p1 mbarrier.init.shared.b64 [%r2], %r9;
+    bar.sync 0;
+    // phase 0: lanes 0..count-1 arrive, each once
+    setp.lt.u32 %p2, %r1, %r9;
+    @%p2 mbarrier.arrive.shared.b64 %rd2, [%r2];
+    mbarrier.test_wait.parity.shared.b64 %p3, [%r2], 0;
+    mbarrier.test_wait.parity.shared.b64 %p4, [%r2], 1;
+    @%p2 mbarrier.test_wait.shared.b64 %p5, [%r2], %rd2;
+    selp.u32 %r3, 1, 0, %p3;
+    selp.u32 %r4, 2, 0, %p4;
+    selp.u32 %r5, 4, 0, %p5;
+    or.b32 %r6, %r3, %r4;
+    or.b32 %r7, %r6, %r5;
+    mov.u32 %r10, 4;                  // lanes 0..3 stay out of the election
+    setp.ne.u32 %p5, %r1, %r1;
+    and.b32 %r8, %r1, 31;
+    setp.ge.u32 %p1, %r8, 4;
+    @%p1 elect.sync %r10|%p5, 0xFFFFFFF0;
+    selp.u32 %r11, 8, 0, %p5;
+    or.b32 %r7, %r7, %r11;
+    shl.b32 %r10, %r10, 4;
+    or.b32 %r7, %r7, %r10;
+    mul.wide.u32 %rd3, %r1, 4;
+    add.u64 %rd4, %rd1, %rd3;
+    st.global.u32 [%rd4], %r7;
+    ret;
+}
+"""
+
+
+@pytest.mark.parametrize("count", [1, 5, 64])
+def test_mbarrier_phase_completes_after_count_arrivals(count: int) -> None:
+    """Parity 0's phase is complete (and parity 1's is not) once `count` threads arrived;
+    an arrive's state tests complete; elect.sync picks the lowest member lane (4 here)."""
+    sim = Sim()
+    pout, out = sim.buffer(np.zeros(64, np.uint32))
+    sim.launch(BARRIER, "bar", (1, 1, 1), (64, 1, 1), [("u64", pout), ("u32", count)])
+    arrived = np.arange(64) < count
+    lane = np.arange(64) % 32
+    want = 1 | np.where(arrived, 4, 0) | np.where(lane == 4, 8, 0) | (4 << 4)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_mbarrier_more_arrivals_than_expected_is_an_error() -> None:
+    """With transaction bytes still expected, the phase cannot complete: a sixth arrival of
+    five expected has no phase to count in."""
+    sim = Sim()
+    pout, _ = sim.buffer(np.zeros(64, np.uint32))
+    over = BARRIER.replace(
+        "bar.sync 0;", "bar.sync 0;\n@%p1 mbarrier.expect_tx.shared.b64 [%r2], 16;\nbar.sync 0;"
+    ).replace("setp.lt.u32 %p2, %r1, %r9;", "setp.lt.u32 %p2, %r1, 6;")
+    with pytest.raises(SimError, match=r"more arrivals than the barrier's expected count \(5\)"):
+        sim.launch(over, "bar", (1, 1, 1), (64, 1, 1), [("u64", pout), ("u32", 5)])
+
+
+def test_mbarrier_that_was_never_initialized_is_an_error() -> None:
+    sim = Sim()
+    pout, _ = sim.buffer(np.zeros(64, np.uint32))
+    bad = BARRIER.replace("@%p1 mbarrier.init.shared.b64 [%r2], %r9;", "")
+    with pytest.raises(SimError, match="not initialized"):
+        sim.launch(bad, "bar", (1, 1, 1), (64, 1, 1), [("u64", pout), ("u32", 5)])
+
+
+STMATRIX = """
+.visible .entry stm(.param .u64 out)
+{
+    .reg .b32 %r<16>;
+    .reg .b64 %rd<6>;
+    .shared .align 16 .b8 tile[512];
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, tile;
+    // register i of lane l holds (1000 * i + 10 * l, 1000 * i + 10 * l + 1)
+    mul.lo.u32 %r3, %r1, 10;
+    add.u32 %r4, %r3, 1;
+    shl.b32 %r4, %r4, 16;
+    or.b32 %r5, %r3, %r4;
+    add.u32 %r6, %r5, 0x03E803E8;
+    add.u32 %r7, %r6, 0x03E803E8;
+    add.u32 %r8, %r7, 0x03E803E8;
+    // lane l gives the address of row l % 8 of matrix l / 8: 16 bytes a row
+    shl.b32 %r9, %r1, 4;
+    add.u32 %r10, %r2, %r9;
+    stmatrix.sync.aligned.m8n8.x4%TRANS.shared.b16 [%r10], {%r5, %r6, %r7, %r8};
+    bar.sync 0;
+    ld.shared.v4.u32 {%r11, %r12, %r13, %r14}, [%r10];
+    mul.wide.u32 %rd2, %r1, 16;
+    add.u64 %rd3, %rd1, %rd2;
+    st.global.v4.u32 [%rd3], {%r11, %r12, %r13, %r14};
+    ret;
+}
+"""
+
+
+@pytest.mark.parametrize("trans", [False, True])
+def test_stmatrix_writes_the_fragment_ldmatrix_reads(trans: bool) -> None:
+    """Lane l's register i holds row l/4, columns 2(l%4), 2(l%4)+1 of matrix i (NOTES-PTX's
+    ldmatrix fragment); .trans stores the transpose."""
+    sim = Sim()
+    pout, out = sim.buffer(np.zeros((4, 8, 8), np.uint16))
+    ptx = STMATRIX.replace("%TRANS", ".trans" if trans else "")
+    sim.launch(ptx, "stm", (1, 1, 1), (32, 1, 1), [("u64", pout)])
+    want = np.zeros((4, 8, 8), np.uint16)
+    for i in range(4):
+        for lane in range(32):
+            r, c = lane // 4, 2 * (lane % 4)
+            want[i, r, c] = 1000 * i + 10 * lane
+            want[i, r, c + 1] = 1000 * i + 10 * lane + 1
+    if trans:
+        want = want.transpose(0, 2, 1)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_wgmma_by_part_of_a_warpgroup_is_an_error(rng: np.random.Generator) -> None:
+    text, *_ = oracle("tma_matmul_sm90")
+    text = re.sub(r"\.reqntid \d+(, \d+)*", "", text)
+    with pytest.raises(SimError, match="a block of 64 threads has no whole warpgroup"):
+        tma_gemm(rng, 128, 128, 64, text, threads=64)
