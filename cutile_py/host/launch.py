@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Hashable, Sequence
+from functools import partial
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
