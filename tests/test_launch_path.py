@@ -201,3 +201,46 @@ def test_each_cuda_backend_launches_with_its_own_module() -> None:
             launched_on.append((op.plan.launch._backend, active_backend()))  # type: ignore[attr-defined]
     assert all(used is active for used, active in launched_on)
     assert launched_on[0][1] is not launched_on[1][1]
+
+
+def test_every_launcher_on_cuda_over_a_stand_in_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A raw `vadd` kernel, which the stand-in driver runs in NumPy, through sync, await,
+    `.then`, `ct.zip` and a graph on the cuda backend: results against NumPy, and each
+    launch through the prepared launch (a graph's through its capture)."""
+    pytest.importorskip("cuda.bindings")
+    from cutile_py.ptx.target import Target
+    from cutile_py.runtime import cuda_driver as cu
+    from cutile_py.runtime import select
+    from tests.support.fake_driver import StreamDriver, graph_driver
+
+    fake = graph_driver(StreamDriver())
+    monkeypatch.setattr(cu, "_cu", lambda: fake)
+    monkeypatch.setitem(select._instances, "cuda", cb.CudaBackend())
+    monkeypatch.setattr(select, "_active", "cuda")
+    spy = Spy(monkeypatch)
+    vadd = ct.RawKernel(vector_add_ptx(Target(90)), "vadd")
+    rng = np.random.default_rng()
+    a, b = (rng.standard_normal(N).astype(np.float32) for _ in range(2))
+    x, y = ct.from_numpy(a), ct.from_numpy(b)
+    z, w = ct.empty((N,), ct.f32), ct.empty((N,), ct.f32)
+    grid = N // TILE
+
+    x, y, z, _ = vadd(x, y, z, N, grid=grid, block=TILE).sync()
+    np.testing.assert_array_equal(z.to_numpy(), a + b)
+    z, _, w, _ = asyncio.run(_awaited(vadd(z, z, w, N, grid=grid, block=TILE)))
+    np.testing.assert_array_equal(w.to_numpy(), 2 * (a + b))
+    step = vadd(x, y, w, N, grid=grid, block=TILE)  # w = a + b, then w = a + w
+    x, w, _, _ = step.then(lambda r: vadd(r[0], r[2], r[2], N, grid=grid, block=TILE)).sync()
+    np.testing.assert_array_equal(w.to_numpy(), a + (a + b))
+    (x, _, z, _), (y, _, w, _) = ct.zip(
+        vadd(x, x, z, N, grid=grid, block=TILE), vadd(y, y, w, N, grid=grid, block=TILE)
+    ).sync()
+    np.testing.assert_array_equal(z.to_numpy(), 2 * a)
+    np.testing.assert_array_equal(w.to_numpy(), 2 * b)
+    assert spy.calls == ["_queue"] * 6
+    g = ct.graph(vadd(y, y, z, N, grid=grid, block=TILE))
+    g.update(y, 3 * b)
+    g.replay()
+    np.testing.assert_array_equal(g.read(z), 6 * b)
+    g.release()
+    assert spy.calls[6:] == ["capture"]

@@ -289,12 +289,10 @@ class DeviceOp(OpLike):
         return plan.start(self.args, stream, wait)
 
     def _run(self, stream: object | None) -> None:
-        """Launch and wait, on a backend that queues work (a synchronous launch): no
-        completion object; `LaunchFailure` for a fault. (`_sync_now` runs a kernel's plan
-        itself; a raw kernel's op, which has none, launches here.)"""
-        plan = self.plan
-        if not plan.empty:
-            plan.run(self.args, stream)
+        """Launch and wait, on a backend that queues work, for an op without a plan (a raw
+        kernel's): no completion object; `LaunchFailure` for a fault. A kernel's op runs its
+        plan in `_sync_now`."""
+        raise NotImplementedError(f"{type(self).__name__} launches through its plan")
 
     def _launch(self, stream: object | None = None, wait: bool = False) -> None:
         try:

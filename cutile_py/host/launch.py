@@ -76,9 +76,10 @@ class LaunchPlan:
     """A kernel's launch on `backend` for arguments like the ones it was made for (the same
     dtypes, shapes, tiles, alignment, scalar types and constants; see `launch_key`).
 
-    Made once; a launch then reads the parameters off its arguments and makes one call into
-    the backend's prepared launch (`start`), whatever launches it: sync, await, `.then`,
-    `ct.zip` or a graph capture (`bind`)."""
+    Made once; a launch then reads the parameters off its arguments (`read`) and makes one
+    call into the backend's prepared launch (`launch`, made by `prepare`), whatever launches
+    it: sync (`DeviceOp._sync_now`), await, `.then` and `ct.zip` (`start`), or a graph
+    capture (`bind`)."""
 
     __slots__ = (
         "_fn",
@@ -177,15 +178,6 @@ class LaunchPlan:
         if not wait:
             return launch.launch(read(args), stream, touches(args))
         return launch.start(read(args), stream, touches(args), wait)
-
-    def run(self, args: tuple[Any, ...], stream: object | None) -> None:
-        """Launch and wait (a synchronous launch): `LaunchFailure` for a fault."""
-        launch = self.launch or self.prepare()
-        read, touches = self.read, self.touches
-        if read is None or touches is None:
-            launch.launch_and_wait(args, stream, None)
-        else:  # the memory touched is read only where the backend must order the launch
-            launch.launch_and_wait(read(args), stream, partial(touches, args))
 
     def bind(self, args: tuple[Any, ...]) -> BoundLaunch:
         """This launch with its parameters read, for a graph to capture."""

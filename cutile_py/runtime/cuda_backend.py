@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -147,9 +148,9 @@ class CudaBuffer(Buffer):
 
     def __del__(self) -> None:
         # (Not `weakref.finalize`: a buffer is made per allocation, and that costs more.) At
-        # exit the driver may already be torn down: `Releases.free` leaks quietly then.
+        # exit the driver may already be torn down: the process's memory goes with it.
         releases = self._releases
-        if releases is not None:
+        if releases is not None and not sys.is_finalizing():
             self._releases = None
             releases.free(self._address)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -317,3 +318,70 @@ class StreamDriver(FakeDriver):
         self.launched_on.append(args[7])
         fixed = (*args[:7], "stream", *args[8:])
         return super().cuLaunchKernel(fn, *fixed)
+
+
+def _copy_params(address: int, count: int) -> Any:
+    """A copy of the `void**` parameter array at `address` and the 8-byte slots it points to:
+    (the array, the slots), kept alive together."""
+    pointers = (ctypes.c_void_p * count).from_address(address)
+    slots = (ctypes.c_uint64 * count)(
+        *(ctypes.c_uint64.from_address(pointers[i]).value for i in range(count))
+    )
+    base = ctypes.addressof(slots)
+    array = (ctypes.c_void_p * count)(*(base + 8 * i for i in range(count)))
+    return array, slots
+
+
+def graph_driver(base: Any) -> Any:
+    """Adds stream capture to the stand-in: captured launches run on cuGraphLaunch."""
+
+    class GraphDriver(type(base)):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.capturing: list[tuple[Any, ...]] | None = None
+            self.graph: list[tuple[Any, ...]] = []
+            self.captured = 0
+            self.replays = 0
+            self.destroyed: list[str] = []
+            self.kept: list[Any] = []
+
+        def cuStreamBeginCapture(self, stream: object, mode: object) -> tuple[object, ...]:
+            self.capturing = []
+            return self._ok("cuStreamBeginCapture")  # type: ignore[no-any-return]
+
+        def cuLaunchKernel(self, fn: int, *args: object) -> tuple[object, ...]:
+            if self.capturing is not None:
+                # The driver copies the parameters into the graph at capture: so does this.
+                params = args[8]
+                if isinstance(params, int):
+                    copy = _copy_params(params, 4)
+                    self.kept.append(copy)
+                    args = (*args[:8], ctypes.addressof(copy[0]), *args[9:])
+                self.capturing.append((fn, *args))
+                self.captured += 1
+                return self._ok("capture")  # type: ignore[no-any-return]
+            return super().cuLaunchKernel(fn, *args)  # type: ignore[no-any-return]
+
+        def cuStreamEndCapture(self, stream: object) -> tuple[object, ...]:
+            assert self.capturing is not None
+            self.graph, self.capturing = self.capturing, None
+            return self._ok("cuStreamEndCapture", "graph")  # type: ignore[no-any-return]
+
+        def cuGraphInstantiate(self, graph: object, flags: int) -> tuple[object, ...]:
+            return self._ok("cuGraphInstantiate", "exec")  # type: ignore[no-any-return]
+
+        def cuGraphLaunch(self, exec_: object, stream: object) -> tuple[object, ...]:
+            self.replays += 1
+            for fn, *args in self.graph:
+                super().cuLaunchKernel(fn, *args)
+            return self._ok("cuGraphLaunch")  # type: ignore[no-any-return]
+
+        def cuGraphDestroy(self, graph: object) -> tuple[object, ...]:
+            self.destroyed.append(str(graph))
+            return self._ok("cuGraphDestroy")  # type: ignore[no-any-return]
+
+        def cuGraphExecDestroy(self, exec_: object) -> tuple[object, ...]:
+            self.destroyed.append(str(exec_))
+            return self._ok("cuGraphExecDestroy")  # type: ignore[no-any-return]
+
+    return GraphDriver()
