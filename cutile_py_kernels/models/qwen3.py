@@ -143,7 +143,6 @@ class Qwen3:
         if not cfg.tie_word_embeddings:
             self.lm_head = ct.from_numpy(weights["lm_head.weight"], dtype)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
-        self._tables: tuple[AnyTensor, AnyTensor] | None = None
         self._table_rows = 0
 
     # --- construction ----------------------------------------------------------------------------
@@ -237,14 +236,12 @@ class Qwen3:
         return a.astype(np.int32)
 
     def _rope_tables(self, rows: int) -> tuple[AnyTensor, AnyTensor]:
+        """cos/sin tables of at least `rows` positions (grown by powers of two, so that a
+        longer generation does not rebuild them each time), on the active backend."""
         cfg = self.config
-        need = max(rows, 1)
-        if self._tables is None or self._table_rows < need:
-            self._table_rows = next_pow2(need)
-            self._tables = _tables(
-                ct.backend(), cfg.head_dim // 2, float(cfg.rope_theta), self._table_rows
-            )
-        return self._tables
+        rows = next_pow2(max(rows, self._table_rows, 1))
+        self._table_rows = rows
+        return _tables(ct.backend(), cfg.head_dim // 2, float(cfg.rope_theta), rows)
 
     def _prefill(self, ids: np.ndarray, cache: _Cache) -> _Steps:
         t = len(ids)
