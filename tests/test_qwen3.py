@@ -263,6 +263,10 @@ def test_from_pretrained_names_a_wrong_shape(tmp_path: Path) -> None:
     save_file(w, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"model.norm.weight has shape \[63\], expected \(64,\)"):
         Qwen3.from_pretrained(tmp_path)
+    w["model.norm.weight"] = np.ones(64, np.int32)
+    save_file(w, str(tmp_path / "model.safetensors"))
+    with pytest.raises(TypeError, match=r"model\.norm\.weight: dtype I32 is not supported"):
+        Qwen3.from_pretrained(tmp_path)
     del w["model.norm.weight"]
     save_file(w, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"lacks 1 weights, e\.g\. model\.norm\.weight"):
