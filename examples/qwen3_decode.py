@@ -26,7 +26,8 @@ SMALL = Qwen3Config(
     num_key_value_heads=2,
     head_dim=32,
     rope_theta=1_000_000.0,
-    tie_word_embeddings=True,
+    # Untied: a random tied model mostly predicts the token it was given.
+    tie_word_embeddings=False,
     torch_dtype="bfloat16",
 )
 

@@ -140,6 +140,22 @@ def test_generate_continues_where_a_prefill_left_off(rng: np.random.Generator) -
         assert token == int(np.argmax(row)), f"step {step}"
 
 
+def test_generate_edges_and_id_checks(rng: np.random.Generator) -> None:
+    """No new token is an empty list; one is the prefill's argmax (no graph); ids outside the
+    vocabulary and empty prompts are refused."""
+    cfg = tiny()
+    model = Qwen3.random(cfg, seed=int(rng.integers(2**31)), dtype=ct.f16)
+    prompt = [int(i) for i in rng.integers(0, cfg.vocab_size, size=4)]
+    assert model.generate(prompt, 0) == []
+    (token,) = model.generate(prompt, 1)
+    row = model.logits(prompt)[-1]
+    assert row[token] == row.max()
+    with pytest.raises(ValueError, match=r"ids must be in \[0, 96\)"):
+        model.generate([0, 96], 2)
+    with pytest.raises(ValueError, match="must not be empty"):
+        model.logits([])
+
+
 # -- checkpoints -------------------------------------------------------------------------------
 def _write_bf16(path: Path, weights: dict[str, np.ndarray]) -> None:
     """A bf16 safetensors file (NumPy has no bf16, so safetensors.numpy cannot write one): the
@@ -246,6 +262,10 @@ def test_from_pretrained_names_a_wrong_shape(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     save_file(w, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"model.norm.weight has shape \[63\], expected \(64,\)"):
+        Qwen3.from_pretrained(tmp_path)
+    w["model.norm.weight"] = np.ones(64, np.int32)
+    save_file(w, str(tmp_path / "model.safetensors"))
+    with pytest.raises(TypeError, match=r"model\.norm\.weight: dtype I32 is not supported"):
         Qwen3.from_pretrained(tmp_path)
     del w["model.norm.weight"]
     save_file(w, str(tmp_path / "model.safetensors"))

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -104,9 +104,27 @@ def _as_float32(name: str, dtype: str, shape: list[int], data: bytes) -> np.ndar
     return a.reshape(shape).astype(np.float32, copy=False)
 
 
-def read_weights(path: Path, cfg: Qwen3Config) -> dict[str, np.ndarray]:
-    """The weights of the `*.safetensors` files in `path` as float32 arrays, checked against
-    the names and shapes that `cfg` implies."""
+class CheckpointWeights(Mapping[str, np.ndarray]):
+    """A checkpoint's weights by name, each converted to float32 when asked for, so that the
+    host holds the files' bytes once and one converted tensor at a time."""
+
+    def __init__(self, raw: dict[str, tuple[str, str, list[int], bytes]]) -> None:
+        self.raw = raw  # name -> (where, safetensors dtype, shape, bytes)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        where, dtype, shape, data = self.raw[name]
+        return _as_float32(where, dtype, shape, data)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+
+def read_weights(path: Path, cfg: Qwen3Config) -> CheckpointWeights:
+    """The weights of the `*.safetensors` files in `path` (F32, F16 or BF16), checked against
+    the names and shapes that `cfg` implies; float32 arrays on access."""
     try:
         import safetensors
     except ImportError as e:
@@ -119,7 +137,7 @@ def read_weights(path: Path, cfg: Qwen3Config) -> dict[str, np.ndarray]:
     # The library ships no type hints: its one call here, typed.
     deserialize: Callable[[bytes], list[tuple[str, dict[str, Any]]]] = safetensors.deserialize
     want = cfg.weight_shapes()
-    out: dict[str, np.ndarray] = {}
+    raw: dict[str, tuple[str, str, list[int], bytes]] = {}
     for file in files:
         # `deserialize` hands back raw bytes for every dtype: NumPy has no bf16.
         for name, t in deserialize(file.read_bytes()):
@@ -128,10 +146,15 @@ def read_weights(path: Path, cfg: Qwen3Config) -> dict[str, np.ndarray]:
             shape = [int(d) for d in t["shape"]]
             if tuple(shape) != want[name]:
                 raise ValueError(f"{file.name}: {name} has shape {shape}, expected {want[name]}")
-            out[name] = _as_float32(f"{file.name}: {name}", str(t["dtype"]), shape, t["data"])
-    missing = [n for n in want if n not in out]
+            dtype = str(t["dtype"])
+            if dtype not in ("F32", "F16", "BF16"):
+                raise TypeError(
+                    f"{file.name}: {name}: dtype {dtype} is not supported (F32, F16 or BF16)"
+                )
+            raw[name] = (f"{file.name}: {name}", dtype, shape, t["data"])
+    missing = [n for n in want if n not in raw]
     if missing:
         raise ValueError(
             f"Qwen3.from_pretrained: {path} lacks {len(missing)} weights, e.g. {missing[0]}"
         )
-    return out
+    return CheckpointWeights(raw)

@@ -19,6 +19,7 @@ captured once by `ct.graph`; each token only updates the token id and position t
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
@@ -43,9 +44,10 @@ from cutile_py_kernels.softmax import _argmax_kernels
 AnyTensor = Tensor[Any, Any]
 
 
-def _rope_tables(half: int, theta: float, rows: int) -> tuple[AnyTensor, AnyTensor]:
-    """cos and sin of pos·theta^(-i/half) for pos < rows, i < half (f64 → f32): made once per
-    cache capacity, read by the fused q/k-norm + RoPE kernels."""
+@functools.lru_cache(maxsize=16)
+def _rope_tables(backend: str, half: int, theta: float, rows: int) -> tuple[AnyTensor, AnyTensor]:
+    """cos and sin of pos·theta^(-i/half) for pos < rows, i < half (f64 → f32) on `backend`
+    (the active one): made once per size, read by the fused q/k-norm + RoPE kernels."""
     freq = theta ** (-np.arange(half, dtype=np.float64) / half)
     angle = np.arange(rows, dtype=np.float64)[:, None] * freq[None, :]
     return (
@@ -155,7 +157,6 @@ class Qwen3:
         if not cfg.tie_word_embeddings:
             self.lm_head = ct.from_numpy(weights["lm_head.weight"], dtype)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
-        self._tables: tuple[AnyTensor, AnyTensor] | None = None
         self._table_rows = 0
 
     # --- construction ----------------------------------------------------------------------------
@@ -249,12 +250,12 @@ class Qwen3:
         return a.astype(np.int32)
 
     def _rope_tables(self, rows: int) -> tuple[AnyTensor, AnyTensor]:
+        """cos/sin tables of at least `rows` positions (grown by powers of two, so that a
+        longer generation does not rebuild them each time), on the active backend."""
         cfg = self.config
-        need = max(rows, 1)
-        if self._tables is None or self._table_rows < need:
-            self._table_rows = next_pow2(need)
-            self._tables = _rope_tables(cfg.head_dim // 2, float(cfg.rope_theta), self._table_rows)
-        return self._tables
+        rows = next_pow2(max(rows, self._table_rows, 1))
+        self._table_rows = rows
+        return _rope_tables(ct.backend(), cfg.head_dim // 2, float(cfg.rope_theta), rows)
 
     def _prefill(self, ids: np.ndarray, cache: _Cache) -> _Steps:
         t = len(ids)
