@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import cutile_py as ct
+from paper_repro.kloop_sass import measure
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ["bandwidth", "race", "elementwise", "gemm", "jit", "launch", "workdist", "dispatch",
@@ -216,3 +217,15 @@ def test_host_compares_cutile_py_with_triton_in_the_same_run() -> None:
         "cuda: cutile_py sync 6.5 µs/op is below Triton's sync launch 8.0 µs/op (N=1)",
         "cuda: cutile_py graph replay 9.0 µs/op is not below Triton's sync launch 8.0 µs/op (N=1)",
     ]
+
+
+def test_kloop_sass_counts_the_gemm_k_loop() -> None:
+    """`python -m paper_repro.kloop_sass` finds the K loop of a 64x64x32 f16 GEMM in sm_80
+    SASS: per warp and K step of 32, 8 warps split the 64x64 block 2 x 4 (32x16 each: 2 x 2
+    fragments) over 2 k steps = 8 HMMA; 2 LDGSTS (one 16-byte chunk of A and one of B per
+    thread of the 256)."""
+    ct.set_backend("sim")
+    r = measure(64, 64, 32, 3, ct.Target(80))
+    assert (r.hmma, r.ldgsts) == (8, 2)
+    assert r.ldsm > 0 and r.integer > 0 and r.total > r.hmma + r.ldsm + r.ldgsts
+    assert 0 < r.mma_share < 1

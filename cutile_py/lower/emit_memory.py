@@ -40,6 +40,9 @@ class Access:
         size = dtype.itemsize()
         # Uniform: the tile origin, whether the tile index is sane, the elements left.
         tile_ok: Reg | None = None
+        #: How the uniform index checks were made, to redo them in place (`advance`).
+        self.checks: list[tuple[Reg, Reg, int]] = []
+        self.ands: list[tuple[Reg, Reg, Reg]] = []
         origin: list[Reg] = []
         for i in range(rank):
             ok = fb.reg("pred")
@@ -54,9 +57,16 @@ class Access:
             else:
                 # An index so large (or negative) that index*shape wraps must not land back
                 # inside the tensor: such a tile lies wholly outside it.
-                fb.ins("setp.le.u32", ok, index[i], (0x7FFFFFFF - shape[i]) // shape[i])
+                bound = (0x7FFFFFFF - shape[i]) // shape[i]
+                fb.ins("setp.le.u32", ok, index[i], bound)
                 fb.ins("mul.lo.u32", g, index[i], shape[i])
-            tile_ok = ok if tile_ok is None else em.and_(tile_ok, ok)
+                self.checks.append((ok, index[i], bound))
+            if tile_ok is None:
+                tile_ok = ok
+            else:
+                both = em.and_(tile_ok, ok)
+                self.ands.append((both, tile_ok, ok))
+                tile_ok = both
             origin.append(g)
         # Per thread: its coordinate, the elements left past it, and its row address.
         left: list[Reg] = []
@@ -104,6 +114,24 @@ class Access:
         self.width = 1
         if contiguous and dtype is not bool_:
             self.width = max(1, min(lay.base.vec, 16 // size, p.align))
+
+    def advance(self, deltas: list[Reg], step_bytes: Reg) -> None:
+        """Move this access by one step, in place, once the caller has advanced the index
+        registers it was made from: `deltas[i]` is the change of the tile's origin along dim
+        i (in elements), `step_bytes` that of its address. The tile-index checks are made
+        again into their own registers, so code emitted once reads the current step."""
+        fb = self.em.fb
+        for i, d in enumerate(deltas):
+            fb.ins("sub.s32", self.left[i], self.left[i], d)
+        for ok, idx, bound in self.checks:
+            fb.ins("setp.le.u32", ok, idx, bound)
+        for both, a, b in self.ands:
+            fb.ins("and.pred", both, a, b)
+        fb.ins("add.s64", self.addr, self.addr, step_bytes)
+        # Row addresses and edge predicates are made again where used: as cheap as
+        # advancing them, and not live (registers, predicates) across the loop.
+        self.rows.clear()
+        self.inside.clear()
 
     def in_bounds(self, i: int, off: int) -> Reg:
         """Element `off` past this thread's coordinate along dim i lies inside the tensor."""

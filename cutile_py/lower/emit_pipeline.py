@@ -86,6 +86,8 @@ class LoopPipeline:
     write: Reg | None = None  # and of the stage it refills
     iv: Reg | None = None
     step: Reg | None = None
+    #: Affine loads' addressing, advanced in place.
+    streams: dict[o.LoadOp, _Stream] = field(default_factory=dict)
 
     # -- emission hooks (called by Emitter.op_for) ----------------------------------------
     def prologue(self, iv: Reg, step: Reg) -> None:
@@ -97,6 +99,7 @@ class LoopPipeline:
         self.read, self.write = fb.reg("b32"), fb.reg("b32")
         fb.ins("mov.u32", self.read, self.ring)
         fb.ins("mov.u32", self.write, self.ring + (self.stages - 1) * self.stage_bytes)
+        self._streams()
         for s in range(self.stages - 1):
             fixed = fb.reg("b32")
             fb.ins("mov.u32", fixed, self.ring + s * self.stage_bytes)
@@ -159,16 +162,55 @@ class LoopPipeline:
         em, fb = self.em, self.em.fb
         assert self.iv is not None and self.step is not None
         iv = self.iv
-        if ahead:
+        if ahead and any(sl.load not in self.streams for sl in self.loads):
             iv = fb.reg("b32")
             fb.ins("mad.lo.s32", iv, self.step, ahead, self.iv)
         assert em.smem is not None
         base = fb.reg("b32")
         fb.ins("add.u32", base, em.smem, stage)
         for sl in self.loads:
-            index = _index_at(em, self.loop, sl, iv)
-            _copy(em, sl, index, base)
+            stream = self.streams.get(sl.load)
+            if stream is None:
+                _copy(em, sl, _access(em, sl, _index_at(em, self.loop, sl, iv)), base)
+            else:
+                _copy(em, sl, stream.access, base)
+                stream.advance(em)
         fb.ins("cp.async.commit_group")
+
+    def _streams(self) -> None:
+        """Before the first issue: the addressing of each affine load for iteration 0, and
+        its change per iteration (from the index ops emitted for iterations 0 and 1)."""
+        em, fb = self.em, self.em.fb
+        assert self.iv is not None and self.step is not None
+        nxt = fb.reg("b32")
+        fb.ins("add.s32", nxt, self.iv, self.step)
+        for sl in self.loads:
+            if not sl.affine:
+                continue
+            first = _index_at(em, self.loop, sl, self.iv)
+            second = _index_at(em, self.loop, sl, nxt)
+            index, steps = [], []
+            for a, b in zip(first, second):
+                copy, d = fb.reg("b32"), fb.reg("b32")
+                fb.ins("mov.b32", copy, a)  # a copy: advanced in place
+                fb.ins("sub.s32", d, b, a)
+                index.append(copy)
+                steps.append(d)
+            access = _access(em, sl, index)
+            deltas, step_bytes = [], fb.reg("b64")
+            fb.ins("mov.u64", step_bytes, 0)
+            for i, (d, size) in enumerate(zip(steps, sl.load.shape)):
+                e = fb.reg("b32")
+                fb.ins("mul.lo.s32", e, d, size)
+                deltas.append(e)
+                wide = fb.reg("b64")
+                fb.ins("cvt.s64.s32", wide, e)
+                stride = access.row_bytes[i]
+                if stride is None:
+                    fb.ins("mad.lo.s64", step_bytes, wide, access.size, step_bytes)
+                else:
+                    fb.ins("mad.lo.s64", step_bytes, wide, stride, step_bytes)
+            self.streams[sl.load] = _Stream(access, index, steps, deltas, step_bytes)
 
 
 def _index_at(em: EmitContext, loop: o.ForOp, sl: StagedLoad, iv: Reg) -> list[Reg]:
@@ -180,12 +222,33 @@ def _index_at(em: EmitContext, loop: o.ForOp, sl: StagedLoad, iv: Reg) -> list[R
         return [em.regs(v)[0] for v in sl.load.operands]
 
 
-def _copy(em: EmitContext, sl: StagedLoad, index: list[Reg], base: Reg) -> None:
+@dataclass
+class _Stream:
+    """The addressing of an affine staged load for the next iteration it issues, advanced in
+    place after each issue instead of recomputed."""
+
+    access: Access
+    index: list[Reg]  # the index, owned here
+    steps: list[Reg]  # its change per iteration
+    deltas: list[Reg]  # the tile origin's change per iteration, in elements
+    step_bytes: Reg  # the address change per iteration
+
+    def advance(self, em: EmitContext) -> None:
+        for i, d in zip(self.index, self.steps):
+            em.fb.ins("add.s32", i, i, d)
+        self.access.advance(self.deltas, self.step_bytes)
+
+
+def _access(em: EmitContext, sl: StagedLoad, index: list[Reg]) -> Access:
+    load = sl.load
+    return Access(em, load.param, index, load.shape, sl.copy, load.result.type.dtype, None)
+
+
+def _copy(em: EmitContext, sl: StagedLoad, access: Access, base: Reg) -> None:
     """One tile: each thread copies its chunks, zero-filling those past the tensor's edge."""
     fb = em.fb
     load = sl.load
     dt = load.result.type.dtype
-    access = Access(em, load.param, index, load.shape, sl.copy, dt, None)
     row_dim, col_dim = (d for d in sl.copy.dims if d is not None)
     width = sl.copy.base.vec
     assert access.width == width

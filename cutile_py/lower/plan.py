@@ -146,5 +146,5 @@ def _staged(sl: StagedLoad, names: Mapping[o.Value, str], lay: Callable[[Layout]
     return (
         f"cp.async {names[sl.operand]} ({chain}): tile {t.rows}x{t.cols}x{t.eb}B at +{t.offset}"
         f" xor_step={t.xor_step} rows_along={'K' if sl.k_rows else 'MN'}, copy {lay(sl.copy)}, "
-        f"index ops {index}"
+        f"index ops {index}{' (affine: advanced)' if sl.affine else ''}"
     )

@@ -44,6 +44,10 @@ class StagedLoad:
     tile: SharedTile  # in stage 0; stage s is `s * stage_bytes` further
     copy: Layout  # how the block's threads split the copy
     index_ops: tuple[o.Op, ...]  # the body's ops that compute the load's index, in order
+    #: Every index changes by the same amount each iteration (sums, differences and products
+    #: by loop invariants of the induction variable): its addresses are advanced, not
+    #: recomputed.
+    affine: bool = False
 
 
 @dataclass(frozen=True)
@@ -200,7 +204,40 @@ def _staged_load(
     copy = Layout(base, tuple(None if s == 1 else big.index(i) for i, s in enumerate(shape)))
     tile = SharedTile(0, rows, cols, eb, True, xor_step=2 if k_rows and dt is f32 else 1)
     chain.reverse()
-    return StagedLoad(load, tuple(chain), mma.operands[which], k_rows, tile, copy, index_ops)
+    affine = _affine(loop, load, index_ops)
+    return StagedLoad(
+        load, tuple(chain), mma.operands[which], k_rows, tile, copy, index_ops, affine
+    )
+
+
+def _affine(loop: o.ForOp, load: o.LoadOp, index_ops: tuple[o.Op, ...]) -> bool:
+    """Whether each index of `load` is the induction variable under additions, subtractions
+    and multiplications by loop invariants (exact in 32-bit wrapping arithmetic too)."""
+    iv = loop.body.args[0]
+    made = {op.result: op for op in index_ops}
+    memo: dict[o.Value, str | None] = {}
+
+    def kind(v: o.Value) -> str | None:  # "iv": affine in it, "inv": invariant, None
+        if v is iv:
+            return "iv"
+        op = made.get(v)
+        if op is None:
+            return "inv"  # defined before the loop
+        if v not in memo:
+            ks = [kind(x) for x in op.operands]
+            if None in ks:
+                memo[v] = None
+            elif all(k == "inv" for k in ks):
+                memo[v] = "inv"
+            elif (isinstance(op, o.BinaryOp) and op.kind in ("add", "sub")) or (
+                isinstance(op, o.BinaryOp) and op.kind == "mul" and "inv" in ks
+            ):
+                memo[v] = "iv"
+            else:
+                memo[v] = None
+        return memo[v]
+
+    return all(kind(v) is not None for v in load.operands)
 
 
 def _in_body(uses: DefUse, loop: o.ForOp, v: o.Value) -> o.Op | None:
