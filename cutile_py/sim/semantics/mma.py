@@ -139,7 +139,14 @@ def mma(instr: Instruction) -> Run:
             if d_fmt is F64:
                 write_bits(ctx, op, 64, np.ascontiguousarray(v[:, 0]).view(np.uint64))
             elif d_fmt is F32:
-                write_bits(ctx, op, 32, round_f64(v[:, 0], F32, "rn"))
+                # f64 -> f32 in NumPy rounds to nearest even (subnormals, overflow included);
+                # only NaNs need the canonical encoding.
+                f = v[:, 0].astype(np.float32)
+                bits = f.view(np.uint32)
+                nan = np.isnan(f)
+                if nan.any():
+                    bits = np.where(nan, np.uint32(F32.canonical_nan), bits)
+                write_bits(ctx, op, 32, bits)
             else:
                 h = round_f64(v, F16, "rn").astype(np.uint32)
                 write_bits(ctx, op, 32, h[:, 0] | (h[:, 1] << np.uint32(16)))
