@@ -116,8 +116,7 @@ class RaceTracker:
             return
         self.dirty = True
         tid = (lanes % self.lanes_per_block).astype(np.int16)
-        rows = span in ROW_SPANS and self.writer.size % span == 0 and not (flat % span).any()
-        if rows and self._access_rows(lanes, flat, span, write, values, tid):
+        if self._rows_fit(flat, span) and self._access_rows(lanes, flat, span, write, values, tid):
             return
         self._access_bytes(lanes, flat, span, write, values, tid)
 
@@ -266,12 +265,25 @@ class RaceTracker:
         bytes stay the thread's until `copy_landed`."""
         self.access(lanes, flat, span, write=True)
         self.copies = True
-        self.in_flight[self._bytes(flat, span)] = np.repeat(
-            (lanes % self.lanes_per_block).astype(np.int16), span
-        )
+        tid = (lanes % self.lanes_per_block).astype(np.int16)
+        if self._rows_fit(flat, span):
+            rows = (flat // span).astype(np.intp)
+            _words(self.in_flight, span)[rows] = _fill(tid[:, None], span)
+        else:
+            self.in_flight[self._bytes(flat, span)] = np.repeat(tid, span)
 
     def copy_landed(self, flat: np.ndarray, span: int) -> None:
-        self.in_flight[self._bytes(flat, span)] = NONE
+        if self._rows_fit(flat, span):
+            rows = (flat // span).astype(np.intp)
+            _words(self.in_flight, span)[rows] = _fill(
+                np.full((rows.size, 1), NONE, np.int16), span
+            )
+        else:
+            self.in_flight[self._bytes(flat, span)] = NONE
+
+    def _rows_fit(self, flat: np.ndarray, span: int) -> bool:
+        """Whether accesses of `span` bytes at `flat` are whole aligned rows of the history."""
+        return span in ROW_SPANS and self.writer.size % span == 0 and not (flat % span).any()
 
     @staticmethod
     def _add_readers(table: np.ndarray, idx: np.ndarray, who: np.ndarray) -> None:
