@@ -86,8 +86,12 @@ class RaceTracker:
         stride: int,
         lanes_per_block: int,
         describe_thread: Callable[[int], str],
+        warp_syncs: bool = True,
     ) -> None:
+        """`warp_syncs`: whether the kernel has `bar.warp.sync` (only then the warps of the
+        readers are kept, for `warp_barrier` to forget)."""
         self.stride = stride
+        self.warp_syncs = warp_syncs
         self.lanes_per_block = lanes_per_block
         self.describe_thread = describe_thread  # block-local thread index -> "(x, y, z)"
         size = slots * stride
@@ -143,7 +147,7 @@ class RaceTracker:
         # Strictly increasing rows (the usual case) are distinct: no lanes share a byte.
         distinct = n < 2 or bool((rows[1:] > rows[:-1]).all())
         if not write:
-            for table, who in ((self.reader, t), (self.reader_warp, t // 32)):
+            for table, who in self._reader_tables(t):
                 old = _take(table, rows, span)
                 if old.max() == NONE:  # no reader yet (since the last barrier)
                     words = _words(table, span)
@@ -234,7 +238,8 @@ class RaceTracker:
                                "memory in one instruction")  # fmt: skip
         else:
             self._add_readers(self.reader, idx, t)
-            self._add_readers(self.reader_warp, idx, t // 32)
+            if self.warp_syncs:
+                self._add_readers(self.reader_warp, idx, t // 32)
 
     def _same_instruction(
         self, lanes: np.ndarray, idx: np.ndarray, owner: np.ndarray, values: np.ndarray
@@ -310,6 +315,12 @@ class RaceTracker:
             f"shared-memory race: this thread {what} at shared address {offset:#x} {when}",
         )
 
+    def _reader_tables(self, t: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The reader tables to update, with the entry of each accessing lane."""
+        if self.warp_syncs:
+            return [(self.reader, t), (self.reader_warp, t // 32)]
+        return [(self.reader, t)]
+
     def barrier(self, slots: np.ndarray) -> None:
         """`bar.sync` completed by blocks `slots`: their history starts afresh."""
         if not self.dirty:
@@ -326,6 +337,7 @@ class RaceTracker:
         """`bar.warp.sync` by `lanes`: forget what their warps did, block by block."""
         if not self.dirty or lanes.size == 0:
             return
+        assert self.warp_syncs, "a bar.warp.sync in a kernel loaded without one"
         slots = lanes // self.lanes_per_block
         warps = (lanes % self.lanes_per_block) // 32
         for slot in np.unique(slots):
