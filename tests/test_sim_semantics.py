@@ -1348,3 +1348,76 @@ def test_shfl_and_vote_with_random_membermasks(rng: np.random.Generator) -> None
         assert (got[sl][mask[sl]] == want_w).all()
         run(ctx, "vote.sync.any.pred", R("q"), R("a"), M)
         assert (ctx.get("q", "pred")[sl][mask[sl]] == bool(want_w)).all()
+
+
+# --- the decode-time fast paths (native-width integer forms, f32 round-to-nearest) -------------
+
+
+@pytest.mark.parametrize("t", ["b16", "b32", "b64", "u16", "s16", "u32", "s32", "u64", "s64"])
+def test_shifts_by_immediates(rng: np.random.Generator, t: str) -> None:
+    n, w = 64, int(t[1:])
+    ctx = FakeCtx(n)
+    a = rand_ints(rng, f"u{w}", n)
+    A = ctx.set("a", a)
+    for amount in sorted({0, 1, w // 2, w - 1, int(rng.integers(0, w))}):
+        if t[0] == "b":
+            run(ctx, f"shl.{t}", R("d"), A, Imm(amount))
+            want = [(int(x) << amount) & ((1 << w) - 1) for x in a]
+            assert [int(v) for v in ctx.get("d", f"u{w}")] == want
+        run(ctx, f"shr.{t}", R("d"), A, Imm(amount))
+        if t[0] == "s":
+            got = [int(v) for v in ctx.get("d", t)]
+            assert got == [wrap(int(x), t) >> amount for x in a]
+        else:
+            assert [int(v) for v in ctx.get("d", f"u{w}")] == [int(x) >> amount for x in a]
+
+
+@pytest.mark.parametrize("t", ["u16", "s16", "u32", "s32", "u64", "s64"])
+def test_wrapping_add_sub_mul_lo_mad_lo(rng: np.random.Generator, t: str) -> None:
+    n, w = 64, int(t[1:])
+    ctx = FakeCtx(n)
+    a, b, c = (rand_ints(rng, f"u{w}", n) for _ in range(3))
+    A, B, C = ctx.set("a", a), ctx.set("b", b), ctx.set("c", c)
+    k = int(rng.integers(0, 1 << (w - 1)))
+    cases: list[tuple[str, tuple[Operand, ...], Callable[[int, int, int], int]]] = [
+        ("add", (A, B), lambda x, y, z: x + y),
+        ("sub", (A, B), lambda x, y, z: x - y),
+        ("add", (A, Imm(k)), lambda x, y, z: x + k),
+        ("sub", (Imm(k), B), lambda x, y, z: k - y),
+        ("mul.lo", (A, B), lambda x, y, z: wrap(x, t) * wrap(y, t)),
+        ("mad.lo", (A, B, C), lambda x, y, z: wrap(x, t) * wrap(y, t) + z),
+        ("mul.lo", (A, Imm(k)), lambda x, y, z: wrap(x, t) * k),
+    ]
+    for op, srcs, ref in cases:
+        run(ctx, f"{op}.{t}", R("d"), *srcs)
+        want = [wrap(ref(int(x), int(y), int(z)), t) for x, y, z in zip(a, b, c)]
+        assert [int(v) for v in ctx.get("d", t)] == want, op
+
+
+@pytest.mark.parametrize("mods", ["", ".ftz", ".sat", ".ftz.sat"])
+def test_f32_add_sub_mul_rn(rng: np.random.Generator, mods: str) -> None:
+    n = 512
+    ctx = FakeCtx(n)
+    x = (rng.standard_normal(n) * 2.0 ** rng.integers(-140, 5, n)).astype(np.float32)
+    y = (rng.standard_normal(n) * 2.0 ** rng.integers(-140, 5, n)).astype(np.float32)
+    x[:4] = [np.nan, np.inf, -0.0, 3e38]
+    y[:4] = [1.0, -np.inf, 0.0, 3e38]
+    X, Y = ctx.set("x", x), ctx.set("y", y)
+    ftz, sat = "ftz" in mods, "sat" in mods
+    tiny = np.float32(2.0**-126)
+
+    def flush(v: np.ndarray) -> np.ndarray:
+        return np.where(np.abs(v) < tiny, np.copysign(np.float32(0), v), v) if ftz else v
+
+    for op, fn in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply)):
+        run(ctx, f"{op}.rn{mods}.f32", R("d"), X, Y)
+        with np.errstate(all="ignore"):
+            want = flush(fn(flush(x), flush(y)).astype(np.float32))
+            if sat:
+                want = np.where(np.isnan(want), np.float32(0), np.clip(want, 0, 1))
+                want = np.where(want == 0, np.float32(0), want)  # -0.0 clamps to +0.0
+        got = ctx.get("d", "f32")
+        nan = np.isnan(want)
+        assert (np.isnan(got) == nan).all(), op
+        assert (got.view(np.uint32)[nan] == 0x7FFFFFFF).all(), op  # the canonical NaN
+        np.testing.assert_array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])

@@ -15,7 +15,7 @@ import numpy as np
 from cutile_py.ptx.ast import Imm, Instruction, Operand
 from cutile_py.sim.bulk_copy import make_bulk
 from cutile_py.sim.memops import _address, is_predicate, unsupported
-from cutile_py.sim.memory import MemoryFault, check_aligned
+from cutile_py.sim.memory import UINT, MemoryFault, check_aligned
 
 if TYPE_CHECKING:
     from cutile_py.sim.program import Handler, Program
@@ -60,7 +60,12 @@ class AsyncCopies:
                     size = c.data.shape[1]
                     flat = b.shared.flat(lanes, b.slot[lanes], c.dst[done], size, "cp.async")
                     b.shared.tracker.copy_landed(flat, size)
-                b.shared.store(lanes, b.slot[lanes], c.dst[done], 1, c.data[done])
+                data = c.data[done]
+                size = data.shape[1]
+                # In words of up to 8 bytes (the destination is aligned to the copy's size).
+                word = min(size & -size, 8)
+                words = np.ascontiguousarray(data).view(UINT[word])
+                b.shared.store(lanes, b.slot[lanes], c.dst[done], word, words)
                 rest = ~done
                 c = _Copies(c.lanes[rest], c.dst[rest], c.data[rest], c.group[rest])
             if c.lanes.size:
@@ -144,6 +149,14 @@ def _make_issue(ins: Instruction, prog: Program) -> Handler:
             n_src = np.full(lanes.size, size, dtype=np.int64)
         if ignore_src is not None:
             n_src[b.read(ignore_src, "pred")[lanes]] = 0
+        if (n_src == size).all():  # the usual case: whole copies, read in aligned words
+            word = min(size, 8)
+            got = b.glob.load(lanes, src, word, size // word)
+            data = np.ascontiguousarray(got).view(np.uint8).reshape(lanes.size, size)
+            if b.global_races is not None:
+                b.global_races.access(b.instr, lanes, src, size, False)
+            copies_of(b).issue(lanes, dst, data)
+            return
         data = np.zeros((lanes.size, size), dtype=np.uint8)
         # Only the first src-size bytes are read (the rest is zero-filled), so a masked-off
         # edge copy with src-size 0 may point anywhere.

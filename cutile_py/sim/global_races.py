@@ -11,12 +11,14 @@ reduction: partials, fence, counter). Acquisitions are not passed on (no transit
 readers in several blocks cannot be ordered before a write. Every other pair of accesses of
 two blocks to one byte with a write among them is a race.
 
-Inside a block (INSIDE_BLOCKS) only two writes are checked: threads of one block storing to one
-address with no `bar.sync` between (lanes of one warp: or `bar.warp.sync`). A thread reading
-what another of its block wrote is how tile layouts that replicate elements read their own
-output back (the replica's value is never stored), so read-write pairs inside a block are not
-reported. Lanes of one store writing equal values to one address are no race; different values
-are.
+Inside a block (INSIDE_BLOCKS) a write of a word another thread of the block wrote, and a read
+of a word a thread of another warp of the block wrote, with no `bar.sync` between (for two
+writes in one warp: or `bar.warp.sync`) are races. Not reported: a read of what another lane of
+its own warp wrote, and a write of a word other threads of the block read. Tile layouts that
+replicate elements do both: every replica reads the element its owner (a lane of the same
+warp) wrote, or then rewrites, and the replicas' values are never stored (`k_chunks` in
+tests/test_tile_language.py). Lanes of one store writing equal values to one address are no
+race; different values are.
 
 Shadow state exists only for the allocations a launch touches, made on first access, with one
 entry per granule (the narrowest access seen: an f32 tensor gets one per 4 bytes; a narrower
@@ -38,7 +40,7 @@ from cutile_py.sim.races import RaceFault
 
 NONE = -1
 #: Which pairs of accesses inside one block are checked (the module's docstring says why).
-INSIDE_BLOCKS = "write-write"
+INSIDE_BLOCKS = "write-write, read-after-write across warps"
 #: Readers in several blocks: no later write is ordered after all of them.
 MANY_BLOCKS = -2
 #: `IN_BLOCK - b`: several threads of block b read (the latest at the entry's clock).
@@ -252,11 +254,9 @@ class GlobalRaces:
         if seen.any():
             block = who // self.per_block
             slot = lane // self.per_block
-            bad = seen & (w != who)
-            if write:
-                bad &= ~self._ordered(w, sh.wtime[sel], who, slot, lane)
-            else:
-                bad &= w // self.per_block != block  # see INSIDE_BLOCKS
+            bad = seen & (w != who) & ~self._ordered(w, sh.wtime[sel], who, slot, lane)
+            if not write:  # see INSIDE_BLOCKS: a read is checked against other warps' writes
+                bad &= (w // WARP) != (who // WARP)
             if bad.any() and self.acquired:
                 bad &= ~self._acquired(bad, w, sh.wtime[sel], lane)
             if bad.any():
@@ -269,7 +269,7 @@ class GlobalRaces:
                 rt = sh.rtime[sel]
                 block = who // self.per_block
                 rblock = np.where(r >= 0, r // self.per_block, IN_BLOCK - r)
-                bad = seen & (r != who) & ((r == MANY_BLOCKS) | (rblock != block))
+                bad = seen & (r != who) & ((r == MANY_BLOCKS) | (rblock != block))  # INSIDE_BLOCKS
                 if bad.any() and self.acquired:
                     bad &= ~self._acquired(bad, r, rt, lane)
                 if bad.any():

@@ -153,8 +153,6 @@ def make_ldmatrix(ins: Instruction, prog: Program) -> Handler:
     space = space_of(mods)
     dests = items(ins.operands[0], num, ins)
     addr = _address(ins, 1)
-    lane = np.arange(WARP)
-    row, col = lane // 4, 2 * (lane % 4)
     providers = np.arange(8 * num)
 
     def run(b: Batch) -> None:
@@ -171,10 +169,14 @@ def make_ldmatrix(ins: Instruction, prog: Program) -> Handler:
         m = rows.reshape(wl.size, num, 8, 8)
         if trans:
             m = m.transpose(0, 1, 3, 2)
-        lo = m[:, :, row, col].astype(np.uint32)
-        hi = m[:, :, row, col + 1].astype(np.uint32)
-        packed = lo | (hi << np.uint32(16))  # (warps, num, 32): the lower column in the low half
+        # Lane l of a warp gets row l // 4, columns 2 (l % 4) and the next, the lower column in
+        # the low half: little-endian, that is the row's 16-bit pairs read as 32-bit words.
+        packed = np.ascontiguousarray(m).view(np.uint32).reshape(wl.size, num, WARP)
+        every = wl.size * WARP == b.n
         for i, d in enumerate(dests):
+            if every:
+                b.write(d, "b32", packed[:, i, :].reshape(-1))
+                continue
             full = np.zeros((b.n // WARP, WARP), dtype=np.uint32)
             full[wl] = packed[:, i, :]
             b.write(d, "b32", full.reshape(-1))

@@ -155,6 +155,11 @@ class Program:
         self.globals = globals_ if globals_ is not None else ModuleGlobals(module, memory)
         self.global_addresses = self.globals.addresses
         self.steps = self._build_steps(fn, instructions)
+        #: Whether the kernel has `bar.warp.sync` (the shared race tracker keeps the warps of
+        #: readers only then).
+        self.warp_syncs = any(
+            st.instr.opcode == "bar" and "warp" in st.instr.modifiers for st in self.steps
+        )
 
     # -- layouts --------------------------------------------------------------------------------
     def _layout_params(self, fn: Function) -> None:

@@ -15,8 +15,50 @@ import numpy as np
 
 NONE = -1
 MANY = -2
+UINT = {k: np.dtype(f"u{k}") for k in (1, 2, 4, 8)}
 #: Access spans checked on the history viewed as rows (the shared stride is a multiple of 16).
 ROW_SPANS = frozenset({1, 2, 4, 8, 16})
+
+
+def _words(table: np.ndarray, span: int) -> np.ndarray:
+    """An int16 history table as rows of `span` entries, each row in as few words as fit
+    (gathers and scatters of rows cost per element: fewer, wider elements are faster)."""
+    nbytes = 2 * span
+    word = min(nbytes, 8)
+    return table.view(UINT[word]).reshape(-1, nbytes // word)
+
+
+def _take(table: np.ndarray, rows: np.ndarray, span: int) -> np.ndarray:
+    """Rows `rows` of `table` (int16, shape (len(rows), span))."""
+    return _words(table, span).take(rows, axis=0).view(np.int16)
+
+
+def _put(table: np.ndarray, rows: np.ndarray, span: int, values: np.ndarray) -> None:
+    """`table`'s rows `rows` = `values` (int16, (len(rows), span), contiguous)."""
+    words = _words(table, span)
+    words[rows] = values.view(words.dtype)
+
+
+def _fill(who: np.ndarray, span: int) -> np.ndarray:
+    """(n, 1) int16 entries as rows of `_words(table, span)`: each entry in every slot.
+    (np.repeat, not broadcasting: NumPy scatters a broadcast source several times slower.)"""
+    word = UINT[min(2 * span, 8)]
+    reps = word.itemsize // 2
+    one: np.ndarray = who.astype(np.uint16).astype(word) * word.type(
+        sum(1 << (16 * i) for i in range(reps))
+    )
+    return np.repeat(one, 2 * span // word.itemsize, axis=1)
+
+
+def _rows_any(flags: np.ndarray) -> np.ndarray:
+    """Per row of a contiguous (n, k) bool array: any flag set (read as words)."""
+    span = flags.shape[1]
+    if span <= 8:
+        out: np.ndarray = flags.view(UINT[span]).reshape(-1) != 0
+        return out
+    words = flags.view(np.uint64)
+    out = np.bitwise_or.reduce(words, axis=1) != 0
+    return out
 
 
 def _clash(owners: np.ndarray, t: np.ndarray) -> bool:
@@ -44,8 +86,12 @@ class RaceTracker:
         stride: int,
         lanes_per_block: int,
         describe_thread: Callable[[int], str],
+        warp_syncs: bool = True,
     ) -> None:
+        """`warp_syncs`: whether the kernel has `bar.warp.sync` (only then the warps of the
+        readers are kept, for `warp_barrier` to forget)."""
         self.stride = stride
+        self.warp_syncs = warp_syncs
         self.lanes_per_block = lanes_per_block
         self.describe_thread = describe_thread  # block-local thread index -> "(x, y, z)"
         size = slots * stride
@@ -74,8 +120,7 @@ class RaceTracker:
             return
         self.dirty = True
         tid = (lanes % self.lanes_per_block).astype(np.int16)
-        rows = span in ROW_SPANS and self.writer.size % span == 0 and not (flat % span).any()
-        if rows and self._access_rows(lanes, flat, span, write, values, tid):
+        if self._rows_fit(flat, span) and self._access_rows(lanes, flat, span, write, values, tid):
             return
         self._access_bytes(lanes, flat, span, write, values, tid)
 
@@ -92,39 +137,47 @@ class RaceTracker:
         gather per table instead of one per byte); False, having changed nothing, where a
         check fails, for `_access_bytes` to name the race."""
         rows = (flat // span).astype(np.intp)
+        n = rows.size
         t = tid[:, None]
-        if self.copies and _clash(self.in_flight.reshape(-1, span).take(rows, axis=0), t):
+        if self.copies and _clash(_take(self.in_flight, rows, span), t):
             return False
-        w = self.writer.reshape(-1, span).take(rows, axis=0)
+        w = _take(self.writer, rows, span)
         if _clash(w, t):
             return False
         # Strictly increasing rows (the usual case) are distinct: no lanes share a byte.
-        distinct = rows.size < 2 or bool((rows[1:] > rows[:-1]).all())
+        distinct = n < 2 or bool((rows[1:] > rows[:-1]).all())
         if not write:
-            for table, who in ((self.reader, t), (self.reader_warp, t // 32)):
-                view = table.reshape(-1, span)
-                old = view.take(rows, axis=0)
+            for table, who in self._reader_tables(t):
+                old = _take(table, rows, span)
                 if old.max() == NONE:  # no reader yet (since the last barrier)
-                    new = np.broadcast_to(who, old.shape)
-                else:
-                    new = np.where((old == NONE) | (old == who), who, np.int16(MANY))
-                view[rows] = new
+                    words = _words(table, span)
+                    mine = _fill(who, span)
+                    words[rows] = mine
+                    if distinct:
+                        continue
+                    hit = np.flatnonzero(_rows_any(words.take(rows, axis=0) != mine))
+                    # Lanes of this instruction reading one row (all of it): several readers.
+                    words[rows[hit]] = _fill(np.full((hit.size, 1), MANY, np.int16), span)
+                    continue
+                new = np.where((old == NONE) | (old == who), who, np.int16(MANY))
+                _put(table, rows, span, new)
                 if distinct:
                     continue
-                several = view.take(rows, axis=0) != new
-                if several.any():  # several lanes of this instruction read one byte
-                    i, j = np.nonzero(several)
-                    view[rows[i], j] = MANY
+                several = _take(table, rows, span) != new
+                hit = np.flatnonzero(_rows_any(several))
+                if hit.size:  # several lanes of this instruction read one byte
+                    at = rows[hit, None] * span + np.arange(span)
+                    table[at[several[hit]]] = MANY
             return True
-        r = self.reader.reshape(-1, span).take(rows, axis=0)
+        r = _take(self.reader, rows, span)
         read = r.max() != NONE or r.min() != NONE  # a reader since the last barrier
         if read and ((r == MANY) | ((r >= 0) & (r != t))).any():
             return False
-        view = self.writer.reshape(-1, span)
-        view[rows] = t
-        if not distinct and (view.take(rows, axis=0) != t).any():
+        words, mine = _words(self.writer, span), _fill(t, span)
+        words[rows] = mine
+        if not distinct and (words.take(rows, axis=0) != mine).any():
             # Lanes of this store hit one byte: put the writers back, let the bytes decide.
-            view[rows] = w
+            _put(self.writer, rows, span, w)
             return False
         return True
 
@@ -185,7 +238,8 @@ class RaceTracker:
                                "memory in one instruction")  # fmt: skip
         else:
             self._add_readers(self.reader, idx, t)
-            self._add_readers(self.reader_warp, idx, t // 32)
+            if self.warp_syncs:
+                self._add_readers(self.reader_warp, idx, t // 32)
 
     def _same_instruction(
         self, lanes: np.ndarray, idx: np.ndarray, owner: np.ndarray, values: np.ndarray
@@ -216,12 +270,25 @@ class RaceTracker:
         bytes stay the thread's until `copy_landed`."""
         self.access(lanes, flat, span, write=True)
         self.copies = True
-        self.in_flight[self._bytes(flat, span)] = np.repeat(
-            (lanes % self.lanes_per_block).astype(np.int16), span
-        )
+        tid = (lanes % self.lanes_per_block).astype(np.int16)
+        if self._rows_fit(flat, span):
+            rows = (flat // span).astype(np.intp)
+            _words(self.in_flight, span)[rows] = _fill(tid[:, None], span)
+        else:
+            self.in_flight[self._bytes(flat, span)] = np.repeat(tid, span)
 
     def copy_landed(self, flat: np.ndarray, span: int) -> None:
-        self.in_flight[self._bytes(flat, span)] = NONE
+        if self._rows_fit(flat, span):
+            rows = (flat // span).astype(np.intp)
+            _words(self.in_flight, span)[rows] = _fill(
+                np.full((rows.size, 1), NONE, np.int16), span
+            )
+        else:
+            self.in_flight[self._bytes(flat, span)] = NONE
+
+    def _rows_fit(self, flat: np.ndarray, span: int) -> bool:
+        """Whether accesses of `span` bytes at `flat` are whole aligned rows of the history."""
+        return span in ROW_SPANS and self.writer.size % span == 0 and not (flat % span).any()
 
     @staticmethod
     def _add_readers(table: np.ndarray, idx: np.ndarray, who: np.ndarray) -> None:
@@ -248,6 +315,12 @@ class RaceTracker:
             f"shared-memory race: this thread {what} at shared address {offset:#x} {when}",
         )
 
+    def _reader_tables(self, t: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The reader tables to update, with the entry of each accessing lane."""
+        if self.warp_syncs:
+            return [(self.reader, t), (self.reader_warp, t // 32)]
+        return [(self.reader, t)]
+
     def barrier(self, slots: np.ndarray) -> None:
         """`bar.sync` completed by blocks `slots`: their history starts afresh."""
         if not self.dirty:
@@ -264,6 +337,7 @@ class RaceTracker:
         """`bar.warp.sync` by `lanes`: forget what their warps did, block by block."""
         if not self.dirty or lanes.size == 0:
             return
+        assert self.warp_syncs, "a bar.warp.sync in a kernel loaded without one"
         slots = lanes // self.lanes_per_block
         warps = (lanes % self.lanes_per_block) // 32
         for slot in np.unique(slots):

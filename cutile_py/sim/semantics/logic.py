@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from cutile_py.ptx.ast import Instruction
+from cutile_py.ptx.ast import Imm, Instruction
 from cutile_py.sim.context import ExecContext
 from cutile_py.sim.semantics._common import (
+    SINT,
     UINT,
     WIDTH,
     Mods,
@@ -98,6 +99,16 @@ def shift(instr: Instruction) -> Run:
     m.finish()
     d, a_op, b_op = operands(instr, 3)
     w = WIDTH[t]
+    if isinstance(b_op, Imm) and isinstance(b_op.value, int) and 0 <= b_op.value < w:
+        # A constant amount below the width: shift in the type's own dtype (C semantics).
+        amount = b_op.value
+        own = (SINT if t.startswith("s") else UINT)[w]
+
+        def run_imm(ctx: ExecContext) -> None:
+            a = ctx.read(a_op, t).view(own)
+            ctx.write(d, t, a << own(amount) if left else a >> own(amount))
+
+        return run_imm
 
     def run(ctx: ExecContext) -> None:
         a = read_u64(ctx, a_op, t) & LOW[w]

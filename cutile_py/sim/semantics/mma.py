@@ -82,6 +82,9 @@ def _load(ctx: ExecContext, ops: list[Operand], fmt: FloatFormat) -> np.ndarray:
         # Little-endian: the low half of each register is its first f16; f16 -> f64 is exact.
         halves16 = np.ascontiguousarray(raw).view(np.float16)
         return halves16.reshape(*raw.shape, 2).astype(np.float64)
+    if fmt is F32:  # f32 -> f64 is exact
+        f32: np.ndarray = np.ascontiguousarray(raw).view(np.float32).astype(np.float64)
+        return f32[..., None]
     if fmt in (F16, BF16):
         halves = np.stack([raw & np.uint32(0xFFFF), raw >> np.uint32(16)], axis=-1)
         return decode(halves.astype(np.uint16), fmt)
@@ -114,10 +117,11 @@ def mma(instr: Instruction) -> Run:
     c_ops = _regs(instr, c_op, c_regs, "c")
     d_lay, d_regs, d_fmt, d_el = _acc_layout(str(shape), dtype)
     d_ops = _regs(instr, d_op, d_regs, "d")
-    a_idx = fragment_index(a_lay, a_regs, elems)
-    b_idx = fragment_index(b_lay, b_regs, elems)
-    c_idx = fragment_index(c_lay, c_regs, c_el)
-    d_idx = fragment_index(d_lay, d_regs, d_el)
+    a_at = _Placement(fragment_index(a_lay, a_regs, elems), (big_m, big_k))
+    b_at = _Placement(fragment_index(b_lay, b_regs, elems), (big_k, big_n))
+    c_at = _Placement(fragment_index(c_lay, c_regs, c_el), (big_m, big_n))
+    d_rows, d_cols = fragment_index(d_lay, d_regs, d_el)
+    d_flat = (d_rows * big_n + d_cols).ravel()
 
     def run(ctx: ExecContext) -> None:
         warps = ctx.mask.reshape(-1, WARP)
@@ -125,26 +129,53 @@ def mma(instr: Instruction) -> Run:
         if partial.any():
             ctx.fail("mma.sync.aligned needs all 32 lanes of the warp", np.repeat(partial, WARP))
         nw = warps.shape[0]
-        a_mat = np.zeros((nw, big_m, big_k))
-        b_mat = np.zeros((nw, big_k, big_n))
-        a_mat[:, a_idx[0], a_idx[1]] = _load(ctx, a_ops, fmt)
-        b_mat[:, b_idx[0], b_idx[1]] = _load(ctx, b_ops, fmt)
-        c_mat = np.zeros((nw, big_m, big_n))
-        c_mat[:, c_idx[0], c_idx[1]] = _load(ctx, c_ops, c_fmt)
+        a_mat = a_at.matrix(_load(ctx, a_ops, fmt))
+        b_mat = b_at.matrix(_load(ctx, b_ops, fmt))
+        c_mat = c_at.matrix(_load(ctx, c_ops, c_fmt))
         with np.errstate(all="ignore"):
             d_mat = a_mat @ b_mat + c_mat
-        vals = d_mat[:, d_idx[0], d_idx[1]]  # (warps, 32, regs, elems)
+        vals = d_mat.reshape(nw, -1).take(d_flat, axis=1).reshape(nw, WARP, d_regs, d_el)
         for r, op in enumerate(d_ops):
             v = vals[:, :, r, :].reshape(-1, d_el)
             if d_fmt is F64:
                 write_bits(ctx, op, 64, np.ascontiguousarray(v[:, 0]).view(np.uint64))
             elif d_fmt is F32:
-                write_bits(ctx, op, 32, round_f64(v[:, 0], F32, "rn"))
+                # f64 -> f32 in NumPy rounds to nearest even (subnormals, overflow included);
+                # only NaNs need the canonical encoding.
+                f = v[:, 0].astype(np.float32)
+                bits = f.view(np.uint32)
+                nan = np.isnan(f)
+                if nan.any():
+                    bits = np.where(nan, np.uint32(F32.canonical_nan), bits)
+                write_bits(ctx, op, 32, bits)
             else:
                 h = round_f64(v, F16, "rn").astype(np.uint32)
                 write_bits(ctx, op, 32, h[:, 0] | (h[:, 1] << np.uint32(16)))
 
     return run
+
+
+class _Placement:
+    """Where a fragment's elements go in its matrix: a gather where the fragment covers every
+    element once (all the layouts here), else a scatter into zeros."""
+
+    def __init__(self, index: tuple[np.ndarray, np.ndarray], shape: tuple[int, int]) -> None:
+        self.index, self.shape = index, shape
+        flat = (index[0] * shape[1] + index[1]).ravel()
+        self.perm: np.ndarray | None = None
+        if flat.size == shape[0] * shape[1] and np.unique(flat).size == flat.size:
+            self.perm = np.empty(flat.size, dtype=np.intp)
+            self.perm[flat] = np.arange(flat.size)
+
+    def matrix(self, frag: np.ndarray) -> np.ndarray:
+        """(warps, rows, cols) from fragments (warps, 32, regs, elems)."""
+        nw = frag.shape[0]
+        if self.perm is not None:
+            out: np.ndarray = frag.reshape(nw, -1).take(self.perm, axis=1)
+            return out.reshape(nw, *self.shape)
+        mat = np.zeros((nw, *self.shape))
+        mat[:, self.index[0], self.index[1]] = frag
+        return mat
 
 
 def _acc_layout(shape: str, acc: str) -> tuple[str, int, FloatFormat, int]:
