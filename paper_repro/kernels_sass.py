@@ -123,13 +123,8 @@ def _softmax(
     dt: type[ct.DType], r: int, n: int, causal: bool
 ) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
     def build() -> tuple[Any, tuple[Any, ...]]:
-        plan, warps = softmax_mod.softmax_plan(r, n, dt)
-        tile_k, loop_k = softmax_mod._softmax_kernels(dt, max(warps, 1))
-        x = TensorSpec((r, n), dt)
-        if plan.loop:
-            out = PartitionSpec((r, n), (1, -(-n // plan.width) * plan.width), dt)
-            return loop_k, (out, x, n, causal, plan.width)
-        return tile_k, (PartitionSpec((r, n), (plan.rows, plan.width), dt), x, n, causal)
+        kernel, tile, tail = softmax_mod.softmax_launch(dt, r, n, causal)
+        return kernel, (PartitionSpec((r, n), tile, dt), TensorSpec((r, n), dt), *tail)
 
     return build
 
