@@ -140,8 +140,9 @@ def cases() -> list[Case]:
         size = dt.itemsize()
         x = TensorSpec((FLAT,), dt)
         zd = PartitionSpec((FLAT,), (activations._tile(dt),), dt)
+        z4 = PartitionSpec((FLAT,), (activations.SILU_TILE,), dt)
         silu, gelu = activations._silu_mul_kernel(dt), activations._gelu_kernel(dt)
-        out.append(Case(f"silu_mul {dt.name}", _flat(silu, zd, x, x), 3 * size))
+        out.append(Case(f"silu_mul {dt.name}", _flat(silu, z4, x, x), 3 * size))
         out.append(Case(f"gelu {dt.name}", _flat(gelu, zd, x), 2 * size))
         rms = norms._rms_kernels(dt)[:2]
         for h in (1536, 2048, 4096):
