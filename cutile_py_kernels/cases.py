@@ -9,7 +9,7 @@ from typing import Any
 import cutile_py as ct
 from cutile_py import PartitionSpec as PS
 from cutile_py import TensorSpec as TS
-from cutile_py_kernels._common import row_plan
+from cutile_py_kernels._common import row_plan, row_warps
 from cutile_py_kernels.activations import _silu_mul_kernel
 from cutile_py_kernels.autotune import candidates, default_config
 from cutile_py_kernels.gemm import _gemm_kernel
@@ -46,12 +46,13 @@ def cases() -> Iterator[Case]:
         )
         for n, causal in ((32768, False), (40_000, False), (1024, True), (256, True)):
             yield _softmax_case(dt, 8, n, causal)
-        for r, n in ((256, 1000), (256, 4096), (8, 20_000)):
+        for r, n in ((256, 1000), (256, 1536), (256, 4096), (8, 20_000)):
             for label, loop, out, width in _rows(dt, r, n):
                 x, w = TS((r, n), dt), TS((n,), dt)
                 tail = (width,) if loop else ()
-                rms_tile, rms_loop, add_tile, add_loop = _rms_kernels(dt)
-                ln_tile, ln_loop = _layer_norm_kernels(dt)
+                warps = row_warps(row_plan(r, n, dt))
+                rms_tile, rms_loop, add_tile, add_loop = _rms_kernels(dt, warps)
+                ln_tile, ln_loop = _layer_norm_kernels(dt, warps)
                 yield (
                     f"rms_norm {label}",
                     rms_loop if loop else rms_tile,

@@ -32,7 +32,7 @@ from cutile_py.ptx.target import Target
 from cutile_py.runtime.nvjitlink import assemble
 from cutile_py.runtime.sass import disassemble, instructions
 from cutile_py_kernels import activations, elementwise, norms
-from cutile_py_kernels._common import row_plan
+from cutile_py_kernels._common import row_plan, row_warps
 
 softmax_mod = importlib.import_module("cutile_py_kernels.softmax")  # not the function
 
@@ -144,8 +144,8 @@ def cases() -> list[Case]:
         silu, gelu = activations._silu_mul_kernel(dt), activations._gelu_kernel(dt)
         out.append(Case(f"silu_mul {dt.name}", _flat(silu, z4, x, x), 3 * size))
         out.append(Case(f"gelu {dt.name}", _flat(gelu, zd, x), 2 * size))
-        rms = norms._rms_kernels(dt)[:2]
         for h in (1536, 2048, 4096):
+            rms = norms._rms_kernels(dt, row_warps(row_plan(ROWS, h, dt)))[:2]
             build = _row(rms, dt, ROWS, h, TensorSpec((h,), dt), 1.0 / h, 1e-6)
             out.append(Case(f"rms_norm {dt.name} {ROWS}x{h}", build, 2 * size))
         for n in (1024, 32768):
