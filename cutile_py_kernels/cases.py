@@ -9,7 +9,7 @@ from typing import Any
 import cutile_py as ct
 from cutile_py import PartitionSpec as PS
 from cutile_py import TensorSpec as TS
-from cutile_py_kernels._common import row_plan
+from cutile_py_kernels._common import row_plan, row_warps
 from cutile_py_kernels.activations import _silu_mul_kernel
 from cutile_py_kernels.attention import _attention_kernels, block_m
 from cutile_py_kernels.autotune import candidates, default_config
@@ -18,7 +18,7 @@ from cutile_py_kernels.gemv import _gemv_kernel
 from cutile_py_kernels.layout import TRANSPOSE_TILE, _embedding_kernel, _transpose_kernel
 from cutile_py_kernels.norms import _layer_norm_kernels, _rms_kernels
 from cutile_py_kernels.rope import rope_kernel
-from cutile_py_kernels.softmax import _argmax_kernels, _softmax_kernels, softmax_plan
+from cutile_py_kernels.softmax import _argmax_kernels, softmax_launch
 
 Case = tuple[str, ct.Kernel, tuple[Any, ...]]
 
@@ -29,15 +29,10 @@ def _rows(dt: type[ct.DType], r: int, n: int) -> Iterator[tuple[str, bool, PS, i
     yield f"{dt.name} {r}x{n}", plan.loop, PS((r, n), tile, dt), plan.width
 
 
-def _softmax_case(dt: type[ct.DType], r: int, n: int) -> Case:
-    plan, warps = softmax_plan(r, n, dt)
-    tile_k, loop_k = _softmax_kernels(dt, max(warps, 1))
-    x = TS((r, n), dt)
-    if plan.loop:
-        out = PS((r, n), (1, -(-n // plan.width) * plan.width), dt)
-        return f"softmax {dt.name} {r}x{n}", loop_k, (out, x, n, True, plan.width)
-    out = PS((r, n), (plan.rows, plan.width), dt)
-    return f"softmax {dt.name} {r}x{n}", tile_k, (out, x, n, True)
+def _softmax_case(dt: type[ct.DType], r: int, n: int, causal: bool) -> Case:
+    kernel, tile, tail = softmax_launch(dt, r, n, causal)
+    label = f"{'causal ' if causal else ''}softmax {dt.name} {r}x{n}"
+    return label, kernel, (PS((r, n), tile, dt), TS((r, n), dt), *tail)
 
 
 def cases() -> Iterator[Case]:
@@ -50,14 +45,15 @@ def cases() -> Iterator[Case]:
             _silu_mul_kernel(dt),
             (PS((n,), (1024,), dt), v, v),
         )
-        yield _softmax_case(dt, 8, 32768)
-        yield _softmax_case(dt, 8, 40_000)
-        for r, n in ((256, 1000), (256, 4096), (8, 20_000)):
+        for n, causal in ((32768, False), (40_000, False), (1024, True), (256, True)):
+            yield _softmax_case(dt, 8, n, causal)
+        for r, n in ((256, 1000), (256, 1536), (256, 4096), (8, 20_000)):
             for label, loop, out, width in _rows(dt, r, n):
                 x, w = TS((r, n), dt), TS((n,), dt)
                 tail = (width,) if loop else ()
-                rms_tile, rms_loop, add_tile, add_loop = _rms_kernels(dt)
-                ln_tile, ln_loop = _layer_norm_kernels(dt)
+                warps = row_warps(row_plan(r, n, dt))
+                rms_tile, rms_loop, add_tile, add_loop = _rms_kernels(dt, warps)
+                ln_tile, ln_loop = _layer_norm_kernels(dt, warps)
                 yield (
                     f"rms_norm {label}",
                     rms_loop if loop else rms_tile,
@@ -73,7 +69,7 @@ def cases() -> Iterator[Case]:
                     ln_loop if loop else ln_tile,
                     (out, x, w, w, n, 1e-5, *tail),
                 )
-                yield _softmax_case(dt, r, n)
+                yield _softmax_case(dt, r, n, False)
                 am_tile, am_loop = _argmax_kernels(dt)
                 rows = 1 if loop else out.tile[0]
                 yield (

@@ -7,6 +7,7 @@ statistic plus one to write.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import cutile_py as ct
@@ -17,8 +18,9 @@ from cutile_py_kernels._common import (
     as_rows,
     check_float,
     check_shape,
-    per_dtype,
+    per_dtype_warps,
     row_plan,
+    row_warps,
     view,
 )
 
@@ -27,12 +29,12 @@ T = TypeVar("T")  # tile width (>= the row length when the row fits one tile)
 W = TypeVar("W")  # the row length, for one-row-per-block kernels that loop over chunks
 
 
-@per_dtype
-def _rms_kernels(dt: type[ct.DType]) -> tuple[Any, Any, Any, Any]:
+@per_dtype_warps
+def _rms_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any, Any, Any]:
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841 (named by the annotations below)
 
-    @ct.kernel
+    @ct.kernel(num_warps=warps)
     def rms_norm_tile(
         y: Mut[Tensor[Elem, BR, T]],
         x: Tensor[Elem, Dyn, Dyn],
@@ -68,7 +70,7 @@ def _rms_kernels(dt: type[ct.DType]) -> tuple[Any, Any, Any, Any]:
             wt = ct.load(w, (j,), (C,)).astype(f32)
             ct.store(y, (0, j), (t * r * wt).astype(y.dtype))
 
-    @ct.kernel
+    @ct.kernel(num_warps=warps)
     def add_rms_norm_tile(
         y: Mut[Tensor[Elem, BR, T]],
         h: Mut[Tensor[Elem, BR, T]],
@@ -119,12 +121,12 @@ def _rms_kernels(dt: type[ct.DType]) -> tuple[Any, Any, Any, Any]:
     return rms_norm_tile, rms_norm_loop, add_rms_norm_tile, add_rms_norm_loop
 
 
-@per_dtype
-def _layer_norm_kernels(dt: type[ct.DType]) -> tuple[Any, Any]:
+@per_dtype_warps
+def _layer_norm_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any]:
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841 (named by the annotations below)
 
-    @ct.kernel
+    @ct.kernel(num_warps=warps)
     def layer_norm_tile(
         y: Mut[Tensor[Elem, BR, T]],
         x: Tensor[Elem, Dyn, Dyn],
@@ -178,12 +180,13 @@ def _layer_norm_kernels(dt: type[ct.DType]) -> tuple[Any, Any]:
 
 
 def _launch_rows(
-    tile_k: Any, loop_k: Any, outs: int, rows: Tensor[Any, Any], *args: Any
+    kernels: Callable[[int], tuple[Any, Any]], outs: int, rows: Tensor[Any, Any], *args: Any
 ) -> tuple[Tensor[Any, Any], ...]:
-    """Launch the one-tile or the chunked kernel over `rows` (R, N) with `outs` fresh
-    outputs of its shape; returns them (2-D)."""
+    """Launch the one-tile or the chunked kernel (`kernels(warps)`) over `rows` (R, N) with
+    `outs` fresh outputs of its shape; returns them (2-D)."""
     r, n = rows.shape
     plan = row_plan(r, n, rows.dtype)
+    tile_k, loop_k = kernels(row_warps(plan))
     if plan.loop:
         # The block's tile: the row rounded up to whole chunks (the tail is masked).
         tile = (1, -(-n // plan.width) * plan.width)
@@ -206,8 +209,7 @@ def rms_norm(x: Tensor[Any, Any], weight: Tensor[Any, Any], eps: float = 1e-6) -
     check_shape("rms_norm", "weight", weight, (n,))
     if rows.size == 0:
         return ct.zeros(x.shape, dt)
-    tile_k, loop_k, _, _ = _rms_kernels(dt)
-    (y,) = _launch_rows(tile_k, loop_k, 1, rows, weight, 1.0 / n, float(eps))
+    (y,) = _launch_rows(lambda w: _rms_kernels(dt, w)[:2], 1, rows, weight, 1.0 / n, float(eps))
     return y.reshape(x.shape)
 
 
@@ -222,9 +224,10 @@ def add_rms_norm(
     check_shape("add_rms_norm", "weight", weight, (n,))
     if rows.size == 0:
         return ct.zeros(x.shape, dt), ct.zeros(x.shape, dt)
-    _, _, tile_k, loop_k = _rms_kernels(dt)
     res = view(residual, rows.shape)
-    y, h = _launch_rows(tile_k, loop_k, 2, rows, res, weight, 1.0 / n, float(eps))
+    y, h = _launch_rows(
+        lambda w: _rms_kernels(dt, w)[2:], 2, rows, res, weight, 1.0 / n, float(eps)
+    )
     return y.reshape(x.shape), h.reshape(x.shape)
 
 
@@ -240,6 +243,5 @@ def layer_norm(
     check_shape("layer_norm", "bias", bias, (n,))
     if rows.size == 0:
         return ct.zeros(x.shape, dt)
-    tile_k, loop_k = _layer_norm_kernels(dt)
-    (y,) = _launch_rows(tile_k, loop_k, 1, rows, weight, bias, n, float(eps))
+    (y,) = _launch_rows(lambda w: _layer_norm_kernels(dt, w), 1, rows, weight, bias, n, float(eps))
     return y.reshape(x.shape)

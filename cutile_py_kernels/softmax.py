@@ -39,6 +39,10 @@ ONE_PASS_CAP = 32768
 PER_THREAD = 32
 #: Warps per block at most (16: a 32768-element row in 512 threads).
 MAX_WARPS = 16
+#: Causal rows this wide or wider are read in CAUSAL_CHUNKS chunks, of which those wholly
+#: masked are not read (at most one partly masked chunk per row is).
+CAUSAL_MIN_WIDTH = 256
+CAUSAL_CHUNKS = 8
 
 
 def softmax_plan(n_rows: int, n: int, dtype: type[ct.DType]) -> tuple[RowPlan, int]:
@@ -54,10 +58,10 @@ def softmax_plan(n_rows: int, n: int, dtype: type[ct.DType]) -> tuple[RowPlan, i
     return RowPlan(rows, width, False), warps
 
 
-_SOFTMAX: dict[tuple[str, int], tuple[Any, Any]] = {}
+_SOFTMAX: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
 
 
-def _softmax_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any]:
+def _softmax_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any, Any]:
     """The one-pass and the chunked softmax kernels for `dt`, the first in blocks of `warps`
     warps (the chunked one lets the compiler choose); made once per (dtype, warps)."""
     key = (dt.name, warps)
@@ -66,7 +70,7 @@ def _softmax_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any]:
     return _SOFTMAX[key]
 
 
-def _make_softmax_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any]:
+def _make_softmax_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any, Any]:
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841 (named by the annotations below)
 
@@ -114,7 +118,59 @@ def _make_softmax_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any]:
             t = ct.where(ct.arange(C) + j * C < limit, t, NEG_INF)
             ct.store(y, (0, j), (ct.exp(t - m) * inv).astype(y.dtype))
 
-    return softmax_tile, softmax_loop
+    @ct.kernel(num_warps=warps)
+    def softmax_causal(
+        y: Mut[Tensor[Elem, BR, T]], x: Tensor[Elem, Dyn, Dyn], n: int, C: ConstInt
+    ) -> None:
+        """Causal softmax of BR rows, in the CAUSAL_CHUNKS chunks of C columns of their tile:
+        a chunk wholly past the last visible column of every row of the block (a row's
+        index within its n x n matrix) is not read, and is written as zeros; the rest as
+        softmax_tile."""
+        br = y.shape[0]
+        first = ct.bid(0) * br
+        limits = ct.expand_dims(ct.arange(br), 1) + first
+        limits = limits % n + 1
+        reach = first % n + br  # the last row's limit, unless the block crosses into the
+        if reach > n:  # next matrix, whose rows see fewer columns
+            reach = n
+        t0 = _visible(x, 0, C, br, limits, reach)
+        t1 = _visible(x, 1, C, br, limits, reach)
+        t2 = _visible(x, 2, C, br, limits, reach)
+        t3 = _visible(x, 3, C, br, limits, reach)
+        t4 = _visible(x, 4, C, br, limits, reach)
+        t5 = _visible(x, 5, C, br, limits, reach)
+        t6 = _visible(x, 6, C, br, limits, reach)
+        t7 = _visible(x, 7, C, br, limits, reach)
+        big = ct.maximum(ct.maximum(ct.maximum(t0, t1), ct.maximum(t2, t3)),
+                         ct.maximum(ct.maximum(t4, t5), ct.maximum(t6, t7)))  # fmt: skip
+        m = ct.max(big, axis=1, keepdims=True)
+        e0, e1, e2, e3 = ct.exp(t0 - m), ct.exp(t1 - m), ct.exp(t2 - m), ct.exp(t3 - m)
+        e4, e5, e6, e7 = ct.exp(t4 - m), ct.exp(t5 - m), ct.exp(t6 - m), ct.exp(t7 - m)
+        total = (e0 + e1) + (e2 + e3) + ((e4 + e5) + (e6 + e7))
+        inv = 1.0 / ct.sum(total, axis=1, keepdims=True)
+        ct.store(y, (0, 0), (e0 * inv).astype(y.dtype))
+        ct.store(y, (0, 1), (e1 * inv).astype(y.dtype))
+        ct.store(y, (0, 2), (e2 * inv).astype(y.dtype))
+        ct.store(y, (0, 3), (e3 * inv).astype(y.dtype))
+        ct.store(y, (0, 4), (e4 * inv).astype(y.dtype))
+        ct.store(y, (0, 5), (e5 * inv).astype(y.dtype))
+        ct.store(y, (0, 6), (e6 * inv).astype(y.dtype))
+        ct.store(y, (0, 7), (e7 * inv).astype(y.dtype))
+
+    return softmax_tile, softmax_loop, softmax_causal
+
+
+@ct.function
+def _visible(
+    x: Tensor[Any, Any, Any], j: int, c: int, br: int, limits: ct.Tile, reach: int
+) -> ct.Tile:
+    """Chunk j (br rows of the block, c columns) in f32, -inf from each row's `limits` on;
+    not read at all when it starts at or past `reach`, the largest of them."""
+    t: ct.Tile = ct.full((br, c), NEG_INF, f32)
+    if j * c < reach:
+        t = ct.load(x, (ct.bid(0), j), (br, c), padding=NEG_INF).astype(f32)
+        t = ct.where(ct.expand_dims(ct.arange(c), 0) + j * c < limits, t, NEG_INF)
+    return t
 
 
 @per_dtype
@@ -145,6 +201,30 @@ def _argmax_kernels(dt: type[ct.DType]) -> tuple[Any, Any]:
     return argmax_tile, argmax_loop
 
 
+def softmax_launch(
+    dt: type[ct.DType], r: int, n: int, causal: bool
+) -> tuple[Any, tuple[int, int], tuple[Any, ...]]:
+    """The softmax kernel for (r, n) rows, its output's tile shape, and its arguments after
+    the output and x: causal rows of at least CAUSAL_MIN_WIDTH (one tile) take the kernel that
+    skips their masked chunks, other rows that fit one tile softmax_tile, longer rows the
+    chunked kernel."""
+    plan, warps = softmax_plan(r, n, dt)
+    if plan.loop:
+        _, loop_k, _ = _softmax_kernels(dt, 1)
+        return loop_k, (1, -(-n // plan.width) * plan.width), (n, causal, plan.width)
+    if causal and plan.width >= CAUSAL_MIN_WIDTH:
+        # Chunks a warp wide: 32 lanes of 16-byte vectors over the rows of the block (two
+        # rows of 16-bit elements for chunks of 128).
+        c = plan.width // CAUSAL_CHUNKS
+        vec = 16 // dt.itemsize()
+        rows = max(1, min(next_pow2(r), 32 * vec // c))
+        warps = min(MAX_WARPS, prev_pow2(max(1, rows * c // (32 * vec))))  # no replicas
+        _, _, causal_k = _softmax_kernels(dt, warps)
+        return causal_k, (rows, plan.width), (n, c)
+    tile_k, _, _ = _softmax_kernels(dt, warps)
+    return tile_k, (plan.rows, plan.width), (n, causal)
+
+
 def softmax(x: Tensor[Any, Any], causal: bool = False) -> Tensor[Any, Any]:
     """`y = exp(x - max) / sum(exp(x - max))` over the last axis (f32 arithmetic, the row
     maximum subtracted first), same shape and dtype as `x`.
@@ -158,14 +238,8 @@ def softmax(x: Tensor[Any, Any], causal: bool = False) -> Tensor[Any, Any]:
         raise ValueError(f"softmax: causal=True needs x of shape (..., S, S), got {x.shape}")
     if rows.size == 0:
         return ct.zeros(x.shape, dt)
-    plan, warps = softmax_plan(r, n, dt)
-    tile_k, loop_k = _softmax_kernels(dt, max(warps, 1))
-    if plan.loop:
-        out = ct.empty((r, n), dt).partition((1, -(-n // plan.width) * plan.width))
-        y, *_ = loop_k(out, rows, n, bool(causal), plan.width).sync()
-    else:
-        out = ct.empty((r, n), dt).partition((plan.rows, plan.width))
-        y, *_ = tile_k(out, rows, n, bool(causal)).sync()
+    kernel, tile, tail = softmax_launch(dt, r, n, bool(causal))
+    y, *_ = kernel(ct.empty((r, n), dt).partition(tile), rows, *tail).sync()
     result: Tensor[Any, Any] = y.unpartition().reshape(x.shape)
     return result
 

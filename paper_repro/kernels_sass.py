@@ -32,7 +32,7 @@ from cutile_py.ptx.target import Target
 from cutile_py.runtime.nvjitlink import assemble
 from cutile_py.runtime.sass import disassemble, instructions
 from cutile_py_kernels import activations, elementwise, norms
-from cutile_py_kernels._common import row_plan
+from cutile_py_kernels._common import row_plan, row_warps
 
 softmax_mod = importlib.import_module("cutile_py_kernels.softmax")  # not the function
 
@@ -123,13 +123,8 @@ def _softmax(
     dt: type[ct.DType], r: int, n: int, causal: bool
 ) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
     def build() -> tuple[Any, tuple[Any, ...]]:
-        plan, warps = softmax_mod.softmax_plan(r, n, dt)
-        tile_k, loop_k = softmax_mod._softmax_kernels(dt, max(warps, 1))
-        x = TensorSpec((r, n), dt)
-        if plan.loop:
-            out = PartitionSpec((r, n), (1, -(-n // plan.width) * plan.width), dt)
-            return loop_k, (out, x, n, causal, plan.width)
-        return tile_k, (PartitionSpec((r, n), (plan.rows, plan.width), dt), x, n, causal)
+        kernel, tile, tail = softmax_mod.softmax_launch(dt, r, n, causal)
+        return kernel, (PartitionSpec((r, n), tile, dt), TensorSpec((r, n), dt), *tail)
 
     return build
 
@@ -145,11 +140,12 @@ def cases() -> list[Case]:
         size = dt.itemsize()
         x = TensorSpec((FLAT,), dt)
         zd = PartitionSpec((FLAT,), (activations._tile(dt),), dt)
+        z4 = PartitionSpec((FLAT,), (activations.SILU_TILE,), dt)
         silu, gelu = activations._silu_mul_kernel(dt), activations._gelu_kernel(dt)
-        out.append(Case(f"silu_mul {dt.name}", _flat(silu, zd, x, x), 3 * size))
+        out.append(Case(f"silu_mul {dt.name}", _flat(silu, z4, x, x), 3 * size))
         out.append(Case(f"gelu {dt.name}", _flat(gelu, zd, x), 2 * size))
-        rms = norms._rms_kernels(dt)[:2]
         for h in (1536, 2048, 4096):
+            rms = norms._rms_kernels(dt, row_warps(row_plan(ROWS, h, dt)))[:2]
             build = _row(rms, dt, ROWS, h, TensorSpec((h,), dt), 1.0 / h, 1e-6)
             out.append(Case(f"rms_norm {dt.name} {ROWS}x{h}", build, 2 * size))
         for n in (1024, 32768):

@@ -234,10 +234,42 @@ def test_softmax_reads_each_element_once_at_32768() -> None:
     """The bf16 4096 x 32768 row of issue 19: one read of x, one write of y (sampled)."""
     plan, warps = softmax_module.softmax_plan(64, 32768, ct.bf16)
     assert not plan.loop
-    tile_k, _ = softmax_module._softmax_kernels(ct.bf16, warps)
+    tile_k, _, _ = softmax_module._softmax_kernels(ct.bf16, warps)
     spec = ct.PartitionSpec((64, 32768), (1, 32768), ct.bf16), ct.TensorSpec((64, 32768), ct.bf16)
     r = tile_k.report(*spec, 32768, False, target="sm_90")
     assert r.bytes_ratio == 1.0 and r.spill_store_bytes in (0, None)
+
+
+@pytest.mark.parametrize("dt", [DT_PARAMS[0], DT_PARAMS[2]])
+@pytest.mark.parametrize("shape", [(1, 256, 256), (2, 300, 300), (3, 257, 257)])
+def test_softmax_causal_wide_rows(
+    backend: str, rng: np.random.Generator, dt: Any, shape: tuple[int, ...]
+) -> None:
+    """Rows of 256 columns or more: the kernel that reads only the visible chunks (257: blocks
+    of several 16-bit rows that cross from one matrix into the next)."""
+    kernel, tile, _ = softmax_module.softmax_launch(dt, shape[0] * shape[1], shape[2], True)
+    assert kernel.__name__ == "softmax_causal" and tile[1] == -(-shape[2] // 256) * 256
+    x, xt = rand(rng, shape, dt, 4.0)
+    y = ck.softmax(xt, causal=True)
+    ref = softmax_ref(x, causal=True)
+    check(y, ref, dt)
+    assert (y.to_numpy()[ref == 0] == 0).all()
+
+
+def test_causal_softmax_reads_only_the_visible_chunks() -> None:
+    """16 x 1024 x 1024 (sampled): row i reads its chunks of 128 up to column i, so x's bytes
+    read are sum over i of 128 * ceil((i + 1) / 128) * 4 per matrix, y is written whole."""
+    s = 1024
+    kernel, tile, tail = softmax_module.softmax_launch(ct.f32, 16 * s, s, True)
+    spec = ct.PartitionSpec((16 * s, s), tile, ct.f32), ct.TensorSpec((16 * s, s), ct.f32)
+    r = kernel.report(*spec, *tail, target="sm_90")
+    y, x = r.arguments
+    # The report samples blocks at both ends of the grid: the first rows (short) and the last
+    # (long) of the matrices, and scales; the exact count over the rows it ran:
+    ran = [*range(r.blocks_run // 2), *range(s - (r.blocks_run - r.blocks_run // 2), s)]
+    visible = sum(128 * -(-(i + 1) // 128) * 4 for i in ran)
+    assert x.read == round(visible * r.blocks_total / r.blocks_run)
+    assert y.written == y.nbytes and x.read < 0.6 * x.nbytes
 
 
 def test_softmax_checks_causal_shape() -> None:

@@ -31,7 +31,7 @@ import numpy as np
 import cutile_py as ct
 from cutile_py import Tensor, f16, f32, i32
 from cutile_py_kernels import autotune
-from cutile_py_kernels._common import next_pow2, prev_pow2, row_plan, view
+from cutile_py_kernels._common import next_pow2, prev_pow2, row_plan, row_warps, view
 from cutile_py_kernels.attention import AttentionPlan
 from cutile_py_kernels.gemm import _gemm_kernel
 from cutile_py_kernels.gemv import _gemv_kernel
@@ -369,7 +369,7 @@ class Qwen3:
         plan = row_plan(t, hid, dt)
         tile = (1, -(-hid // plan.width) * plan.width) if plan.loop else (plan.rows, plan.width)
         tail = (plan.width,) if plan.loop else ()
-        rms_tile, rms_loop, add_tile, add_loop = _rms_kernels(dt)
+        rms_tile, rms_loop, add_tile, add_loop = _rms_kernels(dt, row_warps(plan))
         y = s.out(out, (t, hid), tile, dt)
         if residual is None:
             op: ct.OpLike = (rms_loop if plan.loop else rms_tile)(y, rows, w, 1.0 / hid, eps, *tail)
