@@ -5,6 +5,7 @@ Element-wise (`add`, `saxpy`, `silu_mul`, `gelu`), row reductions over the last 
 `embedding`), `gemv`, and `gemm` / `bmm` on tensor cores (tile shapes from
 `cutile_py_kernels.autotune`). f16 and bf16 inputs are computed in f32 and the output keeps the
 input dtype. `attention` is a fused flash kernel (split over the keys for short queries).
+`cutile_py_kernels.models.Qwen3` is a Qwen3 decoder built from these kernels.
 """
 
 from cutile_py_kernels.activations import gelu, silu_mul
