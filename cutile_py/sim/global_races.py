@@ -71,6 +71,30 @@ class Shadow:
         self.granule = granule
 
 
+class Releases:
+    """The releases made at one address, numbered in order: by thread, (number, fence clock),
+    and by block, (number, the block's last bar.sync clock at the fence)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.by_thread: dict[int, list[tuple[int, int]]] = {}
+        self.by_block: dict[int, list[tuple[int, int]]] = {}
+
+    def add(self, who: int, block: int, fence: int, barrier: int) -> None:
+        self.by_thread.setdefault(who, []).append((self.count, fence))
+        self.by_block.setdefault(block, []).append((self.count, barrier))
+        self.count += 1
+
+    def covers(self, other: int, block: int, when: int, upto: int) -> bool:
+        """Whether one of the first `upto` releases publishes an access at clock `when` by
+        thread `other` (-1: a thread unknown) of `block`: its own fence after it, or a
+        release of its block whose preceding bar.sync came after it."""
+        mine = self.by_thread.get(other, ()) if other >= 0 else ()
+        return any(n < upto and when < f for n, f in mine) or any(
+            n < upto and when < bar for n, bar in self.by_block.get(block, ())
+        )
+
+
 class GlobalRaces:
     """The race detector's view of one launch's global memory (kept across its batches)."""
 
@@ -89,11 +113,11 @@ class GlobalRaces:
         #: bar.warp.sync (-1: none yet).
         self.last_barrier = np.zeros(0, dtype=np.int64)
         self.last_warp_sync = np.zeros(0, dtype=np.int64)
-        #: Per address of an atomic: per releasing thread, (fence clock, its block's last
-        #: bar.sync clock at the fence): accesses before either are published there.
-        self.releases: dict[int, dict[int, tuple[int, int]]] = {}
-        #: Per batch slot: (acquiring thread, clock, the releases it acquired).
-        self.acquired: dict[int, list[tuple[int, int, dict[int, tuple[int, int]]]]] = {}
+        #: Per address of an atomic: the releases made there, in order.
+        self.releases: dict[int, Releases] = {}
+        #: Per batch slot: (acquiring thread, clock, address, how many of the address's
+        #: releases it acquired: a prefix, never a copy).
+        self.acquired: dict[int, list[tuple[int, int, int, int]]] = {}
         self.fenced = np.zeros(0, dtype=np.int64)
         self.fence_bar = np.zeros(0, dtype=np.int64)
 
@@ -153,11 +177,13 @@ class GlobalRaces:
             address, lane = int(addrs[k]), int(lanes[k])
             who = int(self.who[lane])
             got = self.releases.get(address)
-            if acquire and got:
+            if acquire and got is not None:
                 slot = lane // self.per_block
-                self.acquired.setdefault(slot, []).append((who, now, dict(got)))
+                self.acquired.setdefault(slot, []).append((who, now, address, got.count))
             if releasing[k]:
-                self.releases.setdefault(address, {})[who] = (int(when[k]), int(bar[k]))
+                if got is None:
+                    got = self.releases[address] = Releases()
+                got.add(who, who // self.per_block, int(when[k]), int(bar[k]))
 
     def _acquired(
         self, bad: np.ndarray, other: np.ndarray, when: np.ndarray, lane: np.ndarray
@@ -173,13 +199,10 @@ class GlobalRaces:
             oblock = o // self.per_block if o >= 0 else IN_BLOCK - o
             slot = int(lane[k]) // self.per_block
             me = int(self.who[lane[k]])
-            for u, at, rels in self.acquired.get(slot, ()):
+            for u, at, address, upto in self.acquired.get(slot, ()):
                 if u != me and self.last_barrier[slot] <= at:
                     continue
-                if any(
-                    (r == o and t < f) or (r // self.per_block == oblock and t < bar)
-                    for r, (f, bar) in rels.items()
-                ):
+                if self.releases[address].covers(o, oblock, t, upto):
                     ordered[k] = True
                     break
         return ordered

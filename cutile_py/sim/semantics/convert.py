@@ -75,6 +75,17 @@ def cvt(instr: Instruction) -> Run:
         if rnd is not None:
             m.fail("integer-to-integer conversions take no rounding modifier")
 
+        if not sat:
+            # Extension by the source's signedness, or truncation: a NumPy integer cast.
+            dw = WIDTH[dtype]
+            via = (SINT if is_signed(atype) else UINT)[dw]
+            out = (SINT if is_signed(dtype) else UINT)[dw]
+
+            def run_cast(ctx: ExecContext) -> None:
+                ctx.write(d, dtype, ctx.read(a_op, atype).astype(via).view(out))
+
+            return run_cast
+
         def run_int(ctx: ExecContext) -> None:
             _int_to_int(ctx, d, a_op, dtype, atype, sat)
 
