@@ -31,8 +31,8 @@ import numpy as np
 import cutile_py as ct
 from cutile_py import Tensor, f32
 from cutile_py_kernels import add, gemv, rms_norm, silu_mul
-from cutile_py_kernels._common import next_pow2, prev_pow2, row_plan, view
-from cutile_py_kernels.activations import _silu_mul_kernel
+from cutile_py_kernels._common import next_pow2, prev_pow2, row_plan, row_warps, view
+from cutile_py_kernels.activations import SILU_TILE, _silu_mul_kernel
 from cutile_py_kernels.elementwise import TILE as ADD_TILE
 from cutile_py_kernels.elementwise import add_kernel
 from cutile_py_kernels.gemv import _gemv_kernel
@@ -40,7 +40,6 @@ from cutile_py_kernels.norms import _rms_kernels
 
 EPS = 1e-6
 VOCAB = 32
-SILU_TILE = 1024  # what `silu_mul` uses for f32
 
 AnyTensor = Tensor[Any, Any]
 
@@ -106,11 +105,11 @@ class Step:
 
     def op(self) -> ct.OpLike:
         w, hidden, ffn = self.w, self.hidden, self.ffn
-        rms_tile, rms_loop, _, _ = _rms_kernels(f32)
         gemv_k = _gemv_kernel(f32)
 
         # rms_norm works on rows: x and h are seen as (1, hidden).
         plan = row_plan(1, hidden, f32)
+        rms_tile, rms_loop, _, _ = _rms_kernels(f32, row_warps(plan))
         x_rows = view(self.x, (1, hidden))
         if plan.loop:
             h_part = ct.zeros((1, hidden), f32).partition(
