@@ -32,7 +32,7 @@ import cutile_py as ct
 from cutile_py import Tensor, f32
 from cutile_py_kernels import add, gemv, rms_norm, silu_mul
 from cutile_py_kernels._common import next_pow2, prev_pow2, row_plan, row_warps, view
-from cutile_py_kernels.activations import _silu_mul_kernel
+from cutile_py_kernels.activations import SILU_TILE, _silu_mul_kernel
 from cutile_py_kernels.elementwise import TILE as ADD_TILE
 from cutile_py_kernels.elementwise import add_kernel
 from cutile_py_kernels.gemv import _gemv_kernel
@@ -40,7 +40,6 @@ from cutile_py_kernels.norms import _rms_kernels
 
 EPS = 1e-6
 VOCAB = 32
-SILU_TILE = 1024  # what `silu_mul` uses for f32
 
 AnyTensor = Tensor[Any, Any]
 
