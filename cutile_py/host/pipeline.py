@@ -145,7 +145,7 @@ class Zip(_Once):
 
     def __init__(self, ops: tuple[OpLike, ...]) -> None:
         for i, op in enumerate(ops):
-            if not isinstance(op, OpLike):
+            if type(op) not in _OPS and not isinstance(op, OpLike):
                 raise TypeError(f"zip: argument {i} is a {type(op).__name__}, not an op")
         _check_disjoint(ops)
         self.ops = ops
