@@ -318,7 +318,11 @@ def _line(fn: Any, text: str) -> int:
 @pytest.mark.parametrize(
     ("fn", "text", "message"),
     [
-        (k_float_index, "ct.gather(x, t)", "ct.gather: index 0 is a f32 tile; indices are int32"),
+        (
+            k_float_index,
+            "ct.gather(x, t)",
+            "ct.gather: index 0 into 'x' is an f32 tile; indices are int32",
+        ),
         (k_gather_from_mut, "ct.gather(z", "ct.gather reads a shared Tensor parameter; 'z' is Mut"),
         (
             k_scatter_into_shared,

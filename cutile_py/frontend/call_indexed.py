@@ -70,15 +70,21 @@ def refuse_atomic(kb: KernelBuilder, p: ParamRef, node: ast.AST) -> NoReturn:
     )
 
 
+def _article(name: str) -> str:
+    """'a' or 'an' before a dtype name as it is spoken ("an f32", "an i64", "a bf16")."""
+    return "an" if name[:1] in "fi" else "a"
+
+
 def _coords(
     kb: KernelBuilder,
     indices: Any,
-    rank: int,
+    t: ParamRef,
     call: str,
     node: ast.AST,
     value_shape: tuple[int, ...] = (),
 ) -> tuple[list[Value], tuple[int, ...]]:
-    """One i32 tile per dim, broadcast together (and with `value_shape`) to one tile shape."""
+    """One i32 tile per dim of `t`, broadcast together (and with `value_shape`) to one shape."""
+    rank = t.bound.rank
     items = indices if isinstance(indices, tuple) else (indices,)
     if len(items) != rank:
         kb.fail(
@@ -90,8 +96,9 @@ def _coords(
     for k, x in enumerate(items):
         if isinstance(x, Value):
             if x.type.dtype is not i32:
+                name = x.type.dtype.name
                 kb.fail(
-                    f"{call}: index {k} is a {x.type.dtype.name} "
+                    f"{call}: index {k} into '{t.name}' is {_article(name)} {name} "
                     f"{'tile' if x.type.shape else 'scalar'}; indices are int32 (convert "
                     "with .astype(ct.i32))",
                     node,
@@ -134,7 +141,7 @@ def _value(kb: KernelBuilder, x: Any, dst: ParamRef, call: str, node: ast.AST) -
 
 def _gather(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     src = _tensor(kb, a["src"], "ct.gather", "tensor", node)
-    coords, _ = _coords(kb, a["indices"], src.bound.rank, "ct.gather", node)
+    coords, _ = _coords(kb, a["indices"], src, "ct.gather", node)
     pad = a["padding"]
     if not isinstance(pad, (int, float)) or isinstance(pad, bool):
         kb.fail("ct.gather: padding must be a number", node)
@@ -148,9 +155,7 @@ def _gather(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
 def _scatter(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> None:
     z = _tensor(kb, a["z"], "ct.scatter", "partition", node)
     value = _value(kb, a["values"], z, "ct.scatter", node)
-    coords, shape = _coords(
-        kb, a["indices"], z.bound.rank, "ct.scatter", node, value_shape=value.type.shape
-    )
+    coords, shape = _coords(kb, a["indices"], z, "ct.scatter", node, value_shape=value.type.shape)
     kb.b.scatter(z.index, coords, kb.to_shape(value, shape))
 
 
@@ -163,9 +168,7 @@ def _atomic(kind: str) -> Callable[[KernelBuilder, ast.AST, dict[str, Any]], Non
             names = ", ".join(d.name for d in ATOMIC_DTYPES[kind])
             kb.fail(f"{call}: '{t.name}' is {t.bound.dtype.name}; it updates {names}", node)
         value = _value(kb, a["values"], t, call, node)
-        coords, shape = _coords(
-            kb, a["indices"], t.bound.rank, call, node, value_shape=value.type.shape
-        )
+        coords, shape = _coords(kb, a["indices"], t, call, node, value_shape=value.type.shape)
         kb.b.atomic(kind, t.index, coords, kb.to_shape(value, shape))
 
     return handle
