@@ -12,7 +12,8 @@ import numpy as np
 from cutile_py.frontend.signature import Specialization
 from cutile_py.host.tensor import Partition, Tensor
 from cutile_py.ir.dtypes import from_storage, to_storage
-from cutile_py.language.interpret import CURRENT_BLOCK, BlockContext, TensorView, TileView
+from cutile_py.language.block import CURRENT_BLOCK, BlockContext
+from cutile_py.language.interpret import TensorView, TileView
 from cutile_py.language.tile import Tile
 from cutile_py.runtime.backend import Completion, Finished, HostBuffer
 
@@ -81,9 +82,13 @@ def run_interpreted(
                         call_args.append(TensorView(arr, bp.dtype))
                     else:
                         call_args.append(value)
-                token = CURRENT_BLOCK.set(
-                    BlockContext((bid[0], bid[1], bid[2]), (g[0], g[1], g[2]), spec.typevars)
+                ctx = BlockContext(
+                    (bid[0], bid[1], bid[2]),
+                    (g[0], g[1], g[2]),
+                    spec.typevars,
+                    spec.dtypevars,
                 )
+                token = CURRENT_BLOCK.set(ctx)
                 try:
                     body(*call_args)
                 finally:
