@@ -19,11 +19,12 @@ from cutile_py.ir.shapes import broadcast_shapes
 if TYPE_CHECKING:
     from cutile_py.frontend.build_ir import KernelBuilder
 
-#: The dtypes each atomic updates (what `red.global` offers on every target from sm_80).
+#: The dtypes each atomic updates (`red.global` on every target from sm_80; f32 max/min as
+#: integer ones on the bits).
 ATOMIC_DTYPES: dict[str, tuple[type[DType], ...]] = {
     "add": (f32, i32, i64),
-    "max": (i32, i64),
-    "min": (i32, i64),
+    "max": (f32, i32, i64),
+    "min": (f32, i32, i64),
 }
 MAX_TILE_RANK = 3
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from cutile_py.ir.dtypes import round_to
+from cutile_py.ir.dtypes import f32, round_to
 from cutile_py.language import tile as _t
 from cutile_py.language.functions import builtin
 from cutile_py.language.interpret import TensorView, TileView
@@ -63,12 +63,32 @@ def scatter(z: Any, indices: Indices, values: Operand) -> None:
     z.array[tuple(g[ok] for g in glob)] = v[ok]
 
 
-def _atomic(kind: str, t: Any, indices: Indices, values: Operand) -> None:
-    assert isinstance(t, TensorView)
+def _total_order_key(x: np.ndarray) -> np.ndarray:
+    """f32 values as int32 keys ordered as IEEE totalOrder (-NaN < -inf < ... < -0.0 < +0.0
+    < ... < +inf < +NaN): the bits, with a negative pattern's magnitude bits flipped."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.int32)
+    return np.where(bits < 0, bits ^ np.int32(0x7FFFFFFF), bits)
+
+
+def _float_extreme(kind: str, t: TensorView, at: tuple[np.ndarray, ...], v: np.ndarray) -> None:
+    """f32 max/min in totalOrder, a NaN value taken as the extreme NaN of `kind` (what the
+    compiled kernel's integer atomics on the bits do)."""
+    extreme = np.int32(2**31 - 1) if kind == "max" else np.int32(-1)
+    bits = np.where(np.isnan(v), extreme, np.ascontiguousarray(v, np.float32).view(np.int32))
+    keys = _total_order_key(t.array)
+    ufunc = np.maximum if kind == "max" else np.minimum
+    ufunc.at(keys, at, _total_order_key(bits.view(np.float32)))
+    t.array[...] = np.where(keys < 0, keys ^ np.int32(0x7FFFFFFF), keys).view(np.float32)
+
+
+def _atomic(kind: str, t: TensorView, indices: Indices, values: Operand) -> None:
     coords, shape = _coords(indices, values)
     v = np.broadcast_to(_t.as_array(values, t.dtype), shape)
     ok = _inside(coords, t.shape)
     at = tuple(c[ok] for c in coords)
+    if kind != "add" and t.dtype is f32:
+        _float_extreme(kind, t, at, v[ok])
+        return
     # ufunc.at applies repeated coordinates one after another, as atomics do.
     {"add": np.add, "max": np.maximum, "min": np.minimum}[kind].at(t.array, at, v[ok])
 
@@ -79,20 +99,29 @@ def atomic_add(t: Any, indices: Indices, values: Operand) -> None:
     (f32, i32 or i64; integers wrap around): repeated coordinates, in this block or any
     other, each add once. Coordinates outside the tensor are dropped. f32 sums depend on
     the order the updates arrive in (rounding), which is unspecified."""
+    assert isinstance(t, TensorView)
     _atomic("add", t, indices, values)
 
 
 @builtin("atomic_max")
 def atomic_max(t: Any, indices: Indices, values: Operand) -> None:
     """`t[indices] = max(t[indices], values)` atomically, element by element, on the
-    `Atomic` parameter `t` (i32 or i64). Coordinates outside the tensor are dropped."""
+    `Atomic` parameter `t` (f32, i32 or i64). Coordinates outside the tensor are dropped.
+    f32 compares in IEEE totalOrder: -0.0 is below +0.0, and a NaN value leaves NaN (the
+    bits 0x7FFFFFFF; a NaN already in `t` counts above +inf if its sign bit is clear, below
+    -inf if set)."""
+    assert isinstance(t, TensorView)
     _atomic("max", t, indices, values)
 
 
 @builtin("atomic_min")
 def atomic_min(t: Any, indices: Indices, values: Operand) -> None:
     """`t[indices] = min(t[indices], values)` atomically, element by element, on the
-    `Atomic` parameter `t` (i32 or i64). Coordinates outside the tensor are dropped."""
+    `Atomic` parameter `t` (f32, i32 or i64). Coordinates outside the tensor are dropped.
+    f32 compares in IEEE totalOrder: -0.0 is below +0.0, and a NaN value leaves NaN (the
+    bits 0xFFFFFFFF; a NaN already in `t` counts above +inf if its sign bit is clear, below
+    -inf if set)."""
+    assert isinstance(t, TensorView)
     _atomic("min", t, indices, values)
 
 
