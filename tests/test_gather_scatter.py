@@ -201,6 +201,40 @@ def test_scatter_permutes_within_each_tile_and_drops_outside(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_repeated_scatter_coordinates_with_different_values_are_a_race(
+    backend: str, rng: np.random.Generator
+) -> None:
+    ct.set_backend(backend)
+    tile, blocks = 128, int(rng.integers(1, 5))
+    n = tile * blocks
+    xs = rng.standard_normal(n).astype(np.float32)
+    perm = np.concatenate([rng.permutation(tile) for _ in range(blocks)]).astype(np.int32)
+    b = int(rng.integers(0, blocks))
+    perm[b * tile : (b + 1) * tile] = rng.integers(0, tile)  # the whole tile onto one element
+    z = ct.empty((n,), f32).partition(tile)
+    with pytest.raises(ct.LaunchError, match="global-memory race") as info:
+        scatter_perm(z, ct.from_numpy(xs), ct.from_numpy(perm)).sync()
+    msg = str(info.value)
+    assert "kernel scatter_perm" in msg and f"block ({b}, 0, 0)" in msg
+    if backend == "interpret":  # the simulator names the PTX line instead
+        assert f"line {_line(scatter_perm.fn, 'ct.scatter(z')}" in msg
+
+
+def test_repeated_scatter_coordinates_with_equal_values_are_kept_on_interpret(
+    rng: np.random.Generator,
+) -> None:
+    ct.set_backend("interpret")
+    n = int(rng.integers(1, 300))
+    xs = np.full(n, rng.standard_normal(), np.float32)
+    perm = np.zeros(n, np.int32)  # every element of each tile onto its first
+    z = ct.from_numpy(np.full(n, 42, np.float32)).partition(128)
+    z, _, _ = scatter_perm(z, ct.from_numpy(xs), ct.from_numpy(perm)).sync()
+    want = np.full(n, 42, np.float32)
+    want[::128] = xs[0]
+    np.testing.assert_array_equal(z.unpartition().to_numpy(), want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dt", [ct.f32, ct.f16], ids=lambda d: d.name)
 def test_scatter_of_consecutive_indices_any_shift(
     backend: str, dt: type[ct.DType], rng: np.random.Generator

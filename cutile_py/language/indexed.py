@@ -11,7 +11,7 @@ import numpy as np
 from cutile_py.ir.dtypes import f32, round_to
 from cutile_py.language import tile as _t
 from cutile_py.language.functions import builtin
-from cutile_py.language.interpret import TensorView, TileView
+from cutile_py.language.interpret import KernelFault, TensorView, TileView
 from cutile_py.language.tile import Operand, Tile
 
 #: One int32 tile per dim of the tensor (a 1-D tensor also takes the tile or int alone);
@@ -53,14 +53,37 @@ def scatter(z: Any, indices: Indices, values: Operand) -> None:
     """`tile[indices] = values` on this block's own tile of the `Mut` parameter `z`:
     `indices` (one int32 tile per dim, broadcast together with `values`) count from the
     tile's origin. Elements whose coordinates leave the block's tile, or the tensor at an
-    edge tile, are dropped. Where coordinates repeat, one of their values is stored (which
-    one is unspecified on compiled backends)."""
+    edge tile, are dropped. Coordinates must not repeat: threads would race to store them
+    (on a GPU, which value lands is undefined); the interpreter reports every repeat whose
+    values differ, the simulator those stored by different threads, as a LaunchError."""
     assert isinstance(z, TileView)
     coords, shape = _coords(indices, values)
     v = np.broadcast_to(_t.as_array(values, z.dtype), shape)
     glob = [c + i * t for c, i, t in zip(coords, z.index, z.shape)]
     ok = _inside(coords, z.shape) & _inside(glob, z.full_shape)
-    z.array[tuple(g[ok] for g in glob)] = v[ok]
+    at = tuple(g[ok] for g in glob)
+    _check_repeats(at, v[ok], z.full_shape)
+    z.array[at] = v[ok]
+
+
+def _check_repeats(at: tuple[np.ndarray, ...], v: np.ndarray, shape: tuple[int, ...]) -> None:
+    """KernelFault where two elements go to one coordinate with different values (bits
+    compared, as the simulator compares the bytes stored)."""
+    if at[0].size < 2:
+        return
+    flat = np.ravel_multi_index(at, shape)
+    order = np.argsort(flat, kind="stable")
+    f = flat[order]
+    bits = np.ascontiguousarray(v[order]).view(np.uint8).reshape(f.size, -1)
+    clash = (f[1:] == f[:-1]) & (bits[1:] != bits[:-1]).any(axis=1)
+    if clash.any():
+        k = int(np.argmax(clash))
+        where = tuple(int(c) for c in np.unravel_index(int(f[k]), shape))
+        a, b = v[order[k]], v[order[k + 1]]
+        raise KernelFault(
+            f"global-memory race: ct.scatter stores both {a} and {b} to element {where} of "
+            "the tensor (repeated coordinates)"
+        )
 
 
 def _total_order_key(x: np.ndarray) -> np.ndarray:

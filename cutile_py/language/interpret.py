@@ -8,6 +8,11 @@ from cutile_py.ir.dtypes import DType, round_to
 from cutile_py.language.tile import Tile
 
 
+class KernelFault(RuntimeError):
+    """What a GPU would fault on, or the simulator report, found while a kernel's Python runs
+    (a race); the launch reports it as a LaunchError naming the block and the line."""
+
+
 def tile_slices(
     full: tuple[int, ...], index: tuple[int, ...], tile: tuple[int, ...]
 ) -> tuple[tuple[slice, ...], tuple[slice, ...]]:
