@@ -130,6 +130,35 @@ def test_f32_max_min_in_total_order(backend: str, special: str, rng: np.random.G
     _same_bits_or_nan(amax.to_numpy(), np.array([_extreme("max", 0.0, np.abs(xs))]))
 
 
+@ct.kernel
+def count_blocks(
+    z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], counter: Atomic[Tensor[i32, Dyn]]
+) -> None:
+    """counter[0] += 1 and counter[1] = max(bid) with scalar indices and values: one update per
+    block; counter[2] = min over blocks of x[block's first element], scaled to an int."""
+    z.store(ct.load_tile_like(x, z))
+    ct.atomic_add(counter, 0, 1)
+    ct.atomic_max(counter, 1, ct.bid(0))
+    first = ct.load(x, ct.bid(0), z.shape).astype(i32)
+    ct.atomic_min(counter, 2, ct.min(first * 0 + ct.bid(0) * 7 + 3))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scalar_indices_and_values_update_once_per_block(
+    backend: str, rng: np.random.Generator
+) -> None:
+    ct.set_backend(backend)
+    n, tile = int(rng.integers(1, 3000)), 128
+    blocks = -(-n // tile)
+    start = np.array([5, -1, 2**31 - 1], np.int32)
+    _, _, counter = count_blocks(
+        ct.empty((n,), f32).partition(tile),
+        ct.from_numpy(rng.standard_normal(n).astype(np.float32)),
+        ct.from_numpy(start),
+    ).sync()
+    np.testing.assert_array_equal(counter.to_numpy(), [5 + blocks, blocks - 1, 3])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_histogram_in_one_launch(backend: str, rng: np.random.Generator) -> None:
     ct.set_backend(backend)

@@ -267,6 +267,29 @@ def test_scatter_in_two_dims(backend: str, rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(z.unpartition().to_numpy(), want)
 
 
+@ct.kernel
+def scalar_indexed(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], at: int) -> None:
+    """z = x + x[at] (a gather of one element: a scalar), then z[3] = -1.5 and z[at % size]
+    = x[0] in each tile (scatters of one element, all-scalar indices and values)."""
+    z.store(ct.load_tile_like(x, z) + ct.gather(x, at))
+    ct.scatter(z, 3, -1.5)
+    ct.scatter(z, at % z.shape[0], ct.gather(x, 0))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_all_scalar_gather_and_scatter(backend: str, rng: np.random.Generator) -> None:
+    ct.set_backend(backend)
+    n, tile = int(rng.integers(1, 1000)), 64
+    xs = rng.standard_normal(n).astype(np.float32)
+    at = int(rng.integers(4, 64))
+    z, _, _ = scalar_indexed(ct.empty((n,), f32).partition(tile), ct.from_numpy(xs), at).sync()
+    pad = np.append(xs, np.zeros(-(-n // tile) * tile - n, np.float32))
+    want = pad + (xs[at] if at < n else np.float32(0))
+    want[3::tile] = -1.5
+    want[at::tile] = xs[0]
+    np.testing.assert_array_equal(z.unpartition().to_numpy(), want[:n])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_scatter_of_a_number(backend: str, rng: np.random.Generator) -> None:
     ct.set_backend(backend)

@@ -15,7 +15,9 @@ from cutile_py.language.interpret import KernelFault, TensorView, TileView
 from cutile_py.language.tile import Operand, Tile
 
 #: One int32 tile per dim of the tensor (a 1-D tensor also takes the tile or int alone);
-#: Python ints stand for a whole tile of that index. All broadcast together.
+#: Python ints stand for a whole tile of that index. All broadcast together. Where indices
+#: and values are all scalars, the access is of one element, made once per block (by one
+#: thread of it on compiled backends): `ct.atomic_add(counter, 0, 1)` adds 1 per block.
 Indices = Tile | int | Sequence[Tile | int]
 
 
@@ -38,8 +40,8 @@ def _inside(coords: list[np.ndarray], dims: Sequence[int]) -> np.ndarray:
 def gather(src: Any, indices: Indices, padding: float = 0) -> Tile:
     """`src[indices]` element by element: `indices` holds one int32 tile per dim of the shared
     tensor `src` (a 1-D tensor also takes the tile alone), broadcast together; the result has
-    their shape and `src`'s dtype. An element whose coordinates are negative or past the end
-    of a dim reads `padding`."""
+    their shape and `src`'s dtype (a scalar for scalar indices). An element whose coordinates
+    are negative or past the end of a dim reads `padding`."""
     assert isinstance(src, TensorView)
     coords, shape = _coords(indices)
     out = np.full(shape, round_to(np.asarray(padding), src.dtype), dtype=src.dtype.compute)
