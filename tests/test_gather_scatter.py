@@ -396,11 +396,11 @@ def _line(fn: Any, text: str) -> int:
     ids=lambda v: getattr(v, "__name__", None) or "",
 )
 def test_misuse_is_a_compile_error_at_the_line(fn: Any, text: str, message: str) -> None:
-    args = (ct.PartitionSpec((64,), (32,)), ct.TensorSpec((64,)))
+    kernel = ct.kernel(fn)
     for backend in BACKENDS:
         ct.set_backend(backend)
         with pytest.raises(ct.CompileError) as info:
-            ct.kernel(fn).ir(*args)
+            kernel(ct.zeros((64,)).partition(32), ct.zeros((64,))).sync()
         msg = str(info.value)
         assert message in msg
         assert f"line {_line(fn, text)}" in msg
