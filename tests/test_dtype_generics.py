@@ -154,3 +154,41 @@ def test_a_non_dtype_in_the_dtype_slot_names_the_parameter() -> None:
 
     with pytest.raises(ct.CompileError, match="parameter 'x': write Tensor\\[dtype"):
         ct.kernel(k_bad).ir(ct.PartitionSpec((64,), (32,)), ct.TensorSpec((64,)))
+
+
+H = TypeVar("H", ct.f16, ct.bf16)
+
+
+@ct.kernel
+def halves_only(z: Mut[Tensor[H, B]], x: Tensor[H, Dyn]) -> None:
+    z.store(ct.load_tile_like(x, z))
+
+
+@pytest.mark.parametrize("backend", ["sim", "interpret"])
+def test_a_constrained_dtype_typevar_takes_only_its_dtypes(
+    backend: str, rng: np.random.Generator
+) -> None:
+    ct.set_backend(backend)
+    xs = rng.standard_normal(100).astype(np.float32)
+    for dt in (ct.f16, ct.bf16):
+        x = ct.from_numpy(xs, dt)
+        z, _ = halves_only(ct.empty((100,), dt).partition(32), x).sync()
+        np.testing.assert_array_equal(z.unpartition().to_numpy(), x.to_numpy())
+    with pytest.raises(TypeError) as info:
+        halves_only(ct.empty((100,), f32).partition(32), ct.from_numpy(xs))
+    msg = str(info.value)
+    assert "kernel halves_only, parameter 'z'" in msg
+    assert "dtype H = f32 is not one of H's dtypes: f16, bf16" in msg
+
+
+def test_a_typevar_constrained_to_non_dtypes_is_a_compile_error() -> None:
+    N = TypeVar("N", int, float)
+
+    def k_bad(z: Mut[Tensor[N, B]], x: Tensor[f32, Dyn]) -> None:  # type: ignore[type-var]
+        z.store(ct.load_tile_like(x, z))
+
+    with pytest.raises(ct.CompileError) as info:
+        ct.kernel(k_bad).ir(ct.PartitionSpec((64,), (32,)), ct.TensorSpec((64,)))
+    msg = str(info.value)
+    assert "parameter 'z': TypeVar N is constrained to int, float; a dtype TypeVar" in msg
+    assert f"line {_line(k_bad, 'def k_bad')}" in msg
