@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import cutile_py as ct
-from cutile_py import Atomic, Dyn, Mut, Tensor, f32, i32, i64
+from cutile_py import Atomic, Dyn, Mut, Tensor, f16, f32, i32, i64
 from cutile_py.runtime.nvjitlink import assemble, nvjitlink_available
 
 B = TypeVar("B")
@@ -62,6 +62,101 @@ def scatter_add_2d(
     ct.atomic_add(
         acc, (ct.expand_dims(r, 1), cols), ct.broadcast_to(ct.expand_dims(v, 1), (z.shape[0], 4))
     )
+
+
+@ct.kernel
+def f32_extremes(
+    z: Mut[Tensor[f32, B]],
+    x: Tensor[f32, Dyn],
+    bins: Tensor[i32, Dyn],
+    hi: Atomic[Tensor[f32, Dyn]],
+    lo: Atomic[Tensor[f32, Dyn]],
+    amax: Atomic[Tensor[f32, Dyn]],
+) -> None:
+    """hi[b] = max, lo[b] = min of the x in bin b (bin -1: past the end, dropped); amax[0] =
+    max |x| (a quantization scale)."""
+    v = ct.load_tile_like(x, z)
+    z.store(v)
+    b = ct.load(bins, ct.bid(0), z.shape, padding=-1)
+    ct.atomic_max(hi, b, v)
+    ct.atomic_min(lo, b, v)
+    ct.atomic_max(amax, 0, ct.max(ct.abs(v), keepdims=True))
+
+
+def _extreme(kind: str, start: float, xs: np.ndarray) -> np.float32:
+    """max/min of `start` and `xs` with -0.0 below +0.0 and NaN winning (none in `start`)."""
+    if np.isnan(xs).any():
+        return np.float32(np.nan)
+    both = np.append(np.float32(start), xs)
+    best = both.max() if kind == "max" else both.min()
+    if best == 0:  # a zero is the extreme: +0.0 for max if any zero is +0.0, -0.0 for min
+        signs = np.signbit(both[both == 0])
+        best = np.float32(-0.0 if (signs.all() if kind == "max" else signs.any()) else 0.0)
+    return np.float32(best)
+
+
+def _same_bits_or_nan(got: np.ndarray, want: np.ndarray) -> None:
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.int32), want[~nan].view(np.int32))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("special", ["finite", "zeros", "nan", "inf"])
+def test_f32_max_min_in_total_order(backend: str, special: str, rng: np.random.Generator) -> None:
+    ct.set_backend(backend)
+    n, nb = int(rng.integers(1, 3000)), int(rng.integers(1, 12))
+    xs = (rng.standard_normal(n) * 10.0 ** rng.integers(-40, 38, n)).astype(np.float32)
+    if special == "zeros":  # bins of only signed zeros, and zeros among negatives
+        xs = np.where(rng.random(n) < 0.7, np.copysign(np.float32(0), rng.random(n) - 0.5), -xs)
+        xs = xs.astype(np.float32)
+    elif special != "finite":
+        hit = rng.random(n) < 0.01
+        bad = np.float32(np.nan if special == "nan" else np.inf)
+        xs[hit] = np.where(rng.random(int(hit.sum())) < 0.5, bad, -bad)
+    bins = rng.integers(-1, nb, n).astype(np.int32)
+    _, _, _, hi, lo, amax = f32_extremes(
+        ct.empty((n,), f32).partition(256),
+        ct.from_numpy(xs),
+        ct.from_numpy(bins),
+        ct.full((nb,), -np.inf, f32),
+        ct.full((nb,), np.inf, f32),
+        ct.zeros((1,), f32),
+    ).sync()
+    want_hi = np.array([_extreme("max", -np.inf, xs[bins == b]) for b in range(nb)])
+    want_lo = np.array([_extreme("min", np.inf, xs[bins == b]) for b in range(nb)])
+    _same_bits_or_nan(hi.to_numpy(), want_hi)
+    _same_bits_or_nan(lo.to_numpy(), want_lo)
+    _same_bits_or_nan(amax.to_numpy(), np.array([_extreme("max", 0.0, np.abs(xs))]))
+
+
+@ct.kernel
+def count_blocks(
+    z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], counter: Atomic[Tensor[i32, Dyn]]
+) -> None:
+    """counter[0] += 1 and counter[1] = max(bid) with scalar indices and values: one update per
+    block; counter[2] = min over blocks of x[block's first element], scaled to an int."""
+    z.store(ct.load_tile_like(x, z))
+    ct.atomic_add(counter, 0, 1)
+    ct.atomic_max(counter, 1, ct.bid(0))
+    first = ct.load(x, ct.bid(0), z.shape).astype(i32)
+    ct.atomic_min(counter, 2, ct.min(first * 0 + ct.bid(0) * 7 + 3))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scalar_indices_and_values_update_once_per_block(
+    backend: str, rng: np.random.Generator
+) -> None:
+    ct.set_backend(backend)
+    n, tile = int(rng.integers(1, 3000)), 128
+    blocks = -(-n // tile)
+    start = np.array([5, -1, 2**31 - 1], np.int32)
+    _, _, counter = count_blocks(
+        ct.empty((n,), f32).partition(tile),
+        ct.from_numpy(rng.standard_normal(n).astype(np.float32)),
+        ct.from_numpy(start),
+    ).sync()
+    np.testing.assert_array_equal(counter.to_numpy(), [5 + blocks, blocks - 1, 3])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -149,6 +244,13 @@ def test_atomic_ptx_assembles(sm: int) -> None:
         ct.TensorSpec((16,), i32),
     )
     assemble(histogram.ptx(*h, target=target), target)
+    e = (
+        ct.PartitionSpec((1000,), (256,)),
+        ct.TensorSpec((1000,)),
+        ct.TensorSpec((1000,), i32),
+        *(ct.TensorSpec((n,)) for n in (5, 5, 1)),
+    )
+    assert assemble(f32_extremes.ptx(*e, target=target), target).spill_stores == 0
 
 
 # -- ownership on the host --------------------------------------------------------------------
@@ -231,9 +333,7 @@ def k_atomic_on_shared(
     ct.atomic_add(x, ct.arange(z.shape[0], i32), 1.0)
 
 
-def k_max_of_float(
-    z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], a: Atomic[Tensor[f32, Dyn]]
-) -> None:
+def k_max_of_half(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], a: Atomic[Tensor[f16, Dyn]]) -> None:
     ct.atomic_max(a, ct.arange(z.shape[0], i32), 1.0)
 
 
@@ -262,16 +362,17 @@ def _line(fn: Any, text: str) -> int:
             "ct.atomic_add updates an Atomic parameter (annotate it ct.Atomic[Tensor[...]]); "
             "'x' is a shared Tensor",
         ),
-        (k_max_of_float, "atomic_max(a", "ct.atomic_max: 'a' is f32; it updates i32, i64"),
+        (k_max_of_half, "atomic_max(a", "ct.atomic_max: 'a' is f16; it updates f32, i32, i64"),
     ],
     ids=lambda v: getattr(v, "__name__", None) or "",
 )
 def test_misuse_is_a_compile_error_at_the_line(fn: Any, text: str, message: str) -> None:
-    args = (ct.PartitionSpec((64,), (32,)), ct.TensorSpec((64,)), ct.TensorSpec((64,)))
+    kernel = ct.kernel(fn)
     for backend in BACKENDS:
         ct.set_backend(backend)
+        a = ct.zeros((64,), ct.f16 if fn is k_max_of_half else f32)
         with pytest.raises(ct.CompileError) as info:
-            ct.kernel(fn).ir(*args)
+            kernel(ct.zeros((64,)).partition(32), ct.zeros((64,)), a).sync()
         msg = str(info.value)
         assert message in msg
         assert f"line {_line(fn, text)}" in msg

@@ -77,6 +77,37 @@ def test_two_dtype_typevars_bind_independently(backend: str, rng: np.random.Gene
     np.testing.assert_array_equal(z.unpartition().to_numpy(), xs.astype(np.float16))
 
 
+@ct.function
+def affine_in_t(t: ct.Tile, a: float) -> ct.Tile:
+    """A helper that names the kernel's dtype TypeVar T in its body (a cast and a fill), which
+    takes this launch's value on every backend."""
+    ramp = ct.arange(t.shape[0], T).astype(f32)  # type: ignore[misc]
+    half = ct.full(t.shape, 0.5, T).astype(f32)  # type: ignore[misc]
+    return (t.astype(f32) * a + half + ramp).astype(T)  # type: ignore[misc]
+
+
+@ct.kernel
+def helper_names_t(z: Mut[Tensor[T, B]], x: Tensor[T, Dyn], a: float) -> None:
+    z.store(affine_in_t(ct.load_tile_like(x, z), a))
+
+
+@pytest.mark.parametrize("backend", ["sim", "interpret"])
+@pytest.mark.parametrize(("dt", "rel"), FLOATS, ids=lambda v: getattr(v, "name", ""))
+def test_a_helper_may_name_a_dtype_typevar(
+    backend: str, dt: type[ct.DType], rel: float, rng: np.random.Generator
+) -> None:
+    ct.set_backend(backend)
+    n, a = 300, float(rng.standard_normal())
+    x = ct.from_numpy(rng.standard_normal(n).astype(np.float32), dt)
+    hx = x.to_numpy().astype(np.float32)
+    z, _, _ = helper_names_t(ct.empty((n,), dt).partition(64), x, a).sync()
+    got = z.unpartition()
+    assert got.dtype is dt
+    want = hx * np.float32(a) + np.float32(0.5) + (np.arange(n) % 64).astype(np.float32)
+    err = np.abs(got.to_numpy().astype(np.float32) - want) / np.maximum(np.abs(want), 1e-30)
+    assert err.max() <= rel
+
+
 def test_a_dtype_typevar_that_disagrees_names_both_parameters() -> None:
     x = ct.zeros(64, ct.f32)
     y = ct.zeros(64, ct.f16)
@@ -123,3 +154,41 @@ def test_a_non_dtype_in_the_dtype_slot_names_the_parameter() -> None:
 
     with pytest.raises(ct.CompileError, match="parameter 'x': write Tensor\\[dtype"):
         ct.kernel(k_bad).ir(ct.PartitionSpec((64,), (32,)), ct.TensorSpec((64,)))
+
+
+H = TypeVar("H", ct.f16, ct.bf16)
+
+
+@ct.kernel
+def halves_only(z: Mut[Tensor[H, B]], x: Tensor[H, Dyn]) -> None:
+    z.store(ct.load_tile_like(x, z))
+
+
+@pytest.mark.parametrize("backend", ["sim", "interpret"])
+def test_a_constrained_dtype_typevar_takes_only_its_dtypes(
+    backend: str, rng: np.random.Generator
+) -> None:
+    ct.set_backend(backend)
+    xs = rng.standard_normal(100).astype(np.float32)
+    for dt in (ct.f16, ct.bf16):
+        x = ct.from_numpy(xs, dt)
+        z, _ = halves_only(ct.empty((100,), dt).partition(32), x).sync()
+        np.testing.assert_array_equal(z.unpartition().to_numpy(), x.to_numpy())
+    with pytest.raises(TypeError) as info:
+        halves_only(ct.empty((100,), f32).partition(32), ct.from_numpy(xs))
+    msg = str(info.value)
+    assert "kernel halves_only, parameter 'z'" in msg
+    assert "dtype H = f32 is not one of H's dtypes: f16, bf16" in msg
+
+
+def test_a_typevar_constrained_to_non_dtypes_is_a_compile_error() -> None:
+    N = TypeVar("N", int, float)
+
+    def k_bad(z: Mut[Tensor[N, B]], x: Tensor[f32, Dyn]) -> None:  # type: ignore[type-var]
+        z.store(ct.load_tile_like(x, z))
+
+    with pytest.raises(ct.CompileError) as info:
+        ct.kernel(k_bad).ir(ct.PartitionSpec((64,), (32,)), ct.TensorSpec((64,)))
+    msg = str(info.value)
+    assert "parameter 'z': TypeVar N is constrained to int, float; a dtype TypeVar" in msg
+    assert f"line {_line(k_bad, 'def k_bad')}" in msg

@@ -201,6 +201,40 @@ def test_scatter_permutes_within_each_tile_and_drops_outside(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_repeated_scatter_coordinates_with_different_values_are_a_race(
+    backend: str, rng: np.random.Generator
+) -> None:
+    ct.set_backend(backend)
+    tile, blocks = 128, int(rng.integers(1, 5))
+    n = tile * blocks
+    xs = rng.standard_normal(n).astype(np.float32)
+    perm = np.concatenate([rng.permutation(tile) for _ in range(blocks)]).astype(np.int32)
+    b = int(rng.integers(0, blocks))
+    perm[b * tile : (b + 1) * tile] = rng.integers(0, tile)  # the whole tile onto one element
+    z = ct.empty((n,), f32).partition(tile)
+    with pytest.raises(ct.LaunchError, match="global-memory race") as info:
+        scatter_perm(z, ct.from_numpy(xs), ct.from_numpy(perm)).sync()
+    msg = str(info.value)
+    assert "kernel scatter_perm" in msg and f"block ({b}, 0, 0)" in msg
+    if backend == "interpret":  # the simulator names the PTX line instead
+        assert f"line {_line(scatter_perm.fn, 'ct.scatter(z')}" in msg
+
+
+def test_repeated_scatter_coordinates_with_equal_values_are_kept_on_interpret(
+    rng: np.random.Generator,
+) -> None:
+    ct.set_backend("interpret")
+    n = int(rng.integers(1, 300))
+    xs = np.full(n, rng.standard_normal(), np.float32)
+    perm = np.zeros(n, np.int32)  # every element of each tile onto its first
+    z = ct.from_numpy(np.full(n, 42, np.float32)).partition(128)
+    z, _, _ = scatter_perm(z, ct.from_numpy(xs), ct.from_numpy(perm)).sync()
+    want = np.full(n, 42, np.float32)
+    want[::128] = xs[0]
+    np.testing.assert_array_equal(z.unpartition().to_numpy(), want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dt", [ct.f32, ct.f16], ids=lambda d: d.name)
 def test_scatter_of_consecutive_indices_any_shift(
     backend: str, dt: type[ct.DType], rng: np.random.Generator
@@ -231,6 +265,29 @@ def test_scatter_in_two_dims(backend: str, rng: np.random.Generator) -> None:
     z, _ = scatter_transpose(ct.empty((n, n), f32).partition((32, 32)), ct.from_numpy(x)).sync()
     want = x.reshape(n // 32, 32, n // 32, 32).transpose(0, 3, 2, 1).reshape(n, n)
     np.testing.assert_array_equal(z.unpartition().to_numpy(), want)
+
+
+@ct.kernel
+def scalar_indexed(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], at: int) -> None:
+    """z = x + x[at] (a gather of one element: a scalar), then z[3] = -1.5 and z[at % size]
+    = x[0] in each tile (scatters of one element, all-scalar indices and values)."""
+    z.store(ct.load_tile_like(x, z) + ct.gather(x, at))
+    ct.scatter(z, 3, -1.5)
+    ct.scatter(z, at % z.shape[0], ct.gather(x, 0))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_all_scalar_gather_and_scatter(backend: str, rng: np.random.Generator) -> None:
+    ct.set_backend(backend)
+    n, tile = int(rng.integers(1, 1000)), 64
+    xs = rng.standard_normal(n).astype(np.float32)
+    at = int(rng.integers(4, 64))
+    z, _, _ = scalar_indexed(ct.empty((n,), f32).partition(tile), ct.from_numpy(xs), at).sync()
+    pad = np.append(xs, np.zeros(-(-n // tile) * tile - n, np.float32))
+    want = pad + (xs[at] if at < n else np.float32(0))
+    want[3::tile] = -1.5
+    want[at::tile] = xs[0]
+    np.testing.assert_array_equal(z.unpartition().to_numpy(), want[:n])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -318,7 +375,11 @@ def _line(fn: Any, text: str) -> int:
 @pytest.mark.parametrize(
     ("fn", "text", "message"),
     [
-        (k_float_index, "ct.gather(x, t)", "ct.gather: index 0 is a f32 tile; indices are int32"),
+        (
+            k_float_index,
+            "ct.gather(x, t)",
+            "ct.gather: index 0 into 'x' is an f32 tile; indices are int32",
+        ),
         (k_gather_from_mut, "ct.gather(z", "ct.gather reads a shared Tensor parameter; 'z' is Mut"),
         (
             k_scatter_into_shared,
@@ -335,11 +396,11 @@ def _line(fn: Any, text: str) -> int:
     ids=lambda v: getattr(v, "__name__", None) or "",
 )
 def test_misuse_is_a_compile_error_at_the_line(fn: Any, text: str, message: str) -> None:
-    args = (ct.PartitionSpec((64,), (32,)), ct.TensorSpec((64,)))
+    kernel = ct.kernel(fn)
     for backend in BACKENDS:
         ct.set_backend(backend)
         with pytest.raises(ct.CompileError) as info:
-            ct.kernel(fn).ir(*args)
+            kernel(ct.zeros((64,)).partition(32), ct.zeros((64,))).sync()
         msg = str(info.value)
         assert message in msg
         assert f"line {_line(fn, text)}" in msg

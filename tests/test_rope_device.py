@@ -51,8 +51,12 @@ def test_rope_with_max_position_zeros_positions_outside(
     np.testing.assert_allclose(y[inside], rope_ref(x, pos, 10000.0)[inside], atol=2e-6)
 
 
+@pytest.mark.parametrize("backend", ["sim", "interpret"])
 @pytest.mark.parametrize("dt", [ct.f16, ct.bf16], ids=lambda d: d.name)
-def test_one_rope_kernel_for_each_dtype(dt: type[ct.DType], rng: np.random.Generator) -> None:
+def test_one_rope_kernel_for_each_dtype(
+    backend: str, dt: type[ct.DType], rng: np.random.Generator
+) -> None:
+    ct.set_backend(backend)
     x = ct.from_numpy(rng.standard_normal((4, 2, 16)).astype(np.float32), dt)
     pos = rng.integers(0, 3000, 4).astype(np.int32)
     y = ck.rope(x, ct.from_numpy(pos))

@@ -532,7 +532,7 @@ def _arange(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
 def _dtype_arg(kb: KernelBuilder, d: Any, node: ast.AST) -> type[DType]:
     if not is_dtype(d):
         kb.fail(f"dtype must be a cutile_py dtype such as ct.f32, got {d!r}", node)
-    return d  # type: ignore[no-any-return]
+    return d
 
 
 _BUILTINS: dict[str, Callable[[KernelBuilder, ast.AST, dict[str, Any]], Any]] = {

@@ -19,11 +19,12 @@ from cutile_py.ir.shapes import broadcast_shapes
 if TYPE_CHECKING:
     from cutile_py.frontend.build_ir import KernelBuilder
 
-#: The dtypes each atomic updates (what `red.global` offers on every target from sm_80).
+#: The dtypes each atomic updates (`red.global` on every target from sm_80; f32 max/min as
+#: integer ones on the bits).
 ATOMIC_DTYPES: dict[str, tuple[type[DType], ...]] = {
     "add": (f32, i32, i64),
-    "max": (i32, i64),
-    "min": (i32, i64),
+    "max": (f32, i32, i64),
+    "min": (f32, i32, i64),
 }
 MAX_TILE_RANK = 3
 
@@ -70,15 +71,23 @@ def refuse_atomic(kb: KernelBuilder, p: ParamRef, node: ast.AST) -> NoReturn:
     )
 
 
+def _article(name: str) -> str:
+    """'a' or 'an' before a dtype name as it is spoken ("an f32", "an i64", "a bf16")."""
+    return "an" if name[:1] in "fi" else "a"
+
+
 def _coords(
     kb: KernelBuilder,
     indices: Any,
-    rank: int,
+    t: ParamRef,
     call: str,
     node: ast.AST,
     value_shape: tuple[int, ...] = (),
 ) -> tuple[list[Value], tuple[int, ...]]:
-    """One i32 tile per dim, broadcast together (and with `value_shape`) to one tile shape."""
+    """One i32 tile per dim of `t`, broadcast together (and with `value_shape`) to one shape,
+    and that shape. All scalars: one element, as tiles of shape (1,) (the tile's one owning
+    thread does it, so an atomic updates once per block)."""
+    rank = t.bound.rank
     items = indices if isinstance(indices, tuple) else (indices,)
     if len(items) != rank:
         kb.fail(
@@ -90,8 +99,9 @@ def _coords(
     for k, x in enumerate(items):
         if isinstance(x, Value):
             if x.type.dtype is not i32:
+                name = x.type.dtype.name
                 kb.fail(
-                    f"{call}: index {k} is a {x.type.dtype.name} "
+                    f"{call}: index {k} into '{t.name}' is {_article(name)} {name} "
                     f"{'tile' if x.type.shape else 'scalar'}; indices are int32 (convert "
                     "with .astype(ct.i32))",
                     node,
@@ -106,11 +116,9 @@ def _coords(
         shape = broadcast_shapes(*(v.type.shape for v in values), value_shape)
     except ValueError as e:
         kb.fail(f"{call}: the indices do not broadcast together: {e}", node)
-    if not shape:
-        kb.fail(f"{call} needs at least one index tile (its shape is the result's)", node)
     if len(shape) > MAX_TILE_RANK:
         kb.fail(f"{call}: tiles of rank 1 to {MAX_TILE_RANK} are supported, not {len(shape)}", node)
-    return [kb.to_shape(v, shape) for v in values], shape
+    return [kb.to_shape(v, shape or (1,)) for v in values], shape
 
 
 def _value(kb: KernelBuilder, x: Any, dst: ParamRef, call: str, node: ast.AST) -> Value:
@@ -134,7 +142,7 @@ def _value(kb: KernelBuilder, x: Any, dst: ParamRef, call: str, node: ast.AST) -
 
 def _gather(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
     src = _tensor(kb, a["src"], "ct.gather", "tensor", node)
-    coords, _ = _coords(kb, a["indices"], src.bound.rank, "ct.gather", node)
+    coords, shape = _coords(kb, a["indices"], src, "ct.gather", node)
     pad = a["padding"]
     if not isinstance(pad, (int, float)) or isinstance(pad, bool):
         kb.fail("ct.gather: padding must be a number", node)
@@ -142,16 +150,15 @@ def _gather(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> Value:
         pad = convert_scalar(pad, src.bound.dtype)
     except ValueError as e:
         kb.fail(f"ct.gather: padding {e}", node)
-    return kb.b.gather(src.index, src.bound.dtype, coords, pad)
+    got = kb.b.gather(src.index, src.bound.dtype, coords, pad)
+    return got if shape else kb.b.reshape(got, ())
 
 
 def _scatter(kb: KernelBuilder, node: ast.AST, a: dict[str, Any]) -> None:
     z = _tensor(kb, a["z"], "ct.scatter", "partition", node)
     value = _value(kb, a["values"], z, "ct.scatter", node)
-    coords, shape = _coords(
-        kb, a["indices"], z.bound.rank, "ct.scatter", node, value_shape=value.type.shape
-    )
-    kb.b.scatter(z.index, coords, kb.to_shape(value, shape))
+    coords, shape = _coords(kb, a["indices"], z, "ct.scatter", node, value_shape=value.type.shape)
+    kb.b.scatter(z.index, coords, kb.to_shape(value, shape or (1,)))
 
 
 def _atomic(kind: str) -> Callable[[KernelBuilder, ast.AST, dict[str, Any]], None]:
@@ -163,10 +170,8 @@ def _atomic(kind: str) -> Callable[[KernelBuilder, ast.AST, dict[str, Any]], Non
             names = ", ".join(d.name for d in ATOMIC_DTYPES[kind])
             kb.fail(f"{call}: '{t.name}' is {t.bound.dtype.name}; it updates {names}", node)
         value = _value(kb, a["values"], t, call, node)
-        coords, shape = _coords(
-            kb, a["indices"], t.bound.rank, call, node, value_shape=value.type.shape
-        )
-        kb.b.atomic(kind, t.index, coords, kb.to_shape(value, shape))
+        coords, shape = _coords(kb, a["indices"], t, call, node, value_shape=value.type.shape)
+        kb.b.atomic(kind, t.index, coords, kb.to_shape(value, shape or (1,)))
 
     return handle
 

@@ -36,6 +36,8 @@ class ParamSpec:
     dims: tuple[Dim, ...] = ()
     py_type: type | None = None  # for scalars and constants
     dtype_var: str | None = None
+    #: The dtypes a constrained `dtype_var` may take (`TypeVar("H", f16, bf16)`); () for any.
+    dtype_allowed: tuple[type[DType], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,8 @@ def _tensor_spec(
     name: str, kind: Kind, dtype: type[DType] | typing.TypeVar, dims: tuple[Dim, ...]
 ) -> ParamSpec:
     if isinstance(dtype, typing.TypeVar):
-        return ParamSpec(name, kind, None, dims, dtype_var=dtype.__name__)
+        allowed = tuple(c for c in dtype.__constraints__ if is_dtype(c))
+        return ParamSpec(name, kind, None, dims, dtype_var=dtype.__name__, dtype_allowed=allowed)
     return ParamSpec(name, kind, dtype, dims)
 
 
@@ -195,6 +198,14 @@ def _tensor_dims(
             node,
             f"parameter '{name}': write Tensor[dtype, dim, ...], e.g. Tensor[f32, Dyn] "
             "(the dtype may be a TypeVar, bound at launch)",
+        )
+    var = args[0]
+    if isinstance(var, typing.TypeVar) and not all(map(is_dtype, var.__constraints__)):
+        names = ", ".join(getattr(c, "__name__", repr(c)) for c in var.__constraints__)
+        raise cap.error(
+            node,
+            f"parameter '{name}': TypeVar {var.__name__} is constrained to {names}; a dtype "
+            "TypeVar's constraints must be dtypes, e.g. TypeVar('H', ct.f16, ct.bf16)",
         )
     dims: list[Dim] = []
     for d in args[1:]:
@@ -249,6 +260,13 @@ def bind(kernel: str, specs: tuple[ParamSpec, ...], args: tuple[Any, ...]) -> Sp
     for spec, arg in zip(specs, args):
         if spec.dtype_var is not None and isinstance(arg, TensorArg):
             var = spec.dtype_var
+            if spec.dtype_allowed and arg.dtype not in spec.dtype_allowed:
+                names = ", ".join(d.name for d in spec.dtype_allowed)
+                raise _fail(
+                    kernel,
+                    spec.name,
+                    f"dtype {var} = {arg.dtype.name} is not one of {var}'s dtypes: {names}",
+                )
             if var in dtypevars and dtypevars[var] is not arg.dtype:
                 raise _fail(
                     kernel,

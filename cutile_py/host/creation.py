@@ -14,8 +14,8 @@ import numpy as np
 
 from cutile_py.host.tensor import Tensor
 from cutile_py.ir.dtypes import DType, bf16, f32, from_numpy_dtype, i32, is_dtype, to_storage
+from cutile_py.language.block import CURRENT_BLOCK, resolve_dtype
 from cutile_py.language.functions import builtin, tile_full
-from cutile_py.language.interpret import CURRENT_BLOCK
 from cutile_py.language.tile import Tile
 from cutile_py.runtime.select import active_backend
 
@@ -52,7 +52,7 @@ def _dtype(dtype: Any) -> type[DType]:
             f"dtype must be a cutile_py dtype (ct.f32, ct.f16, ct.bf16, ct.i32, ct.i64, "
             f"ct.bool_), got {dtype!r}"
         )
-    return dtype  # type: ignore[no-any-return]
+    return dtype
 
 
 def _upload(values: np.ndarray, dtype: type[DType]) -> AnyTensor:
@@ -86,7 +86,7 @@ def _allocate(shape: Sequence[int] | int, dt: type[DType]) -> AnyTensor:
 def full(shape: Sequence[int] | int, value: Any, dtype: Any = f32) -> TensorOrTile:
     """A tensor (or, inside a kernel, a tile) of `shape` filled with `value`."""
     if CURRENT_BLOCK.get() is not None:
-        return tile_full(shape, value, _dtype(dtype))  # type: ignore[return-value]
+        return tile_full(shape, value, _dtype(resolve_dtype(dtype)))  # type: ignore[return-value]
     dt = _dtype(dtype)
     one = np.full((), value, dtype=np.float64 if dt.is_float() else dt.compute)
     element = np.ascontiguousarray(to_storage(one, dt)).tobytes()  # one element's bits
@@ -113,7 +113,7 @@ def arange(n: int, dtype: Any = i32) -> TensorOrTile:
     """`[0, 1, ..., n-1]` as a 1-D tensor (or, inside a kernel, a tile; n a tile dim)."""
     if CURRENT_BLOCK.get() is not None:
         return tile_full(  # type: ignore[return-value]
-            (int(n),), Tile(np.arange(int(n), dtype=np.int32), i32), _dtype(dtype)
+            (int(n),), Tile(np.arange(int(n), dtype=np.int32), i32), _dtype(resolve_dtype(dtype))
         )
     return _upload(np.arange(int(n)), _dtype(dtype))  # type: ignore[return-value]
 

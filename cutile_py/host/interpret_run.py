@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import traceback
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,9 +14,13 @@ import numpy as np
 from cutile_py.frontend.signature import Specialization
 from cutile_py.host.tensor import Partition, Tensor
 from cutile_py.ir.dtypes import from_storage, to_storage
-from cutile_py.language.interpret import CURRENT_BLOCK, BlockContext, TensorView, TileView
+from cutile_py.language.block import CURRENT_BLOCK, BlockContext
+from cutile_py.language.interpret import KernelFault, TensorView, TileView
 from cutile_py.language.tile import Tile
-from cutile_py.runtime.backend import Completion, Finished, HostBuffer
+from cutile_py.runtime.backend import Completion, Finished, HostBuffer, LaunchFailure
+
+#: The package's own files, skipped when a fault names the kernel line that made it.
+_PACKAGE = Path(__file__).resolve().parent.parent
 
 
 def _with_typevars(fn: Any, spec: Specialization) -> Any:
@@ -43,6 +49,17 @@ def _with_typevars(fn: Any, spec: Specialization) -> Any:
         return fn
     new_globals = {**glob, **overrides} if overrides else glob
     return types.FunctionType(fn.__code__, new_globals, fn.__name__, fn.__defaults__, tuple(cells))
+
+
+def _user_line(e: BaseException) -> str:
+    """'file, line n' of the innermost frame of `e`'s traceback outside cutile_py: the
+    kernel's (or helper's) line that made the fault."""
+    where = "an unknown line"
+    for frame, line in traceback.walk_tb(e.__traceback__):
+        name = frame.f_code.co_filename
+        if not Path(name).resolve().is_relative_to(_PACKAGE):
+            where = f"{name}, line {line}"
+    return where
 
 
 def run_interpreted(
@@ -81,11 +98,17 @@ def run_interpreted(
                         call_args.append(TensorView(arr, bp.dtype))
                     else:
                         call_args.append(value)
-                token = CURRENT_BLOCK.set(
-                    BlockContext((bid[0], bid[1], bid[2]), (g[0], g[1], g[2]), spec.typevars)
+                ctx = BlockContext(
+                    (bid[0], bid[1], bid[2]),
+                    (g[0], g[1], g[2]),
+                    spec.typevars,
+                    spec.dtypevars,
                 )
+                token = CURRENT_BLOCK.set(ctx)
                 try:
                     body(*call_args)
+                except KernelFault as e:
+                    raise LaunchFailure(f"block {bid}: {e}, at {_user_line(e)}") from e
                 finally:
                     CURRENT_BLOCK.reset(token)
     finally:

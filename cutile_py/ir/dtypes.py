@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, TypeGuard
 
 import numpy as np
 
@@ -82,7 +82,7 @@ ALL_DTYPES: tuple[type[DType], ...] = (f32, f16, bf16, i32, i64, bool_)
 BY_NAME: dict[str, type[DType]] = {d.name: d for d in ALL_DTYPES}
 
 
-def is_dtype(obj: object) -> bool:
+def is_dtype(obj: object) -> TypeGuard[type[DType]]:
     return isinstance(obj, type) and issubclass(obj, DType) and obj is not DType
 
 

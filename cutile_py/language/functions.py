@@ -19,7 +19,8 @@ from cutile_py.ir.shapes import (
     reshape_target,
 )
 from cutile_py.language import tile as _t
-from cutile_py.language.interpret import TensorView, TileView, block, resolve_shape
+from cutile_py.language.block import block, resolve_shape
+from cutile_py.language.interpret import TensorView, TileView
 from cutile_py.language.tile import Operand, Tile
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -1,10 +1,6 @@
-"""What a kernel's parameters are while its Python runs on NumPy tiles, and which block runs."""
+"""What a kernel's parameters are while its Python runs on NumPy tiles."""
 
 from __future__ import annotations
-
-import typing
-from contextvars import ContextVar
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -12,38 +8,9 @@ from cutile_py.ir.dtypes import DType, round_to
 from cutile_py.language.tile import Tile
 
 
-@dataclass(frozen=True)
-class BlockContext:
-    bid: tuple[int, int, int]
-    num_blocks: tuple[int, int, int]
-    #: The launch's TypeVar values by name (helpers may name a TypeVar in a shape).
-    typevars: tuple[tuple[str, int], ...] = ()
-
-
-CURRENT_BLOCK: ContextVar[BlockContext | None] = ContextVar("cutile_py_block", default=None)
-
-
-def block() -> BlockContext:
-    ctx = CURRENT_BLOCK.get()
-    if ctx is None:
-        raise RuntimeError("this function is only meaningful inside a running kernel")
-    return ctx
-
-
-def resolve_shape(shape: object) -> tuple[int, ...]:
-    """A shape as a tuple of ints: an int alone is a 1-D shape; a TypeVar takes its value
-    from the running launch."""
-    dims = shape if isinstance(shape, (tuple, list)) else (shape,)
-    out = []
-    for d in dims:
-        if isinstance(d, typing.TypeVar):
-            ctx = CURRENT_BLOCK.get()
-            value = dict(ctx.typevars).get(d.__name__) if ctx is not None else None
-            if value is None:
-                raise ValueError(f"TypeVar {d.__name__} has no value in this launch")
-            d = value
-        out.append(int(d))
-    return tuple(out)
+class KernelFault(RuntimeError):
+    """What a GPU would fault on, or the simulator report, found while a kernel's Python runs
+    (a race); the launch reports it as a LaunchError naming the block and the line."""
 
 
 def tile_slices(

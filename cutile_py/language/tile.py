@@ -9,9 +9,19 @@ import numpy as np
 
 from cutile_py.ir import reference
 from cutile_py.ir.builder import check_mma
-from cutile_py.ir.dtypes import DType, bool_, f32, i32, op_type, result_type, round_to
+from cutile_py.ir.dtypes import (
+    DType,
+    bool_,
+    f32,
+    i32,
+    is_dtype,
+    op_type,
+    result_type,
+    round_to,
+)
 from cutile_py.ir.shapes import reshape_target
 from cutile_py.ir.types import TileType
+from cutile_py.language.block import resolve_dtype
 
 Operand = Union["Tile", int, float, bool]
 
@@ -52,7 +62,10 @@ class Tile:
 
     def astype(self, dtype: type[DType]) -> Tile:
         """Convert element-wise (round to nearest even; float → int truncates toward zero)."""
-        return Tile(reference.cast(self.array, dtype), dtype)
+        dt = resolve_dtype(dtype)
+        if not is_dtype(dt):
+            raise TypeError(f"astype takes a cutile_py dtype (ct.f32, ct.i32, ...), not {dt!r}")
+        return Tile(reference.cast(self.array, dt), dt)
 
     def reshape(self, *shape: int | tuple[int, ...]) -> Tile:
         """The same elements in row-major order under `shape` (a tuple or the dims as

@@ -29,7 +29,13 @@ ATOMIC_SUFFIX: dict[tuple[str, type[DType]], str] = {
     ("min", i32): "s32",
     ("max", i64): "s64",
     ("min", i64): "s64",
+    # f32 max/min have no `red` form: they split on the sign (`_float_extreme`).
+    ("max", f32): "f32",
+    ("min", f32): "f32",
 }
+#: The NaN each f32 extreme stores for a NaN value: the top of IEEE totalOrder for max, the
+#: bottom for min, so that no later value displaces it.
+_EXTREME_NAN = {"max": "0x7FFFFFFF", "min": "0xFFFFFFFF"}
 
 
 class _Addressing:
@@ -319,5 +325,26 @@ def atomic(em: EmitContext, op: o.AtomicOp) -> None:
     for k, coords in enumerate(_coords(em, tuple(coord_values), lay)):
         pred = em.conj(guards[k], acc.inside(coords))
         addr = acc.address(coords)
+        if dt is f32 and op.kind != "add":
+            _float_extreme(em, op.kind, addr, src[k], pred)
+            continue
         # `red`: no result is needed, and the memory system may combine the updates.
         em.fb.ins(f"red.global.{op.kind}.{suffix}", f"[{addr}]", src[k], pred=pred)
+
+
+def _float_extreme(em: EmitContext, kind: str, addr: Reg, x: Reg, pred: Reg | None) -> None:
+    """f32 `red` max/min as integer ones on the bits: IEEE totalOrder is the s32 order on
+    non-negative patterns and the reverse u32 order on negative ones, and each half sits
+    wholly above (below) the other. So a value with the sign clear updates by max.s32 (min.s32),
+    one with it set by min.u32 (max.u32); either leaves an element of the other half alone
+    or replaces it as it should. A NaN value becomes the extreme NaN (`_EXTREME_NAN`)."""
+    fb = em.fb
+    bits, nan, neg, pos = fb.reg("b32"), fb.reg("pred"), fb.reg("pred"), fb.reg("pred")
+    fb.ins("mov.b32", bits, x)
+    fb.ins("setp.nan.f32", nan, x, x)
+    fb.ins("selp.b32", bits, _EXTREME_NAN[kind], bits, nan)
+    fb.ins("setp.lt.s32", neg, bits, 0)
+    fb.ins("setp.ge.s32", pos, bits, 0)
+    on_pos, on_neg = ("max.s32", "min.u32") if kind == "max" else ("min.s32", "max.u32")
+    fb.ins(f"red.global.{on_pos}", f"[{addr}]", bits, pred=em.conj(pred, pos))
+    fb.ins(f"red.global.{on_neg}", f"[{addr}]", bits, pred=em.conj(pred, neg))
