@@ -14,11 +14,12 @@ from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
 from cutile_py.lower import emit_shared
 from cutile_py.lower.context import EmitContext
+from cutile_py.lower.emit_memory import load_vector
 from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.index_strides import last_dim_stride
-from cutile_py.lower.isel import BITS_SUFFIX, bits16
+from cutile_py.lower.isel import BITS_SUFFIX
 from cutile_py.lower.layout import Layout
-from cutile_py.ptx.builder import Imm, Reg, Vec, f32_imm, int_imm
+from cutile_py.ptx.builder import Reg, Vec
 
 #: `atom`/`red` type suffix of each dtype an atomic may update, per kind.
 ATOMIC_SUFFIX: dict[tuple[str, type[DType]], str] = {
@@ -116,7 +117,7 @@ def gather(em: EmitContext, op: o.GatherOp) -> None:
             out.append(done[key])
             continue
         pred, addr = acc.inside(coords), acc.address(coords)
-        r = _load_one(em, addr, dt, pred, op.padding)
+        (r,) = load_vector(em, addr, 0, 1, dt, pred, op.padding, ".nc")
         done[key] = r
         out.append(r)
     em.define(res, out)
@@ -140,7 +141,7 @@ def _gather_vectors(
         end = fb.reg("pred")
         fb.ins("setp.lt.u32", end, last, acc.t.dims[len(first) - 1])
         whole = _aligned(em, addr, width * size, ok, end)
-        regs = _vector_load(em, addr, dt, width, whole, op.padding)
+        regs = load_vector(em, addr, 0, width, dt, whole, op.padding, ".nc")
         rest = fb.reg("pred")
         fb.ins("not.pred", rest, whole)
         for i in range(1, width):  # element 0's address is `addr` already
@@ -156,61 +157,9 @@ def _suffix(dt: type[DType]) -> str:
     return "f32" if dt is f32 else "b16" if dt in (f16, bf16) else BITS_SUFFIX[dt]
 
 
-def _vector_load(
-    em: EmitContext, addr: Reg, dt: type[DType], width: int, pred: Reg, padding: float
-) -> list[Reg]:
-    """`width` elements from `addr` where `pred`, else `padding` (16-bit ones in b32 pairs)."""
-    fb = em.fb
-    if dt in (f16, bf16):
-        pad = bits16(float(padding), dt)
-        words = [fb.reg("b32") for _ in range(width // 2)]
-        for w in words:
-            fb.ins("mov.b32", w, Imm(f"0x{pad * 0x10001:08X}"))
-        dst = Vec(tuple(words)) if len(words) > 1 else words[0]
-        vec = f".v{len(words)}" if len(words) > 1 else ""
-        fb.ins(f"ld.global.nc{vec}.b32", dst, f"[{addr}]", pred=pred)
-        halves: list[Reg] = []
-        for w in words:
-            lo, hi = fb.reg("b16"), fb.reg("b16")
-            fb.ins("mov.b32", Vec((lo, hi)), w)
-            halves += [lo, hi]
-        return halves
-    regs = [em.new(dt) for _ in range(width)]
-    for r in regs:
-        if dt is f32:
-            fb.ins("mov.f32", r, f32_imm(float(padding)))
-        else:
-            fb.ins(f"mov.{BITS_SUFFIX[dt]}", r, int_imm(int(padding)))
-    fb.ins(f"ld.global.nc.v{width}.{_suffix(dt)}", Vec(tuple(regs)), f"[{addr}]", pred=pred)
-    return regs
-
-
 def _load_into(em: EmitContext, r: Reg, addr: Reg, dt: type[DType], pred: Reg | None) -> Reg:
     """`r`, overwritten by the element at `addr` where `pred` (a scalar load)."""
     em.fb.ins(f"ld.global.nc.{_suffix(dt)}", r, f"[{addr}]", pred=pred)
-    return r
-
-
-def _load_one(em: EmitContext, addr: Reg, dt: type[DType], pred: Reg | None, padding: float) -> Reg:
-    fb = em.fb
-    if dt is bool_:
-        h, r = fb.reg("b16"), fb.reg("pred")
-        fb.ins("mov.b16", h, int(bool(padding)))
-        fb.ins("ld.global.nc.u8", h, f"[{addr}]", pred=pred)
-        fb.ins("setp.ne.b16", r, h, 0)
-        return r
-    if dt in (f16, bf16):
-        h = fb.reg("b16")
-        fb.ins("mov.b16", h, Imm(f"0x{bits16(float(padding), dt):04X}"))
-        fb.ins("ld.global.nc.b16", h, f"[{addr}]", pred=pred)
-        return h
-    r = em.new(dt)
-    if dt is f32:
-        fb.ins("mov.f32", r, f32_imm(float(padding)))
-        fb.ins("ld.global.nc.f32", r, f"[{addr}]", pred=pred)
-    else:
-        fb.ins(f"mov.{BITS_SUFFIX[dt]}", r, int_imm(int(padding)))
-        fb.ins(f"ld.global.nc.{BITS_SUFFIX[dt]}", r, f"[{addr}]", pred=pred)
     return r
 
 

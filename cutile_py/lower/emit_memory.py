@@ -195,13 +195,13 @@ def load(em: EmitContext, op: o.LoadOp) -> None:
     cache = "" if p.mut else ".nc"  # shared tensors are read-only while the kernel runs
     out: list[Reg] = []
     for group, row, offset, pred in acc.vectors(None):
-        out.extend(_load_vector(em, row, offset, len(group), dt, pred, op.padding, cache))
+        out.extend(load_vector(em, row, offset, len(group), dt, pred, op.padding, cache))
     if lay != em.layout(res):
         out = emit_shared.convert(em, out, lay, em.layout(res), res.type, res.type)
     em.define(res, out)
 
 
-def _load_vector(
+def load_vector(
     em: EmitContext,
     addr: Reg,
     offset: int,
@@ -211,6 +211,8 @@ def _load_vector(
     padding: float,
     cache: str,
 ) -> list[Reg]:
+    """`width` elements at `addr + offset` where `pred`, else `padding`: one load (16-bit
+    elements in b32 pairs; a bool is one byte); `cache` is "" or ".nc"."""
     fb = em.fb
     where = f"[{addr}+{offset}]" if offset else f"[{addr}]"
     if dt is bool_:
