@@ -25,7 +25,6 @@ from cutile_py.sim.context import SimError
 from cutile_py.sim.mbarrier import Delivery, barriers_of, shared_offsets
 from cutile_py.sim.memops import _address, unsupported
 from cutile_py.sim.memory import MemoryFault
-from cutile_py.sim.races import NONE
 from cutile_py.sim.tensor_map import FLOATS, SIZE, TensorMap, decode
 
 if TYPE_CHECKING:
@@ -64,15 +63,15 @@ def make_bulk(ins: Instruction, prog: Program) -> Handler:
     if len(spaces) != 2:
         raise unsupported(ins, "cp.async.bulk.tensor names its destination and source spaces")
     if spaces[0] == "global":  # destination first: a store
-        tmap, coords = _tensor_operand(ins, 0)
+        tmap, coords = _tensor_operand(ins, 0, rank)
         return _make_store(ins, tmap, coords, rank, _address(ins, 1))
     if "mbarrier::complete_tx::bytes" not in mods:
         raise unsupported(ins, "a tensor load must signal a barrier (mbarrier::complete_tx::bytes)")
-    tmap, coords = _tensor_operand(ins, 1)
+    tmap, coords = _tensor_operand(ins, 1, rank)
     return _make_load(ins, tmap, coords, rank, _address(ins, 0), _address(ins, 2))
 
 
-def _tensor_operand(ins: Instruction, k: int) -> tuple[Operand, tuple[Operand, ...]]:
+def _tensor_operand(ins: Instruction, k: int, rank: int) -> tuple[Operand, tuple[Operand, ...]]:
     op = ins.operands[k] if len(ins.operands) > k else None
     if (
         isinstance(op, Vec)
@@ -80,6 +79,8 @@ def _tensor_operand(ins: Instruction, k: int) -> tuple[Operand, tuple[Operand, .
         and isinstance(op.items[0], (Reg, Symbol))
         and isinstance(op.items[1], Vec)
     ):
+        if len(op.items[1].items) != rank:
+            raise unsupported(ins, f"a .{rank}d copy needs {rank} coordinates")
         return op.items[0], op.items[1].items
     raise unsupported(ins, f"operand {k + 1} must be `[tensorMap, {{coordinates}}]`")
 
@@ -135,29 +136,32 @@ def _smem_bytes(b: Batch, lane: int, dst: int, m: TensorMap) -> np.ndarray:
     return flat.astype(np.intp)
 
 
-def _element_bytes(values: np.ndarray, esize: int) -> np.ndarray:
-    return np.ascontiguousarray(values).view(np.uint8).reshape(-1)
+def _issued(
+    b: Batch, tmap: Operand, coords: tuple[Operand, ...], rank: int
+) -> tuple[np.ndarray, list[tuple[TensorMap, np.ndarray, np.ndarray]]]:
+    """The issuing lanes, and for each its tensor map, its box's global byte addresses and
+    which of them lie in the tensor."""
+    lanes = b.active()
+    if not lanes.size:
+        return lanes, []
+    maps = _maps(b, tmap, lanes)
+    start = np.stack([b.read(c, "s32")[lanes].astype(np.int64) for c in coords], axis=1)
+    return lanes, [(m, *_box(m, rank, start[i])) for i, m in enumerate(maps)]
 
 
 def _make_load(
     ins: Instruction, tmap: Operand, coords: tuple[Operand, ...], rank: int, dst: Addr,
     mbar: Addr,
 ) -> Handler:  # fmt: skip
-    if len(coords) != rank:
-        raise unsupported(ins, f"a .{rank}d copy needs {rank} coordinates")
 
     def run(b: Batch) -> None:
-        lanes = b.active()
-        if not lanes.size:
+        lanes, boxes = _issued(b, tmap, coords, rank)
+        if not boxes:
             return
-        maps = _maps(b, tmap, lanes)
-        start = np.stack([b.read(c, "s32")[lanes].astype(np.int64) for c in coords], axis=1)
         dsts = b.addresses(dst, lanes, False)
         bars = shared_offsets(b, ins, mbar, lanes)
         pending = barriers_of(b).pending
-        for i, lane in enumerate(lanes.tolist()):
-            m = maps[i]
-            addr, inside = _box(m, rank, start[i])
+        for i, (lane, (m, addr, inside)) in enumerate(zip(lanes.tolist(), boxes)):
             fill = _NAN[m.esize] if m.nan_fill and m.dtype in FLOATS else 0
             vals = np.full(addr.size, fill, dtype=f"u{m.esize}")
             if inside.any():
@@ -167,7 +171,7 @@ def _make_load(
                 vals[got] = b.glob.load(who, at, m.esize, 1)[:, 0]
                 if b.global_races is not None:
                     b.global_races.access(b.instr, who, at, m.esize, False)
-            data = _element_bytes(vals, m.esize)
+            data = vals.view(np.uint8)
             flat = _smem_bytes(b, lane, int(dsts[i]), m)
             bar = int(b.slot[lane]) * b.shared.stride + int(bars[i])
             pending.append(Delivery(bar, data.size, _lander(b, flat, data)))
@@ -180,10 +184,8 @@ def _lander(b: Batch, flat: np.ndarray, data: np.ndarray) -> Callable[[], None]:
     def land() -> None:
         b.shared.data[flat] = data
         tracker = b.shared.tracker
-        if tracker is not None:  # written by the copy engine, ordered by the barrier's wait
-            tracker.writer[flat] = NONE
-            tracker.reader[flat] = NONE
-            tracker.reader_warp[flat] = NONE
+        if tracker is not None:
+            tracker.engine_wrote(flat)
 
     return land
 
@@ -193,19 +195,13 @@ def _make_store(
 ) -> Handler:
     if "bulk_group" not in ins.modifiers:
         raise unsupported(ins, "a tensor store completes through .bulk_group")
-    if len(coords) != rank:
-        raise unsupported(ins, f"a .{rank}d copy needs {rank} coordinates")
 
     def run(b: Batch) -> None:
-        lanes = b.active()
-        if not lanes.size:
+        lanes, boxes = _issued(b, tmap, coords, rank)
+        if not boxes:
             return
-        maps = _maps(b, tmap, lanes)
-        start = np.stack([b.read(c, "s32")[lanes].astype(np.int64) for c in coords], axis=1)
         srcs = b.addresses(src, lanes, False)
-        for i, lane in enumerate(lanes.tolist()):
-            m = maps[i]
-            addr, inside = _box(m, rank, start[i])
+        for i, (lane, (m, addr, inside)) in enumerate(zip(lanes.tolist(), boxes)):
             flat = _smem_bytes(b, lane, int(srcs[i]), m)
             elems = b.shared.data[flat].view(f"u{m.esize}")
             got = np.flatnonzero(inside)

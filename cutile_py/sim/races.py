@@ -277,6 +277,13 @@ class RaceTracker:
         else:
             self.in_flight[self._bytes(flat, span)] = np.repeat(tid, span)
 
+    def engine_wrote(self, idx: np.ndarray) -> None:
+        """Bytes `idx` were written by the copy engine (a TMA load), which the barrier wait
+        orders before any later access: no thread's earlier access races with them."""
+        self.writer[idx] = NONE
+        self.reader[idx] = NONE
+        self.reader_warp[idx] = NONE
+
     def copy_landed(self, flat: np.ndarray, span: int) -> None:
         if self._rows_fit(flat, span):
             rows = (flat // span).astype(np.intp)
