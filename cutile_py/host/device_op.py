@@ -11,6 +11,7 @@ import sys
 from abc import abstractmethod
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from functools import partial
+from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
@@ -113,9 +114,16 @@ class OpLike(Coroutine[Any, Any, "tuple[Any, ...]"]):
 
     def then(self, fn: Callable[[tuple[Any, ...]], OpLike]) -> Chain:
         """An op that runs this one, passes its result to `fn` and runs the op `fn` returns."""
-        from cutile_py.host.pipeline import Chain
+        global _chain
+        if _chain is None:  # (pipeline imports this module; kept once found: a chain's step)
+            from cutile_py.host.pipeline import Chain
 
-        return Chain(self, fn)
+            _chain = Chain
+        return _chain(self, fn)
+
+
+#: `cutile_py.host.pipeline.Chain`, once `then` has imported it.
+_chain: type[Chain] | None = None
 
 
 class DeviceOp(OpLike):
@@ -137,6 +145,8 @@ class DeviceOp(OpLike):
     _graph_holds: Sequence[tuple[Owned, bool]] = ()
     #: The kernel's launch plan (None: a raw kernel's op, which launches on its own).
     _plan: LaunchPlan | None = None
+    #: What the op holds (set as it takes its holds).
+    _held: Sequence[tuple[Owned, bool]] = ()
 
     def __init__(self, backend: Backend, kernel: Kernel, args: tuple[Any, ...], plan: LaunchPlan):
         self._setup(backend, kernel.name, args, plan.grid)
@@ -151,7 +161,7 @@ class DeviceOp(OpLike):
         self.name = name
         self.args = args
         self.grid = grid
-        self._held: list[tuple[Owned, bool]] = []
+        self._held = []
         self._made_where = _user_frame()
 
     @property
@@ -226,28 +236,14 @@ class DeviceOp(OpLike):
         each pair of them where one is Mut."""
         backend = active_backend()
         plan = kernel.plan(backend, args)
-        names = kernel.param_names
-        atomic = kernel.atomic_params
         if plan is None:
+            names = kernel.param_names
             kernel.specialize(args)  # TypeError / ValueError naming the parameter, first
-            _check_ownership(kernel.name, names, args, backend, atomic)
+            _check_ownership(kernel.name, names, args, backend, kernel.atomic_params)
             plan = kernel.make_plan(backend, args, _grid(kernel.name, names, args))
+            checked = True
         else:
-            for i, mut in plan.tensors:
-                a = args[i]
-                t = a._tensor if mut else a
-                # Usable, held by nobody, memory nobody else views: the common case, inline.
-                if a._moved_at is not None or a._exclusive is not None or a._shared or t._escaped:
-                    _check_use(kernel.name, names[i], a, mut or i in atomic)
-                if t._backend is not backend:
-                    _check_ownership(kernel.name, names, args, backend, atomic)  # raises
-            for i, mi, j, mj in plan.pairs:
-                a, b = args[i], args[j]
-                ta = a._tensor if mi else a
-                tb = b._tensor if mj else b
-                lo1, lo2 = ta._address, tb._address
-                if lo1 < lo2 + tb._nbytes and lo2 < lo1 + ta._nbytes:
-                    _alias_error(kernel.name, names[i], names[j], a is b)
+            checked = False
         op = cls.__new__(cls)
         op.backend = backend
         op.name = kernel.name
@@ -255,20 +251,26 @@ class DeviceOp(OpLike):
         op.grid = plan.grid
         op.kernel = kernel
         op._plan = plan
-        frame = sys._getframe(1)  # (`_user_frame`, inline: usually one step up, to the user)
-        while frame.f_back is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
+        frame = sys._getframe(1)  # (`_user_frame`, inline, with each code object's answer kept)
+        code = frame.f_code
+        while code not in _USER_CODE and frame.f_back is not None:
+            if code not in _PACKAGE_CODE:
+                if not code.co_filename.startswith(PACKAGE_DIR):
+                    _USER_CODE.add(code)
+                    break
+                _PACKAGE_CODE.add(code)
             frame = frame.f_back
-        op._made_where = (frame.f_code.co_filename, frame.f_lineno)
-        wanted: list[tuple[Owned, bool]] = []
-        shared: list[Tensor[Any]] = []  # a tensor passed twice is held once
-        for i, mut in plan.tensors:
-            a = args[i]
-            if mut or i in atomic:  # an Atomic tensor is the op's alone too
-                wanted.append((a, True))
-            elif a not in shared:  # (by identity: tensors do not define ==)
-                shared.append(a)
-                wanted.append((a, False))
-        op._held = take_holds(op, wanted)
+            code = frame.f_code
+        op._made_where = (code.co_filename, frame.f_lineno)
+        # The common case in straight-line code; anything unusual, one argument at a time.
+        if checked or not plan.admit(op, args, backend):
+            if not checked:
+                try:
+                    _check_planned(kernel, plan, args, backend)
+                except BaseException:
+                    op._finished = True  # held nothing: nothing for its finalizer to do
+                    raise
+            op._held = take_holds(op, _wanted(plan, args))
         return op
 
     def _release(self) -> None:
@@ -288,10 +290,10 @@ class DeviceOp(OpLike):
             return Finished()
         return plan.start(self.args, stream, wait)
 
-    def _run(self, stream: object | None) -> None:
-        """Launch and wait, on a backend that queues work, for an op without a plan (a raw
-        kernel's): no completion object; `LaunchFailure` for a fault. A kernel's op runs its
-        plan in `_sync_now`."""
+    def _run(self, stream: object | None, wait: bool = True) -> None:
+        """Launch and wait (or only queue: see `_sync_now`), on a backend that queues work,
+        for an op without a plan (a raw kernel's): no completion object; `LaunchFailure` for
+        a fault. A kernel's op runs its plan in `_sync_now`."""
         raise NotImplementedError(f"{type(self).__name__} launches through its plan")
 
     def _launch(self, stream: object | None = None, wait: bool = False) -> None:
@@ -310,22 +312,25 @@ class DeviceOp(OpLike):
             self._finish()
             raise
 
-    def _sync_now(self, stream: object | None) -> tuple[Any, ...]:
+    def _sync_now(self, stream: object | None, wait: bool = True) -> tuple[Any, ...]:
         """Launch, wait and hand back the arguments, on a backend that queues work: the
-        synchronous launch's path, with no completion object."""
+        synchronous launch's path, with no completion object. Without `wait` (a `.then` step
+        that a later step follows on the same stream), the launch is only queued: what uses
+        the arguments next is ordered after it by the stream (`PreparedLaunch.queue`)."""
         try:
             plan = self._plan
             if plan is None:
-                self._run(stream)
+                self._run(stream, wait)
             elif not plan.empty:
                 # (`plan.run`, inline: the memory touched is read only where needed.)
                 launch = plan.launch or plan.prepare()
                 read, touches = plan.read, plan.touches
                 args = self.args
+                go = launch.launch_and_wait if wait else launch.queue
                 if read is None or touches is None:
-                    launch.launch_and_wait(args, stream, None)
+                    go(args, stream, None)
                 else:
-                    launch.launch_and_wait(read(args), stream, partial(touches, args))
+                    go(read(args), stream, partial(touches, args))
         except LaunchFailure as e:
             raise LaunchError(f"kernel {self.name} failed on the device: {e}") from e
         except RuntimeFailure as e:
@@ -443,7 +448,7 @@ class DeviceOp(OpLike):
 
     def __del__(self) -> None:
         # Rule 5: never let go of memory the device may still use; then release the holds.
-        if getattr(self, "_finished", True):
+        if self._finished:  # (a class default, so set even on an op half made)
             return
         try:
             if self._completion is not None:
@@ -455,6 +460,45 @@ class DeviceOp(OpLike):
     def __repr__(self) -> str:
         state = "done" if self._finished else "launched" if self._completion else "pending"
         return f"<{type(self).__name__} {self.name} grid={self.grid} {state}>"
+
+
+def _check_planned(
+    kernel: Kernel, plan: LaunchPlan, args: tuple[Any, ...], backend: Backend
+) -> None:
+    """The ownership checks of a launch with a plan, one argument at a time (what the plan's
+    `admit` declined): moves, holds and the backend of each tensor argument, then the
+    overlap of each pair of them where one is exclusive."""
+    names = kernel.param_names
+    atomic = plan.atomic
+    for i, mut in plan.tensors:
+        a = args[i]
+        t = a._tensor if mut else a
+        if a._moved_at is not None or a._exclusive is not None or a._shared or t._escaped:
+            _check_use(kernel.name, names[i], a, mut or i in atomic)
+        if t._backend is not backend:
+            _check_ownership(kernel.name, names, args, backend, atomic)  # raises
+    for i, mi, j, mj in plan.pairs:
+        a, b = args[i], args[j]
+        ta = a._tensor if mi else a
+        tb = b._tensor if mj else b
+        lo1, lo2 = ta._address, tb._address
+        if lo1 < lo2 + tb._nbytes and lo2 < lo1 + ta._nbytes:
+            _alias_error(kernel.name, names[i], names[j], a is b)
+
+
+def _wanted(plan: LaunchPlan, args: tuple[Any, ...]) -> list[tuple[Owned, bool]]:
+    """What a launch holds: its Mut partitions and Atomic tensors exclusively, its other
+    tensors shared (a tensor passed twice, once)."""
+    wanted: list[tuple[Owned, bool]] = []
+    shared: list[Tensor[Any]] = []
+    for i, mut in plan.tensors:
+        a = args[i]
+        if mut or i in plan.atomic:  # an Atomic tensor is the op's alone too
+            wanted.append((a, True))
+        elif a not in shared:  # (by identity: tensors do not define ==)
+            shared.append(a)
+            wanted.append((a, False))
+    return wanted
 
 
 def _storage(a: Any) -> Tensor[Any] | None:
@@ -508,6 +552,12 @@ def _alias_error(kernel: str, n1: str, n2: str, same: bool) -> None:
         f"{'the same partition' if same else 'overlapping memory'}, and at least one is Mut "
         "or Atomic (exclusive)"
     )
+
+
+#: Code objects of cutile_py's own frames and of others, as `for_kernel` finds them (bounded
+#: by the program's code; a membership test is not a call, a `startswith` is).
+_PACKAGE_CODE: set[CodeType] = set()
+_USER_CODE: set[CodeType] = set()
 
 
 def _user_frame() -> tuple[str, int]:

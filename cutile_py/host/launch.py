@@ -5,9 +5,9 @@ specialization, the compiled kernel, the grid, the backend's prepared launch, ho
 from __future__ import annotations
 
 import struct
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from functools import partial
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from cutile_py.host.interpret_run import run_interpreted
@@ -84,6 +84,7 @@ class LaunchPlan:
     __slots__ = (
         "_fn",
         "_shapes",
+        "admit",
         "atomic",
         "backend",
         "compiled",
@@ -137,11 +138,16 @@ class LaunchPlan:
         #: The backend's prepared launch, the reader of its parameter values (None: they are
         #: the arguments, for the interpreter) and of the memory it touches: set by `prepare`.
         self.launch: PreparedLaunch | None = None
-        self.read: _Values | None = None
+        self.read: Callable[[Sequence[Any]], list[int | float]] | None = None
         self.touches: Callable[[Sequence[Any]], list[Touch]] | None = None
         # Each tensor argument's shape (part of the plan's key, so fixed): dims are constants.
         self._shapes = {i: (mut, args[i]._storage()._shape) for i, mut in self.tensors}
         self._fn = fn  # the kernel's Python (the interpreter runs it)
+        #: The common case of a launch's checks and holds, unrolled for these arguments (see
+        #: `_admitter`): False where anything is unusual, and then nothing was changed.
+        self.admit: Callable[[object, Sequence[Any], Backend], bool] = _admitter(
+            len(args), self.tensors, atomic
+        )
 
     def prepare(self) -> PreparedLaunch:
         """The backend's launch of this kernel over this grid, made on first use (loading the
@@ -156,7 +162,7 @@ class LaunchPlan:
         if compiled.lowered is not None and backend.runs_ptx:
             launch = compiled.prepared(backend, self.grid)
             reader = compiled.param_reader()  # after any recompile
-            self.read = _Values(reader, self._shapes)
+            self.read = _Values(reader, self._shapes).read
             self.touches = partial(reader.touches, atomic=self.atomic)
         else:
             # The interpreter walks the partitions' own grid (of their rank), not the padded one.
@@ -188,36 +194,86 @@ class LaunchPlan:
 
 class _Values:
     """A `ParamReader` for one launch plan: the dims are the plan's (shapes are part of its
-    key), so only pointers and scalars are read, each by one C-level getter."""
+    key), so only pointers and scalars are read, by code generated for these parameters (one
+    list display: no loop, no call per value but a scalar's conversion)."""
 
-    __slots__ = ("template", "vary")
+    __slots__ = ("read",)
 
     def __init__(
         self, reader: ParamReader, shapes: dict[int, tuple[bool, tuple[int, ...]]]
     ) -> None:
-        template: list[int | float] = []
-        vary: list[tuple[int, int, Callable[[Any], int | float]]] = []
-        for slot, (arg, kind, axis) in enumerate(reader.steps):
+        items: list[str] = []
+        for arg, kind, axis in reader.steps:
             if kind == _DIM:
-                template.append(shapes[arg][1][axis])
-                continue
-            template.append(0)
-            if kind == _PTR:
-                vary.append((slot, arg, _PARTITION_ADDRESS if shapes[arg][0] else _ADDRESS))
+                items.append(repr(shapes[arg][1][axis]))
+            elif kind == _PTR:
+                items.append(
+                    f"args[{arg}]._tensor._address" if shapes[arg][0] else f"args[{arg}]._address"
+                )
             else:
-                vary.append((slot, arg, int if kind == _INT else float))
-        self.template = template
-        self.vary = tuple(vary)
+                items.append(f"{'int' if kind == _INT else 'float'}(args[{arg}])")
+        source = f"def read(args):\n    return [{', '.join(items)}]"
+        scope: dict[str, Any] = {}
+        exec(compile(source, "<cutile_py launch plan>", "exec"), scope)
+        self.read: Callable[[Sequence[Any]], list[int | float]] = scope["read"]
 
     def __call__(self, args: Sequence[Any]) -> list[int | float]:
-        values = self.template.copy()
-        for slot, arg, get in self.vary:
-            values[slot] = get(args[arg])
-        return values
+        return self.read(args)
 
 
-_ADDRESS = attrgetter("_address")
-_PARTITION_ADDRESS = attrgetter("_tensor._address")
+def _admitter(
+    arity: int, tensors: tuple[tuple[int, bool], ...], atomic: frozenset[int]
+) -> Callable[[object, Sequence[Any], Backend], bool]:
+    """`admit(op, args, backend)`: if every tensor argument is usable (not moved, held by no
+    one against this use, memory nobody else views, on `backend`), no exclusive one overlaps
+    another and no shared tensor is passed twice, take `op`'s holds (its `_held`) and return
+    True; else return False having changed nothing (`DeviceOp.for_kernel` then checks one
+    by one, for the error naming the parameter, or for the uncommon cases that are allowed).
+
+    Generated once per plan, as straight-line code: a launch's checks are then a handful of
+    attribute reads per argument, with no loop and no call per argument."""
+    exclusive = {i: mut or i in atomic for i, mut in tensors}
+    lines = ["def admit(op, args, backend, ref=ref):", f"    {_unpack(arity)} = args"]
+    fail: list[str] = []
+    for i, mut in tensors:
+        if mut:
+            lines.append(f"    t{i} = a{i}._tensor")
+        else:
+            lines.append(f"    t{i} = a{i}")
+        fail.append(f"a{i}._moved_at is not None or a{i}._exclusive is not None")
+        if exclusive[i]:
+            fail.append(f"a{i}._shared")  # shared holders forbid an exclusive use
+        fail.append(f"t{i}._escaped or t{i}._backend is not backend")
+    shared = [i for i, _ in tensors if not exclusive[i]]
+    fail.extend(f"a{j} is a{i}" for k, i in enumerate(shared) for j in shared[k + 1 :])
+    if fail:
+        lines.append("    if (" + "\n        or ".join(fail) + "\n    ):\n        return False")
+    for i, _ in tensors:
+        lines.append(f"    l{i} = t{i}._address")
+    for k, (i, _) in enumerate(tensors):
+        for j, _ in tensors[k + 1 :]:
+            if exclusive[i] or exclusive[j]:
+                lines.append(
+                    f"    if l{i} < l{j} + t{j}._nbytes and l{j} < l{i} + t{i}._nbytes:\n"
+                    "        return False"
+                )
+    lines.append("    me = ref(op)")
+    for i, _ in tensors:
+        lines.append(
+            f"    a{i}._exclusive = me" if exclusive[i] else f"    a{i}._shared.append(me)"
+        )
+    held = ", ".join(f"(a{i}, {exclusive[i]})" for i, _ in tensors)
+    lines.append(f"    op._held = [{held}]")
+    lines.append("    return True")
+    scope: dict[str, Any] = {"ref": weakref.ref}
+    exec(compile("\n".join(lines), "<cutile_py launch plan>", "exec"), scope)
+    admit: Callable[[object, Sequence[Any], Backend], bool] = scope["admit"]
+    return admit
+
+
+def _unpack(arity: int) -> str:
+    """The left side that unpacks `arity` arguments (`a0, a1, ...`)."""
+    return "(" + "".join(f"a{i}, " for i in range(arity)) + ")"
 
 
 def launch_key(args: tuple[Any, ...], constants: frozenset[int]) -> tuple[Any, ...]:

@@ -13,12 +13,13 @@ import contextlib
 from abc import abstractmethod
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeGuard
+from typing import Any, NamedTuple, TypeGuard, cast
 
 from cutile_py.host.device_op import DeviceOp, OpLike
-from cutile_py.host.errors import AliasError, BorrowError
+from cutile_py.host.errors import AliasError, BorrowError, LaunchError
 from cutile_py.host.streams import StreamLike, async_stream
 from cutile_py.host.tensor import Owned
+from cutile_py.runtime.backend import Backend, RuntimeFailure
 
 
 class _Once(OpLike):
@@ -64,20 +65,25 @@ class Chain(_Once):
         return f"chain .then({getattr(self.fn, '__name__', 'fn')})"
 
     def _next(self, result: tuple[Any, ...]) -> OpLike:
-        nxt = self.fn(result)
+        return self._checked(self.fn(result))
+
+    def _checked(self, nxt: object) -> OpLike:
+        """`nxt`, what the function returned, if it is an op; else TypeError."""
         if type(nxt) not in _OPS and not isinstance(nxt, OpLike):
             raise TypeError(
                 f"the function of {self.describe()} must return an op (a DeviceOp, chain or "
                 f"zip), got {type(nxt).__name__}"
             )
-        return nxt
+        return cast(OpLike, nxt)
 
     @staticmethod
     def _unwind(op: OpLike, pending: deque[Chain]) -> OpLike:
         """The op to run next (not a chain); the chains on `op`'s left spine go in front of
         `pending`, in the order their functions are to be called."""
         while _is_chain(op):
-            op._use()
+            if op._used:
+                op._use()  # raises
+            op._used = True
             pending.appendleft(op)
             op = op.first
         return op
@@ -91,13 +97,44 @@ class Chain(_Once):
 
     def sync(self) -> tuple[Any, ...]:
         # `_drive(lambda op: op.sync())`, spelled out: a chain's step costs this loop's turn.
+        # A step that another follows is only queued where the backend queues work (cuda):
+        # the next one runs after it on the same stream, and so does any host access to its
+        # arguments (downloads wait on that stream; other streams are fenced after it), so
+        # only the last step waits, for them all.
         pending: deque[Chain] = deque()
-        result = self._unwind(self, pending).sync()
+        op = self._unwind(self, pending)
+        queued: Backend | None = None  # where steps were queued and not waited for
         while pending:
-            op = pending.popleft()._next(result)
-            if _is_chain(op):
-                op = self._unwind(op, pending)
-            result = op.sync()
+            if _is_launch(op) and op._completion is None and not op._finished:
+                backend = op.backend
+                if backend.executes_on_host:
+                    result = op.sync()
+                else:
+                    result = op._sync_now(None, False)
+                    queued = backend
+            else:
+                result = op.sync()
+            chain = pending.popleft()
+            op = chain.fn(result)  # (`_next`, inline)
+            if type(op) is not DeviceOp:
+                op = chain._checked(op)
+                if _is_chain(op):
+                    op = self._unwind(op, pending)
+        if queued is None:
+            return op.sync()
+        waits = (
+            _is_launch(op)
+            and op.backend is queued
+            and op._completion is None
+            and not op._finished
+            and (op._plan is None or not op._plan.empty)  # (a raw kernel's op has no plan)
+        )
+        result = op.sync()  # (a launch that waits on the backend's stream: for all of them)
+        if not waits:
+            try:
+                queued.stream_synchronize(None)
+            except RuntimeFailure as e:
+                raise LaunchError(f"a step of this {self.describe()} failed: {e}") from e
         return result
 
     def sync_on(self, stream: StreamLike) -> tuple[Any, ...]:
@@ -233,6 +270,13 @@ class Zip(_Once):
 
 #: The op types that need no ABC instance check (OpLike is a Coroutine, an ABC).
 _OPS = frozenset([DeviceOp, Chain, Zip])
+
+
+def _is_launch(op: object) -> TypeGuard[DeviceOp]:
+    """`isinstance(op, DeviceOp)` (a kernel's or a raw kernel's launch), without the ABC check
+    for the usual types."""
+    cls = type(op)
+    return cls is DeviceOp or (cls not in _OPS and isinstance(op, DeviceOp))
 
 
 def _is_chain(op: object) -> TypeGuard[Chain]:

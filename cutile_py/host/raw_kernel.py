@@ -168,7 +168,7 @@ class RawKernelOp(DeviceOp):
     def _acquire(self) -> None:
         for a in self.args:
             if isinstance(a, Tensor) and not any(h is a for h, _ in self._held):
-                self._held.append(take_hold(self, a, exclusive=True))
+                self._held = [*self._held, take_hold(self, a, exclusive=True)]
 
     def _launch_now(self) -> tuple[PreparedLaunch, list[int | float], list[Touch]]:
         """The prepared launch, the parameter values and the memory it touches (hand-written
@@ -187,9 +187,9 @@ class RawKernelOp(DeviceOp):
         launch, values, touches = self._launch_now()
         return launch.start(values, stream, touches, wait)
 
-    def _run(self, stream: object | None) -> None:
+    def _run(self, stream: object | None, wait: bool = True) -> None:
         launch, values, touches = self._launch_now()
-        launch.launch_and_wait(values, stream, touches)
+        (launch.launch_and_wait if wait else launch.queue)(values, stream, touches)
 
     def param_names(self) -> list[str]:
         return [p.name for p in self.raw.params]

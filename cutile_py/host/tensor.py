@@ -113,7 +113,7 @@ def take_holds(holder: Holder, wanted: list[tuple[Owned, bool]]) -> list[tuple[O
     return wanted
 
 
-def release_holds(holder: Holder, held: list[tuple[Owned, bool]]) -> None:
+def release_holds(holder: Holder, held: Sequence[tuple[Owned, bool]]) -> None:
     """End `holder`'s holds on `held` (what `take_hold` returned)."""
     for obj, exclusive in held:
         if exclusive:

@@ -122,6 +122,19 @@ class PreparedLaunch(ABC):
         kernel raises `LaunchFailure`."""
         self.launch(values, stream, touches() if callable(touches) else touches).wait()
 
+    def queue(
+        self,
+        values: Sequence[Any],
+        stream: object | None = None,
+        touches: LazyTouches = None,
+    ) -> None:
+        """Queue one launch that nothing will wait for by itself (a `.then` step with a later
+        step on the same stream): work and host access later in `stream`'s order come after
+        it, and launches on other streams are ordered after it as after an allocation (its
+        memory is not recorded). A backend that executes on the host runs it (a fault raises
+        `LaunchFailure`); on a device a fault surfaces at a later launch or wait there."""
+        self.launch_and_wait(values, stream, touches)
+
     def start(
         self,
         values: Sequence[Any],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import struct
 import sys
 import threading
 import weakref
@@ -212,7 +213,7 @@ class CudaCompletion(Completion):
             return True
         backend = self._backend
         dev = backend._device  # (`activate`, inline: every awaited launch asks at least once)
-        if dev is None or getattr(backend._thread, "ctx", None) is not dev.ctx:
+        if dev is None or backend._thread.ctx is not dev.ctx:
             backend.activate()
         try:
             finished = cu.event_query(self._event)
@@ -306,8 +307,8 @@ class CudaPreparedLaunch(PreparedLaunch):
         self._block = block
         self._shared_mem = shared_mem
         self._ptypes = ptypes
-        self._params = threading.local()
-        cu.ParamBlock(ptypes)  # unsupported parameter types fail here, not at a launch
+        # Unsupported parameter types fail here, not at a launch.
+        self._spare: cu.ParamBlock | None = cu.ParamBlock(ptypes)
         self._what = (
             f"launching kernel {kernel.name!r} (grid {grid}, block {block}, {shared_mem} B shared)"
         )
@@ -332,13 +333,23 @@ class CudaPreparedLaunch(PreparedLaunch):
             if not isinstance(stream, cu.Stream):
                 raise TypeError(f"the cuda backend cannot launch on a {type(stream).__name__}")
             on = stream
-        params: cu.ParamBlock | None = getattr(self._params, "block", None)
+        # The spare block, taken (a launch releases the GIL: a thread that finds none makes
+        # one) and put back after the launch, which copied the values out of it.
+        params = self._spare
+        self._spare = None
         if params is None:
-            params = self._params.block = cu.ParamBlock(self._ptypes)
+            params = cu.ParamBlock(self._ptypes)
         try:
-            params.pack(values)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"kernel {self._kernel.name!r}: {e}") from e
+            if params.plain:  # (`params.pack`, inline)
+                params.struct.pack_into(params.slots, 0, *values)
+            else:
+                params.pack(values)
+        except (TypeError, ValueError, OverflowError, struct.error):
+            try:
+                params.pack(values)  # raises the precise error
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"kernel {self._kernel.name!r}: {e}") from e
+            raise
         kernel = self._kernel
         backend = self._backend
         try:
@@ -355,12 +366,13 @@ class CudaPreparedLaunch(PreparedLaunch):
                 or (touches is None and on is not dev.stream)
             ):
                 backend._order(dev, on, touches() if callable(touches) else touches)
-            timer: LaunchTimes | None = getattr(backend._thread, "timer", None)
+            timer = backend._thread.timer
             if timer is None:
                 cu.launch_kernel_packed(
                     kernel.function, self._grid, self._block, self._shared_mem, on, params,
                     synchronize,
                 )  # fmt: skip
+                self._spare = params
             else:
                 timer.begin(on)
                 cu.launch_kernel_packed(
@@ -383,9 +395,7 @@ class CudaPreparedLaunch(PreparedLaunch):
     def capture(self, values: Sequence[int | float], stream: cu.Stream) -> None:
         """Queue the launch on `stream`, which is capturing a graph: no ordering and no
         timing (what the capture records is the launch alone); `ready()` came first."""
-        params: cu.ParamBlock | None = getattr(self._params, "block", None)
-        if params is None:
-            params = self._params.block = cu.ParamBlock(self._ptypes)
+        params = cu.ParamBlock(self._ptypes)  # (once per capture: no spare taken)
         try:
             params.pack(values)
         except (TypeError, ValueError) as e:
@@ -410,7 +420,7 @@ class CudaPreparedLaunch(PreparedLaunch):
     ) -> Completion:
         backend = self._backend
         dev = backend._device  # (`activate`, inline)
-        if dev is None or getattr(backend._thread, "ctx", None) is not dev.ctx:
+        if dev is None or backend._thread.ctx is not dev.ctx:
             dev = backend.activate()
         try:
             # Taken before the launch, so that a fault of this kernel cannot surface here
@@ -449,9 +459,28 @@ class CudaPreparedLaunch(PreparedLaunch):
     ) -> None:
         backend = self._backend
         dev = backend._device
-        if dev is None or getattr(backend._thread, "ctx", None) is not dev.ctx:
+        if dev is None or backend._thread.ctx is not dev.ctx:
             dev = backend.activate()
         self._queue(dev, values, stream, touches, synchronize=True)
+
+    def queue(
+        self,
+        values: Sequence[int | float],
+        stream: object | None = None,
+        touches: LazyTouches = None,
+    ) -> None:
+        backend = self._backend
+        dev = backend._device
+        if dev is None or backend._thread.ctx is not dev.ctx:
+            dev = backend.activate()
+        on = self._queue(dev, values, stream, touches)
+        # No event marks its end: other streams' launches wait for `on` (a fence) instead.
+        # (Already so, with no stream having waited since: nothing to note; read unlocked,
+        # as a fence taken meanwhile is recorded after this launch anyway.)
+        ordering = backend._ordering
+        waited = ordering._unrecorded.get(on)
+        if waited is None or waited:
+            ordering.unrecorded(on)
 
 
 class CudaGraph(GraphExec):
@@ -472,7 +501,7 @@ class CudaGraph(GraphExec):
         try:
             if on is not dev.stream:
                 backend._order_after_default(dev, on)  # uploads of g.update() come first
-            timer: LaunchTimes | None = getattr(backend._thread, "timer", None)
+            timer = backend._thread.timer
             if timer is not None:
                 timer.begin(on)
             cu.graph_launch(self._graph, on)
@@ -512,6 +541,16 @@ class CudaGraph(GraphExec):
         self._finalizer()
 
 
+class _PerThread(threading.local):
+    """A backend's state in each thread (read on every launch: plain attributes, no getattr
+    with a default)."""
+
+    #: The context made current in this thread by `activate`.
+    ctx: cu.Context | None = None
+    #: The device timing of launches in progress in this thread (`time_launches`).
+    timer: LaunchTimes | None = None
+
+
 @dataclass(frozen=True)
 class _Device:
     ctx: cu.Context
@@ -532,7 +571,7 @@ class CudaBackend(Backend):
     def __init__(self, ordinal: int = 0) -> None:
         self.ordinal = ordinal
         self._lock = threading.Lock()
-        self._thread = threading.local()
+        self._thread = _PerThread()
         self._device: _Device | None = None
         self._modules: dict[str, tuple[cu.Module, AssemblyReport | None]] = {}
         self._kernels: dict[tuple[str, str], CudaKernel] = {}
@@ -585,7 +624,7 @@ class CudaBackend(Backend):
         """The device, initialized and its context current in the calling thread."""
         dev = self._device or self._init()
         # The driver keeps the current context per thread.
-        if getattr(self._thread, "ctx", None) is not dev.ctx:
+        if self._thread.ctx is not dev.ctx:
             try:
                 cu.set_current(dev.ctx)
             except cu.CudaDriverError as e:
@@ -616,7 +655,7 @@ class CudaBackend(Backend):
         """Meanwhile, every launch and graph replay that this thread queues is timed on the
         device (events around it on its stream); read the sum with `total_ms()` after."""
         times = LaunchTimes(self.activate().ctx)
-        outer = getattr(self._thread, "timer", None)
+        outer = self._thread.timer
         self._thread.timer = times
         try:
             yield times

@@ -524,10 +524,12 @@ class ParamBlock:
         self._halves = tuple(
             (i, t == "bf16") for i, t in enumerate(self.ptypes) if t in ("f16", "bf16")
         )
+        #: No half-precision parameter: `struct.pack_into(slots, 0, *values)` is all of `pack`.
+        self.plain = not self._halves
         fmt = "".join(_SLOT_FORMAT[t] for t in self.ptypes)
-        self._struct = struct.Struct("<" + fmt)
+        self.struct = self._struct = struct.Struct("<" + fmt)
         n = len(self.ptypes)
-        self._slots = ctypes.create_string_buffer(max(8 * n, 8))
+        self.slots = self._slots = ctypes.create_string_buffer(max(8 * n, 8))
         base = ctypes.addressof(self._slots)
         self._pointers = (ctypes.c_void_p * max(n, 1))(*(base + 8 * i for i in range(n)))
         #: What `launch_kernel_packed` passes: the address of the `void**` array (0: none).

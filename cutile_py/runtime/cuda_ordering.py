@@ -53,6 +53,12 @@ class StreamOrdering:
         """Work was just queued on `stream` without its memory being recorded: work of other
         streams is ordered after it (a fence on `stream`) until `stream_idle(stream)`."""
         with self._lock:
+            waited = self._unrecorded.get(stream)
+            if waited is not None and not waited:
+                # Already unrecorded, and no stream has waited for it since: each one's next
+                # launch fences `stream` after this work too (an allocation or `.then` step,
+                # every time: a dictionary lookup, no new fence).
+                return
             self._unrecorded[stream] = set()
             self.clean = set()
 

@@ -1,0 +1,119 @@
+"""A launch with a plan checks its arguments in code generated for the plan (`admit`): each
+ownership rule still holds there, with the error naming the parameter, and what it declines
+(a shared tensor other ops also read, passed twice, or memory others view) goes the long way
+with the same outcome as a first launch."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import numpy as np
+import pytest
+
+import cutile_py as ct
+from cutile_py import Atomic, Dyn, Mut, Tensor, f32, i32
+from tests.support import elementwise_kernels as K
+
+B = TypeVar("B")
+N = 64
+TILE = 16
+
+
+@ct.kernel
+def copy2(a: Mut[Tensor[f32, B]], b: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn]) -> None:
+    t = ct.load_tile_like(x, a)
+    a.store(t)
+    b.store(t * 2.0)
+
+
+@ct.kernel
+def histogram(z: Mut[Tensor[i32, B]], x: Tensor[i32, Dyn], h: Atomic[Tensor[i32, Dyn]]) -> None:
+    """h[v] += 1 for every v of x (the padding -1 is dropped); z = x."""
+    v = ct.load(x, ct.bid(0), z.shape, padding=-1)
+    ct.atomic_add(h, v, 1)
+    z.store(v)
+
+
+def _planned(rng: np.random.Generator) -> tuple[np.ndarray, Any]:
+    """Launch `K.add` and `copy2` once at this signature (the plans exist after)."""
+    a = rng.standard_normal(N).astype(np.float32)
+    x = ct.from_numpy(a)
+    K.add(ct.zeros(N).partition(TILE), x, x).sync()
+    copy2(ct.zeros(N).partition(TILE), ct.zeros(N).partition(TILE), x).sync()
+    return a, x
+
+
+def _plans_hit() -> int:
+    from cutile_py.host.kernel import STATS
+
+    return int(STATS.hits)
+
+
+def test_a_planned_launch_still_refuses_each_misuse(rng: np.random.Generator) -> None:
+    _, x = _planned(rng)
+    p = ct.zeros(N).partition(TILE)
+    hits = _plans_hit()
+    with pytest.raises(ct.AliasError, match="'a' and 'b'"):
+        copy2(p, p, x)  # the same partition, twice exclusive
+    moved = ct.zeros(N)
+    moved.partition(TILE)
+    with pytest.raises(ct.MovedError, match="parameter 'x'"):
+        K.add(p, moved, x)
+    op = K.add(p, x, x)  # holds p
+    with pytest.raises(ct.BorrowError, match="parameter 'z'"):
+        K.add(p, x, x)
+    q = ct.zeros(N).partition(TILE)
+    with pytest.raises(ct.BorrowError, match="parameter 'x'"):
+        K.add(q, p.tensor, x)  # the storage of p, which `op` holds
+    op.sync()
+    from cutile_py.host.tensor import Tensor as HostTensor
+    from cutile_py.runtime.backend import InterpretBackend
+
+    other = InterpretBackend()
+    foreign = HostTensor(other.alloc(4 * N), (N,), ct.f32, other)
+    with pytest.raises(ValueError, match="'y': the tensor lives on the interpret backend"):
+        K.add(q, x, foreign)
+    assert _plans_hit() > hits  # the checks above ran with plans found
+    # Nothing was taken by the refused launches: all of it is usable.
+    z, _, _ = K.add(q, x, x).sync()
+    p2, _, _ = K.add(p, x, x).sync()
+    assert not z.is_moved and not p2.is_moved
+
+
+def test_shared_tensors_read_by_other_pending_ops_and_passed_twice(
+    rng: np.random.Generator,
+) -> None:
+    a, x = _planned(rng)
+    b = rng.standard_normal(N).astype(np.float32)
+    y = ct.from_numpy(b)
+    first = K.add(ct.zeros(N).partition(TILE), x, y)  # x and y held shared, pending
+    second = K.add(ct.zeros(N).partition(TILE), x, y)  # shared again: allowed
+    third = K.add(ct.zeros(N).partition(TILE), y, y)  # y twice: held once
+    assert sum(h is y for h, _ in third._held) == 1
+    # An Atomic tensor is the launch's alone: one that pending ops read is refused.
+    v = rng.integers(0, 8, N).astype(np.int32)
+    xi, h = ct.from_numpy(v), ct.zeros((8,), ct.i32)
+    histogram(ct.zeros(N, ct.i32).partition(TILE), xi, h).sync()  # planned
+    reader = K.int_ops(ct.zeros(8, ct.i32).partition(8), h, h)  # reads h, pending
+    with pytest.raises(ct.BorrowError, match="parameter 'h'"):
+        histogram(ct.zeros(N, ct.i32).partition(TILE), xi, h)
+    reader.sync()
+    histogram(ct.zeros(N, ct.i32).partition(TILE), xi, h).sync()
+    np.testing.assert_array_equal(h.to_numpy(), 2 * np.bincount(v, minlength=8))
+    results = [op.sync()[0].unpartition().to_numpy() for op in (first, second, third)]
+    np.testing.assert_array_equal(results[0], a + b)
+    np.testing.assert_array_equal(results[1], a + b)
+    np.testing.assert_array_equal(results[2], b + b)
+    assert not x._shared and not y._shared  # every hold released
+
+
+def test_borrowed_memory_goes_the_long_way_and_still_aliases(rng: np.random.Generator) -> None:
+    _planned(rng)
+    host = rng.standard_normal(N).astype(np.float32)
+    x = ct.from_dlpack(host)  # memory another object may view: checked by span
+    view = ct.from_dlpack(host)
+    z, _, _ = K.add(ct.zeros(N).partition(TILE), x, view).sync()
+    np.testing.assert_array_equal(z.unpartition().to_numpy(), host + host)
+    p = x.partition(TILE)
+    with pytest.raises(ct.AliasError, match="'z' and 'x'"):
+        K.add(p, view, ct.zeros(N))
