@@ -21,6 +21,7 @@ from cutile_py.host.streams import (
     as_stream,
     async_stream,
     finish_first,
+    is_done,
     off_loop,
     settle,
     wait_done,
@@ -432,16 +433,38 @@ class DeviceOp(OpLike):
         except Exception:
             done = True  # (as `is_done`: a failure to ask counts as done; `wait` reports it)
         if not done:
-            try:
-                await wait_done(completion)
-            except asyncio.CancelledError:
-                # Rule 4: the device may still use the arguments; hand them back only after.
-                await settle(completion)
-                self._finish()
-                raise
-            if self._finished:  # another task awaiting the same op got there first
-                self._check_pending()
+            await self._wait_launched(completion)
         return self._complete()
+
+    def __await__(self) -> Generator[Any, None, tuple[Any, ...]]:
+        """`await op`: on a backend that queues work (cuda), the launch is queued here, and
+        work found done at once is handed back with no coroutine, task or future made."""
+        if (
+            self._completion is None
+            and self._launching is None
+            and not self._finished
+            and not self.backend.executes_on_host
+        ):
+            self._launch(async_stream(self.backend))  # queues and returns: the loop stays free
+            completion = self._completion
+            assert completion is not None
+            if not is_done(completion):
+                yield from self._wait_launched(completion).__await__()
+            return self._complete()
+        return (yield from self._run_async().__await__())
+
+    async def _wait_launched(self, completion: Completion) -> None:
+        """Wait, without blocking the loop, for the launched work that `completion.done()`
+        just said is not over; a cancellation still waits for it (rule 4)."""
+        try:
+            await wait_done(completion, asked=True)
+        except asyncio.CancelledError:
+            # Rule 4: the device may still use the arguments; hand them back only after.
+            await settle(completion)
+            self._finish()
+            raise
+        if self._finished:  # another task awaiting the same op got there first
+            self._check_pending()
 
     def _ops(self) -> list[DeviceOp]:
         return [self]

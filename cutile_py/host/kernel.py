@@ -23,7 +23,7 @@ from cutile_py.frontend.signature import ParamSpec, Specialization, TensorArg, b
 from cutile_py.host import dump, jit_disk
 from cutile_py.host.device_op import DeviceOp
 from cutile_py.host.errors import PerformanceWarning
-from cutile_py.host.launch import LaunchPlan, ParamReader, launch_key, prepare_lowered
+from cutile_py.host.launch import LaunchPlan, ParamReader, launch_keyer, prepare_lowered
 from cutile_py.host.report import KernelReport, build_report
 from cutile_py.host.specs import PartitionSpec, TensorSpec
 from cutile_py.host.tensor import Partition, Tensor
@@ -290,7 +290,7 @@ class Kernel:
         self._arity = len(self._signature.parameters)
         self._params: tuple[ParamSpec, ...] | None = None
         self._atomic: frozenset[int] | None = None
-        #: Launch plans by backend and `launch_key` of the arguments: see `plan`.
+        #: Launch plans by backend and key of the arguments (`launch_keyer`): see `plan`.
         self._plans: dict[Backend, dict[tuple[Any, ...], LaunchPlan]] = {}
         self.__doc__ = fn.__doc__
         self.__name__ = self.name
@@ -505,12 +505,9 @@ class Kernel:
         plans = self._plans.get(backend)
         if plans is None:
             return None
-        consts, ints = self.__dict__["_param_kinds"]  # set by the `make_plan` of `plans`
+        _, ints, key = self.__dict__["_param_kinds"]  # set by the `make_plan` of `plans`
         try:
-            if consts:
-                plan = plans.get(launch_key(args, consts))
-            else:  # `launch_key` without constants, inline: this is every launch's lookup
-                plan = plans.get(tuple([a._key if type(a) in _TENSORS else type(a) for a in args]))
+            plan = plans.get(key(args))
         except TypeError:  # an unhashable argument: `make_plan` says what is wrong with it
             return None
         if plan is None or plan.generation != _MemoryCache.generation:
@@ -540,18 +537,22 @@ class Kernel:
         plans = self._plans.setdefault(backend, {})
         if len(plans) >= MAX_PLANS:
             plans.clear()  # a kernel launched over ever-new shapes: start over
-        plans[launch_key(args, self._shape_info()[0])] = plan
+        plans[self._shape_info()[2](args)] = plan
         return plan
 
-    def _shape_info(self) -> tuple[frozenset[int], tuple[int, ...]]:
-        """Indices of the Constant parameters, and of the int scalar ones."""
+    def _shape_info(
+        self,
+    ) -> tuple[frozenset[int], tuple[int, ...], Callable[[tuple[Any, ...]], tuple[Any, ...]]]:
+        """Indices of the Constant parameters and of the int scalar ones, and the function
+        that gives the plan key of arguments (`launch_keyer`; bound: one per parameter)."""
         info = self.__dict__.get("_param_kinds")
         if info is None:
             consts = frozenset(i for i, p in enumerate(self.params) if p.kind == "constant")
             ints = tuple(
                 i for i, p in enumerate(self.params) if p.kind == "scalar" and p.py_type is int
             )
-            info = self.__dict__["_param_kinds"] = (consts, ints)
+            key = launch_keyer(len(self.params), consts)
+            info = self.__dict__["_param_kinds"] = (consts, ints, key)
         return info
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -566,9 +567,6 @@ class Kernel:
     def __repr__(self) -> str:
         return f"<cutile_py kernel {self.__qualname__}>"
 
-
-#: The argument types a launch plan keys by their `_key` (see `launch_key`).
-_TENSORS = frozenset([Tensor, Partition])
 
 #: Plans one kernel keeps (one per distinct argument signature and backend).
 MAX_PLANS = 256

@@ -7,7 +7,6 @@ from __future__ import annotations
 import struct
 import weakref
 from collections.abc import Callable, Hashable, Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from cutile_py.host.interpret_run import run_interpreted
@@ -74,7 +73,7 @@ class ParamReader:
 
 class LaunchPlan:
     """A kernel's launch on `backend` for arguments like the ones it was made for (the same
-    dtypes, shapes, tiles, alignment, scalar types and constants; see `launch_key`).
+    dtypes, shapes, tiles, alignment, scalar types and constants; see `launch_keyer`).
 
     Made once; a launch then reads the parameters off its arguments (`read`) and makes one
     call into the backend's prepared launch (`launch`, made by `prepare`), whatever launches
@@ -162,8 +161,7 @@ class LaunchPlan:
         if compiled.lowered is not None and backend.runs_ptx:
             launch = compiled.prepared(backend, self.grid)
             reader = compiled.param_reader()  # after any recompile
-            self.read = _Values(reader, self._shapes).read
-            self.touches = partial(reader.touches, atomic=self.atomic)
+            self.read, self.touches = _readers(reader, self._shapes, self.atomic)
         else:
             # The interpreter walks the partitions' own grid (of their rank), not the padded one.
             fn, spec, tiles = self._fn, self.spec, self.grid
@@ -192,33 +190,39 @@ class LaunchPlan:
         return BoundLaunch(launch, tuple(args) if read is None else tuple(read(args)))
 
 
-class _Values:
-    """A `ParamReader` for one launch plan: the dims are the plan's (shapes are part of its
-    key), so only pointers and scalars are read, by code generated for these parameters (one
-    list display: no loop, no call per value but a scalar's conversion)."""
+def _readers(
+    reader: ParamReader,
+    shapes: dict[int, tuple[bool, tuple[int, ...]]],
+    atomic: frozenset[int],
+) -> tuple[Callable[[Sequence[Any]], list[int | float]], Callable[[Sequence[Any]], list[Touch]]]:
+    """`reader` and its `touches` for one launch plan, generated as one list display each: the
+    dims are the plan's (shapes are part of its key), so only pointers and scalars are read,
+    with no loop and no call per value but a scalar's conversion. `shapes`: (whether a Mut
+    partition, shape) of each tensor argument."""
+    items: list[str] = []
+    for arg, kind, axis in reader.steps:
+        if kind == _DIM:
+            items.append(repr(shapes[arg][1][axis]))
+        elif kind == _PTR:
+            items.append(f"{_storage(arg, shapes)}._address")
+        else:
+            items.append(f"{'int' if kind == _INT else 'float'}(args[{arg}])")
+    touched = []
+    for arg in reader._pointers:
+        t = _storage(arg, shapes)
+        touched.append(f"({t}._address, {t}._nbytes, {shapes[arg][0] or arg in atomic})")
+    source = (
+        f"def read(args):\n    return [{', '.join(items)}]\n"
+        f"def touches(args):\n    return [{', '.join(touched)}]"
+    )
+    scope: dict[str, Any] = {}
+    exec(compile(source, "<cutile_py launch plan>", "exec"), scope)
+    return scope["read"], scope["touches"]
 
-    __slots__ = ("read",)
 
-    def __init__(
-        self, reader: ParamReader, shapes: dict[int, tuple[bool, tuple[int, ...]]]
-    ) -> None:
-        items: list[str] = []
-        for arg, kind, axis in reader.steps:
-            if kind == _DIM:
-                items.append(repr(shapes[arg][1][axis]))
-            elif kind == _PTR:
-                items.append(
-                    f"args[{arg}]._tensor._address" if shapes[arg][0] else f"args[{arg}]._address"
-                )
-            else:
-                items.append(f"{'int' if kind == _INT else 'float'}(args[{arg}])")
-        source = f"def read(args):\n    return [{', '.join(items)}]"
-        scope: dict[str, Any] = {}
-        exec(compile(source, "<cutile_py launch plan>", "exec"), scope)
-        self.read: Callable[[Sequence[Any]], list[int | float]] = scope["read"]
-
-    def __call__(self, args: Sequence[Any]) -> list[int | float]:
-        return self.read(args)
+def _storage(arg: int, shapes: dict[int, tuple[bool, tuple[int, ...]]]) -> str:
+    """The expression of argument `arg`'s tensor (a partition's, where it is one)."""
+    return f"args[{arg}]._tensor" if shapes[arg][0] else f"args[{arg}]"
 
 
 def _admitter(
@@ -276,19 +280,31 @@ def _unpack(arity: int) -> str:
     return "(" + "".join(f"a{i}, " for i in range(arity)) + ")"
 
 
-def launch_key(args: tuple[Any, ...], constants: frozenset[int]) -> tuple[Any, ...]:
-    """What of `args` a launch plan depends on: each tensor's dtype, shape, tiles and address
-    alignment; each scalar's type; each constant's value (a float by its bits)."""
-    key: list[Any] = []
-    for i, a in enumerate(args):
-        cls = type(a)
-        if cls is Partition or cls is Tensor:
-            key.append(a._key)
-        elif i in constants:
-            key.append((cls, struct.pack("<d", a) if isinstance(a, float) else a))
+def launch_keyer(
+    arity: int, constants: frozenset[int]
+) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """The function giving what of `arity` arguments a launch plan depends on (its key): each
+    tensor's dtype, shape, tiles and address alignment (`_key`); each scalar's type; each
+    constant's (at `constants`) type and value, a float by its bits. Generated as one tuple
+    display (every launch looks its plan up by it: no loop, no call per argument but a
+    constant's)."""
+    items = []
+    for i in range(arity):
+        if i in constants:
+            items.append(f"(type(a{i}), const(a{i}))")
         else:
-            key.append(cls)
-    return tuple(key)
+            items.append(f"a{i}._key if type(a{i}) in tensors else type(a{i})")
+    display = "".join(e + ", " for e in items)
+    source = f"def key(args):\n    {_unpack(arity)} = args\n    return ({display})"
+    scope: dict[str, Any] = {"tensors": (Partition, Tensor), "const": _constant_key}
+    exec(compile(source, "<cutile_py launch key>", "exec"), scope)
+    key: Callable[[tuple[Any, ...]], tuple[Any, ...]] = scope["key"]
+    return key
+
+
+def _constant_key(a: Any) -> Any:
+    """A constant's value in a launch key (a float by its bits: -0.0 and 0.0 differ)."""
+    return struct.pack("<d", a) if isinstance(a, float) else a
 
 
 def prepare_lowered(

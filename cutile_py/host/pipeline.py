@@ -80,7 +80,7 @@ class Chain(_Once):
     def _unwind(op: OpLike, pending: deque[Chain]) -> OpLike:
         """The op to run next (not a chain); the chains on `op`'s left spine go in front of
         `pending`, in the order their functions are to be called."""
-        while _is_chain(op):
+        while type(op) is Chain or _is_chain(op):
             if op._used:
                 op._use()  # raises
             op._used = True
@@ -105,7 +105,11 @@ class Chain(_Once):
         op = self._unwind(self, pending)
         queued: Backend | None = None  # where steps were queued and not waited for
         while pending:
-            if _is_launch(op) and op._completion is None and not op._finished:
+            if (
+                (type(op) is DeviceOp or _is_launch(op))
+                and op._completion is None  # (not launched yet: else it waits, as it would)
+                and not op._finished
+            ):
                 backend = op.backend
                 if backend.executes_on_host:
                     result = op.sync()

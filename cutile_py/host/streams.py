@@ -169,9 +169,10 @@ async def finish_first(fut: asyncio.Future[T]) -> None:
         fut.exception()  # retrieved: an error here is reported by the op, not asyncio's log
 
 
-async def wait_done(completion: Completion) -> None:
-    """Return once `completion.done()` (a failure counts as done: `wait()` reports it)."""
-    if is_done(completion):
+async def wait_done(completion: Completion, asked: bool = False) -> None:
+    """Return once `completion.done()` (a failure counts as done: `wait()` reports it);
+    `asked`: the caller has just found it not done (no need to ask again at once)."""
+    if not asked and is_done(completion):
         return
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[None] = loop.create_future()

@@ -253,7 +253,7 @@ class Tensor(Owned, Generic[DT, Unpack[Shape]]):
         self._address = address = buffer.address
         elements = address // size
         self._align = 1 if address % size else min(elements & -elements, 16) if elements else 16
-        #: What a launch plan depends on (see `cutile_py.host.kernel.launch_key`).
+        #: What a launch plan depends on (see `cutile_py.host.launch.launch_keyer`).
         self._key = (dtype, shape, None, self._align)
         #: Whether objects outside this one's line (partition/unpartition) may view the memory:
         #: borrowed with from_dlpack, or exported. Holds on it are then also kept by span.

@@ -1,11 +1,11 @@
 """Ordering device work across streams by what it touches.
 
-Each piece of device work not yet known to have finished is kept as pending accesses: a byte
-range it reads or writes, the stream it is queued on, and an event recorded after it there. A
-launch on another stream waits only for the pending accesses it conflicts with: those that
-write what it reads, and those that read or write what it writes. Work on the same stream is
-ordered by the stream itself. Accesses are dropped once their work is known to be over (its
-completion waited for, its stream synchronized, or its event found done).
+Each piece of device work not yet known to have finished is kept pending: the byte ranges it
+reads or writes, the stream it is queued on, and an event recorded after it there. A launch on
+another stream waits only for the pending work it conflicts with: work that writes what it
+reads, and work that reads or writes what it writes. Work on the same stream is ordered by the
+stream itself. Work is dropped once known to be over (its completion waited for, its stream
+synchronized, or its event found done).
 """
 
 from __future__ import annotations
@@ -18,26 +18,35 @@ from cutile_py.runtime import cuda_driver as cu
 from cutile_py.runtime.backend import Touch
 
 
-class _Access(NamedTuple):
-    """A byte range that pending work reads or writes (a tuple: made on every launch)."""
+class _Work(NamedTuple):
+    """Pending work: the memory it reads and writes, the stream it is queued on and an event
+    recorded after it there (a tuple: made on every launch)."""
 
-    lo: int
-    hi: int
-    writes: bool
+    touches: Sequence[Touch]
     stream: cu.Stream
     event: cu.Event
     #: The completion whose event `event` is; None for an event of this module's pool.
     owner: object | None
 
 
-class StreamOrdering:
-    """Pending accesses of one backend's device work (thread-safe)."""
+def _conflict(done: Sequence[Touch], new: Sequence[Touch]) -> bool:
+    """Whether work touching `new` must wait for work touching `done`: they overlap (in a
+    range of more than zero bytes) where one of them writes."""
+    for lo, n, writes in new:
+        for lo2, n2, writes2 in done:
+            if lo < lo2 + n2 and lo2 < lo + n and n2 and (writes or writes2):
+                return True
+    return False
 
-    #: Past this many pending accesses, those whose events are done are dropped.
+
+class StreamOrdering:
+    """Pending device work of one backend (thread-safe)."""
+
+    #: Past this many pieces of pending work, those whose events are done are dropped.
     PRUNE_AT = 256
 
     def __init__(self) -> None:
-        self._pending: list[_Access] = []
+        self._pending: list[_Work] = []
         #: Streams with work queued whose memory was not recorded (allocations from the
         #: pool), each with the streams that have waited for all of it since (a fence): work
         #: of other streams waits for it, until the stream is idle.
@@ -64,7 +73,7 @@ class StreamOrdering:
 
     @property
     def pending(self) -> int:
-        """How many accesses are pending."""
+        """How many pieces of work are pending."""
         return len(self._pending)
 
     def order(self, stream: cu.Stream, touches: Sequence[Touch] | None) -> int:
@@ -93,23 +102,27 @@ class StreamOrdering:
         if not self._pending:
             return len(fences)
         events: dict[int, cu.Event] = {}
+        probe: cu.Event | None = None
         with self._lock:
-            for a in self._pending:
-                if a.stream is stream or id(a.event) in events:
+            for w in self._pending:
+                if w.stream is stream or id(w.event) in events:
                     continue
-                if touches is None or any(
-                    lo < a.hi and a.lo < lo + n and (writes or a.writes)
-                    for lo, n, writes in touches
-                ):
-                    events[id(a.event)] = a.event
+                if touches is None or _conflict(w.touches, touches):
+                    events[id(w.event)] = w.event
+                elif probe is None:
+                    probe = w.event
         passed: set[int] = set()
+        if probe is not None and id(probe) not in events and _finished(probe):
+            # Work this launch need not wait for, found over (one query per launch: work
+            # nobody waits for, an upload, leaves the list, so later launches skip all this).
+            passed.add(id(probe))
         for key, event in events.items():
             if _finished(event):
                 passed.add(key)
             else:
                 cu.stream_wait_event(stream, event)
         if passed:
-            self._drop(lambda a: id(a.event) in passed)
+            self._drop(lambda w: id(w.event) in passed)
         return len(fences) + len(events) - len(passed)
 
     def record(
@@ -122,27 +135,22 @@ class StreamOrdering:
         """Note `touches` as work just queued on `stream`: its end is `event` (recorded by the
         caller after it, and kept alive by `owner`), or an event recorded here now."""
         if event is None:
-            touches = [t for t in touches if t[1] > 0]
-            if not touches:
+            if not any(n > 0 for _, n, _ in touches):
                 return
             with self._lock:
                 event = self._spare.pop() if self._spare else None
             if event is None:
                 event = cu.event_create()
             cu.event_record(event, stream)
-        # (tuple.__new__: the named tuple's own constructor is a Python call per access.)
-        accesses = [
-            tuple.__new__(_Access, (lo, lo + n, w, stream, event, owner))
-            for lo, n, w in touches
-            if n > 0
-        ]
-        if not accesses:
+        elif not touches:
             return
+        # (tuple.__new__: the named tuple's own constructor is a Python call.)
+        work = tuple.__new__(_Work, (touches, stream, event, owner))
         with self._lock:
-            self._pending.extend(accesses)
+            self._pending.append(work)
             crowded = len(self._pending) > self._prune_at
         if crowded:
-            self._drop(lambda a: _finished(a.event))
+            self._drop(lambda w: _finished(w.event))
             # Work still in flight stays: the next pass waits until the list has doubled, so
             # that many launches in flight (a large ct.zip) cost linear time, not quadratic.
             self._prune_at = max(self.PRUNE_AT, 2 * len(self._pending))
@@ -153,22 +161,17 @@ class StreamOrdering:
         if not pending:
             return
         with self._lock:
-            # One `record` call appended all of an owner's accesses, together: they are found
-            # at the end (an awaited launch), at the start (the first of a `ct.zip`'s ops to
-            # complete), or else in one pass without a call per access.
+            # An owner's work is found at the end (an awaited launch), at the start (the first
+            # of a `ct.zip`'s ops to complete), or else in one pass.
             pending = self._pending
             if not pending:
                 return
             if pending[-1].owner is owner:
-                while pending and pending[-1].owner is owner:
-                    pending.pop()
+                pending.pop()
             elif pending[0].owner is owner:
-                k = 1
-                while k < len(pending) and pending[k].owner is owner:
-                    k += 1
-                del pending[:k]
+                del pending[0]
             else:
-                self._pending = [a for a in pending if a.owner is not owner]
+                self._pending = [w for w in pending if w.owner is not owner]
 
     def stream_idle(self, stream: cu.Stream) -> None:
         """Everything queued on `stream` so far is over (it was synchronized)."""
@@ -176,16 +179,16 @@ class StreamOrdering:
             with self._lock:
                 self._unrecorded.pop(stream, None)
         if self._pending:
-            self._drop(lambda a: a.stream is stream)
+            self._drop(lambda w: w.stream is stream)
 
-    def _drop(self, over: Callable[[_Access], bool]) -> None:
+    def _drop(self, over: Callable[[_Work], bool]) -> None:
         with self._lock:
-            kept = [a for a in self._pending if not over(a)]
+            kept = [w for w in self._pending if not over(w)]
             if len(kept) == len(self._pending):
                 return
-            dropped = {id(a.event): a.event for a in self._pending if a.owner is None}
-            for a in kept:
-                dropped.pop(id(a.event), None)
+            dropped = {id(w.event): w.event for w in self._pending if w.owner is None}
+            for w in kept:
+                dropped.pop(id(w.event), None)
             self._pending = kept
             # A stream that waited on one of these events took its state at that call, so
             # recording it again later changes nothing for that stream.
