@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import cutile_py as ct
 from cutile_py import Tensor, bf16, f16, f32
+from cutile_py.host.creation import empty_partition as empty_partition  # (for the host functions)
 
 #: The element dtype as kernel annotations name it: f32 for mypy; each factory rebinds it.
 Elem = f32
@@ -65,9 +66,9 @@ def check_float(name: str, *tensors: Tensor[Any, Any]) -> type[ct.DType]:
     """The common float dtype of `tensors` (f32, f16 or bf16), else TypeError."""
     dt = tensors[0].dtype
     for t in tensors:
-        if t.dtype not in FLOATS:
-            raise TypeError(f"{name}: expected f32, f16 or bf16 tensors, got {t.dtype.name}")
-        if t.dtype is not dt:
+        if t._dtype is not dt or dt not in FLOATS:  # (the common case: no property call)
+            if t.dtype not in FLOATS:
+                raise TypeError(f"{name}: expected f32, f16 or bf16 tensors, got {t.dtype.name}")
             raise TypeError(f"{name}: dtypes differ: {dt.name} and {t.dtype.name}")
     return dt
 
@@ -93,9 +94,17 @@ def view(t: Tensor[Any, Any], shape: Sequence[int]) -> Tensor[Any, Any]:
 
 def as_rows(name: str, t: Tensor[Any, Any]) -> Tensor[Any, Any]:
     """`t` (..., N) as a 2-D (rows, N) view (either may be 0)."""
-    if len(t.shape) == 0:
+    shape = t.shape
+    if len(shape) == 2 and t._moved_at is None and t._exclusive is None and not t._shared:
+        return t  # already rows, and held by nobody: the common case, without a view
+    if len(shape) == 0:
         raise ValueError(f"{name}: expected a tensor with at least one axis, got a scalar")
-    return view(t, (prod(t.shape[:-1]), t.shape[-1]))
+    return view(t, (prod(shape[:-1]), shape[-1]))
+
+
+def as_shape(t: Tensor[Any, Any], shape: tuple[int, ...]) -> Tensor[Any, Any]:
+    """A host function's fresh output `t` under `shape` (the caller's), moved only if needed."""
+    return t if t.shape == shape else t.reshape(shape)
 
 
 def next_pow2(n: int) -> int:
@@ -157,3 +166,47 @@ def row_plan(n_rows: int, n: int, dtype: type[ct.DType], cap: int | None = None)
         if n // k < cap // 4:  # no even split of a useful size: fixed chunks, last one masked
             return RowPlan(1, cap, True)
     return RowPlan(1, n // k, True)
+
+
+@dataclass(frozen=True)
+class RowLaunch:
+    """How a row kernel's host function launches over (rows, n) of one dtype: the kernel (the
+    one-tile or the chunked one), the outputs' tile, and the arguments after the caller's (a
+    chunked kernel's chunk width). Made once per shape and dtype (`row_launch`)."""
+
+    kernel: Any
+    tile: tuple[int, int]
+    extra: tuple[int, ...]
+
+    def outputs(self, count: int, rows: Tensor[Any, Any]) -> list[ct.Partition]:
+        """`count` fresh outputs of `rows`' shape and dtype, partitioned for the kernel."""
+        return [empty_partition(rows.shape, rows.dtype, self.tile) for _ in range(count)]
+
+
+_ROW_LAUNCHES: dict[tuple[Any, ...], RowLaunch] = {}
+
+
+def row_launch(
+    family: Callable[[type[ct.DType], int], tuple[Any, ...]],
+    first: int,
+    rows: Tensor[Any, Any],
+) -> RowLaunch:
+    """The `RowLaunch` of kernel family `family(dtype, warps)` (its one-tile kernel at index
+    `first`, the chunked one after it) over `rows`, remembered by shape and dtype: a host
+    call then skips choosing the tiles, warps and kernel."""
+    key = (family, first, rows.shape, rows.dtype)
+    got = _ROW_LAUNCHES.get(key)
+    if got is None:
+        r, n = rows.shape
+        dt = rows.dtype
+        plan = row_plan(r, n, dt)
+        tile_k, loop_k = family(dt, row_warps(plan))[first : first + 2]
+        if plan.loop:
+            # The block's tile: the row rounded up to whole chunks (the tail is masked).
+            got = RowLaunch(loop_k, (1, -(-n // plan.width) * plan.width), (plan.width,))
+        else:
+            got = RowLaunch(tile_k, (plan.rows, plan.width), ())
+        if len(_ROW_LAUNCHES) >= 1024:
+            _ROW_LAUNCHES.clear()  # ever-new shapes: start over
+        _ROW_LAUNCHES[key] = got
+    return got

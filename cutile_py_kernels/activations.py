@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, f32
-from cutile_py_kernels._common import Elem, check_float, check_shape, per_dtype, view
+from cutile_py_kernels._common import (
+    Elem,
+    as_shape,
+    check_float,
+    check_shape,
+    empty_partition,
+    per_dtype,
+    view,
+)
 
 B = TypeVar("B")
 
@@ -64,10 +72,9 @@ def gelu(x: Tensor[Any, Any]) -> Tensor[Any, Any]:
     as a new tensor of `x`'s shape and dtype (f32, f16 or bf16; f32 arithmetic)."""
     dt = check_float("gelu", x)
     n = x.size
-    out = ct.empty((n,), dt).partition(_tile(dt))
+    out = empty_partition((n,), dt, (_tile(dt),))
     z, _ = _gelu_kernel(dt)(out, view(x, (n,))).sync()
-    result: Tensor[Any, Any] = z.unpartition().reshape(x.shape)
-    return result
+    return as_shape(z.unpartition(), x.shape)
 
 
 def silu_mul(gate: Tensor[Any, Any], up: Tensor[Any, Any]) -> Tensor[Any, Any]:
@@ -76,7 +83,6 @@ def silu_mul(gate: Tensor[Any, Any], up: Tensor[Any, Any]) -> Tensor[Any, Any]:
     dt = check_float("silu_mul", gate, up)
     check_shape("silu_mul", "up", up, gate.shape)
     n = gate.size
-    out = ct.empty((n,), dt).partition(SILU_TILE)
+    out = empty_partition((n,), dt, (SILU_TILE,))
     z, _, _ = _silu_mul_kernel(dt)(out, view(gate, (n,)), view(up, (n,))).sync()
-    result: Tensor[Any, Any] = z.unpartition().reshape(gate.shape)
-    return result
+    return as_shape(z.unpartition(), gate.shape)

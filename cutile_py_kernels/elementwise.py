@@ -6,6 +6,7 @@ from typing import Any, TypeVar
 
 import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, f32
+from cutile_py_kernels._common import empty_partition
 
 B = TypeVar("B")
 #: Elements per block: four 16-byte accesses per thread of 256 (the per-thread index and
@@ -43,7 +44,7 @@ def _check(name: str, *tensors: Tensor[Any, Any]) -> tuple[int, ...]:
 def add(x: Tensor[f32, Dyn], y: Tensor[f32, Dyn]) -> Tensor[f32, Dyn]:
     """`x + y` as a new tensor; `x` and `y` stay usable."""
     shape = _check("add", x, y)
-    z, _, _ = add_kernel(ct.empty(shape, f32).partition(TILE), x, y).sync()
+    z, _, _ = add_kernel(empty_partition(shape, f32, (TILE,)), x, y).sync()
     result: Tensor[f32, Dyn] = z.unpartition()
     return result
 
@@ -51,6 +52,6 @@ def add(x: Tensor[f32, Dyn], y: Tensor[f32, Dyn]) -> Tensor[f32, Dyn]:
 def saxpy(a: float, x: Tensor[f32, Dyn], y: Tensor[f32, Dyn]) -> Tensor[f32, Dyn]:
     """`a*x + y` as a new tensor; `x` and `y` stay usable."""
     shape = _check("saxpy", x, y)
-    z, _, _, _ = saxpy_kernel(ct.empty(shape, f32).partition(TILE), float(a), x, y).sync()
+    z, _, _, _ = saxpy_kernel(empty_partition(shape, f32, (TILE,)), float(a), x, y).sync()
     result: Tensor[f32, Dyn] = z.unpartition()
     return result

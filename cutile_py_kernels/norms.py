@@ -16,11 +16,11 @@ from cutile_py_kernels._common import (
     ConstInt,
     Elem,
     as_rows,
+    as_shape,
     check_float,
     check_shape,
     per_dtype_warps,
-    row_plan,
-    row_warps,
+    row_launch,
     view,
 )
 
@@ -180,22 +180,16 @@ def _layer_norm_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any]:
 
 
 def _launch_rows(
-    kernels: Callable[[int], tuple[Any, Any]], outs: int, rows: Tensor[Any, Any], *args: Any
+    family: Callable[[type[ct.DType], int], tuple[Any, ...]],
+    first: int,
+    outs: int,
+    rows: Tensor[Any, Any],
+    *args: Any,
 ) -> tuple[Tensor[Any, Any], ...]:
-    """Launch the one-tile or the chunked kernel (`kernels(warps)`) over `rows` (R, N) with
-    `outs` fresh outputs of its shape; returns them (2-D)."""
-    r, n = rows.shape
-    plan = row_plan(r, n, rows.dtype)
-    tile_k, loop_k = kernels(row_warps(plan))
-    if plan.loop:
-        # The block's tile: the row rounded up to whole chunks (the tail is masked).
-        tile = (1, -(-n // plan.width) * plan.width)
-        parts = [ct.empty((r, n), rows.dtype).partition(tile) for _ in range(outs)]
-        result = loop_k(*parts, rows, *args, plan.width).sync()
-    else:
-        tile = (plan.rows, plan.width)
-        parts = [ct.empty((r, n), rows.dtype).partition(tile) for _ in range(outs)]
-        result = tile_k(*parts, rows, *args).sync()
+    """Launch the one-tile or the chunked kernel of `family` (at `first`, see `row_launch`)
+    over `rows` (R, N) with `outs` fresh outputs of its shape; returns them (2-D)."""
+    launch = row_launch(family, first, rows)
+    result = launch.kernel(*launch.outputs(outs, rows), rows, *args, *launch.extra).sync()
     return tuple(p.unpartition() for p in result[:outs])
 
 
@@ -209,8 +203,8 @@ def rms_norm(x: Tensor[Any, Any], weight: Tensor[Any, Any], eps: float = 1e-6) -
     check_shape("rms_norm", "weight", weight, (n,))
     if rows.size == 0:
         return ct.zeros(x.shape, dt)
-    (y,) = _launch_rows(lambda w: _rms_kernels(dt, w)[:2], 1, rows, weight, 1.0 / n, float(eps))
-    return y.reshape(x.shape)
+    (y,) = _launch_rows(_rms_kernels, 0, 1, rows, weight, 1.0 / n, float(eps))
+    return as_shape(y, x.shape)
 
 
 def add_rms_norm(
@@ -225,10 +219,8 @@ def add_rms_norm(
     if rows.size == 0:
         return ct.zeros(x.shape, dt), ct.zeros(x.shape, dt)
     res = view(residual, rows.shape)
-    y, h = _launch_rows(
-        lambda w: _rms_kernels(dt, w)[2:], 2, rows, res, weight, 1.0 / n, float(eps)
-    )
-    return y.reshape(x.shape), h.reshape(x.shape)
+    y, h = _launch_rows(_rms_kernels, 2, 2, rows, res, weight, 1.0 / n, float(eps))
+    return as_shape(y, x.shape), as_shape(h, x.shape)
 
 
 def layer_norm(
@@ -243,5 +235,5 @@ def layer_norm(
     check_shape("layer_norm", "bias", bias, (n,))
     if rows.size == 0:
         return ct.zeros(x.shape, dt)
-    (y,) = _launch_rows(lambda w: _layer_norm_kernels(dt, w), 1, rows, weight, bias, n, float(eps))
-    return y.reshape(x.shape)
+    (y,) = _launch_rows(_layer_norm_kernels, 0, 1, rows, weight, bias, n, float(eps))
+    return as_shape(y, x.shape)

@@ -18,7 +18,9 @@ from cutile_py_kernels._common import (
     Elem,
     RowPlan,
     as_rows,
+    as_shape,
     check_float,
+    empty_partition,
     next_pow2,
     per_dtype,
     prev_pow2,
@@ -239,9 +241,8 @@ def softmax(x: Tensor[Any, Any], causal: bool = False) -> Tensor[Any, Any]:
     if rows.size == 0:
         return ct.zeros(x.shape, dt)
     kernel, tile, tail = softmax_launch(dt, r, n, bool(causal))
-    y, *_ = kernel(ct.empty((r, n), dt).partition(tile), rows, *tail).sync()
-    result: Tensor[Any, Any] = y.unpartition().reshape(x.shape)
-    return result
+    y, *_ = kernel(empty_partition((r, n), dt, tile), rows, *tail).sync()
+    return as_shape(y.unpartition(), x.shape)
 
 
 def argmax(x: Tensor[Any, Any]) -> Tensor[Any, Any]:

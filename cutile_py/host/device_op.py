@@ -21,7 +21,6 @@ from cutile_py.host.streams import (
     as_stream,
     async_stream,
     finish_first,
-    is_done,
     off_loop,
     settle,
     wait_done,
@@ -303,7 +302,13 @@ class DeviceOp(OpLike):
                 with HOST_EXECUTION:
                     self._completion = self._start(stream, wait) if wait else self._start(stream)
             elif (plan := self._plan) is not None and not plan.empty:
-                self._completion = plan.start(self.args, stream, wait)  # (`_start`, inline)
+                # (`_start` and `plan.start`, inline: every awaited launch comes here.)
+                launch, read, touches = plan.launch, plan.read, plan.touches
+                if wait or launch is None or read is None or touches is None:
+                    self._completion = plan.start(self.args, stream, wait)
+                else:
+                    args = self.args
+                    self._completion = launch.launch(read(args), stream, touches(args))
             else:
                 self._completion = self._start(stream, wait) if wait else self._start(stream)
         except RuntimeFailure as e:
@@ -448,7 +453,11 @@ class DeviceOp(OpLike):
             self._launch(async_stream(self.backend))  # queues and returns: the loop stays free
             completion = self._completion
             assert completion is not None
-            if not is_done(completion):
+            try:
+                done = completion.done()  # (`is_done`, inline)
+            except Exception:
+                done = True  # (a failure to ask counts as done: `wait` reports it)
+            if not done:
                 yield from self._wait_launched(completion).__await__()
             return self._complete()
         return (yield from self._run_async().__await__())

@@ -164,7 +164,8 @@ class Owned:
     _kind = "tensor"
 
     def __init__(self) -> None:
-        self._moved_at: str | None = None
+        #: Where it was moved (file, line), if it was.
+        self._moved_at: tuple[str, int] | None = None
         self._moved_by = ""
         # Weak, so that dropping a pending op runs its finalizer, which releases these holds.
         self._exclusive: weakref.ref[Holder] | None = None
@@ -187,9 +188,9 @@ class Owned:
     def _check_usable(self, action: str) -> None:
         """Raise unless the host may touch this value now."""
         if self._moved_at is not None:
+            file, line = self._moved_at
             raise MovedError(
-                f"cannot {action}: this {self._kind} was moved by {self._moved_by} "
-                f"at {self._moved_at}"
+                f"cannot {action}: this {self._kind} was moved by {self._moved_by} at {file}:{line}"
             )
         if self._exclusive is None and not self._shared:
             return  # held by nobody: the common case, without a call
@@ -213,8 +214,10 @@ class Owned:
             )
 
     def _move(self, by: str) -> None:
-        self._check_usable(f"call {by}")
-        self._moved_at = caller_location(3)
+        if self._moved_at is not None or self._exclusive is not None or self._shared:
+            self._check_usable(f"call {by}")  # (the message is built only where it may raise)
+        frame = sys._getframe(2)  # (`caller_location(3)`, kept unformatted until a message)
+        self._moved_at = (frame.f_code.co_filename, frame.f_lineno)
         self._moved_by = by
 
     @property

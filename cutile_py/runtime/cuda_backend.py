@@ -50,9 +50,12 @@ def _quietly(release: Callable[[], None]) -> None:
         release()
 
 
-def _free(ctx: cu.Context, address: int, stream: cu.Stream | None) -> None:
+def _free(
+    ctx: cu.Context, address: int, stream: cu.Stream | None, current: _PerThread | None = None
+) -> None:
     try:  # (as `_quietly`, spelled out: every buffer ends here)
-        cu.set_current(ctx)
+        if current is None or current.ctx is not ctx:  # (a collection may run in any thread)
+            cu.set_current(ctx)
         if stream is None:
             cu.mem_free(address)
         else:
@@ -73,10 +76,15 @@ class Releases:
     last capture ends.
     """
 
-    def __init__(self, ctx: cu.Context, stream: cu.Stream | None = None) -> None:
+    def __init__(
+        self, ctx: cu.Context, stream: cu.Stream | None = None, current: _PerThread | None = None
+    ) -> None:
         self._ctx = ctx
         #: Where memory goes back to its pool (None: `cuMemFree`, no pool).
         self._stream = stream
+        #: Which context each thread has made current (the backend's): a free in a thread
+        #: where `ctx` is current already needs no `cuCtxSetCurrent`.
+        self._current = current
         # Reentrant: a collection can run a finalizer inside `capturing` in the same thread.
         self._lock = threading.RLock()
         self._captures = 0
@@ -88,7 +96,7 @@ class Releases:
             if self._captures:
                 self._deferred.append(address)
                 return
-        _free(self._ctx, address, self._stream)
+        _free(self._ctx, address, self._stream, self._current)
 
     @property
     def deferred(self) -> int:
@@ -605,7 +613,7 @@ class CudaBackend(Backend):
                 raise RuntimeFailure(f"{name}: {e}") from e
             weakref.finalize(self, _destroy_stream, ctx, stream).atexit = False
             pooled = self._pool_memory()
-            releases = Releases(ctx, stream if pooled else None)
+            releases = Releases(ctx, stream if pooled else None, self._thread)
             self._device = _Device(ctx, stream, target, name, releases, pooled)
             return self._device
 

@@ -339,17 +339,20 @@ def event_create(timing: bool = False) -> Event:
 
 
 def event_record(event: Event, stream: Stream) -> None:
-    _check("cuEventRecord", _cu().cuEventRecord(event.raw, stream.raw))
+    # (`_check`, inline: every awaited launch records one.)
+    err = _cu().cuEventRecord(event.raw, stream.raw)[0]
+    if err:
+        raise CudaDriverError("cuEventRecord", int(err))
 
 
 def event_query(event: Event) -> bool:
     """True once the work before the event has finished; raises if that work failed."""
-    (err,) = _cu().cuEventQuery(event.raw)
+    err = _cu().cuEventQuery(event.raw)[0]
+    if not err:
+        return True
     if int(err) == _NOT_READY:
         return False
-    if int(err) != _SUCCESS:
-        raise CudaDriverError("cuEventQuery", int(err))
-    return True
+    raise CudaDriverError("cuEventQuery", int(err))
 
 
 def event_synchronize(event: Event) -> None:

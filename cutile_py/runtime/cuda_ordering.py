@@ -69,7 +69,8 @@ class StreamOrdering:
                 # every time: a dictionary lookup, no new fence).
                 return
             self._unrecorded[stream] = set()
-            self.clean = set()
+            # No other stream has waited for this work yet; `stream` itself needs no fence.
+            self.clean = {stream}
 
     @property
     def pending(self) -> int:
