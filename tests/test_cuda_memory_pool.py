@@ -182,3 +182,80 @@ def test_frees_during_a_capture_wait_for_its_end(pool: tuple[PoolDriver, CudaBac
     assert not fake.capture_invalidated
     assert fake.pool_calls[-1][:2] == ("cuMemFreeAsync", address)  # after the capture
     assert backend.activate().releases.deferred == 0
+
+
+class TightPoolDriver(PoolDriver):
+    """A device of `capacity` bytes whose pool keeps freed blocks (counted as used) until
+    trimmed: an allocation that does not fit beside them is refused as out of memory."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.live = 0
+
+    def _kept(self) -> int:
+        return sum(n * len(blocks) for n, blocks in self.free_blocks.items())
+
+    def cuMemAllocAsync(self, nbytes: int, stream: object) -> tuple[object, ...]:
+        if not self.free_blocks.get(nbytes) and self.live + self._kept() + nbytes > self.capacity:
+            self.calls.append("cuMemAllocAsync (out of memory)")
+            return (self.real.CUresult.CUDA_ERROR_OUT_OF_MEMORY, None)
+        self.live += nbytes
+        return super().cuMemAllocAsync(nbytes, stream)
+
+    def cuMemFreeAsync(self, address: int, stream: object) -> tuple[object, ...]:
+        self.live -= self.sizes[int(address)]
+        return super().cuMemFreeAsync(address, stream)
+
+    def cuMemPoolTrimTo(self, pool: object, keep: int) -> tuple[object, ...]:
+        assert pool == "pool" and keep == 0
+        self.free_blocks.clear()
+        return self._ok("cuMemPoolTrimTo")
+
+
+@pytest.fixture
+def tight(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TightPoolDriver, CudaBackend]]:
+    from cutile_py.runtime import select
+
+    driver = TightPoolDriver(capacity=1 << 20)
+    monkeypatch.setattr(cu, "_cu", lambda: driver)
+    backend = CudaBackend()
+    monkeypatch.setitem(select._instances, "cuda", backend)
+    monkeypatch.setattr(select, "_active", "cuda")
+    yield driver, backend
+    gc.collect()
+
+
+def test_out_of_memory_trims_the_pool_and_retries_once(
+    tight: tuple[TightPoolDriver, CudaBackend],
+) -> None:
+    """The pool keeps what was freed (its release threshold is the maximum): an allocation
+    that needs that memory in other sizes fits once the backend stream has reached the frees
+    and the pool has handed its memory back."""
+    fake, _ = tight
+    kept = [ct.empty((1 << 16,), ct.f32) for _ in range(3)]  # 3 x 256 KiB
+    del kept
+    gc.collect()  # freed into the pool, which keeps them: 768 KiB of 1 MiB
+    calls = len(fake.calls)
+    big = ct.empty((3 << 16,), ct.f32)  # 768 KiB: fits only after the trim
+    made = [c for c in fake.calls[calls:] if c != "cuDeviceGet"]
+    assert made == [
+        "cuMemAllocAsync (out of memory)",
+        "cuMemAllocAsync (out of memory)",  # after collecting garbage: nothing was garbage
+        "cuStreamSynchronize",
+        "cuDeviceGetDefaultMemPool",
+        "cuMemPoolTrimTo",
+        "cuMemAllocAsync",
+    ]
+    assert big.nbytes == 3 << 18
+
+
+def test_out_of_memory_after_the_trim_names_the_allocation(
+    tight: tuple[TightPoolDriver, CudaBackend],
+) -> None:
+    from cutile_py.runtime.backend import RuntimeFailure
+
+    fake, _ = tight
+    with pytest.raises(RuntimeFailure, match=r"allocating 2097152 bytes.*OUT_OF_MEMORY"):
+        ct.empty((1 << 19,), ct.f32)  # 2 MiB on a 1 MiB device
+    assert fake.calls.count("cuMemPoolTrimTo") == 1  # one retry after the trim, not more

@@ -679,13 +679,27 @@ class CudaBackend(Backend):
         except cu.CudaDriverError as e:
             if e.name != "CUDA_ERROR_OUT_OF_MEMORY":
                 raise self._failure(f"allocating {nbytes} bytes", e) from e
-            # Buffers that are garbage but not yet collected still hold device memory.
-            gc.collect()
-            try:
-                address = self._allocate(dev, nbytes)
-            except cu.CudaDriverError as e2:
-                raise self._failure(f"allocating {nbytes} bytes", e2) from e2
+            address = self._allocate_after_out_of_memory(dev, nbytes)
         return CudaBuffer(dev.releases, address, nbytes)
+
+    def _allocate_after_out_of_memory(self, dev: _Device, nbytes: int) -> int:
+        """Retry an allocation the device refused: after collecting garbage buffers (their
+        memory goes back), then, with a pool, after the backend stream has reached the frees
+        queued on it and the pool has handed its freed memory back to the OS (the pool keeps
+        all of it otherwise, which another allocator in the process may need, and which may be
+        cut in sizes that do not fit this one). RuntimeFailure if it still does not fit."""
+        gc.collect()
+        try:
+            return self._allocate(dev, nbytes)
+        except cu.CudaDriverError as e:
+            if e.name != "CUDA_ERROR_OUT_OF_MEMORY" or not dev.pooled:
+                raise self._failure(f"allocating {nbytes} bytes", e) from e
+        try:
+            self.synchronize()
+            cu.trim_pool_memory(self.ordinal)
+            return self._allocate(dev, nbytes)
+        except cu.CudaDriverError as e:
+            raise self._failure(f"allocating {nbytes} bytes", e) from e
 
     def _allocate(self, dev: _Device, nbytes: int) -> int:
         if not dev.pooled:

@@ -242,6 +242,14 @@ def keep_pool_memory(ordinal: int = 0, threshold: int = (1 << 64) - 1) -> None:
     _check("cuMemPoolSetAttribute", cu.cuMemPoolSetAttribute(pool, attr, value))
 
 
+def trim_pool_memory(ordinal: int = 0, keep: int = 0) -> None:
+    """Hand the freed memory the device's default pool keeps back to the OS, down to `keep`
+    bytes (memory freed in a stream's order counts once that stream has reached the free)."""
+    cu = _cu()
+    pool = _check("cuDeviceGetDefaultMemPool", cu.cuDeviceGetDefaultMemPool(_device(ordinal)))
+    _check("cuMemPoolTrimTo", cu.cuMemPoolTrimTo(pool, keep))
+
+
 def mem_alloc_async(nbytes: int, stream: Stream) -> int:
     """An allocation of `nbytes` (at least 1) from the device's default pool, usable in
     `stream`'s order (other streams: after waiting for it there), as its address."""
