@@ -472,6 +472,19 @@ def test_from_dlpack_failures_are_type_errors(
     assert str(failure) in str(e.value)
 
 
+def test_cuda_core_is_a_declared_dependency_with_a_floor() -> None:
+    """Issue 16, item 1: `ct.from_dlpack` on cuda reads arrays through cuda.core, so the
+    package declares it, at a version that has `StridedMemoryView`."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    deps = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M)
+    assert deps is not None
+    found = re.findall(r'"cuda-core>=(\d+)\.(\d+)', deps.group(1))
+    assert found and tuple(map(int, found[0])) >= (0, 5)
+
+
 def test_strided_memory_view_from_the_older_location(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
     import types

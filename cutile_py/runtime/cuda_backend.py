@@ -316,7 +316,7 @@ class CudaPreparedLaunch(PreparedLaunch):
         self._shared_mem = shared_mem
         self._ptypes = ptypes
         # Unsupported parameter types fail here, not at a launch.
-        self._spare: cu.ParamBlock | None = cu.ParamBlock(ptypes)
+        self._spares: list[cu.ParamBlock] = [cu.ParamBlock(ptypes)]
         self._what = (
             f"launching kernel {kernel.name!r} (grid {grid}, block {block}, {shared_mem} B shared)"
         )
@@ -341,11 +341,11 @@ class CudaPreparedLaunch(PreparedLaunch):
             if not isinstance(stream, cu.Stream):
                 raise TypeError(f"the cuda backend cannot launch on a {type(stream).__name__}")
             on = stream
-        # The spare block, taken (a launch releases the GIL: a thread that finds none makes
-        # one) and put back after the launch, which copied the values out of it.
-        params = self._spare
-        self._spare = None
-        if params is None:
+        # A spare block, taken (`pop` is atomic: two threads never share one; a thread that
+        # finds none makes one) and put back after the launch, which copied the values out.
+        try:
+            params = self._spares.pop()
+        except IndexError:
             params = cu.ParamBlock(self._ptypes)
         try:
             if params.plain:  # (`params.pack`, inline)
@@ -380,7 +380,7 @@ class CudaPreparedLaunch(PreparedLaunch):
                     kernel.function, self._grid, self._block, self._shared_mem, on, params,
                     synchronize,
                 )  # fmt: skip
-                self._spare = params
+                self._spares.append(params)
             else:
                 timer.begin(on)
                 cu.launch_kernel_packed(
