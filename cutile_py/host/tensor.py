@@ -124,9 +124,11 @@ def release_holds(holder: Holder, held: Sequence[tuple[Owned, bool]]) -> None:
                 obj._shared = []  # the common case, without a pass
             else:
                 obj._shared = [r for r in shared if r() is not holder and r() is not None]
-        t: Tensor[Any] = obj._tensor if type(obj) is Partition else obj  # type: ignore[assignment]
-        if t._escaped:
-            _span_holds[:] = [h for h in _span_holds if _outlives(h, holder, obj)]
+    if _span_holds:  # (none at all, the common case: no pass over `held` for them)
+        for obj, _ in held:
+            t: Tensor[Any] = obj._tensor if type(obj) is Partition else obj  # type: ignore[assignment]
+            if t._escaped:
+                _span_holds[:] = [h for h in _span_holds if _outlives(h, holder, obj)]
 
 
 def _outlives(h: _SpanHold, holder: Holder, obj: Owned) -> bool:
