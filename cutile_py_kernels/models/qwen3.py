@@ -56,7 +56,23 @@ def _rope_tables(backend: str, half: int, theta: float, rows: int) -> tuple[AnyT
     )
 
 
+#: The compute dtype of a checkpoint's `torch_dtype`. The kernels compute in f16 or bf16 with
+#: f32 sums (attention and the tensor-core projections take no f32 operands), so an f32
+#: checkpoint runs in bf16: f32's exponent range (its activations cannot overflow as in f16)
+#: and the dtype Qwen3 was trained in. Pass `dtype=` to choose otherwise.
 DTYPES = {"float32": ct.bf16, "bfloat16": ct.bf16, "float16": ct.f16}
+
+
+def compute_dtype(cfg: Qwen3Config) -> type[ct.DType]:
+    """DTYPES[cfg.torch_dtype], or ValueError naming an unknown one."""
+    if cfg.torch_dtype not in DTYPES:
+        raise ValueError(
+            f"Qwen3: torch_dtype {cfg.torch_dtype!r} is not one of {', '.join(DTYPES)}; "
+            "pass dtype=ct.f16 or ct.bf16"
+        )
+    return DTYPES[cfg.torch_dtype]
+
+
 #: Cache rows per block of the KV-cache kernels.
 CACHE_BLOCK = 64
 #: Prefill tokens per block of the q/transpose kernels.
@@ -139,7 +155,8 @@ class _Steps:
 
 class Qwen3:
     """A Qwen3 causal LM (q/k RMSNorm, RoPE, GQA, SwiGLU) on cutile_py kernels, f16 or bf16
-    (f32 sums). Make one with `from_pretrained(path)` or `random(config, seed)`."""
+    (f32 sums; float32 checkpoints compute in bf16 unless `dtype` says otherwise). Make one
+    with `from_pretrained(path)` or `random(config, seed)`."""
 
     def __init__(
         self, cfg: Qwen3Config, weights: Mapping[str, np.ndarray], dtype: type[ct.DType]
@@ -163,11 +180,12 @@ class Qwen3:
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: type[ct.DType] | None = None) -> Qwen3:
         """Load a Hugging Face Qwen3 directory (config.json and *.safetensors in f32, f16 or
-        bf16); weights are converted to `dtype` (default: config's torch_dtype, f32 → bf16)."""
+        bf16); weights are converted to `dtype`, by default the config's torch_dtype with
+        float32 computed in bf16 (see DTYPES: the kernels take no f32 operands)."""
         path = Path(path)
         cfg = read_config(path)
         weights = read_weights(path, cfg)
-        return cls(cfg, weights, dtype or DTYPES.get(cfg.torch_dtype, ct.bf16))
+        return cls(cfg, weights, dtype or compute_dtype(cfg))
 
     @classmethod
     def random(
@@ -177,9 +195,9 @@ class Qwen3:
         dtype: type[ct.DType] | None = None,
     ) -> Qwen3:
         """Random weights of the shapes `config` implies: Linear weights N(0, 1/in), norm
-        weights 1 + N(0, 0.1²), the embedding N(0, 1)."""
+        weights 1 + N(0, 0.1²), the embedding N(0, 1); `dtype` as in `from_pretrained`."""
         cfg = config if isinstance(config, Qwen3Config) else Qwen3Config.from_dict(config)
-        return cls(cfg, RandomWeights(cfg, seed), dtype or DTYPES.get(cfg.torch_dtype, ct.bf16))
+        return cls(cfg, RandomWeights(cfg, seed), dtype or compute_dtype(cfg))
 
     # --- public -------------------------------------------------------------------------------
     def logits(self, ids: list[int] | np.ndarray) -> np.ndarray:
