@@ -350,3 +350,35 @@ def test_a_float32_checkpoint_computes_in_bf16(tmp_path: Path, rng: np.random.Ge
     assert Qwen3.from_pretrained(tmp_path, dtype=ct.f16).dtype is ct.f16
     with pytest.raises(ValueError, match="torch_dtype 'float64' is not one of"):
         Qwen3.random(tiny(torch_dtype="float64"))
+
+
+def test_decode_step_launches_and_logits_at_every_step(rng: np.random.Generator) -> None:
+    """The captured decode step makes 7 launches per layer and 3 outside them (it made 10 per
+    layer and 4 before the norms, residual adds and q/k/cache kernels were fused), and at
+    every step its f32 logits match the float64 reference of the sequence so far (the
+    reference's greedy token is fed back, so that near ties cannot end the comparison)."""
+    cfg = tiny(num_hidden_layers=3)
+    seed = int(rng.integers(2**31))
+    model = Qwen3.random(cfg, seed=seed, dtype=ct.f16)
+    w = rounded(random_weights(cfg, seed), ct.f16)
+    seq = [int(i) for i in rng.integers(0, cfg.vocab_size, size=int(rng.integers(60, 70)))]
+    steps = 5
+    cache = _Cache(cfg, len(seq) + steps, ct.f16)
+    assert AttentionPlan(ct.f16, 2, 2, 1, 32, cache.capacity, True, 1.0).splits > 1
+    model._prefill(np.array(seq, np.int32), cache).op().sync()
+    token, pos = ct.zeros((1,), ct.i32), ct.zeros((1,), ct.i32)
+    d = model._decode_step(token, pos, cache)
+    g = ct.graph(d.op())
+    try:
+        assert g.launches == 3 + 7 * cfg.num_hidden_layers
+        for _ in range(steps):
+            seq.append(int(np.argmax(ref.logits(cfg, w, seq)[-1])))
+            g.update(token, np.array(seq[-1:], np.int32))
+            g.update(pos, np.array([len(seq) - 1], np.int32))
+            g.replay()
+            got = g.read(d.env["logit_rows"]).reshape(-1)
+            assert got.dtype == np.float32
+            np.testing.assert_allclose(got, ref.logits(cfg, w, seq)[-1], rtol=0, atol=ATOL[ct.f16])
+            assert int(g.read(d.pending["next"]).reshape(-1)[0]) == int(np.argmax(got))
+    finally:
+        g.release()
