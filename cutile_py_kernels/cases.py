@@ -11,7 +11,7 @@ from cutile_py import PartitionSpec as PS
 from cutile_py import TensorSpec as TS
 from cutile_py_kernels._common import row_plan, row_warps
 from cutile_py_kernels.activations import _silu_mul_kernel
-from cutile_py_kernels.attention import _attention_kernels, block_m
+from cutile_py_kernels.attention import _attention_kernels, attention_tile
 from cutile_py_kernels.autotune import candidates, default_config
 from cutile_py_kernels.gemm import _gemm_kernel
 from cutile_py_kernels.gemv import _gemv_kernel
@@ -116,13 +116,14 @@ def _attention_cases() -> Iterator[Case]:
     """The flash kernel (prefill, 32 heads over 8 kv heads, 2048 tokens) and the split-KV
     decode kernel and its merge (4 query heads per kv head, 16 splits), head_dim 64 and 128."""
     for dt in (ct.f16, ct.bf16):
-        flash, split, merge = _attention_kernels(dt)
         for d in (64, 128):
             kv = TS((8, 2048, d), dt)
             n = TS((1,), ct.i32)
-            rows, bm = 4 * 2048, block_m(4 * 2048)
+            rows = 4 * 2048
+            bm, bn, warps = attention_tile(rows, d)
+            flash, _, _ = _attention_kernels(dt, warps)
             yield (
-                f"attention flash {dt.name} d{d}",
+                f"attention flash {dt.name} d{d} {bm}x{bn}",
                 flash,
                 (
                     PS((8, rows, d), (1, bm, d), dt),
@@ -134,9 +135,11 @@ def _attention_cases() -> Iterator[Case]:
                     2048,
                     True,
                     0.1,
+                    bn,
                 ),
             )
-            bm = block_m(4)
+            bm, bn, warps = attention_tile(4, d)
+            _, split, merge = _attention_kernels(dt, warps)
             parts = 8 * 16
             yield (
                 f"attention split {dt.name} d{d}",
@@ -154,6 +157,7 @@ def _attention_cases() -> Iterator[Case]:
                     True,
                     0.1,
                     16,
+                    bn,
                 ),
             )
             part = TS((parts, bm, d), ct.f32)
