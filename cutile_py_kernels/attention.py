@@ -21,7 +21,7 @@ import numpy as np
 
 import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, f32, i32
-from cutile_py_kernels._common import Elem, check_float, per_dtype, view
+from cutile_py_kernels._common import ConstInt, Elem, check_float, per_dtype_warps, view
 
 ONE = TypeVar("ONE")  # one kv head (or one split of one) per block
 BM = TypeVar("BM")  # query rows per block
@@ -30,16 +30,29 @@ ONECOL = TypeVar("ONECOL")  # 1: the per-row statistics m and l
 
 NEG_INF = -math.inf
 LOG2E = 1.4426950408889634
-#: Rows of queries per block (multiples of 16: the mma tile) and keys per K/V step.
+#: Rows of queries per block (multiples of 16: the mma tile) and keys per K/V step, for
+#: queries of at most BLOCK_M rows per kv head (decoding, short prefills: these may split).
 BLOCK_M = 32
 BLOCK_N = 32
+#: (query rows, keys per K/V step, warps) of the flash kernel for longer queries, per head_dim:
+#: the largest tile that ptxas (nvJitLink) assembles with no spills for both sm_80 and sm_90,
+#: among 32x32, 64x32, 64x64, 128x32 and 128x64 at 4, 8 or the compiler's warps (f16):
+#:   head_dim 64:  64x64 at 8 warps: 255 registers, no spills (64x64 at 4 warps spills
+#:                 ~1.9 KB; 128x32 20-52 bytes; 128x64 ~1.9 KB);
+#:   head_dim 128: 32x32 (8 warps: 187-196 registers); 64x32 spills 32-60 bytes, 64x64 and
+#:                 128-row tiles ~2-8 KB.
+#: tests/test_attention.py checks these still assemble without spills.
+FLASH_TILES: dict[int, tuple[int, int, int]] = {64: (64, 64, 8)}
 #: Key blocks per split at least, in the split-KV path (fewer splits when the keys are few).
 MIN_BLOCKS_PER_SPLIT = 2
 MAX_SPLITS = 16
 
 
-@per_dtype
-def _attention_kernels(dt: type[ct.DType]) -> tuple[Any, Any, Any]:
+@per_dtype_warps
+def _attention_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any, Any]:
+    """(flash, split, merge) for dtype `dt`, flash and split with `warps` warps per block (0:
+    the compiler's choice)."""
+    nw = warps or None
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841 (named by the annotations below)
 
@@ -101,7 +114,7 @@ def _attention_kernels(dt: type[ct.DType]) -> tuple[Any, Any, Any]:
             n = ct.minimum(n, ct.cdiv(last + sk - sq + 1, bn))
         return n
 
-    @ct.kernel
+    @ct.kernel(num_warps=nw)
     def flash_kernel(
         o: Mut[Tensor[Elem, ONE, BM, D]],
         q: Tensor[Elem, Dyn, Dyn, Dyn],
@@ -112,11 +125,12 @@ def _attention_kernels(dt: type[ct.DType]) -> tuple[Any, Any, Any]:
         sq: int,
         causal: bool,
         scale2: float,
+        BN: ConstInt,
     ) -> None:
         """o = softmax2(q kᵀ · scale2) v for BM rows of kv head bid(0)'s query rows (queries
         of its G heads, row r being query r % sq), over the first kv_len[0] + len_offset keys."""
         bm, d = o.shape[1], o.shape[2]
-        bn = BLOCK_N
+        bn = BN
         kvh = ct.bid(0)
         r0 = ct.bid(1) * bm
         sk = int(ct.load(kv_len, (0,), (1,)).item()) + len_offset
@@ -127,7 +141,7 @@ def _attention_kernels(dt: type[ct.DType]) -> tuple[Any, Any, Any]:
         out = acc / ct.where(l == 0.0, 1.0, l)
         o.store(out.astype(o.dtype).reshape((1, bm, d)))
 
-    @ct.kernel
+    @ct.kernel(num_warps=nw)
     def split_kernel(
         acc_out: Mut[Tensor[f32, ONE, BM, D]],
         m_out: Mut[Tensor[f32, ONE, BM, ONECOL]],
@@ -141,11 +155,12 @@ def _attention_kernels(dt: type[ct.DType]) -> tuple[Any, Any, Any]:
         causal: bool,
         scale2: float,
         splits: int,
+        BN: ConstInt,
     ) -> None:
         """Split s = bid(0) % splits of kv head bid(0) // splits: the partial (acc, m, l) of
         all the head's query rows (one block of them) over its share of the key blocks."""
         bm, d = acc_out.shape[1], acc_out.shape[2]
-        bn = BLOCK_N
+        bn = BN
         kvh = ct.bid(0) // splits
         split = ct.bid(0) % splits
         sk = int(ct.load(kv_len, (0,), (1,)).item()) + len_offset
@@ -216,9 +231,17 @@ def check_attention(
 
 
 def block_m(rows: int) -> int:
-    """Query rows per block for `rows` rows per kv head: 16 (the mma's M) for a decode step's
-    few rows, else BLOCK_M."""
+    """Query rows per block for `rows` (at most BLOCK_M) rows per kv head: 16 (the mma's M)
+    for a decode step's few rows, else BLOCK_M."""
     return 16 if rows <= 16 else BLOCK_M
+
+
+def attention_tile(rows: int, d: int) -> tuple[int, int, int]:
+    """(query rows per block, keys per K/V step, warps per block; 0: the compiler's choice)
+    for `rows` query rows per kv head at head_dim `d`."""
+    if rows <= BLOCK_M:
+        return block_m(rows), BLOCK_N, 0
+    return FLASH_TILES.get(d, (BLOCK_M, BLOCK_N, 0))
 
 
 class AttentionPlan:
@@ -242,12 +265,12 @@ class AttentionPlan:
     ) -> None:
         self.dt, self.kv_heads, self.rows, self.sq, self.d = dt, kv_heads, rows, sq, d
         self.causal, self.scale2 = causal, scale * LOG2E
-        self.bm = block_m(rows)
-        blocks = -(-max_keys // BLOCK_N)
+        self.bm, self.bn, self.warps = attention_tile(rows, d)
+        blocks = -(-max_keys // self.bn)
         # Short queries (one row block) leave most SMs idle with one block per kv head:
         # split the keys so that each block still walks a few K/V tiles.
         self.splits = 1
-        if rows <= self.bm:
+        if rows <= BLOCK_M:
             self.splits = max(1, min(MAX_SPLITS, blocks // MIN_BLOCKS_PER_SPLIT))
 
     def partition(self) -> ct.Partition:
@@ -265,10 +288,10 @@ class AttentionPlan:
         kv_len: Tensor[Any, Any],
         len_offset: int = 0,
     ) -> ct.OpLike:
-        flash, split, merge = _attention_kernels(self.dt)
+        flash, split, merge = _attention_kernels(self.dt, self.warps)
         if self.splits == 1:
             op: ct.OpLike = flash(
-                o, q_rows, k, v, kv_len, len_offset, self.sq, self.causal, self.scale2
+                o, q_rows, k, v, kv_len, len_offset, self.sq, self.causal, self.scale2, self.bn
             )
             return op
         parts = self.kv_heads * self.splits
@@ -288,6 +311,7 @@ class AttentionPlan:
             self.causal,
             self.scale2,
             self.splits,
+            self.bn,
         )
         splits = self.splits
 

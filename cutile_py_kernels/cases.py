@@ -11,7 +11,7 @@ from cutile_py import PartitionSpec as PS
 from cutile_py import TensorSpec as TS
 from cutile_py_kernels._common import row_plan, row_warps
 from cutile_py_kernels.activations import _silu_mul_kernel
-from cutile_py_kernels.attention import _attention_kernels, block_m
+from cutile_py_kernels.attention import _attention_kernels, attention_tile
 from cutile_py_kernels.autotune import candidates, default_config
 from cutile_py_kernels.gemm import _gemm_kernel
 from cutile_py_kernels.gemv import _gemv_kernel
@@ -116,13 +116,14 @@ def _attention_cases() -> Iterator[Case]:
     """The flash kernel (prefill, 32 heads over 8 kv heads, 2048 tokens) and the split-KV
     decode kernel and its merge (4 query heads per kv head, 16 splits), head_dim 64 and 128."""
     for dt in (ct.f16, ct.bf16):
-        flash, split, merge = _attention_kernels(dt)
         for d in (64, 128):
             kv = TS((8, 2048, d), dt)
             n = TS((1,), ct.i32)
-            rows, bm = 4 * 2048, block_m(4 * 2048)
+            rows = 4 * 2048
+            bm, bn, warps = attention_tile(rows, d)
+            flash, _, _ = _attention_kernels(dt, warps)
             yield (
-                f"attention flash {dt.name} d{d}",
+                f"attention flash {dt.name} d{d} {bm}x{bn}",
                 flash,
                 (
                     PS((8, rows, d), (1, bm, d), dt),
@@ -134,9 +135,11 @@ def _attention_cases() -> Iterator[Case]:
                     2048,
                     True,
                     0.1,
+                    bn,
                 ),
             )
-            bm = block_m(4)
+            bm, bn, warps = attention_tile(4, d)
+            _, split, merge = _attention_kernels(dt, warps)
             parts = 8 * 16
             yield (
                 f"attention split {dt.name} d{d}",
@@ -154,6 +157,7 @@ def _attention_cases() -> Iterator[Case]:
                     True,
                     0.1,
                     16,
+                    bn,
                 ),
             )
             part = TS((parts, bm, d), ct.f32)
@@ -208,11 +212,16 @@ def _qwen3_cases() -> Iterator[Case]:
     hidden 2560, intermediate 9728): a 512-token prefill and a decode step over a 4096-row KV
     cache."""
     from cutile_py_kernels.models.qwen3 import CACHE_BLOCK, TOKEN_BLOCK
-    from cutile_py_kernels.models.qwen3_kernels import mlp_kernels, qwen3_kernels
+    from cutile_py_kernels.models.qwen3_kernels import (
+        decode_gemv_kernels,
+        mlp_kernels,
+        qwen3_kernels,
+    )
 
     t, nq, nkv, d, cap = 512, 32, 8, 128, 4096
+    hid, inter = 2560, 9728
     for dt in (ct.f16, ct.bf16):
-        q_prep, kv_prefill, kv_append, tokens_first = qwen3_kernels(dt)
+        q_prep, kv_prefill, decode_prep, tokens_first = qwen3_kernels(dt)
         w, table, pos = TS((d,), dt), TS((cap, d // 2), ct.f32), TS((1,), ct.i32)
         cache = PS((nkv, cap, d), (1, CACHE_BLOCK, d), dt)
         for tokens, bt in ((t, TOKEN_BLOCK), (1, 1)):
@@ -229,10 +238,33 @@ def _qwen3_cases() -> Iterator[Case]:
             (cache, cache, qkv, w, table, table, nq, nkv, 1e-6),
         )
         qkv1 = TS((1, nq + 2 * nkv, d), dt)
+        whole = PS((nkv, cap, d), (1, cap, d), dt)
+        q1 = PS((nkv, nq // nkv, d), (1, nq // nkv, d), dt)
         yield (
-            f"qwen3 kv_append {dt.name}",
-            kv_append,
-            (cache, cache, qkv1, w, table, table, pos, nq, nkv, 1e-6),
+            f"qwen3 decode_prep {dt.name}",
+            decode_prep,
+            (q1, whole, whole, qkv1, w, w, table, table, pos, nq, nkv, 1e-6),
+        )
+        vec = TS((hid,), dt)
+        for odt in (dt, ct.f32):
+            norm_gemv, _ = decode_gemv_kernels(dt, odt)
+            yield (
+                f"qwen3 norm_gemv {dt.name}->{odt.name}",
+                norm_gemv,
+                (
+                    PS((2 * inter,), (4,), odt),
+                    TS((2 * inter, hid), dt),
+                    vec,
+                    vec,
+                    1 / hid,
+                    1e-6,
+                    512,
+                ),
+            )
+        yield (
+            f"qwen3 gemv_add {dt.name}",
+            decode_gemv_kernels(dt, dt)[1],
+            (PS((hid,), (4,), dt), TS((hid, nq * d), dt), TS((nq * d,), dt), vec, 512),
         )
         yield (
             f"qwen3 tokens_first {dt.name}",
@@ -240,7 +272,6 @@ def _qwen3_cases() -> Iterator[Case]:
             (PS((t, nq, d), (TOKEN_BLOCK, 1, d), dt), TS((nq, t, d), dt)),
         )
         swiglu_rows, swiglu_down = mlp_kernels(dt)
-        hid, inter = 2560, 9728
         yield (
             f"qwen3 swiglu_rows {dt.name}",
             swiglu_rows,
@@ -249,5 +280,5 @@ def _qwen3_cases() -> Iterator[Case]:
         yield (
             f"qwen3 swiglu_down {dt.name}",
             swiglu_down,
-            (PS((hid,), (4,), dt), TS((hid, inter), dt), TS((1, 2, inter), dt), 512),
+            (PS((hid,), (4,), dt), TS((hid, inter), dt), TS((1, 2, inter), dt), vec, 512),
         )

@@ -65,7 +65,8 @@ def main() -> None:
     print(
         f"decode: {speed.tokens_per_s:.1f} tokens/s; roofline {speed.roofline_tokens_per_s:.1f} "
         f"tokens/s ({speed.bytes_per_token / 1e6:.2f} MB per token at "
-        f"{bw / 1e9:.1f} GB/s copy bandwidth): {100 * speed.fraction:.1f}% of the roofline{note}"
+        f"{bw / 1e9:.1f} GB/s copy bandwidth): {100 * speed.fraction:.1f}% of the roofline; "
+        f"{speed.launches} launches per token{note}"
     )
 
 

@@ -13,7 +13,7 @@ import pytest
 import cutile_py as ct
 import cutile_py_kernels as ck
 from cutile_py.ir.dtypes import round_to
-from cutile_py_kernels.attention import AttentionPlan
+from cutile_py_kernels.attention import AttentionPlan, attention_tile
 
 DTYPES = [pytest.param(ct.f16, id="f16"), pytest.param(ct.bf16, id="bf16")]
 #: Absolute tolerance on outputs of size ~1: the output rounding plus P rounded to the dtype
@@ -62,6 +62,8 @@ CASES = [
     (2, 2, 70, 70, 128, True),  # three row blocks, blocks above the diagonal skipped
     (3, 3, 5, 40, 64, False),  # not causal, S_q < S_k, no GQA
     (4, 1, 24, 24, 64, True),  # causal row blocks holding queries of two heads
+    (2, 2, 150, 150, 64, True),  # 64x64 tiles: three row blocks, a partial key block
+    (4, 2, 40, 77, 64, True),  # 64x64 tiles: S_q < S_k, row blocks spanning two heads
 ]
 
 
@@ -99,18 +101,31 @@ def test_explicit_scale(backend: str, rng: np.random.Generator, dt: Any) -> None
     np.testing.assert_allclose(out.to_numpy().astype(np.float64), want, rtol=0, atol=ATOL[dt])
 
 
-def test_blocks_above_the_causal_diagonal_are_not_read(rng: np.random.Generator) -> None:
-    """V rows 32.. hold NaN: queries 0..31 (the first row block) see keys 0..31 only, so their
-    output is finite and exact only if the key block 32..63 is never loaded (a masked score
-    gives p = 0, and 0 · NaN is NaN)."""
-    q, qt = rand(rng, (1, 64, 64), ct.f16)
-    k, kt = rand(rng, (1, 64, 64), ct.f16)
-    v = rng.standard_normal((1, 64, 64)).astype(np.float32)
-    v[:, 32:] = np.nan
+@pytest.mark.parametrize("d", [64, 128])
+def test_blocks_above_the_causal_diagonal_are_not_read(rng: np.random.Generator, d: int) -> None:
+    """V rows bm.. hold NaN (bm x bn the flash tile at head_dim d): queries 0..bm-1 (the first
+    row block) see keys 0..bm-1 only, so their output is finite and exact only if no key block
+    from bm on is loaded (a masked score gives p = 0, and 0 · NaN is NaN)."""
+    bm, bn, _ = attention_tile(2 * 64, d)
+    assert bm % bn == 0 and AttentionPlan(ct.f16, 1, 2 * bm, 2 * bm, d, 2 * bm, True, 1).splits == 1
+    q, qt = rand(rng, (1, 2 * bm, d), ct.f16)
+    k, kt = rand(rng, (1, 2 * bm, d), ct.f16)
+    v = rng.standard_normal((1, 2 * bm, d)).astype(np.float32)
+    v[:, bm:] = np.nan
     v = round_to(v, ct.f16)
     out = ck.attention(qt, kt, ct.from_numpy(v, ct.f16), causal=True).to_numpy()
-    want = reference(q[:, :32], k[:, :32], v[:, :32].astype(np.float64), True, 1 / 8)
-    np.testing.assert_allclose(out[:, :32].astype(np.float64), want, rtol=0, atol=ATOL[ct.f16])
+    want = reference(q[:, :bm], k[:, :bm], v[:, :bm].astype(np.float64), True, d**-0.5)
+    np.testing.assert_allclose(out[:, :bm].astype(np.float64), want, rtol=0, atol=ATOL[ct.f16])
+
+
+def test_flash_tiles_per_head_dim() -> None:
+    """The retuned tiles: 64x64 (8 warps) at head_dim 64, 32x32 at 128 (64x32 spills there);
+    short queries keep 16 or 32 rows and 32 keys (the split-KV path). That they assemble
+    without spills is checked by test_kernels_library's PTX cases."""
+    assert attention_tile(4096, 64) == (64, 64, 8)
+    assert attention_tile(4096, 128) == (32, 32, 0)
+    assert attention_tile(8, 64) == (16, 32, 0) and attention_tile(20, 128) == (32, 32, 0)
+    assert AttentionPlan(ct.f16, 2, 100, 50, 64, 100, True, 1.0).bm == 64
 
 
 def test_attention_checks_its_inputs() -> None:

@@ -290,3 +290,95 @@ def test_decode_speed_of_the_0_6b_shape_on_gpu() -> None:
         f"{speed.tokens_per_s:.0f} tokens/s is {100 * speed.fraction:.1f}% of the roofline "
         f"({speed.roofline_tokens_per_s:.0f} tokens/s)"
     )
+
+
+def test_config_reads_rope_theta_from_rope_parameters() -> None:
+    """Configs written by newer transformers hold θ under `rope_parameters`: it must be read,
+    not replaced by the default (θ = 1e6); a kv head count left out means one per head."""
+    d = {**tiny().to_dict(), "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
+    del d["rope_theta"], d["num_key_value_heads"]
+    cfg = Qwen3Config.from_dict(d)
+    assert cfg.rope_theta == 5e5 and cfg.num_key_value_heads == cfg.num_attention_heads
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling.*yarn"),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling.*linear"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_parameters.*yarn"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ({"use_sliding_window": True}, "use_sliding_window"),
+    ],
+)
+def test_config_refuses_what_the_model_does_not_compute(extra: dict[str, Any], match: str) -> None:
+    """Config fields that change the architecture (scaled RoPE, q/k/v biases, another
+    activation, sliding windows) are refused by name instead of silently ignored."""
+    with pytest.raises(ValueError, match=match):
+        Qwen3Config.from_dict({**tiny().to_dict(), **extra}, "cfg.json")
+
+
+def test_config_accepts_the_published_defaults_of_those_fields() -> None:
+    d = {
+        **tiny().to_dict(),
+        "rope_scaling": None,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "use_sliding_window": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    }
+    assert Qwen3Config.from_dict(d) == tiny()
+
+
+def test_a_float32_checkpoint_computes_in_bf16(tmp_path: Path, rng: np.random.Generator) -> None:
+    """torch_dtype float32 loads as bf16 (documented: the kernels take no f32 operands), with
+    the logits of the bf16 reference; dtype= overrides it; an unknown torch_dtype is named."""
+    pytest.importorskip("safetensors", reason="safetensors is not installed (the 'models' extra)")
+    from safetensors.numpy import save_file
+
+    cfg = tiny(torch_dtype="float32")
+    seed = int(rng.integers(2**31))
+    w = random_weights(cfg, seed)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    save_file(w, str(tmp_path / "model.safetensors"))
+    model = Qwen3.from_pretrained(tmp_path)
+    assert model.dtype is ct.bf16
+    ids = [int(i) for i in rng.integers(0, cfg.vocab_size, size=5)]
+    want = ref.logits(cfg, rounded(w, ct.bf16), ids)
+    np.testing.assert_allclose(model.logits(ids), want, rtol=0, atol=ATOL[ct.bf16])
+    assert Qwen3.from_pretrained(tmp_path, dtype=ct.f16).dtype is ct.f16
+    with pytest.raises(ValueError, match="torch_dtype 'float64' is not one of"):
+        Qwen3.random(tiny(torch_dtype="float64"))
+
+
+def test_decode_step_launches_and_logits_at_every_step(rng: np.random.Generator) -> None:
+    """The captured decode step makes 7 launches per layer and 3 outside them (it made 10 per
+    layer and 4 before the norms, residual adds and q/k/cache kernels were fused), and at
+    every step its f32 logits match the float64 reference of the sequence so far (the
+    reference's greedy token is fed back, so that near ties cannot end the comparison)."""
+    cfg = tiny(num_hidden_layers=3)
+    seed = int(rng.integers(2**31))
+    model = Qwen3.random(cfg, seed=seed, dtype=ct.f16)
+    w = rounded(random_weights(cfg, seed), ct.f16)
+    seq = [int(i) for i in rng.integers(0, cfg.vocab_size, size=int(rng.integers(60, 70)))]
+    steps = 5
+    cache = _Cache(cfg, len(seq) + steps, ct.f16)
+    assert AttentionPlan(ct.f16, 2, 2, 1, 32, cache.capacity, True, 1.0).splits > 1
+    model._prefill(np.array(seq, np.int32), cache).op().sync()
+    token, pos = ct.zeros((1,), ct.i32), ct.zeros((1,), ct.i32)
+    d = model._decode_step(token, pos, cache)
+    g = ct.graph(d.op())
+    try:
+        assert g.launches == 3 + 7 * cfg.num_hidden_layers
+        for _ in range(steps):
+            seq.append(int(np.argmax(ref.logits(cfg, w, seq)[-1])))
+            g.update(token, np.array(seq[-1:], np.int32))
+            g.update(pos, np.array([len(seq) - 1], np.int32))
+            g.replay()
+            got = g.read(d.env["logit_rows"]).reshape(-1)
+            assert got.dtype == np.float32
+            np.testing.assert_allclose(got, ref.logits(cfg, w, seq)[-1], rtol=0, atol=ATOL[ct.f16])
+            assert int(g.read(d.pending["next"]).reshape(-1)[0]) == int(np.argmax(got))
+    finally:
+        g.release()

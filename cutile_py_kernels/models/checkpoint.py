@@ -36,8 +36,14 @@ class Qwen3Config:
     def from_dict(cls, d: dict[str, Any], where: str = "config") -> Qwen3Config:
         """The fields of `d` (a parsed config.json; other keys are ignored)."""
         fields = cls.__dataclass_fields__
+        _refuse_other_architectures(d, where)
         if "torch_dtype" not in d and isinstance(d.get("dtype"), str):
             d = {**d, "torch_dtype": d["dtype"]}  # newer transformers write `dtype`
+        rope = d.get("rope_parameters")
+        if "rope_theta" not in d and isinstance(rope, dict) and "rope_theta" in rope:
+            d = {**d, "rope_theta": rope["rope_theta"]}  # newer transformers nest θ there
+        if "num_key_value_heads" not in d and "num_attention_heads" in d:
+            d = {**d, "num_key_value_heads": d["num_attention_heads"]}  # as transformers does
         missing = [n for n, f in fields.items() if n not in d and f.default is MISSING]
         if "head_dim" in missing and "hidden_size" in d and "num_attention_heads" in d:
             d = {**d, "head_dim": d["hidden_size"] // d["num_attention_heads"]}
@@ -81,6 +87,25 @@ class Qwen3Config:
         if not self.tie_word_embeddings:
             shapes["lm_head.weight"] = (self.vocab_size, h)
         return shapes
+
+
+def _refuse_other_architectures(d: Mapping[str, Any], where: str) -> None:
+    """ValueError naming the first field of `d` that asks for something Qwen3 here does not
+    compute (scaled RoPE, q/k/v biases, another activation, sliding-window attention): such a
+    checkpoint would load and give wrong logits."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = d.get(key)
+        kind = (
+            rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else None
+        )
+        if kind not in (None, "default"):
+            raise ValueError(f"{where}: {key} of type {kind!r} is not supported (plain RoPE only)")
+    if d.get("attention_bias"):
+        raise ValueError(f"{where}: attention_bias is true; q/k/v/o biases are not supported")
+    if d.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{where}: hidden_act {d['hidden_act']!r} is not supported (silu only)")
+    if d.get("use_sliding_window"):
+        raise ValueError(f"{where}: use_sliding_window is true; sliding windows are not supported")
 
 
 def read_config(path: Path) -> Qwen3Config:

@@ -42,7 +42,7 @@ def copy_bandwidth(nbytes: int, repeats: int = 5) -> float:
 @dataclass(frozen=True)
 class DecodeSpeed:
     """One measurement: tokens/s of graph replays at context lengths `start` .. `start + tokens`,
-    and the roofline from `bytes_per_token` at `copy_bytes_per_s`."""
+    and the roofline from `bytes_per_token` at `copy_bytes_per_s`; `launches` per replay."""
 
     tokens: int
     start: int
@@ -50,6 +50,7 @@ class DecodeSpeed:
     weight_bytes: int
     kv_bytes_per_token: float
     copy_bytes_per_s: float
+    launches: int
 
     @property
     def tokens_per_s(self) -> float:
@@ -88,4 +89,6 @@ def measure_decode(model: Qwen3, start: int, tokens: int, copy_bytes_per_s: floa
     itemsize = model.embed.nbytes // model.embed.size
     mean_len = start + (tokens + 1) / 2
     kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize * mean_len
-    return DecodeSpeed(tokens, start, seconds, model.weight_bytes(), kv, copy_bytes_per_s)
+    return DecodeSpeed(
+        tokens, start, seconds, model.weight_bytes(), kv, copy_bytes_per_s, g.launches
+    )

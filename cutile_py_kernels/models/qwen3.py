@@ -1,7 +1,7 @@
 """`Qwen3`: a Qwen3 decoder on the library's kernels, prefilled eagerly and decoded by replaying
 one captured graph per token.
 
-Per layer (T tokens, h the hidden state, x the residual stream):
+Per layer (T tokens, h the hidden state, x the residual stream), as the prefill runs it:
     h, x = add_rms_norm(mlp_out, x, input_layernorm)      (rms_norm of the embedding at layer 0)
     qkv  = h @ [Wq; Wk; Wv]ᵀ                               (one fused projection)
     q    = rope(rms_norm_per_head(q) · q_norm)             (head-major, `q_prep`)
@@ -9,12 +9,16 @@ Per layer (T tokens, h the hidden state, x the residual stream):
     o    = attention(q, K cache, V cache, causal)          (GQA, split-KV when T is small)
     h, x = add_rms_norm(o @ Woᵀ, x, post_attention_layernorm)
     g, u = h @ [Wg; Wu]ᵀ                                   (one fused projection)
-    mlp_out = (silu(g) · u) @ Wdᵀ                          (decode: one fused gemv)
+    mlp_out = (silu(g) · u) @ Wdᵀ
 then the final norm, the LM head (the embedding when tied) and argmax on the device.
 
-A step is a `.then` chain of launches over tensors it allocates (`_Steps`); the same builder
-makes the prefill (run at once, gemm projections) and the decode step (T = 1, gemv projections,
-captured once by `ct.graph`; each token only updates the token id and position tensors).
+A step is a `.then` chain of launches over tensors it allocates (`_Steps`). The prefill runs
+at once with gemm projections. The decode step (T = 1) is captured once by `ct.graph` (each
+token only updates the token id and position tensors) and fuses what a launch per operation
+would cost (~2 µs each on a GPU beside ~0.4 ms of weight reads per token for 0.6B): each
+RMSNorm into the matrix-vector product after it (the norm's scale is one number per token),
+each residual add into the product before it, q and k norm + RoPE + the cache write into one
+kernel, SwiGLU into the down projection: 7 launches per layer instead of 10.
 """
 
 from __future__ import annotations
@@ -34,10 +38,13 @@ from cutile_py_kernels import autotune
 from cutile_py_kernels._common import next_pow2, prev_pow2, row_plan, row_warps, view
 from cutile_py_kernels.attention import AttentionPlan
 from cutile_py_kernels.gemm import _gemm_kernel
-from cutile_py_kernels.gemv import _gemv_kernel
 from cutile_py_kernels.layout import _embedding_kernel
 from cutile_py_kernels.models.checkpoint import Qwen3Config, read_config, read_weights
-from cutile_py_kernels.models.qwen3_kernels import mlp_kernels, qwen3_kernels
+from cutile_py_kernels.models.qwen3_kernels import (
+    decode_gemv_kernels,
+    mlp_kernels,
+    qwen3_kernels,
+)
 from cutile_py_kernels.norms import _rms_kernels
 from cutile_py_kernels.softmax import _argmax_kernels
 
@@ -56,8 +63,30 @@ def _rope_tables(backend: str, half: int, theta: float, rows: int) -> tuple[AnyT
     )
 
 
+#: The compute dtype of a checkpoint's `torch_dtype`. The kernels compute in f16 or bf16 with
+#: f32 sums (attention and the tensor-core projections take no f32 operands), so an f32
+#: checkpoint runs in bf16: f32's exponent range (its activations cannot overflow as in f16)
+#: and the dtype Qwen3 was trained in. Pass `dtype=` to choose otherwise.
 DTYPES = {"float32": ct.bf16, "bfloat16": ct.bf16, "float16": ct.f16}
-#: Cache rows per block of the KV-cache kernels.
+
+
+def compute_dtype(cfg: Qwen3Config) -> type[ct.DType]:
+    """DTYPES[cfg.torch_dtype], or ValueError naming an unknown one."""
+    if cfg.torch_dtype not in DTYPES:
+        raise ValueError(
+            f"Qwen3: torch_dtype {cfg.torch_dtype!r} is not one of {', '.join(DTYPES)}; "
+            "pass dtype=ct.f16 or ct.bf16"
+        )
+    return DTYPES[cfg.torch_dtype]
+
+
+#: Launches per layer of a decode step: norm+qkv, q/k-norm+RoPE+cache, attention (split and
+#: merge), o-proj+residual, norm+gate/up, SwiGLU+down+residual. tests/test_qwen3.py holds the
+#: count to this so that it cannot silently grow back.
+DECODE_LAUNCHES_PER_LAYER = 7
+#: Launches of a decode step outside the layers: the embedding, norm+LM head, argmax.
+DECODE_LAUNCHES_OUTSIDE = 3
+#: Cache rows per block of the prefill's KV-cache kernel.
 CACHE_BLOCK = 64
 #: Prefill tokens per block of the q/transpose kernels.
 TOKEN_BLOCK = 16
@@ -139,7 +168,8 @@ class _Steps:
 
 class Qwen3:
     """A Qwen3 causal LM (q/k RMSNorm, RoPE, GQA, SwiGLU) on cutile_py kernels, f16 or bf16
-    (f32 sums). Make one with `from_pretrained(path)` or `random(config, seed)`."""
+    (f32 sums; float32 checkpoints compute in bf16 unless `dtype` says otherwise). Make one
+    with `from_pretrained(path)` or `random(config, seed)`."""
 
     def __init__(
         self, cfg: Qwen3Config, weights: Mapping[str, np.ndarray], dtype: type[ct.DType]
@@ -163,11 +193,12 @@ class Qwen3:
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: type[ct.DType] | None = None) -> Qwen3:
         """Load a Hugging Face Qwen3 directory (config.json and *.safetensors in f32, f16 or
-        bf16); weights are converted to `dtype` (default: config's torch_dtype, f32 → bf16)."""
+        bf16); weights are converted to `dtype`, by default the config's torch_dtype with
+        float32 computed in bf16 (see DTYPES: the kernels take no f32 operands)."""
         path = Path(path)
         cfg = read_config(path)
         weights = read_weights(path, cfg)
-        return cls(cfg, weights, dtype or DTYPES.get(cfg.torch_dtype, ct.bf16))
+        return cls(cfg, weights, dtype or compute_dtype(cfg))
 
     @classmethod
     def random(
@@ -177,9 +208,9 @@ class Qwen3:
         dtype: type[ct.DType] | None = None,
     ) -> Qwen3:
         """Random weights of the shapes `config` implies: Linear weights N(0, 1/in), norm
-        weights 1 + N(0, 0.1²), the embedding N(0, 1)."""
+        weights 1 + N(0, 0.1²), the embedding N(0, 1); `dtype` as in `from_pretrained`."""
         cfg = config if isinstance(config, Qwen3Config) else Qwen3Config.from_dict(config)
-        return cls(cfg, RandomWeights(cfg, seed), dtype or DTYPES.get(cfg.torch_dtype, ct.bf16))
+        return cls(cfg, RandomWeights(cfg, seed), dtype or compute_dtype(cfg))
 
     # --- public -------------------------------------------------------------------------------
     def logits(self, ids: list[int] | np.ndarray) -> np.ndarray:
@@ -263,33 +294,20 @@ class Qwen3:
         s.env["ids"] = ct.from_numpy(ids)
         s.env["pos0"] = ct.zeros((1,), i32)
         s.env["kv_len"] = ct.from_numpy(np.array([t], dtype=np.int32))
-        self._build(s, t, cache, s.env["pos0"], s.env["kv_len"], 0, prefill=True)
+        self._build_prefill(s, t, cache)
         return s
 
-    def _decode_step(self, token: AnyTensor, pos: AnyTensor, cache: _Cache) -> _Steps:
-        s = _Steps()
-        s.env["ids"] = token
-        self._build(s, 1, cache, pos, pos, 1, prefill=False)
-        return s
-
-    def _build(
-        self,
-        s: _Steps,
-        t: int,
-        cache: _Cache,
-        pos0: AnyTensor,
-        kv_len: AnyTensor,
-        len_offset: int,
-        prefill: bool,
-    ) -> None:
+    def _build_prefill(self, s: _Steps, t: int, cache: _Cache) -> None:
+        """The prefill of T tokens at positions 0 .. T-1: gemm projections, one launch per
+        norm, activation and layout change (run once per prompt, so not fused further)."""
         cfg, dt = self.config, self.dtype
         d = cfg.head_dim
         nq, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
         group = nq // nkv
         eps = float(cfg.rms_norm_eps)
         cos, sin = self._rope_tables(cache.capacity)
-        q_prep, kv_prefill, kv_append, tokens_first = qwen3_kernels(dt)
-        bt = min(TOKEN_BLOCK, next_pow2(t)) if prefill else 1
+        q_prep, kv_prefill, _, tokens_first = qwen3_kernels(dt)
+        bt = min(TOKEN_BLOCK, next_pow2(t))
         attn = AttentionPlan(dt, nkv, group * t, t, d, cache.capacity, True, self.scale)
         env = s.env
 
@@ -299,51 +317,75 @@ class Qwen3:
                 s.add(partial(self._rms, s, "h", "x", None, layer.ln1, t, eps))
             else:
                 s.add(partial(self._rms, s, "h", "mlp", "x", layer.ln1, t, eps))
-            s.add(partial(self._proj, s, "qkv", "h", layer.qkv, t, prefill))
+            s.add(partial(self._gemm, s, "qkv", "h", layer.qkv, t))
 
             def prep(layer: _Layer = layer, i: int = i) -> ct.OpLike:
                 qkv = view(env["qkv"], (t, nq + 2 * nkv, d))
                 q = s.out("q", (nq, t, d), (1, bt, d), dt)
                 kc = s.put(f"k{i}", cache.k[i].partition((1, CACHE_BLOCK, d)))
                 vc = s.put(f"v{i}", cache.v[i].partition((1, CACHE_BLOCK, d)))
-                qop = q_prep(q, qkv, layer.q_norm, cos, sin, pos0, eps)
-                if prefill:
-                    kvop = kv_prefill(kc, vc, qkv, layer.k_norm, cos, sin, nq, nkv, eps)
-                else:
-                    kvop = kv_append(kc, vc, qkv, layer.k_norm, cos, sin, pos0, nq, nkv, eps)
+                qop = q_prep(q, qkv, layer.q_norm, cos, sin, env["pos0"], eps)
+                kvop = kv_prefill(kc, vc, qkv, layer.k_norm, cos, sin, nq, nkv, eps)
                 zipped: ct.OpLike = ct.zip(qop, kvop)
                 return zipped
 
             s.add(prep)
+            s.add(partial(self._attend, s, attn, cache, i, t, env["kv_len"], 0))
 
-            def attend(i: int = i) -> ct.OpLike:
-                cache.k[i], cache.v[i] = env[f"k{i}"], env[f"v{i}"]
-                q_rows = view(env["q"], (nkv, group * t, d))
-                o = s.put("o", attn.partition())
-                return attn.op(o, q_rows, cache.k[i], cache.v[i], kv_len, len_offset)
+            def to_tokens() -> ct.OpLike:
+                y = s.out("o_t", (t, nq, d), (bt, 1, d), dt)
+                op: ct.OpLike = tokens_first(y, view(env["o"], (nq, t, d)))
+                return op
 
-            s.add(attend)
-            if prefill:
-
-                def to_tokens() -> ct.OpLike:
-                    y = s.out("o_t", (t, nq, d), (bt, 1, d), dt)
-                    op: ct.OpLike = tokens_first(y, view(env["o"], (nq, t, d)))
-                    return op
-
-                s.add(to_tokens)
-            o_name = "o_t" if prefill else "o"
-            s.add(partial(self._proj, s, "attn", o_name, layer.o, t, prefill))
+            s.add(to_tokens)
+            s.add(partial(self._gemm, s, "attn", "o_t", layer.o, t))
             s.add(partial(self._rms, s, "h", "attn", "x", layer.ln2, t, eps))
-
-            s.add(partial(self._proj, s, "gu", "h", layer.gate_up, t, prefill))
-            if prefill:
-                s.add(partial(self._swiglu, s, t))
-                s.add(partial(self._proj, s, "mlp", "act", layer.down, t, prefill))
-            else:
-                s.add(partial(self._swiglu_down, s, layer.down))
+            s.add(partial(self._gemm, s, "gu", "h", layer.gate_up, t))
+            s.add(partial(self._swiglu, s, t))
+            s.add(partial(self._gemm, s, "mlp", "act", layer.down, t))
         s.add(partial(self._rms, s, "h", "mlp", "x", self.norm, t, eps))
-        s.add(partial(self._head, s, t, prefill))
-        s.add(partial(self._argmax, s, t, prefill))
+        s.add(partial(self._gemm, s, "logits", "h", self.lm_head, t, f32))
+        s.add(partial(self._argmax, s, t))
+
+    def _decode_step(self, token: AnyTensor, pos: AnyTensor, cache: _Cache) -> _Steps:
+        """One token at position pos[0] over cache rows 0 .. pos[0]: the embedding, then per
+        layer DECODE_LAUNCHES_PER_LAYER launches (the norms fused into the projections after
+        them, the residual adds into the projections before them, q/k norm + RoPE + the cache
+        write in one kernel), then the final norm fused into the LM head (f32 logits, as the
+        prefill's) and the argmax."""
+        cfg, dt = self.config, self.dtype
+        d = cfg.head_dim
+        nq, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        group = nq // nkv
+        eps = float(cfg.rms_norm_eps)
+        cos, sin = self._rope_tables(cache.capacity)
+        _, _, decode_prep, _ = qwen3_kernels(dt)
+        attn = AttentionPlan(dt, nkv, group, 1, d, cache.capacity, True, self.scale)
+        s = _Steps()
+        env = s.env
+        env["ids"] = token
+
+        s.add(partial(self._embed, s, 1))
+        for i, layer in enumerate(self.layers):
+            s.add(partial(self._norm_gemv, s, "qkv", layer.ln1, layer.qkv, dt))
+
+            def prep(layer: _Layer = layer, i: int = i) -> ct.OpLike:
+                qkv = view(env["qkv"], (1, nq + 2 * nkv, d))
+                q = s.out("q", (nkv, group, d), (1, group, d), dt)
+                kc = s.put(f"k{i}", cache.k[i].partition((1, cache.capacity, d)))
+                vc = s.put(f"v{i}", cache.v[i].partition((1, cache.capacity, d)))
+                args = (layer.q_norm, layer.k_norm, cos, sin, pos, nq, nkv, eps)
+                op: ct.OpLike = decode_prep(q, kc, vc, qkv, *args)
+                return op
+
+            s.add(prep)
+            s.add(partial(self._attend, s, attn, cache, i, 1, pos, 1))
+            s.add(partial(self._gemv_add, s, layer.o))
+            s.add(partial(self._norm_gemv, s, "gu", layer.ln2, layer.gate_up, dt))
+            s.add(partial(self._swiglu_down, s, layer.down))
+        s.add(partial(self._norm_gemv, s, "logits", self.norm, self.lm_head, f32))
+        s.add(partial(self._argmax, s, 1))
+        return s
 
     # --- one launch each ---------------------------------------------------------------------
     def _embed(self, s: _Steps, t: int) -> ct.OpLike:
@@ -352,6 +394,24 @@ class Qwen3:
         y = s.out("x", (t, hid), (1, plan.width), self.dtype)
         op: ct.OpLike = _embedding_kernel(self.dtype)(y, self.embed, s.env["ids"])
         return op
+
+    def _attend(
+        self,
+        s: _Steps,
+        attn: AttentionPlan,
+        cache: _Cache,
+        i: int,
+        t: int,
+        kv_len: AnyTensor,
+        len_offset: int,
+    ) -> ct.OpLike:
+        """o = attention of the step's q over layer i's cache rows 0 .. kv_len[0] + len_offset
+        - 1 (the cache tensors come back from the launch that wrote them)."""
+        cfg = self.config
+        cache.k[i], cache.v[i] = s.env[f"k{i}"], s.env[f"v{i}"]
+        q_rows = view(s.env["q"], (cfg.num_key_value_heads, attn.rows, cfg.head_dim))
+        o = s.put("o", attn.partition())
+        return attn.op(o, q_rows, cache.k[i], cache.v[i], kv_len, len_offset)
 
     def _rms(
         self,
@@ -379,32 +439,40 @@ class Qwen3:
         op = (add_loop if plan.loop else add_tile)(y, h, rows, res, w, 1.0 / hid, eps, *tail)
         return op
 
-    def _proj(
-        self,
-        s: _Steps,
-        out: str,
-        x: str | AnyTensor,
-        w: AnyTensor,
-        t: int,
-        prefill: bool,
-        odt: type[ct.DType] | None = None,
+    def _gemm(
+        self, s: _Steps, out: str, x: str, w: AnyTensor, t: int, odt: type[ct.DType] | None = None
     ) -> ct.OpLike:
-        """out = x @ wᵀ: gemm for a prefill's (T, K) rows, gemv for a decode step's one
-        (x: a name in s.env, or the tensor already in the shape the kernel reads)."""
+        """out = x @ wᵀ for a prefill's (T, K) rows."""
         m, k = w.shape
         dt = self.dtype
         odt = odt or dt
-        xt = _shaped(s.env[x] if isinstance(x, str) else x, (t, k) if prefill else (k,))
-        if prefill:
-            cfg = autotune.default_config(dt, t, m, k)
-            y = s.out(out, (t, m), (cfg.bm, cfg.bn), odt)
-            kernel = _gemm_kernel(dt, odt, True, False, cfg.stages)
-            op: ct.OpLike = kernel(y, xt, w, cfg.bk)
-            return op
-        bk = min(next_pow2(k), 512)
-        bm = min(prev_pow2(max(1, 2048 // bk)), next_pow2(m))
-        y = s.out(out, (m,), (bm,), dt)
-        op = _gemv_kernel(dt)(y, w, xt, bk)
+        cfg = autotune.default_config(dt, t, m, k)
+        y = s.out(out, (t, m), (cfg.bm, cfg.bn), odt)
+        op: ct.OpLike = _gemm_kernel(dt, odt, True, False, cfg.stages)(
+            y, _shaped(s.env[x], (t, k)), w, cfg.bk
+        )
+        return op
+
+    def _norm_gemv(
+        self, s: _Steps, out: str, g: AnyTensor, w: AnyTensor, odt: type[ct.DType]
+    ) -> ct.OpLike:
+        """out = w @ (rms_norm(x) · g) for the one token's residual stream x."""
+        m, k = w.shape
+        bm, bk = _gemv_tiles(m, k)
+        norm_gemv, _ = decode_gemv_kernels(self.dtype, odt)
+        y = s.out(out, (m,), (bm,), odt)
+        x = _shaped(s.env["x"], (k,))
+        op: ct.OpLike = norm_gemv(y, w, x, g, 1.0 / k, float(self.config.rms_norm_eps), bk)
+        return op
+
+    def _gemv_add(self, s: _Steps, w: AnyTensor) -> ct.OpLike:
+        """x = x + w @ o: the attention's output projection added to the residual stream."""
+        m, k = w.shape
+        bm, bk = _gemv_tiles(m, k)
+        _, gemv_add = decode_gemv_kernels(self.dtype, self.dtype)
+        res = _shaped(s.env["x"], (m,))
+        y = s.out("x", (m,), (bm,), self.dtype)
+        op: ct.OpLike = gemv_add(y, w, _shaped(s.env["o"], (k,)), res, bk)
         return op
 
     def _swiglu(self, s: _Steps, t: int) -> ct.OpLike:
@@ -416,25 +484,21 @@ class Qwen3:
         return op
 
     def _swiglu_down(self, s: _Steps, down: AnyTensor) -> ct.OpLike:
-        """mlp = down @ (silu(gate) · up) for one token, the activation made as it is read."""
+        """x = x + down @ (silu(gate) · up) for one token, the activation made as it is read."""
         hid, i = down.shape
         _, swiglu_down = mlp_kernels(self.dtype)
-        bk = min(next_pow2(i), 512)
-        bm = min(prev_pow2(max(1, 2048 // bk)), next_pow2(hid))
-        y = s.out("mlp", (hid,), (bm,), self.dtype)
-        op: ct.OpLike = swiglu_down(y, down, view(s.env["gu"], (1, 2, i)), bk)
+        bm, bk = _gemv_tiles(hid, i)
+        res = _shaped(s.env["x"], (hid,))
+        y = s.out("x", (hid,), (bm,), self.dtype)
+        op: ct.OpLike = swiglu_down(y, down, view(s.env["gu"], (1, 2, i)), res, bk)
         return op
 
-    def _head(self, s: _Steps, t: int, prefill: bool) -> ct.OpLike:
-        # The prefill's logits are returned to the user: f32 (the sums' precision).
-        return self._proj(s, "logits", "h", self.lm_head, t, prefill, f32 if prefill else None)
-
-    def _argmax(self, s: _Steps, t: int, prefill: bool) -> ct.OpLike:
+    def _argmax(self, s: _Steps, t: int) -> ct.OpLike:
         v = self.config.vocab_size
-        dt = f32 if prefill else self.dtype
-        rows = view(s.env["logits"], (t, v))
-        plan = row_plan(t, v, dt)
-        tile_k, loop_k = _argmax_kernels(dt)
+        # Kept in env: the tensor a captured step's logits can be read back through.
+        rows = s.env["logit_rows"] = view(s.env["logits"], (t, v))
+        plan = row_plan(t, v, f32)
+        tile_k, loop_k = _argmax_kernels(f32)
         if plan.loop:
             y = s.out("next", (t, 1), (1, 1), i32)
             op: ct.OpLike = loop_k(y, rows, plan.width)
@@ -442,6 +506,13 @@ class Qwen3:
         y = s.out("next", (t, 1), (plan.rows, 1), i32)
         op = tile_k(y, rows, plan.width)
         return op
+
+
+def _gemv_tiles(m: int, k: int) -> tuple[int, int]:
+    """(rows per block, K chunk) of a decode step's matrix-vector product: chunks of up to 512
+    and 2048 products per block."""
+    bk = min(next_pow2(k), 512)
+    return min(prev_pow2(max(1, 2048 // bk)), next_pow2(m)), bk
 
 
 def _shaped(t: AnyTensor, shape: tuple[int, ...]) -> AnyTensor:

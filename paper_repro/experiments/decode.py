@@ -49,6 +49,7 @@ def measure(ctx: Context, name: str, bw: float) -> list[Row]:
         frac_roofline=sig(speed.fraction, 3),
         mb_per_token=sig(speed.bytes_per_token / 1e6),
         ms=sig(1e3 * speed.seconds / tokens),
+        launches=speed.launches,
     )
     if name == "Qwen3-0.6B":
         row["goal"] = GOAL_FRACTION
@@ -58,7 +59,8 @@ def measure(ctx: Context, name: str, bw: float) -> list[Row]:
 def run(ctx: Context) -> Result:
     res = Result("decode", "Qwen3 batch-1 decode: tokens/s and fraction of the HBM roofline")
     res.columns = ["model", "status", "context", "tokens_per_s", "roofline_tokens_per_s",
-                   "frac_roofline", "mb_per_token", "ms", "gbps", "goal", "note"]  # fmt: skip
+                   "frac_roofline", "mb_per_token", "ms", "launches", "gbps", "goal",
+                   "note"]  # fmt: skip
     for r in copy_ceiling(ctx):  # the run's copy ceiling (shared with bandwidth, elementwise)
         res.rows.append({**r, "model": f"copy: {r.get('impl')}"})
     bw = 1e9 * ctx.ceilings["copy_gbps"]
