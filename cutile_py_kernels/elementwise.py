@@ -25,8 +25,8 @@ def add_kernel(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], y: Tensor[f32, Dyn])
 def saxpy_kernel(
     z: Mut[Tensor[f32, B]], a: float, x: Tensor[f32, Dyn], y: Tensor[f32, Dyn]
 ) -> None:
-    """z = a*x + y"""
-    z.store(a * ct.load_tile_like(x, z) + ct.load_tile_like(y, z))
+    """z = a*x + y, rounded once (fma)"""
+    z.store(ct.fma(a, ct.load_tile_like(x, z), ct.load_tile_like(y, z)))
 
 
 def _check(name: str, *tensors: Tensor[Any, Any]) -> tuple[int, ...]:
@@ -50,7 +50,7 @@ def add(x: Tensor[f32, Dyn], y: Tensor[f32, Dyn]) -> Tensor[f32, Dyn]:
 
 
 def saxpy(a: float, x: Tensor[f32, Dyn], y: Tensor[f32, Dyn]) -> Tensor[f32, Dyn]:
-    """`a*x + y` as a new tensor; `x` and `y` stay usable."""
+    """`a*x + y` (rounded once, as one fma) as a new tensor; `x` and `y` stay usable."""
     shape = _check("saxpy", x, y)
     z, _, _, _ = saxpy_kernel(empty_partition(shape, f32, (TILE,)), float(a), x, y).sync()
     result: Tensor[f32, Dyn] = z.unpartition()

@@ -61,6 +61,12 @@ GPUS = (Gpu("H100", 132, 1.755, 3.0), Gpu("H200", 132, 1.755, 4.3))
 ISSUE_EFFICIENCY = 0.8
 
 
+#: Issue 19's budget: at most this many times Triton's SASS instructions per element, and
+#: this many times the ideal bytes.
+INSTR_BUDGET = 1.15
+BYTES_BUDGET = 1.05
+
+
 def estimate(gpu: Gpu, instr_per_elem: float, bytes_per_elem: float) -> float:
     """Fraction of copy bandwidth: the time to move the bytes at copy bandwidth over the
     larger of that and the time to issue the instructions (lanes of 32-thread warps, 4
@@ -203,9 +209,23 @@ def _f(v: float | int | None, fmt: str) -> str:
     return "n/a" if v is None else format(v, fmt)
 
 
+def over_budget(r: Row) -> list[str]:
+    """What of issue 19's budget row `r` exceeds: "instructions" (over `INSTR_BUDGET` times
+    Triton's, where Triton's count is known) and "bytes" (over `BYTES_BUDGET` times the
+    ideal); "unmeasured" where ours has no count."""
+    out = []
+    if r.instr is None or r.bytes_ratio is None:
+        out.append("unmeasured")
+    if r.instr is not None and r.triton and r.instr > INSTR_BUDGET * r.triton:
+        out.append("instructions")
+    if r.bytes_ratio is not None and r.bytes_ratio > BYTES_BUDGET:
+        out.append("bytes")
+    return out
+
+
 def table(rows: list[Row]) -> list[str]:
     head = ["kernel", "instr/elem ours", "Triton", "ours/Triton", "registers", "spill B",
-            "bytes/ideal", *(f"est. % copy BW {g.name}" for g in GPUS)]  # fmt: skip
+            "bytes/ideal", *(f"est. % copy BW {g.name}" for g in GPUS), "budget"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         ratio = r.instr / r.triton if r.instr is not None and r.triton else None
@@ -223,6 +243,7 @@ def table(rows: list[Row]) -> list[str]:
             _f(r.spills, "d"),
             _f(r.bytes_ratio, ".2f"),
             *est,
+            "OVER: " + ", ".join(over) if (over := over_budget(r)) else "ok",
         ]
         lines.append("| " + " | ".join(cells) + " |")  # fmt: skip
     return lines
@@ -259,10 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         "bytes at "
         + ", ".join(f"{g.name} {g.copy_tb_s} TB/s" for g in GPUS)
         + f" against the SASS issued by 132 SMs x 4 schedulers at {GPUS[0].clock_ghz} GHz and "
-        f"{ISSUE_EFFICIENCY:.0%} issue efficiency.",
+        f"{ISSUE_EFFICIENCY:.0%} issue efficiency. budget: at most {INSTR_BUDGET}x Triton's "
+        f"instructions per element and {BYTES_BUDGET}x the ideal bytes (issue 19).",
         "",
         *table(rows),
     ]
+    over = [r.name for r in rows if over_budget(r)]
+    text += ["", f"Over budget: {', '.join(over)}." if over else "Every row is within budget."]
     print("\n".join(text))
     if args.out is not None:
         args.out.write_text("\n".join(text) + "\n")

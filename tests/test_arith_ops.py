@@ -480,3 +480,31 @@ def test_ptx_assembles_without_spills(sm: int, name: str) -> None:
         report = assemble(kernel.ptx(*args, args[1], target=f"sm_{sm}"), ct.Target(sm))
         assert report.cubin
         assert report.spill_stores == 0 and report.spill_loads == 0, report.info_log
+
+
+# -- 1 / x under fast_math ------------------------------------------------------------------
+@ct.kernel(fast_math=True)
+def recip_fast(
+    z: Mut[Tensor[f32, B]], w: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], y: Tensor[f32, Dyn]
+) -> None:
+    t = ct.load_tile_like(x, z)
+    z.store(1.0 / t)
+    w.store(ct.load_tile_like(y, w) / t)
+
+
+def test_fast_reciprocal_is_one_rcp(rng: np.random.Generator) -> None:
+    """`1.0 / x` in a fast_math kernel is rcp.approx.ftz alone (div.approx.ftz's expansion by
+    ptxas adds a flushing FADD to the MUFU.RCP); any other numerator stays div.approx."""
+    n = 3001
+    spec = ct.PartitionSpec((n,), (1024,))
+    ptx = recip_fast.ptx(spec, spec, ct.TensorSpec((n,)), ct.TensorSpec((n,)))
+    assert ptx.count("rcp.approx.ftz.f32") == 4 and ptx.count("div.approx.ftz.f32") == 4, ptx
+    xs = (rng.uniform(0.5, 4.0, n) * rng.choice([-1.0, 1.0], n)).astype(np.float32)
+    ys = rng.standard_normal(n).astype(np.float32)
+    z, w, _, _ = recip_fast(
+        ct.empty((n,)).partition(1024), ct.empty((n,)).partition(1024),
+        ct.from_numpy(xs), ct.from_numpy(ys),
+    ).sync()  # fmt: skip
+    # The simulator's .approx results are correctly rounded.
+    np.testing.assert_array_equal(z.unpartition().to_numpy(), np.float32(1.0) / xs)
+    np.testing.assert_array_equal(w.unpartition().to_numpy(), ys / xs)

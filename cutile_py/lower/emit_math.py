@@ -445,6 +445,12 @@ def emit_div(fb: FunctionBuilder, a: Reg, b: Reg, *, fast: bool) -> Reg:
     return _f(fb, "div.approx.ftz.f32" if fast else "div.rn.f32", a, b)
 
 
+def emit_recip_fast(fb: FunctionBuilder, b: Reg) -> Reg:
+    """1 / b under fast_math: rcp.approx.ftz (max 1 ulp, PTX ISA), one MUFU.RCP. The same
+    value as div.approx.ftz(1, b), whose expansion by ptxas adds a flushing FADD."""
+    return _f(fb, "rcp.approx.ftz.f32", b)
+
+
 def _exponent(fb: FunctionBuilder, v: Reg) -> Reg:
     """floor(log2 v) as s32 for positive finite v, subnormals included (scaled by 2^24 first
     so that the exponent field holds it)."""

@@ -291,11 +291,14 @@ class Emitter(EmitContext):
     def op_binary(self, op: o.BinaryOp) -> None:
         dt, fb, kind = op.result.type.dtype, self.fb, op.kind
         fast = self.kernel.fast_math
+        recip = fast and kind == "div" and self.constant_value(op.operands[0]) == 1.0
 
         def one(a: Reg, b: Reg) -> Reg:
             if dt.is_float():
                 af, bf = self.widen(a, dt), self.widen(b, dt)
-                if kind in emit_math.BINARY:
+                if recip:
+                    r = emit_math.emit_recip_fast(fb, bf)
+                elif kind in emit_math.BINARY:
                     r = emit_math.BINARY[kind](fb, af, bf, fast=fast)
                 elif kind in F32_BINARY:
                     r = fb.reg("f32")
@@ -314,6 +317,13 @@ class Emitter(EmitContext):
             return r
 
         self.elementwise(op, one)
+
+    def constant_value(self, v: o.Value) -> int | float | bool | None:
+        """The value of a constant, or of a broadcast of one; None for anything else."""
+        op = self.uses.producer(v)
+        while isinstance(op, o.BroadcastOp):
+            op = self.uses.producer(op.operands[0])
+        return op.value if isinstance(op, o.ConstantOp) else None
 
     def int_divmod(self, kind: str, a: Reg, b: Reg, dt: type[DType]) -> Reg:
         """Python's floor division and modulo (sign of the divisor); 0 for a zero divisor."""
