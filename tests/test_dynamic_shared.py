@@ -263,11 +263,11 @@ def test_target_capability_flags() -> None:
         80: (True, True, False, False),
         86: (True, True, False, False),
         89: (True, True, False, False),
-        90: (True, True, False, True),
+        90: (True, True, True, True),
         100: (True, True, False, True),
     }
     t = Target(90)
     assert (t.max_registers_per_thread, t.max_registers_per_block) == (255, 65536)
     assert t.describe() == (
-        "sm_90 [mma_sync cp_async tma] shared 232448 B, registers 255/thread 65536/block"
+        "sm_90 [mma_sync cp_async wgmma tma] shared 232448 B, registers 255/thread 65536/block"
     )

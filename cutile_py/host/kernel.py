@@ -259,9 +259,10 @@ def parse_target(target: Target | str | int | None) -> Target | None:
     if target is None or isinstance(target, Target):
         return target
     if isinstance(target, str):
-        name = target.removeprefix("sm_")
+        # "sm_90a" names the arch-specific variant, which Target(90) may already emit.
+        name = target.removeprefix("sm_").removesuffix("a")
         if not name.isdigit():
-            raise ValueError(f"target must look like 'sm_90', got {target!r}")
+            raise ValueError(f"target must look like 'sm_90' or 'sm_90a', got {target!r}")
         return Target(int(name))
     return Target(int(target))
 
