@@ -154,6 +154,17 @@ class Target:
         return base
 
 
+def parse_target(text: str | int, what: str = "target") -> Target:
+    """The Target that `text` names: 'sm_90', 'sm_90a' (its arch-specific variant, which
+    Target(90) may already emit), '90' or 90. Unknown names raise a ValueError naming `what`."""
+    name = str(text).strip()
+    digits = name.removeprefix("sm_").removesuffix("a")
+    if not digits.isdigit() or int(digits) not in MIN_PTX_FOR_SM:
+        known = ", ".join(f"sm_{sm}" for sm in sorted(MIN_PTX_FOR_SM))
+        raise ValueError(f"{what}: {text!r} is not a known target; name one of {known} or sm_90a")
+    return Target(int(digits))
+
+
 @dataclass(frozen=True)
 class SmLimits:
     """What one SM holds at once, for occupancy: the CUDA C++ Programming Guide's "Technical
