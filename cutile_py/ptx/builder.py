@@ -79,6 +79,8 @@ class FunctionBuilder:
     labels: int = 0
     #: Bytes of the block's shared-memory array `smem` (0: none declared).
     shared_bytes: int = 0
+    #: Its alignment (wgmma's swizzled operand tiles need 1024 bytes).
+    shared_align: int = 16
 
     def reg(self, ptype: str) -> Reg:
         self.counts[ptype] += 1
@@ -113,7 +115,7 @@ class FunctionBuilder:
         params = ",\n".join(f"\t.param .{t} {n}" for n, t in self.params)
         decls = [f"\t.reg .{t} %{REG_PREFIX[t]}<{n + 1}>;" for t, n in self.counts.items() if n]
         if self.shared_bytes and not self.dynamic_shared:
-            decls.append(f"\t.shared .align 16 .b8 smem[{self.shared_bytes}];")
+            decls.append(f"\t.shared .align {self.shared_align} .b8 smem[{self.shared_bytes}];")
         return (
             f".visible .entry {self.name}(\n{params}\n)\n{{\n"
             + "\n".join(decls + self.body)
@@ -142,6 +144,8 @@ class ModuleBuilder:
             f".version {major}.{minor}\n.target {self.target.ptx_target(features)}\n"
             ".address_size 64\n\n"
         )
-        if any(f.dynamic_shared for f in self.functions):
-            head += EXTERN_SMEM + "\n\n"
+        dynamic = [f for f in self.functions if f.dynamic_shared]
+        if dynamic:
+            align = max(f.shared_align for f in dynamic)
+            head += EXTERN_SMEM.replace(".align 16", f".align {align}") + "\n\n"
         return head + "\n".join(f.render() for f in self.functions)
