@@ -207,7 +207,8 @@ GEMM_SPEC = (
 def test_compiled_gemm_past_48k_uses_dynamic_shared(sm: int) -> None:
     deep = make_gemm(4).compile(*GEMM_SPEC, target=Target(sm)).lowered
     assert deep.dynamic_shared > MAX_STATIC_SHARED
-    assert "\n.extern .shared .align 16 .b8 smem[];\n" in deep.ptx
+    align = 1024 if Target(sm).wgmma else 16  # wgmma's swizzled tiles: 1024-byte aligned
+    assert f"\n.extern .shared .align {align} .b8 smem[];\n" in deep.ptx
     shallow = make_gemm(2).compile(*GEMM_SPEC, target=Target(sm)).lowered
     assert shallow.dynamic_shared == 0 and ".extern" not in shallow.ptx
 
@@ -263,11 +264,11 @@ def test_target_capability_flags() -> None:
         80: (True, True, False, False),
         86: (True, True, False, False),
         89: (True, True, False, False),
-        90: (True, True, False, True),
+        90: (True, True, True, True),
         100: (True, True, False, True),
     }
     t = Target(90)
     assert (t.max_registers_per_thread, t.max_registers_per_block) == (255, 65536)
     assert t.describe() == (
-        "sm_90 [mma_sync cp_async tma] shared 232448 B, registers 255/thread 65536/block"
+        "sm_90 [mma_sync cp_async wgmma tma] shared 232448 B, registers 255/thread 65536/block"
     )

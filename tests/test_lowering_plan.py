@@ -113,7 +113,12 @@ def _printed(kernel: ir.Kernel, target: Target) -> str:
 
 @pytest.mark.parametrize(
     ("name", "make", "sm"),
-    [("gemm_sm80", gemm, 80), ("softmax_rows_sm90", softmax_rows, 90), ("flash_sm80", flash, 80)],
+    [
+        ("gemm_sm80", gemm, 80),
+        ("gemm_sm90", gemm, 90),
+        ("softmax_rows_sm90", softmax_rows, 90),
+        ("flash_sm80", flash, 80),
+    ],
 )
 def test_plan_matches_golden(name: str, make: object, sm: int) -> None:
     assert callable(make)

@@ -134,6 +134,8 @@ def disk_key(
         }
         if num_warps is not None:  # absent otherwise: earlier entries keep their keys
             parts["num_warps"] = num_warps
+        if target.wgmma:  # whether the lowering may emit sm_90a's wgmma
+            parts["wgmma"] = True
     except (Unstable, RecursionError):
         return None
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
@@ -149,6 +151,7 @@ def encode(lowered: LoweredKernel, ir_text: str) -> bytes:
         "block_threads": lowered.block_threads,
         "params": [[p.arg, p.what, p.axis, p.ptype] for p in lowered.params],
         "target": lowered.target.sm,
+        "arch_specific": lowered.target.arch_specific,
         "dynamic_shared": lowered.dynamic_shared,
         "ir_text": ir_text,
     }
@@ -164,8 +167,8 @@ def param_map(spec: Specialization) -> tuple[PtxParam, ...]:
 def mismatch(lowered: LoweredKernel, name: str, spec: Specialization, target: Target) -> str | None:
     """Why a lowered kernel read from disk is not one the compiler would have made for this
     kernel `name`, specialization and target (None if nothing says so)."""
-    if lowered.target.sm != target.sm:
-        return f"it was compiled for {lowered.target.name}, not {target.name}"
+    if lowered.target.sm != target.sm or lowered.target.wgmma != target.wgmma:
+        return f"it was compiled for {lowered.target.describe()}, not {target.describe()}"
     if lowered.entry != entry_name(name):
         return f"its entry is {lowered.entry!r}, not {entry_name(name)!r}"
     if lowered.params != param_map(spec):
@@ -192,7 +195,11 @@ def decode(payload: bytes) -> tuple[LoweredKernel, str] | None:
             if not (isinstance(what, str) and isinstance(ptype, str)):
                 return None
             params.append(PtxParam(arg, what, axis, ptype))
-        lowered = LoweredKernel(ptx, entry, threads, tuple(params), Target(sm), dynamic)
+        arch_specific = data.get("arch_specific", True)
+        if not isinstance(arch_specific, bool):
+            return None
+        target = Target(sm, arch_specific=arch_specific)
+        lowered = LoweredKernel(ptx, entry, threads, tuple(params), target, dynamic)
         return lowered, ir_text
     except (ValueError, TypeError, KeyError, RecursionError):
         return None

@@ -32,6 +32,7 @@ from cutile_py.ir import print_kernel
 from cutile_py.lower.emit_ptx import LoweringError
 from cutile_py.lower.pipeline import LoweredKernel, lower_kernel
 from cutile_py.ptx.target import Target
+from cutile_py.ptx.target import parse_target as parse_target_name
 from cutile_py.runtime.backend import Backend, LoadedKernel, PreparedLaunch, RuntimeFailure
 from cutile_py.runtime.disk_cache import default_cache
 from cutile_py.runtime.nvjitlink import (
@@ -258,12 +259,7 @@ STATS = CacheStats()
 def parse_target(target: Target | str | int | None) -> Target | None:
     if target is None or isinstance(target, Target):
         return target
-    if isinstance(target, str):
-        name = target.removeprefix("sm_")
-        if not name.isdigit():
-            raise ValueError(f"target must look like 'sm_90', got {target!r}")
-        return Target(int(name))
-    return Target(int(target))
+    return parse_target_name(target)
 
 
 class Kernel:

@@ -22,6 +22,7 @@ from types import MappingProxyType
 from cutile_py.ir import ops as o
 from cutile_py.lower.fragments import SharedTile, round_region
 from cutile_py.lower.plan_pipelines import PipelinePlan
+from cutile_py.lower.plan_wgmma import ALIGN
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,11 @@ def allocate_shared(kernel: o.Kernel, pipelines: Mapping[o.ForOp, PipelinePlan])
             plan = pipelines.get(op) if isinstance(op, o.ForOp) else None
             if plan is not None and plan.loads:
                 assert isinstance(op, o.ForOp)
+                # wgmma's swizzled tiles start on 1024-byte boundaries
+                start = -(-floor // ALIGN) * ALIGN if plan.wgmma else floor
                 size = plan.stages * plan.stage_bytes
-                regions.append(SharedRegion("ring", op, floor, size))
-                at = floor + size
+                regions.append(SharedRegion("ring", op, start, size))
+                at = start + size
                 for v, which, tile in plan.resident:
                     placed = replace(tile, offset=at)
                     regions.append(SharedRegion("resident", op, at, tile.nbytes, v, which, placed))

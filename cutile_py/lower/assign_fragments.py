@@ -34,6 +34,7 @@ from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import bf16, f16, f32, i32
 from cutile_py.ir.uses import DefUse, walk
 from cutile_py.lower.fragments import WarpGrid, warp_grid
+from cutile_py.lower.plan_wgmma import shapes_fit
 from cutile_py.ptx.target import Target
 
 WARP = 32
@@ -96,6 +97,8 @@ def find_families(kernel: o.Kernel, target: Target, uses: DefUse) -> list[Family
                 # from the previous iteration, the one link not followed backwards) stays
                 # blocked: each value belongs to one family.
                 if fam is not None and seen.isdisjoint(fam.kinds):
+                    # wgmma's accumulator is one warp per 16-row band (plan_wgmma).
+                    fam.wgmma = all(shapes_fit(m, target) for m in fam.mmas)
                     out.append(fam)
                     seen.update(fam.kinds)
     return out
@@ -137,6 +140,8 @@ class Family:
     kinds: dict[o.Value, str]
     mmas: list[o.MmaOp]
     a_fed: bool  # some mma takes its A operand from the family
+    #: Its mmas may lower to wgmma (types and shapes fit the target's).
+    wgmma: bool = False
 
     @property
     def m(self) -> int:
@@ -145,9 +150,9 @@ class Family:
 
     @property
     def one_band(self) -> bool:
-        """Held one warp per row band (wn = 1): it has row or column vectors, or feeds an
-        mma's A operand."""
-        return self.a_fed or any(k != "acc" for k in self.kinds.values())
+        """Held one warp per row band (wn = 1): it has row or column vectors, feeds an
+        mma's A operand, or may lower to wgmma."""
+        return self.wgmma or self.a_fed or any(k != "acc" for k in self.kinds.values())
 
 
 def _family(loop: o.ForOp, seed: o.MmaOp, uses: DefUse) -> Family | None:

@@ -336,7 +336,7 @@ def shared_addresses(
         ]
     per_chunk = CHUNK // tile.eb
     rows: dict[int, tuple[Reg, Reg]] = {}
-    cols: dict[int, tuple[Reg, Reg]] = {}
+    cols: dict[int, tuple[Reg, Reg, Reg | None]] = {}
     out = []
     for offs in heads:
         ro, co = offs[row_dim], offs[col_dim]
@@ -352,13 +352,20 @@ def shared_addresses(
             fb.ins("shr.u32", chunk, c, log2(per_chunk))
             fb.ins("and.b32", within, c, per_chunk - 1)
             fb.ins("shl.b32", within, within, log2(tile.eb))
-            cols[co] = (chunk, within)
+            panel = None
+            if tile.panels > 1:  # chunk ^ f keeps the panel: skip rows - 1 rows per panel
+                panel = fb.reg("b32")
+                fb.ins("shr.u32", panel, chunk, log2(tile.row_bytes // CHUNK))
+                fb.ins("mul.lo.u32", panel, panel, (tile.rows - 1) * tile.row_bytes)
+            cols[co] = (chunk, within, panel)
         base, f = rows[ro]
-        chunk, within = cols[co]
+        chunk, within, panel = cols[co]
         x = fb.reg("b32")
         fb.ins("xor.b32", x, chunk, f)
         fb.ins("shl.b32", x, x, log2(CHUNK))
         fb.ins("or.b32", x, x, within)
+        if panel is not None:
+            fb.ins("add.u32", x, x, panel)
         fb.ins("add.u32", x, x, base)
         out.append((offs, x, tile.offset))
     return out

@@ -60,6 +60,7 @@ def start(em: EmitContext, plan: PipelinePlan) -> LoopPipeline:
             em.shared.ring(plan.loop),
             em.shared.floor(plan.loop),
             [(r.value, r.which) for r in resident if r.value is not None],
+            async_reads=bool(plan.wgmma),
         )
     return LoopPipeline(em, plan.loop, dict(plan.carried), [], 1, plan.stage_bytes)
 
@@ -88,6 +89,9 @@ class LoopPipeline:
     step: Reg | None = None
     #: Affine loads' addressing, advanced in place.
     streams: dict[o.LoadOp, _Stream] = field(default_factory=dict)
+    #: wgmma reads the stages (through the async proxy): the copies that landed are made
+    #: visible to it before the barrier.
+    async_reads: bool = False
 
     # -- emission hooks (called by Emitter.op_for) ----------------------------------------
     def prologue(self, iv: Reg, step: Reg) -> None:
@@ -124,9 +128,11 @@ class LoopPipeline:
             self.em.barrier()  # every warp is done with the previous iteration's tiles
             self._issue(0, self.write)
             fb.ins("cp.async.wait_group", 0)
+            self._proxy_fence()
             self.em.barrier()
         else:
             fb.ins("cp.async.wait_group", self.stages - 2)
+            self._proxy_fence()
             self.em.barrier()
             self._issue(self.stages - 1, self.write)
 
@@ -149,6 +155,10 @@ class LoopPipeline:
             del self.em.resident[key]
 
     # -- internals ------------------------------------------------------------------------
+    def _proxy_fence(self) -> None:
+        if self.async_reads:
+            self.em.fb.ins("fence.proxy.async.shared::cta")
+
     def _advance(self, r: Reg) -> None:
         fb = self.em.fb
         wrap = fb.reg("pred")

@@ -20,10 +20,10 @@ from cutile_py.lower import (
     emit_gather,
     emit_math,
     emit_memory,
-    emit_mma,
     emit_pipeline,
     emit_scan,
     emit_shared,
+    emit_wgmma,
 )
 from cutile_py.lower.context import EmitContext, TensorRegs
 from cutile_py.lower.errors import LoweringError
@@ -579,7 +579,7 @@ HANDLERS: dict[type[o.Op], Handler] = {
     o.AtomicOp: emit_gather.atomic,
     o.ScanOp: emit_scan.scan,
     # tensor cores
-    o.MmaOp: emit_mma.mma,
+    o.MmaOp: emit_wgmma.mma,  # wgmma where planned, else emit_mma.mma
 }
 
 #: Handlers of ops whose result is held in mma fragments (`assign_fragments`); element-wise

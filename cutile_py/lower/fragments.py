@@ -31,6 +31,9 @@ class SharedTile:
     With `xor_step` 2, f(r) = 2 (r // R) % S: then 4 consecutive rows at 2 adjacent chunks
     cover all 32 banks, as the word-wise tf32 fragment reads of a K-row tile need.
     Unswizzled tiles (the f32 accumulator stage) pad rows by `pad` elements instead.
+    With `panel` (columns per panel, 0: none) the tile is cols / panel tiles of rows x panel
+    one after the other, each swizzled on its own: wgmma's 128-byte swizzle takes rows of at
+    most 128 bytes (`plan_wgmma`).
     """
 
     offset: int
@@ -40,14 +43,20 @@ class SharedTile:
     swizzled: bool
     pad: int = 0
     xor_step: int = 1
+    panel: int = 0
 
     @property
     def row_bytes(self) -> int:
-        return (self.cols + self.pad) * self.eb
+        """Bytes from one row to the next (within a panel)."""
+        return (self.panel or self.cols + self.pad) * self.eb
 
     @property
     def nbytes(self) -> int:
-        return self.rows * self.row_bytes
+        return self.rows * (self.cols + self.pad) * self.eb
+
+    @property
+    def panels(self) -> int:
+        return self.cols // self.panel if self.panel else 1
 
     @property
     def xor_width(self) -> int:

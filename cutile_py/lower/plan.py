@@ -15,6 +15,7 @@ from types import MappingProxyType
 from cutile_py.ir import ops as o
 from cutile_py.ir.printer import value_names
 from cutile_py.ir.uses import DefUse, walk
+from cutile_py.lower import plan_wgmma
 from cutile_py.lower.allocate_shared import SharedPlan, allocate_shared
 from cutile_py.lower.assign_fragments import (
     FragmentPlan,
@@ -100,6 +101,7 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
         return names[loop.results[0]] if loop.results else names[loop.body.args[0]]
 
     pipes: list[str] = []
+    threads = plan.layouts.threads
     for p in plan.pipelines.values():
         loop = loop_name(p.loop)
         pipes.append(f"  for {loop}: stages={p.stages} stage_bytes={p.stage_bytes}")
@@ -108,6 +110,12 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
             for k, m in p.carried
         ]
         pipes += [f"    {_staged(sl, names, lay)}" for sl in p.loads]
+        held_in = {sl.operand: (sl.tile, sl.k_rows) for sl in p.loads}
+        pipes += [
+            f"    mma {names[m.result]}: "
+            + plan_wgmma.describe(m, (held_in[m.operands[0]], held_in[m.operands[1]]), threads)
+            for m in p.wgmma
+        ]
     lines = [
         f"plan of kernel {kernel.name} for {plan.target.describe()}",
         f"threads {plan.layouts.threads}",
@@ -147,4 +155,5 @@ def _staged(sl: StagedLoad, names: Mapping[o.Value, str], lay: Callable[[Layout]
         f"cp.async {names[sl.operand]} ({chain}): tile {t.rows}x{t.cols}x{t.eb}B at +{t.offset}"
         f" xor_step={t.xor_step} rows_along={'K' if sl.k_rows else 'MN'}, copy {lay(sl.copy)}, "
         f"index ops {index}{' (affine: advanced)' if sl.affine else ''}"
+        + (f", {t.panels} panels of {t.panel} columns" if t.panels > 1 else "")
     )

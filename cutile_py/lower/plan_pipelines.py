@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import bf16, f16, f32
 from cutile_py.ir.uses import DefUse
+from cutile_py.lower import plan_wgmma
 from cutile_py.lower.assign_fragments import FragmentPlan, no_fragments
 from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import SHARED_LIMIT, SharedTile, round_region
@@ -66,6 +67,9 @@ class PipelinePlan:
     #: mma operands defined before the loop: stored once, before it, into these tiles
     #: (placed by `allocate_shared`), instead of once per iteration.
     resident: tuple[tuple[o.Value, int, SharedTile], ...] = ()
+    #: The mmas lowered to wgmma (`plan_wgmma`): their operand tiles are wgmma layouts,
+    #: on 1024-byte boundaries.
+    wgmma: tuple[o.MmaOp, ...] = ()
 
     @property
     def footprint(self) -> int:
@@ -139,7 +143,15 @@ def plan_loop(cx: _Planning, loop: o.ForOp, outer: int) -> PipelinePlan | None:
     pairs = tuple(carried.items())
     if not loads:
         return PipelinePlan(loop, tuple(mmas), pairs, (), 1, 0)
-    return _place(cx, loop, pairs, loads, mmas, outer)
+    staged = {sl.operand: (sl.tile, sl.k_rows) for sl in loads}
+    wgmma = plan_wgmma.choose(cx.target, cx.layouts.threads, mmas, staged, cx.fragments.grids)
+    if wgmma:
+        ops = {v for m in wgmma for v in m.operands[:2]}
+        loads = [
+            replace(sl, tile=plan_wgmma.operand_tile(sl.tile)) if sl.operand in ops else sl
+            for sl in loads
+        ]
+    return _place(cx, loop, pairs, loads, mmas, outer, wgmma)
 
 
 def _staged_load(
@@ -273,13 +285,16 @@ def _place(
     loads: list[StagedLoad],
     mmas: list[o.MmaOp],
     outer: int,
+    wgmma: tuple[o.MmaOp, ...] = (),
 ) -> PipelinePlan:
     """Lay the stages out in shared memory and choose their number."""
     stage_bytes = 0
     placed = []
+    align = plan_wgmma.ALIGN if wgmma else 128
+    outer = -(-outer // align) * align  # where allocate_shared puts the ring
     for sl in loads:
         placed.append(replace(sl, tile=replace(sl.tile, offset=stage_bytes)))
-        stage_bytes += round_region(sl.tile.nbytes)
+        stage_bytes += -(-sl.tile.nbytes // align) * align
     staged = {sl.operand for sl in placed}
     # Operands the mmas store from registers themselves (a padded load, say) each need
     # a tile of their own after the stages.
@@ -333,7 +348,7 @@ def _place(
                 rows, cols = cols, rows
             resident.append((v, which, SharedTile(0, rows, cols, dt.itemsize(), True)))
     return PipelinePlan(
-        loop, tuple(mmas), carried, tuple(placed), stages, stage_bytes, tuple(resident)
+        loop, tuple(mmas), carried, tuple(placed), stages, stage_bytes, tuple(resident), wgmma
     )
 
 

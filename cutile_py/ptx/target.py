@@ -50,17 +50,28 @@ MAX_THREADS_PER_BLOCK = 1024
 #: The lowest `.version` for an instruction family, where it is higher than 7.0.
 MIN_PTX_FOR_FEATURE: dict[str, tuple[int, int]] = {
     "cvt.f32.bf16": (7, 1),  # widening bf16 with cvt (narrowing is 7.0)
+    "wgmma": (8, 0),  # with `.target sm_90a`, which needs 8.0 (NOTES-PTX.md)
 }
+#: Features that exist only on an architecture's arch-specific variant (`.target sm_90a`):
+#: a module using one is emitted for that variant, whose code runs on that exact
+#: architecture only (ptxas refuses `wgmma` on plain sm_90).
+ARCH_SPECIFIC_FEATURES = frozenset({"wgmma"})
 
 
 @dataclass(frozen=True)
 class Target:
-    """An SM architecture, e.g. `Target(80)` for sm_80 (A100) or `Target(90)` for sm_90 (H100)."""
+    """An SM architecture, e.g. `Target(80)` for sm_80 (A100) or `Target(90)` for sm_90 (H100).
+
+    `arch_specific` (default True) lets a kernel that needs the architecture's own
+    instructions (wgmma on sm_90) be emitted for its arch-specific variant (`.target sm_90a`),
+    as Triton does for compute capability 9.0; such PTX runs on that exact architecture only.
+    `Target(90, arch_specific=False)` keeps every module portable plain sm_90 (no wgmma)."""
 
     sm: int
     #: The device's opt-in shared memory per block in bytes, where a device was asked; None:
     #: the table's figure for `sm`.
     shared_optin: int | None = None
+    arch_specific: bool = True
 
     def __post_init__(self) -> None:
         if self.sm < 80:
@@ -95,9 +106,9 @@ class Target:
 
     @property
     def wgmma(self) -> bool:
-        """Warpgroup `wgmma.mma_async`: only on the arch-specific target sm_90a, which this
-        compiler does not emit; False on every target it accepts."""
-        return False
+        """Warpgroup `wgmma.mma_async`: sm_90 with `arch_specific` (emitted as sm_90a; later
+        architectures' arch-specific variants have no wgmma)."""
+        return self.sm == 90 and self.arch_specific
 
     @property
     def tma(self) -> bool:
@@ -126,12 +137,32 @@ class Target:
             f"{self.max_registers_per_block}/block"
         )
 
+    def ptx_target(self, features: frozenset[str] = frozenset()) -> str:
+        """The `.target` of a module using `features`: the arch-specific variant (sm_90a)
+        where one of them needs it, else the plain architecture."""
+        if features & ARCH_SPECIFIC_FEATURES:
+            if not self.arch_specific:
+                raise ValueError(f"{self.name} without arch_specific cannot use {features}")
+            return f"{self.name}a"
+        return self.name
+
     def ptx_version(self, features: frozenset[str] = frozenset()) -> tuple[int, int]:
         """The lowest PTX ISA version that this target and `features` allow."""
         base = MIN_PTX_FOR_SM[max(sm for sm in MIN_PTX_FOR_SM if sm <= self.sm)]
         for f in features:
             base = max(base, MIN_PTX_FOR_FEATURE.get(f, (7, 0)))
         return base
+
+
+def parse_target(text: str | int, what: str = "target") -> Target:
+    """The Target that `text` names: 'sm_90', 'sm_90a' (its arch-specific variant, which
+    Target(90) may already emit), '90' or 90. Unknown names raise a ValueError naming `what`."""
+    name = str(text).strip()
+    digits = name.removeprefix("sm_").removesuffix("a")
+    if not digits.isdigit() or int(digits) not in MIN_PTX_FOR_SM:
+        known = ", ".join(f"sm_{sm}" for sm in sorted(MIN_PTX_FOR_SM))
+        raise ValueError(f"{what}: {text!r} is not a known target; name one of {known} or sm_90a")
+    return Target(int(digits))
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 
+from cutile_py.ptx.target import Target, parse_target
 from cutile_py.runtime.backend import Backend, InterpretBackend
 
 BACKEND_NAMES = ("cuda", "sim", "interpret")
+#: Backends by key: the name, or "sim:sm_90" for a simulator of a target other than sm_80
+#: (each its own memory: tensors stay on the backend they were made on).
 _instances: dict[str, Backend] = {}
 _active: str | None = None
+#: What the simulator is, unless `set_backend("sim", target=...)` says otherwise.
+SIM_DEFAULT_TARGET = Target(80)
 
 
 def _create(name: str) -> Backend:
@@ -32,9 +37,33 @@ def _create(name: str) -> Backend:
 
 
 def get_backend(name: str) -> Backend:
+    """The backend of key `name` ("sim:sm_90" is a simulator of sm_90), made at first use."""
     if name not in _instances:
-        _instances[name] = _create(name)
+        base, _, target = name.partition(":")
+        if target:
+            from cutile_py.runtime.sim_backend import SimBackend
+
+            assert base == "sim", name
+            _instances[name] = SimBackend(parse_target(target))
+        else:
+            _instances[name] = _create(name)
     return _instances[name]
+
+
+def _key(name: str, target: Target | str | int | None) -> str:
+    """The instance key of `set_backend(name, target=target)`."""
+    if target is None:
+        return name
+    if name != "sim":
+        raise ValueError(
+            f"set_backend({name!r}, target={target!r}): only the 'sim' backend takes a "
+            "target (cuda compiles for its device; interpret runs no PTX)"
+        )
+    call = f"set_backend('sim', target={target!r})"
+    t = target if isinstance(target, Target) else parse_target(target, call)
+    if t != Target(t.sm):  # the instance key is the name: sm_90 stands for Target(90) alone
+        raise ValueError(f"{call}: only a plain Target(sm) or its name is simulated")
+    return "sim" if t == SIM_DEFAULT_TARGET else f"sim:{t.name}"
 
 
 def default_backend_name() -> str:
@@ -60,8 +89,13 @@ def active_backend() -> Backend:
     return get_backend(_active)
 
 
-def set_backend(name: str) -> None:
-    """Make `name` the active backend (tensors made before stay on theirs)."""
+def set_backend(name: str, *, target: Target | str | int | None = None) -> None:
+    """Make `name` the active backend (tensors made before stay on theirs). `target` (sim
+    only, e.g. "sm_90") is the device the simulator is: kernels compile for it, and its
+    limits (shared memory per block) apply; default sm_80."""
     global _active
-    get_backend(name)  # raises if unavailable
-    _active = name
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
+    key = _key(name, target)
+    get_backend(key)  # raises if unavailable
+    _active = key

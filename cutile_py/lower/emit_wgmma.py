@@ -1,0 +1,114 @@
+"""`mma` on Hopper's warpgroup tensor cores: `wgmma.mma_async` m64nNk16 with both operands
+read from the stage a cp.async pipeline filled, through matrix descriptors, and the
+accumulator in registers in the fragment layout that `plan_wgmma` describes.
+
+Per iteration: `wgmma.fence`; for each 16 of K, each 64-row block of the warpgroup and each
+256 columns of N, one `mma_async` with descriptors advanced by constants; `commit_group`;
+`wait_group 0` (the stage is refilled after the next barrier, so every read of it must be
+done). The pipeline puts `fence.proxy.async` between its cp.async wait and its barrier:
+cp.async writes through the generic proxy, wgmma reads through the async one.
+"""
+
+from __future__ import annotations
+
+from cutile_py.ir import ops as o
+from cutile_py.lower import emit_mma, plan_wgmma
+from cutile_py.lower.context import WARP, EmitContext
+from cutile_py.lower.fragments import SharedTile, log2
+from cutile_py.lower.plan_wgmma import GROUP_WARPS, K_STEP, M_BLOCK, MAX_N, Descriptor
+from cutile_py.ptx.builder import Reg, Vec
+
+
+def planned(em: EmitContext, op: o.MmaOp) -> bool:
+    """Whether the plan lowers `op` to wgmma."""
+    return any(op in p.wgmma for p in em.pipelines.values())
+
+
+def mma(em: EmitContext, op: o.MmaOp) -> None:
+    """`acc + a @ b`: with wgmma where the plan says so, else with mma.sync (`emit_mma`)."""
+    if not planned(em, op):
+        emit_mma.mma(em, op)
+        return
+    fb = em.fb
+    a, b, acc = op.operands
+    (m, k), n = a.type.shape, b.type.shape[1]
+    s = emit_mma.setup(em, op)
+    groups = em.plan.threads // WARP // GROUP_WARPS
+    em.features.add("wgmma")
+    fb.shared_align = max(fb.shared_align, plan_wgmma.ALIGN)
+    fb.comment(f"wgmma {a.type} @ {b.type} + {acc.type}: {groups} warpgroup(s)")
+    # wgmma accumulates in place: into copies, so that `acc` keeps its own registers.
+    frags = [
+        [[_copy(em, x) for x in c] for c in row] for row in emit_mma.acc_fragments(em, op, acc)
+    ]
+    (tile_a, fa, desc_a), (tile_b, fb_, desc_b) = (
+        _descriptor(em, a, M_BLOCK),
+        _descriptor(em, b, MAX_N),
+    )
+    # Warpgroup g multiplies the m64 blocks g, g + groups, ...: its A rows start 64 g down.
+    group, offset = fb.reg("b32"), fb.reg("b64")
+    fb.ins("shr.u32", group, s.lane.wm, log2(GROUP_WARPS))
+    fb.ins("mul.wide.u32", offset, group, fa.mn_step >> 4)
+    fb.ins("add.s64", desc_a, desc_a, offset)
+    scale_d = fb.reg("pred")
+    fb.ins("setp.eq.u32", scale_d, 0, 0)  # D = A @ B + D: the accumulator is read
+    dt = a.type.dtype.name
+    fb.ins("wgmma.fence.sync.aligned")
+    assert all(sm.valid is None for sm in s.slots_m) and m % (M_BLOCK * groups) == 0
+    for ks in range(k // K_STEP):
+        ka = plan_wgmma.k_offset(tile_a, fa, ks * K_STEP)
+        kb = plan_wgmma.k_offset(tile_b, fb_, ks * K_STEP)
+        for si in range(len(s.slots_m)):
+            da = _advanced(em, desc_a, ka + si * groups * fa.mn_step)
+            for c, n0 in enumerate(range(0, n, MAX_N)):
+                width = min(MAX_N, n - n0)
+                db = _advanced(em, desc_b, kb + c * fb_.mn_step)
+                d = [x for j in range(n0 // 8, (n0 + width) // 8) for x in frags[si][j]]
+                fb.ins(
+                    f"wgmma.mma_async.sync.aligned.m64n{width}k{K_STEP}.f32.{dt}.{dt}",
+                    Vec(tuple(d)),
+                    da,
+                    db,
+                    scale_d,
+                    1,
+                    1,
+                    int(fa.mn_major),  # imm-trans-a: A's rows along K
+                    int(fb_.mn_major),
+                )
+    fb.ins("wgmma.commit_group.sync.aligned")
+    fb.ins("wgmma.wait_group.sync.aligned", 0)
+    assert op.result in em.fragment_values
+    em.define(op.result, [x for row in frags for c in row for x in c])
+
+
+def _copy(em: EmitContext, x: Reg) -> Reg:
+    r = em.fb.reg("f32")
+    em.fb.ins("mov.f32", r, x)
+    return r
+
+
+def _descriptor(em: EmitContext, v: o.Value, block: int) -> tuple[SharedTile, Descriptor, Reg]:
+    """The staged tile of operand `v`, its descriptor layout, and the descriptor of its start
+    in the stage this iteration reads (start address >> 4 in bits 0-13, the constant fields
+    above)."""
+    fb = em.fb
+    tile, k_rows, stage = em.staged[v]
+    d = plan_wgmma.descriptor(tile, k_rows, block)
+    assert em.smem is not None
+    addr, lo, desc = fb.reg("b32"), fb.reg("b32"), fb.reg("b64")
+    fb.ins("add.u32", addr, em.smem, stage)
+    fb.ins("add.u32", addr, addr, tile.offset)
+    fb.ins("bfe.u32", lo, addr, 4, 14)
+    fb.ins("cvt.u64.u32", desc, lo)
+    fb.ins("or.b64", desc, desc, d.high)
+    return tile, d, desc
+
+
+def _advanced(em: EmitContext, desc: Reg, nbytes: int) -> Reg:
+    """`desc` with its start address `nbytes` further (a multiple of 16)."""
+    if not nbytes:
+        return desc
+    assert nbytes % 16 == 0
+    r = em.fb.reg("b64")
+    em.fb.ins("add.s64", r, desc, nbytes >> 4)
+    return r
