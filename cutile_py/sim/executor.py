@@ -436,7 +436,9 @@ def execute(
                             b.full, b.dense = full and mc == cnt, dense and mc == cnt
                             if barrier(b, st.instr, m, pc):
                                 entry[0] = pc + 1
-                                stop, stop_lanes, stop_pc = PARKED, m, pc
+                                nb = b.named_barriers
+                                assert nb is not None
+                                stop, stop_lanes, stop_pc = PARKED, m & nb.waiting, pc
                                 break
                         pc += 1
                 if stop:
@@ -569,8 +571,15 @@ def _describe(b: Batch, p: Path, steps: list[Step]) -> str:
 
 def barrier(b: Batch, ins: Instruction, m: np.ndarray, pc: int = -1) -> bool:
     """`bar.sync` / `barrier.sync` / `bar.arrive` / `bar.red` by lanes `m` at step `pc`;
-    True if they must wait for threads that have not arrived (see `named_barriers`)."""
-    ident, expected = barrier_operands(b, ins, m)
+    True if some must wait for threads that have not arrived (`b.named_barriers.waiting`)."""
+    park = False
+    for ident, expected, lanes in barrier_operands(b, ins, m):
+        park |= _arrive(b, ins, lanes, pc, ident, expected)
+    return park
+
+
+def _arrive(b: Batch, ins: Instruction, m: np.ndarray, pc: int, ident: int,
+            expected: int) -> bool:  # fmt: skip
     red = "red" in ins.modifiers
     nb = b.named_barriers
     if nb is None or ident not in nb.gens:

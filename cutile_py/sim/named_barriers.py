@@ -217,22 +217,32 @@ def named_of(b: Batch) -> NamedBarriers:
     return got
 
 
-def barrier_operands(b: Batch, ins: Instruction, m: np.ndarray) -> tuple[int, int]:
-    """(barrier id, threads expected; 0: the whole block) of a barrier instruction."""
+def barrier_operands(
+    b: Batch, ins: Instruction, m: np.ndarray
+) -> list[tuple[int, int, np.ndarray]]:
+    """(barrier id, threads expected (0: the whole block), lanes) for each barrier the lanes
+    `m` of a barrier instruction name (warps may name different ids in one step)."""
     red = "red" in ins.modifiers
     ops = ins.operands[1:] if red else ins.operands
-    ident = _uniform(b, ins, ops[0], m, "barrier id") if ops else 0
-    if not 0 <= ident < COUNT:
-        b.fail(f"barrier id {ident} is not in 0..{COUNT - 1}")
-    expected = 0
-    if len(ops) > (2 if red else 1):
-        n = _uniform(b, ins, ops[1], m, "thread count")
-        if n != b.per_block and n != b.threads:
-            if n <= 0 or n % WARP or n > b.per_block:
-                b.fail(f"barrier thread count {n}: give a multiple of {WARP} up to the "
-                       f"block's {b.threads} threads")  # fmt: skip
-            expected = n
-    return ident, expected
+    if not ops or isinstance(ops[0], Imm):
+        groups = [(int(ops[0].value) if ops else 0, m)]  # type: ignore[union-attr]
+    else:
+        ids = b.read(ops[0], "u32")
+        groups = [(int(v), m & (ids == v)) for v in np.unique(ids[m])]
+    out = []
+    for ident, lanes in groups:
+        if not 0 <= ident < COUNT:
+            b.fail(f"barrier id {ident} is not in 0..{COUNT - 1}", lanes)
+        expected = 0
+        if len(ops) > (2 if red else 1):
+            n = _uniform(b, ins, ops[1], lanes, "thread count")
+            if n != b.per_block and n != b.threads:
+                if n <= 0 or n % WARP or n > b.per_block:
+                    b.fail(f"barrier thread count {n}: give a multiple of {WARP} up to the "
+                           f"block's {b.threads} threads", lanes)  # fmt: skip
+                expected = n
+        out.append((ident, expected, lanes))
+    return out
 
 
 def _uniform(b: Batch, ins: Instruction, op: object, m: np.ndarray, what: str) -> int:
@@ -240,5 +250,5 @@ def _uniform(b: Batch, ins: Instruction, op: object, m: np.ndarray, what: str) -
         return int(op.value)
     vals = b.read(op, "u32")[m]  # type: ignore[arg-type]
     if vals.size and (vals != vals[0]).any():
-        b.fail(f"the {what} of {ins.opcode} differs between the threads that execute it")
+        b.fail(f"the {what} of {ins.opcode} differs between threads that name one barrier", m)
     return int(vals[0]) if vals.size else 0
