@@ -208,29 +208,32 @@ SPIN:
 
 
 def test_spinning_on_a_flag_another_block_sets() -> None:
-    """Set by a block of an earlier batch, the flag ends the spin; in the same batch the
-    spinning side of the branch runs first, so the setter never runs: an endless loop on the
-    simulator, reported as one with the reason."""
+    """Set by a block of an earlier batch, or of the same batch (the spinning warps stop and
+    the setter runs, as warps are scheduled independently), the flag ends the spin; set by a
+    block of a later batch it cannot: an endless loop on the simulator, reported with the
+    reason."""
     sim = Sim()
     flag_addr, flag = sim.buffer(np.zeros(1, dtype=np.uint32))
     out_addr, out = sim.buffer(np.zeros(3, dtype=np.uint32))
     params: list[tuple[str, int | float]] = [("u64", flag_addr), ("u64", out_addr)]
     # (A flag handed between blocks with plain stores is a global-memory race to the race
     # check, rightly: it is off here, where the loop rule is under test.)
-    sim.launch(
-        HANDOFF, "handoff", (3, 1, 1), (32, 1, 1), params, max_batch_lanes=32, race_check=False
-    )
-    np.testing.assert_array_equal(out, [0, 7, 7])
+    for lanes in (32, 96):
+        flag[0], out[:] = 0, 0
+        sim.launch(HANDOFF, "handoff", (3, 1, 1), (32, 1, 1), params, max_batch_lanes=lanes,
+                   race_check=False)  # fmt: skip
+        np.testing.assert_array_equal(out, [0, 7, 7])
     flag[0], out[:] = 0, 0
+    last_sets = HANDOFF.replace("setp.ne.u32 %p1, %r1, 0;", "setp.ne.u32 %p1, %r1, 2;")
     with pytest.raises(SimError) as info:
         sim.launch(
-            HANDOFF, "handoff", (3, 1, 1), (32, 1, 1), params, max_steps=1_000_000,
-            race_check=False,
+            last_sets, "handoff", (3, 1, 1), (32, 1, 1), params, max_steps=1_000_000,
+            race_check=False, max_batch_lanes=32,
         )  # fmt: skip
     msg = str(info.value)
     spin = line_of(HANDOFF, "ld.volatile")
-    assert f"endless loop (PTX lines {spin}-{spin + 2}): warp 0 of block (1, 0, 0)" in msg
-    assert "waits forever if that thread runs later" in msg
+    assert f"endless loop (PTX lines {spin}-{spin + 2}): warp 0 of block (0, 0, 0)" in msg
+    assert "no other thread of its batch of blocks can run" in msg
     assert flag[0] == 0
 
 

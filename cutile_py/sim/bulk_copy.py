@@ -1,6 +1,7 @@
 """`cp.async.bulk.tensor` (the Tensor Memory Accelerator, PTX ISA §9.7.9.25): boxes of a
 tensor copied between global and shared memory, described by a tensor map
-(`cutile_py.sim.tensor_map`).
+(`cutile_py.sim.tensor_map`); and `cp.async.bulk` (§9.7.9.24), contiguous bytes, which
+land and complete as the tensor forms do.
 
 A load (global → shared) reads global memory when it is issued (a bad tensor map or box is
 reported at its line) and lands in shared memory when a thread of the block tests or waits
@@ -47,13 +48,14 @@ def swizzle(offs: np.ndarray, span: int) -> np.ndarray:
 
 
 def make_bulk(ins: Instruction, prog: Program) -> Handler:
-    """`cp.async.bulk.tensor.{1..5}d` loads and stores, `cp.async.bulk.commit_group` and
-    `wait_group{.read}`, and `cp.async.bulk.prefetch.tensor` (a hint)."""
+    """`cp.async.bulk.tensor.{1..5}d` loads and stores, their non-tensor forms (contiguous
+    bytes), `cp.async.bulk.commit_group` and `wait_group{.read}`, and
+    `cp.async.bulk.prefetch{.tensor}` (a hint)."""
     mods = ins.modifiers
     if "commit_group" in mods or "wait_group" in mods or "prefetch" in mods:
         return lambda b: None  # stores completed when issued; prefetches are hints
     if "tensor" not in mods:
-        raise unsupported(ins, "only the tensor forms of cp.async.bulk are supported")
+        return _make_plain(ins)
     rank = next((int(m[0]) for m in mods if len(m) == 2 and m[1] == "d" and m[0] in "12345"), 0)
     if not rank:
         raise unsupported(ins, "cp.async.bulk.tensor needs .1d to .5d")
@@ -83,6 +85,70 @@ def _tensor_operand(ins: Instruction, k: int, rank: int) -> tuple[Operand, tuple
             raise unsupported(ins, f"a .{rank}d copy needs {rank} coordinates")
         return op.items[0], op.items[1].items
     raise unsupported(ins, f"operand {k + 1} must be `[tensorMap, {{coordinates}}]`")
+
+
+def _make_plain(ins: Instruction) -> Handler:
+    """`cp.async.bulk.shared::{cta,cluster}.global.mbarrier::complete_tx::bytes [dst], [src],
+    size, [mbar]` and `cp.async.bulk.global.shared::cta.bulk_group [dst], [src], size`:
+    `size` contiguous bytes (a multiple of 16, both addresses 16-byte aligned)."""
+    mods = ins.modifiers
+    if any(m.startswith(("multicast", "cp_mask", "L2::cache_hint")) for m in mods):
+        raise unsupported(ins, "multicast, byte masks and cache hints are not supported")
+    spaces = [m for m in mods if m.split("::")[0] in ("global", "shared")]
+    if len(spaces) != 2 or len(ins.operands) < 3:
+        raise unsupported(ins, "cp.async.bulk names its destination and source spaces")
+    dst, src, size = _address(ins, 0), _address(ins, 1), ins.operands[2]
+    store = spaces[0] == "global"
+    if store and "bulk_group" not in mods:
+        raise unsupported(ins, "a bulk store completes through .bulk_group")
+    if not store and (
+        spaces[0] not in ("shared::cta", "shared::cluster")
+        or "mbarrier::complete_tx::bytes" not in mods
+        or len(ins.operands) < 4
+    ):
+        raise unsupported(ins, "a bulk load goes to shared memory and signals a barrier "
+                          "(mbarrier::complete_tx::bytes)")  # fmt: skip
+    mbar = None if store else _address(ins, 3)
+
+    def run(b: Batch) -> None:
+        lanes = b.active()
+        if not lanes.size:
+            return
+        sizes = b.read(size, "u32")[lanes].astype(np.int64)
+        shared_op, global_op = (src, dst) if store else (dst, src)
+        soffs = b.addresses(shared_op, lanes, False)
+        gaddrs = b.addresses(global_op, lanes, True)
+        bad = (sizes % 16 != 0) | (soffs % np.uint64(16) != 0) | (gaddrs % np.uint64(16) != 0)
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise MemoryFault(int(lanes[k]), f"bulk copy of {int(sizes[k])} bytes between "
+                              f"{int(gaddrs[k]):#x} and shared {int(soffs[k]):#x}: size and "
+                              "addresses must be multiples of 16")  # fmt: skip
+        bars = None if mbar is None else shared_offsets(b, ins, mbar, lanes)
+        for i, lane in enumerate(lanes.tolist()):
+            n = int(sizes[i])
+            if not n:
+                continue
+            who = np.full(n, lane, dtype=np.int64)
+            at = np.uint64(gaddrs[i]) + np.arange(n, dtype=np.uint64)
+            one = np.full(1, lane, dtype=np.int64)
+            base = b.shared.flat(one, b.slot[one], soffs[i : i + 1], n, "bulk copy")
+            flat = (int(base[0]) + np.arange(n)).astype(np.intp)
+            if store:
+                data = b.shared.data[flat].copy()
+                b.glob.store(who, at, 1, data[:, None])
+                if b.global_races is not None:
+                    b.global_races.access(b.instr, who, at, 1, True, data[:, None])
+            else:
+                assert bars is not None
+                data = b.glob.load(who, at, 1, 1)[:, 0].copy()
+                if b.global_races is not None:
+                    b.global_races.access(b.instr, who, at, 1, False)
+                bar = int(b.slot[lane]) * b.shared.stride + int(bars[i])
+                barriers_of(b).pending.append(Delivery(bar, n, _lander(b, flat, data)))
+        b.writes += 1
+
+    return run
 
 
 def _maps(b: Batch, tmap: Operand, lanes: np.ndarray) -> list[TensorMap]:

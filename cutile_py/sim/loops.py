@@ -8,7 +8,9 @@ writes here). The executor calls `LoopWatch.check` at every `CHECK_EVERY`-th uni
 backward branch; each back-edge keeps one snapshot, moved forward at its 1st, 2nd, 4th, 8th...
 check (Brent's cycle finding, so loops whose state cycles with a period above 1 are found
 too) and retaken after any write or clock read. A snapshot holds references, not copies:
-register arrays are never changed in place, so taking one costs a dict copy.
+register arrays are never changed in place, so taking one costs a dict copy. Lanes whose
+state repeats are stopped (the executor runs its other paths, which may set what they wait
+for); only where nothing else can run is the loop reported (`LoopWatch.report`).
 
 A loop that writes memory in every iteration is never reported here, even when it writes the
 same bytes: the step limit (`executor.step_limit`) is left to end it.
@@ -54,19 +56,22 @@ class LoopWatch:
         self.steps = steps
         self._snaps: dict[int, _Snapshot] = {}
 
-    def check(self, pc: int, stack: Stack, mask: np.ndarray, step: int) -> None:
+    def check(self, pc: int, stack: Stack, mask: np.ndarray, step: int) -> int:
         """At backward branch `pc`, taken by every lane in `mask` (the running lanes) after
-        `step` instruction steps: SimError if the batch's state repeats a snapshot."""
+        `step` instruction steps: the steps since the snapshot whose state the batch repeats
+        (`report` makes the error), else 0."""
         b = self.b
         snap = self._snaps.get(pc)
         if snap is None or snap.writes != b.writes or snap.clock_reads != b.clock_reads:
             self._snaps[pc] = self._take(stack, mask, step, 1)
-            return
+            return 0
         snap.checks += 1
         if self._same(snap, stack, mask):
-            raise self._report(pc, mask, step - snap.step)
+            del self._snaps[pc]  # the lanes stop here: others run before they come back
+            return max(step - snap.step, 1)
         if snap.checks & (snap.checks - 1) == 0:
             self._snaps[pc] = self._take(stack, mask, step, snap.checks)
+        return 0
 
     def _take(self, stack: Stack, mask: np.ndarray, step: int, checks: int) -> _Snapshot:
         b = self.b
@@ -98,7 +103,8 @@ class LoopWatch:
                 return False
         return True
 
-    def _report(self, pc: int, mask: np.ndarray, apart: int) -> SimError:
+    def report(self, pc: int, mask: np.ndarray, apart: int) -> SimError:
+        """The error for lanes `mask` that came back to back-edge `pc` in one state."""
         b = self.b
         st = self.steps[pc]
         head = self.steps[st.target].instr.line
@@ -113,10 +119,10 @@ class LoopWatch:
             f"an endless loop (PTX {lines}): {where}{with_others} came back to this backward "
             f"branch in the same state {apart} instruction steps later (the same registers, "
             "predicates, pending branches and running threads) with no memory written and no "
-            "clock read in between, so it can never exit. A thread waiting here for a flag "
-            "that another thread sets waits forever if that thread runs later on the "
-            "simulator, which runs one side of a divergent branch to its end before the other "
-            "and batches of blocks one after another",
+            "clock read in between, and no other thread of its batch of blocks can run, so it can "
+            "never exit. A thread waiting here for a flag that another thread sets waits "
+            "forever if that thread runs later on the simulator, which runs batches of blocks "
+            "one after another",
             lane,
             st.instr,
         )

@@ -284,7 +284,12 @@ def _make_wait(ins: Instruction) -> Handler:
                                "mbarrier.arrive returned")  # fmt: skip
             want = (token & np.uint64(1)).astype(np.int64)
         done = np.zeros(b.n, dtype=bool)
-        done[lanes] = parity != want  # the phase of that parity has completed
+        passed = parity != want  # the phase of that parity has completed
+        done[lanes] = passed
         b.write(dest, "pred", done)
+        failed = not passed.any()
+        b.wait_failed = failed
+        if failed:
+            b.failed_wait = (int(lanes[0]), int(flat[0]) % b.shared.stride, int(want[0]))
 
     return run

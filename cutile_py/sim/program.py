@@ -49,7 +49,9 @@ Handler = Callable[["Batch"], None]
 #: Decodes one instruction into its handler, once, at load (SimError for forms it lacks).
 Factory = Callable[[Instruction, "Program"], Handler]
 
-NORMAL, BRANCH, EXIT, BARRIER = range(4)
+#: WAIT: an `mbarrier.test_wait` / `try_wait`, run like NORMAL; where it fails for every lane
+#: that runs it, the executor may run other paths before it tries again.
+NORMAL, BRANCH, EXIT, BARRIER, WAIT = range(5)
 
 
 def default_instructions() -> Mapping[str, Semantics]:
@@ -68,7 +70,7 @@ def default_instructions() -> Mapping[str, Semantics]:
 class Step:
     kind: int
     instr: Instruction
-    run: Handler | None  # NORMAL steps only
+    run: Handler | None  # NORMAL and WAIT steps only
     guard: str | None
     negated: bool
     own: bool = False  # run by the executor's own handler (not register semantics)
@@ -223,7 +225,7 @@ class Program:
                     step.target = branch_target(ins, fn.labels)
                     step.back = step.target <= pc
                     step.reconv = cfg.ipdom[block_of[pc]]
-                elif kind == NORMAL:
+                elif kind in (NORMAL, WAIT):
                     decode = table.get(ins.opcode)
                     if decode is None:
                         raise unsupported(ins, f"the simulator does not implement `{ins.opcode}`")
@@ -306,7 +308,7 @@ def executor_owned(ins: Instruction) -> bool:
 
 
 def control_kind(ins: Instruction) -> int:
-    """NORMAL, BRANCH, EXIT or BARRIER; SimError for control forms not supported."""
+    """NORMAL, BRANCH, EXIT, BARRIER or WAIT; SimError for control forms not supported."""
     op = ins.opcode
     if op == "bra":
         return BRANCH
@@ -316,9 +318,11 @@ def control_kind(ins: Instruction) -> int:
         mods = ins.modifiers
         if "warp" in mods:
             return NORMAL
-        if "cluster" in mods or "arrive" in mods:
+        if "cluster" in mods:
             raise unsupported(ins, f"{op}.{'.'.join(mods)} is not supported")
         return BARRIER
+    if op == "mbarrier" and ("test_wait" in ins.modifiers or "try_wait" in ins.modifiers):
+        return WAIT
     return NORMAL
 
 

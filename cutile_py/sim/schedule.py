@@ -57,6 +57,10 @@ class Schedule:
         out: np.ndarray = np.argsort(rank[which], kind="stable")
         return out
 
+    def pick(self, n: int) -> int:
+        """Which of `n` groups of threads that may run runs next (the first by default)."""
+        return 0 if self._rng is None else int(self._rng.integers(n))
+
 
 def _env_int(name: str) -> int | None:
     text = os.environ.get(name, "").strip()

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from cutile_py.sim.async_copy import AsyncCopies
     from cutile_py.sim.global_races import GlobalRaces
     from cutile_py.sim.mbarrier import Barriers
+    from cutile_py.sim.named_barriers import NamedBarriers
     from cutile_py.sim.program import Program
     from cutile_py.sim.schedule import Schedule
     from cutile_py.sim.wgmma import Wgmma
@@ -90,6 +91,11 @@ class Batch(Lanes):
                                  program.local_size, None)  # fmt: skip
         self.async_copies: AsyncCopies | None = None  # made by the first cp.async
         self.barriers: Barriers | None = None  # made by the first bulk tensor load
+        self.named_barriers: NamedBarriers | None = None  # made by the first partial arrival
+        #: Set by an `mbarrier` wait: whether it failed for every lane that ran it, and
+        #: (lane, shared offset, parity waited for) of the first such lane.
+        self.wait_failed = False
+        self.failed_wait: tuple[int, int, int] = (0, 0, 0)
         self.wgmma: Wgmma | None = None  # made by the first wgmma
         #: The launch's global-memory race detector (None: not checking).
         self.global_races: GlobalRaces | None = None

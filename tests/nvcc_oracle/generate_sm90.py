@@ -1,0 +1,36 @@
+"""Compile `warp_specialized.cu` to PTX for sm_90a with nvcc, into `warp_specialized.ptx`
+(committed).
+
+Dev-only: nvcc is no dependency of cutile_py; the simulator tests read the committed PTX.
+
+    python tests/nvcc_oracle/generate_sm90.py [path/to/nvcc]
+
+The PTX starts with a comment naming the nvcc release and the command that made it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+ARCH = "sm_90a"  # setmaxnreg needs the architecture-specific target
+
+
+def main() -> None:
+    nvcc = sys.argv[1] if len(sys.argv) > 1 else "nvcc"
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True)
+    release = next(line for line in version.stdout.splitlines() if "release" in line).strip()
+    out = HERE / "warp_specialized.ptx"
+    src = HERE / "warp_specialized.cu"
+    subprocess.run([nvcc, "-ptx", f"-arch={ARCH}", "-o", str(out), str(src)], check=True)
+    head = (
+        f"// nvcc: {release}\n"
+        f"// made by: nvcc -ptx -arch={ARCH} warp_specialized.cu (generate_sm90.py)\n"
+    )
+    out.write_text(head + out.read_text())
+
+
+if __name__ == "__main__":
+    main()
