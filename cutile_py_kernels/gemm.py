@@ -21,7 +21,7 @@ One = TypeVar("One")
 #: The output dtype as the annotations name it: f32 for mypy; the factory rebinds it.
 Out = f32
 
-_made: dict[tuple[str, str, bool, bool, int], Any] = {}
+_made: dict[tuple[str, str, bool, bool, int, int | None], Any] = {}
 
 
 def _gemm_kernel(
@@ -30,17 +30,23 @@ def _gemm_kernel(
     trans_b: bool,
     batched: bool,
     stages: int = autotune.STAGES,
+    num_warps: int | None = None,
 ) -> Any:
     """The kernel for inputs `dt`, output `odt`, B as (K, N) or (N, K), 2-D or batched,
     its operand loads pipelined `stages` deep."""
-    key = (dt.name, odt.name, trans_b, batched, stages)
+    key = (dt.name, odt.name, trans_b, batched, stages, num_warps)
     if key not in _made:
-        _made[key] = _make(dt, odt, trans_b, batched, stages)
+        _made[key] = _make(dt, odt, trans_b, batched, stages, num_warps)
     return _made[key]
 
 
 def _make(
-    dt: type[ct.DType], odt: type[ct.DType], trans_b: bool, batched: bool, stages: int
+    dt: type[ct.DType],
+    odt: type[ct.DType],
+    trans_b: bool,
+    batched: bool,
+    stages: int,
+    num_warps: int | None,
 ) -> Any:
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841 (named by the annotations below)
@@ -58,7 +64,7 @@ def _make(
             t = ct.load(b, (kk, j), (bk, bn))
         return t
 
-    @ct.kernel(stages=stages)
+    @ct.kernel(stages=stages, num_warps=num_warps)
     def gemm_kernel(
         c: Mut[Tensor[Out, BM, BN]],
         a: Tensor[Elem, Dyn, Dyn],
@@ -82,7 +88,7 @@ def _make(
             t = ct.load(b, (ct.bid(0), kk, j), (1, bk, bn)).reshape((bk, bn))
         return t
 
-    @ct.kernel(stages=stages)
+    @ct.kernel(stages=stages, num_warps=num_warps)
     def bmm_kernel(
         c: Mut[Tensor[Out, One, BM, BN]],
         a: Tensor[Elem, Dyn, Dyn, Dyn],

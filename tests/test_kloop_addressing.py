@@ -88,3 +88,50 @@ def test_other_loads_recompute_their_addresses() -> None:
     body = _loop_body(2)
     assert "add.s64" not in body
     assert re.search(r"mad\.lo\.u64", body)
+
+
+def _issue_section(body: str) -> str:
+    """The loop body from its top to the commit of the copies it issues."""
+    return body[: body.index("cp.async.commit_group")]
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_affine_copies_compute_only_what_varies(order: int) -> None:
+    """Per iteration an affine tile's copies add the stage to a shared address computed
+    before the loop (no swizzle arithmetic: xor, shifts, masks, multiplies) and check the
+    bounds of the dim that varies only (one compare per copy and one tile-index check
+    per tile, not those of M and N again)."""
+    issue = _issue_section(_loop_body(order))
+    copies = issue.count("cp.async.cg.shared.global")
+    assert copies == 2
+    assert not re.search(r"\b(xor|shl|shr|and)\.b32|mad\.lo\.u32|mul\.lo", issue), issue
+    assert len(re.findall(r"\bsetp\.", issue)) == 2 * copies + 1  # + the loop's exit test
+
+
+def test_wide_tiles_copy_few_rows_per_thread() -> None:
+    """A B tile 256 columns wide (512 bytes a row): each row of copying threads covers 128
+    bytes, so a thread's copies of a row are one address and immediates 128 bytes apart,
+    and the thread copies 2 rows of the 64 rather than 8; the product stays exact."""
+    ct.set_backend("sim")
+    a = ct.empty((256, 256), f16)
+    c = ct.empty((256, 256), f32).partition((128, 256))
+    ptx = gemm_order.ptx(c, a, a, 64, 0, target=80)
+    top = re.search(r"^\$__loop_\d+:$", ptx, re.M)
+    assert top is not None
+    issue = _issue_section(ptx[top.end() :])
+    b_copies = re.findall(r"cp\.async\.cg\.shared\.global \[(%r\d+)\+?(\d*)\], \[(%rd\d+)", issue)
+    assert len(b_copies) == 4 + 8  # A 128x64, B 64x256 over 256 threads
+    rows = {src for _, _, src in b_copies[4:]}
+    assert len(rows) == 2, b_copies
+    assert len(re.findall(r"mad\.wide\.u32", issue)) == 3 + 1  # A: 3 further rows, B: 1
+
+
+def test_wide_tiles_match_numpy_on_sim(rng: np.random.Generator) -> None:
+    ct.set_backend("sim")
+    m, n, k = 130, 250, 136
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((k, n)).astype(np.float16)
+    c = ct.full((m, n), np.nan, f32)
+    (cp, *_) = gemm_order(c.partition((128, 256)), ct.from_numpy(a), ct.from_numpy(b), 64, 0).sync()
+    got = cp.unpartition().to_numpy()
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), atol=2e-3)

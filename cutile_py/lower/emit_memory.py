@@ -40,9 +40,10 @@ class Access:
         size = dtype.itemsize()
         # Uniform: the tile origin, whether the tile index is sane, the elements left.
         tile_ok: Reg | None = None
-        #: How the uniform index checks were made, to redo them in place (`advance`).
+        #: How the uniform index checks were made, to redo them (`tile_ok_along`).
         self.checks: list[tuple[Reg, Reg, int]] = []
-        self.ands: list[tuple[Reg, Reg, Reg]] = []
+        self.dim_ok: list[Reg] = []  # per dim: its tile index is sane
+        self.dims = t.dims
         origin: list[Reg] = []
         for i in range(rank):
             ok = fb.reg("pred")
@@ -61,12 +62,8 @@ class Access:
                 fb.ins("setp.le.u32", ok, index[i], bound)
                 fb.ins("mul.lo.u32", g, index[i], shape[i])
                 self.checks.append((ok, index[i], bound))
-            if tile_ok is None:
-                tile_ok = ok
-            else:
-                both = em.and_(tile_ok, ok)
-                self.ands.append((both, tile_ok, ok))
-                tile_ok = both
+            self.dim_ok.append(ok)
+            tile_ok = ok if tile_ok is None else em.and_(tile_ok, ok)
             origin.append(g)
         # Per thread: its coordinate, the elements left past it, and its row address.
         left: list[Reg] = []
@@ -115,23 +112,55 @@ class Access:
         if contiguous and dtype is not bool_:
             self.width = max(1, min(lay.base.vec, 16 // size, p.align))
 
-    def advance(self, deltas: list[Reg], step_bytes: Reg) -> None:
+    def advance(self, deltas: list[Reg], step_bytes: Reg, varying: tuple[bool, ...]) -> None:
         """Move this access by one step, in place, once the caller has advanced the index
         registers it was made from: `deltas[i]` is the change of the tile's origin along dim
-        i (in elements), `step_bytes` that of its address. The tile-index checks are made
-        again into their own registers, so code emitted once reads the current step."""
+        i (in elements; 0, and skipped, where `varying[i]` is False), `step_bytes` that of
+        its address. The tile-index checks of the new step are `tile_ok_along(...,
+        recheck=True)`."""
         fb = self.em.fb
         for i, d in enumerate(deltas):
-            fb.ins("sub.s32", self.left[i], self.left[i], d)
-        for ok, idx, bound in self.checks:
-            fb.ins("setp.le.u32", ok, idx, bound)
-        for both, a, b in self.ands:
-            fb.ins("and.pred", both, a, b)
+            if varying[i]:
+                fb.ins("sub.s32", self.left[i], self.left[i], d)
         fb.ins("add.s64", self.addr, self.addr, step_bytes)
         # Row addresses and edge predicates are made again where used: as cheap as
         # advancing them, and not live (registers, predicates) across the loop.
         self.rows.clear()
         self.inside.clear()
+
+    def tile_ok_along(self, dims: list[bool], recheck: bool = False) -> Reg | None:
+        """Whether the tile index is sane along the dims marked in `dims` (None: no dim
+        marked); with `recheck`, those checks are made again from the current index."""
+        pred: Reg | None = None
+        fb = self.em.fb
+        for i, on in enumerate(dims):
+            if not on:
+                continue
+            ok = self.dim_ok[i]
+            if recheck:
+                check = next(c for c in self.checks if c[0] is ok)
+                ok = fb.reg("pred")
+                fb.ins("setp.le.u32", ok, check[1], check[2])
+            pred = self.em.conj(pred, ok)
+        return pred
+
+    def vectors_static(self) -> list[dict[int, int]]:
+        """The static offsets of each vector `vectors` makes, in its order (nothing emitted)."""
+        regs = self.lay.registers()
+        return [regs[k] for k in range(0, len(regs), self.width)]
+
+    def row_address_wide(self, outer: tuple[int, ...]) -> Reg:
+        """`row_address(outer)`; a row offset along the next-to-last dim alone is one
+        32 x 32 -> 64-bit multiply-add (the last dim's extent times a constant)."""
+        if not any(outer) or any(outer[:-1]) or self.rank < 2:
+            return self.row_address(outer)
+        if outer not in self.rows:
+            r = self.em.fb.reg("b64")
+            self.em.fb.ins(
+                "mad.wide.u32", r, self.dims[self.rank - 1], outer[-1] * self.size, self.addr
+            )
+            self.rows[outer] = r
+        return self.rows[outer]
 
     def in_bounds(self, i: int, off: int) -> Reg:
         """Element `off` past this thread's coordinate along dim i lies inside the tensor."""

@@ -30,7 +30,7 @@ from cutile_py.lower import emit_mma
 from cutile_py.lower.allocate_shared import SharedRegion
 from cutile_py.lower.context import EmitContext
 from cutile_py.lower.emit_memory import Access
-from cutile_py.lower.fragments import Operand
+from cutile_py.lower.fragments import CHUNK, Operand
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad
 from cutile_py.ptx.builder import Addr, Reg
 
@@ -176,15 +176,17 @@ class LoopPipeline:
             iv = fb.reg("b32")
             fb.ins("mad.lo.s32", iv, self.step, ahead, self.iv)
         assert em.smem is not None
-        base = fb.reg("b32")
-        fb.ins("add.u32", base, em.smem, stage)
+        base: Reg | None = None
         for sl in self.loads:
             stream = self.streams.get(sl.load)
             if stream is None:
+                if base is None:
+                    base = fb.reg("b32")
+                    fb.ins("add.u32", base, em.smem, stage)
                 _copy(em, sl, _access(em, sl, _index_at(em, self.loop, sl, iv)), base)
             else:
-                _copy(em, sl, stream.access, base)
-                stream.advance(em)
+                stream.copy(em, sl, stage)
+                stream.advance(em, sl.varying)
         fb.ins("cp.async.commit_group")
 
     def _streams(self) -> None:
@@ -220,7 +222,9 @@ class LoopPipeline:
                     fb.ins("mad.lo.s64", step_bytes, wide, access.size, step_bytes)
                 else:
                     fb.ins("mad.lo.s64", step_bytes, wide, stride, step_bytes)
-            self.streams[sl.load] = _Stream(access, index, steps, deltas, step_bytes)
+            self.streams[sl.load] = _Stream(
+                access, index, steps, deltas, step_bytes, _hoisted_copy(em, sl, access)
+            )
 
 
 def _index_at(em: EmitContext, loop: o.ForOp, sl: StagedLoad, iv: Reg) -> list[Reg]:
@@ -233,20 +237,121 @@ def _index_at(em: EmitContext, loop: o.ForOp, sl: StagedLoad, iv: Reg) -> list[R
 
 
 @dataclass
+class _Chunk:
+    """One cp.async of a thread, as an affine load issues it every iteration."""
+
+    row: tuple[int, ...]  # static offsets along the dims before the last (its row address)
+    col: int  # byte offset along the last dim
+    group: int  # index of its shared address register in `_Hoisted.groups`
+    imm: int  # byte offset from that register
+    fixed: Reg | None  # in bounds along the dims that do not vary (None: always)
+    varying: tuple[tuple[int, int], ...]  # (dim, static offset) checked every iteration
+    issue: Reg | None  # made at all: inside the tile, by the thread owning the copy
+
+
+@dataclass
+class _Hoisted:
+    """What an affine load's copies compute once, before the loop: the shared addresses
+    (shared base + thread offset, without the stage), grouped so that copies whose swizzle
+    agrees share one register; and the bounds along dims whose index does not vary."""
+
+    groups: list[Reg]
+    chunks: list[_Chunk]
+
+
+def _hoisted_copy(em: EmitContext, sl: StagedLoad, access: Access) -> _Hoisted:
+    row_dim, col_dim = (d for d in sl.copy.dims if d is not None)
+    width = sl.copy.base.vec
+    assert access.width == width and em.smem is not None
+    tile = sl.tile
+    smem = emit_mma.shared_addresses(em, em.smem, tile, sl.copy, row_dim, col_dim, width)
+    # Rows a swizzle period apart share their XOR, and so do columns a multiple of the XOR
+    # width of chunks apart (the XOR never carries past it): one register for all of them,
+    # immediates between them.
+    period = tile.rows_per_step * tile.xor_width if tile.swizzled else 1
+    span = tile.xor_width * CHUNK // tile.eb if tile.swizzled else 1
+    first: dict[tuple[int, int], tuple[int, int, int]] = {}  # key -> group, row, col
+    groups: list[Reg] = []
+    fixed: dict[tuple[tuple[int, int], ...], Reg | None] = {}
+    owner = em.owner(sl.copy)
+    chunks = []
+    varies = sl.varying
+    for (_, reg, imm), offs in zip(smem, access.vectors_static(), strict=True):
+        ro, co = offs[row_dim], offs[col_dim]
+        key = (co % span, ro % period)
+        if key not in first:
+            first[key] = (len(groups), ro, co)
+            groups.append(reg)
+        group, ro0, co0 = first[key]
+        static = [offs[d] if d is not None else 0 for d in sl.copy.dims]
+        inv = tuple((i, off) for i, off in enumerate(static) if not varies[i])
+        if inv not in fixed:
+            pred = access.tile_ok_along([not v for v in varies])
+            for i, off in inv:
+                pred = em.conj(pred, access.in_bounds(i, off))
+            fixed[inv] = pred
+        chunks.append(
+            _Chunk(
+                tuple(static[:-1]),
+                static[-1] * access.size,
+                group,
+                imm + (ro - ro0) * tile.row_bytes + (co - co0) * tile.eb,
+                fixed[inv],
+                tuple((i, off) for i, off in enumerate(static) if varies[i]),
+                em.conj(em.valid(sl.copy, offs), owner),
+            )
+        )
+    return _Hoisted(groups, chunks)
+
+
+@dataclass
 class _Stream:
     """The addressing of an affine staged load for the next iteration it issues, advanced in
-    place after each issue instead of recomputed."""
+    place after each issue instead of recomputed: per iteration one 64-bit add for the tile,
+    one multiply-add per further row of a thread, one add per shared address register and
+    the bounds checks along the dims that vary."""
 
     access: Access
     index: list[Reg]  # the index, owned here
     steps: list[Reg]  # its change per iteration
     deltas: list[Reg]  # the tile origin's change per iteration, in elements
     step_bytes: Reg  # the address change per iteration
+    hoisted: _Hoisted
 
-    def advance(self, em: EmitContext) -> None:
-        for i, d in zip(self.index, self.steps):
-            em.fb.ins("add.s32", i, i, d)
-        self.access.advance(self.deltas, self.step_bytes)
+    def copy(self, em: EmitContext, sl: StagedLoad, stage: Reg) -> None:
+        """Issue this iteration's copies into the stage at byte offset `stage`."""
+        fb, acc = em.fb, self.access
+        varies = sl.varying
+        dsts = []
+        for g in self.hoisted.groups:
+            d = fb.reg("b32")
+            fb.ins("add.u32", d, g, stage)
+            dsts.append(d)
+        ok = acc.tile_ok_along(list(varies), recheck=True)
+        rows: dict[tuple[int, ...], Reg] = {}
+        dt = sl.load.result.type.dtype
+        nbytes = sl.copy.base.vec * dt.itemsize()
+        level = "cg" if nbytes == 16 else "ca"
+        for ch in self.hoisted.chunks:
+            if ch.row not in rows:
+                rows[ch.row] = acc.row_address_wide(ch.row)
+            inside = em.conj(ok, ch.fixed)
+            for i, off in ch.varying:
+                inside = em.conj(inside, acc.in_bounds(i, off))
+            dst, src = Addr(dsts[ch.group], ch.imm), Addr(rows[ch.row], ch.col)
+            op = f"cp.async.{level}.shared.global"
+            if inside is None:
+                fb.ins(op, dst, src, nbytes, pred=ch.issue)
+            else:
+                size = fb.reg("b32")
+                fb.ins("selp.u32", size, nbytes, 0, inside)
+                fb.ins(op, dst, src, nbytes, size, pred=ch.issue)
+
+    def advance(self, em: EmitContext, varying: tuple[bool, ...]) -> None:
+        for i, d, v in zip(self.index, self.steps, varying):
+            if v:
+                em.fb.ins("add.s32", i, i, d)
+        self.access.advance(self.deltas, self.step_bytes, varying)
 
 
 def _access(em: EmitContext, sl: StagedLoad, index: list[Reg]) -> Access:

@@ -15,7 +15,7 @@ from cutile_py.lower import plan_wgmma
 from cutile_py.lower.assign_fragments import FragmentPlan, no_fragments
 from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import SHARED_LIMIT, SharedTile, round_region
-from cutile_py.lower.layout import Layout, LayoutPlan, canonical_blocked
+from cutile_py.lower.layout import Blocked, Layout, LayoutPlan, canonical_blocked
 from cutile_py.ptx.target import Target
 
 #: Stages when the kernel does not say: as many as fit in 48 KiB, at most this many.
@@ -49,6 +49,9 @@ class StagedLoad:
     #: by loop invariants of the induction variable): its addresses are advanced, not
     #: recomputed.
     affine: bool = False
+    #: Per index: whether it changes from one iteration to the next (an affine load's
+    #: addressing along the other dims, bounds included, is computed once, before the loop).
+    varying: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -210,21 +213,41 @@ def _staged_load(
     index_ops = _index_ops(uses, loop, load)
     if index_ops is None:
         return None
-    base = canonical_blocked((rows, cols), eb, cx.layouts.threads, max_vec=width)
+    base = _copy_blocked(rows, cols, eb, cx.layouts.threads, width)
     if base.vec != width:
         return None
     copy = Layout(base, tuple(None if s == 1 else big.index(i) for i, s in enumerate(shape)))
     tile = SharedTile(0, rows, cols, eb, True, xor_step=2 if k_rows and dt is f32 else 1)
     chain.reverse()
-    affine = _affine(loop, load, index_ops)
+    kinds = _index_kinds(loop, load, index_ops)
+    affine = None not in kinds
+    varying = tuple(k != "inv" for k in kinds)
     return StagedLoad(
-        load, tuple(chain), mma.operands[which], k_rows, tile, copy, index_ops, affine
+        load, tuple(chain), mma.operands[which], k_rows, tile, copy, index_ops, affine, varying
     )
 
 
-def _affine(loop: o.ForOp, load: o.LoadOp, index_ops: tuple[o.Op, ...]) -> bool:
-    """Whether each index of `load` is the induction variable under additions, subtractions
-    and multiplications by loop invariants (exact in 32-bit wrapping arithmetic too)."""
+#: Bytes of a tile row that one row of copying threads covers at most: a full 128-byte line
+#: per row and instruction (coalesced), and a thread's chunks of a row 128 bytes apart, so
+#: that it copies few rows (one address each) of a wide tile.
+COPY_ROW_BYTES = 128
+
+
+def _copy_blocked(rows: int, cols: int, eb: int, threads: int, width: int) -> Blocked:
+    """How the block's threads split the copy of a rows x cols tile in `width`-element
+    chunks: the coalesced layout, with at most `COPY_ROW_BYTES` per row of threads where
+    the tile has the rows to keep every thread busy."""
+    base = canonical_blocked((rows, cols), eb, threads, max_vec=width)
+    line = max(1, COPY_ROW_BYTES // (base.vec * eb))
+    if base.threads[1] > 2 * line and rows * line >= threads:
+        base = Blocked(base.shape, base.vec, (threads // line, line), threads)
+    return base
+
+
+def _index_kinds(loop: o.ForOp, load: o.LoadOp, index_ops: tuple[o.Op, ...]) -> list[str | None]:
+    """Per index of `load`: "inv" (the same every iteration), "iv" (the induction variable
+    under additions, subtractions and multiplications by loop invariants: exact in 32-bit
+    wrapping arithmetic too) or None (neither)."""
     iv = loop.body.args[0]
     made = {op.result: op for op in index_ops}
     memo: dict[o.Value, str | None] = {}
@@ -249,7 +272,7 @@ def _affine(loop: o.ForOp, load: o.LoadOp, index_ops: tuple[o.Op, ...]) -> bool:
                 memo[v] = None
         return memo[v]
 
-    return all(kind(v) is not None for v in load.operands)
+    return [kind(v) for v in load.operands]
 
 
 def _in_body(uses: DefUse, loop: o.ForOp, v: o.Value) -> o.Op | None:
