@@ -25,6 +25,8 @@ class NullDriver:
         self._next_address = 1 << 32
         self._handles = itertools.count(1)
         self.calls = 0
+        #: The arguments of each cuTensorMapEncodeTiled call, in order.
+        self.tensor_maps: list[tuple[Any, ...]] = []
 
     def __getattr__(self, name: str) -> Any:
         real = getattr(self._real, name)
@@ -76,6 +78,12 @@ class NullDriver:
 
     def cuEventElapsedTime(self, start: Any, end: Any) -> tuple[Any, ...]:
         return (self._ok, 0.0)
+
+    def cuTensorMapEncodeTiled(self, *args: Any) -> tuple[Any, ...]:
+        """Recorded; the map is the bindings' own (zeroed) CUtensorMap, as a device has none."""
+        self.calls += 1
+        self.tensor_maps.append(args)
+        return (self._ok, self._real.CUtensorMap())
 
     def cuStreamIsCapturing(self, stream: Any) -> tuple[Any, ...]:
         status = self._real.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE

@@ -170,7 +170,7 @@ class RawKernelOp(DeviceOp):
             if isinstance(a, Tensor) and not any(h is a for h, _ in self._held):
                 self._held = [*self._held, take_hold(self, a, exclusive=True)]
 
-    def _launch_now(self) -> tuple[PreparedLaunch, list[int | float], list[Touch]]:
+    def _launch_now(self) -> tuple[PreparedLaunch, list[int | float | bytes], list[Touch]]:
         """The prepared launch, the parameter values and the memory it touches (hand-written
         PTX may write any tensor it is given)."""
         g = self.grid

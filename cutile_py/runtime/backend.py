@@ -43,7 +43,7 @@ class ParamValue:
     """One kernel parameter as `.param` declares it: PTX type (`u64`, `s32`, `f32`...) and value."""
 
     ptype: str
-    value: int | float
+    value: int | float | bytes  # bytes: an array parameter (a tensor map)
 
 
 #: Memory a launch reads or writes: (address, bytes, whether it writes). A backend with
@@ -295,6 +295,23 @@ class Backend(ABC):
 
     def load_kernel(self, ptx: str, name: str) -> LoadedKernel:
         raise RuntimeFailure(f"the {self.name} backend does not run PTX")
+
+    def tensor_map(
+        self,
+        dtype: int,
+        address: int,
+        dims: tuple[int, ...],
+        strides: tuple[int, ...],
+        box: tuple[int, ...],
+        swizzle: int,
+    ) -> bytes:
+        """The 128-byte tiled tensor map a kernel's `cp.async.bulk.tensor` reads, passed as a
+        `.param .align 64 .b8 [128]`. Arguments as `cuTensorMapEncodeTiled`'s: `dtype` a
+        `CUtensorMapDataType`, `dims` innermost first, `strides` the byte strides of
+        dimensions 1.., `box` the copied box, `swizzle` a `CUtensorMapSwizzle`; zero fill out
+        of bounds. One call, two encodings: the driver's (opaque) on cuda, the simulator's on
+        sim. ValueError names an argument that breaks the driver's documented rules."""
+        raise RuntimeFailure(f"the {self.name} backend has no tensor maps")
 
     def prepare(
         self,

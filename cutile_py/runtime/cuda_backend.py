@@ -328,7 +328,7 @@ class CudaPreparedLaunch(PreparedLaunch):
     def _queue(
         self,
         dev: _Device,
-        values: Sequence[int | float],
+        values: Sequence[int | float | bytes],
         stream: object | None,
         touches: LazyTouches,
         synchronize: bool = False,
@@ -400,7 +400,7 @@ class CudaPreparedLaunch(PreparedLaunch):
             ordering.stream_idle(on)
         return on
 
-    def capture(self, values: Sequence[int | float], stream: cu.Stream) -> None:
+    def capture(self, values: Sequence[int | float | bytes], stream: cu.Stream) -> None:
         """Queue the launch on `stream`, which is capturing a graph: no ordering and no
         timing (what the capture records is the launch alone); `ready()` came first."""
         params = cu.ParamBlock(self._ptypes)  # (once per capture: no spare taken)
@@ -422,7 +422,7 @@ class CudaPreparedLaunch(PreparedLaunch):
 
     def launch(
         self,
-        values: Sequence[int | float],
+        values: Sequence[int | float | bytes],
         stream: object | None = None,
         touches: Sequence[Touch] | None = None,
     ) -> Completion:
@@ -461,7 +461,7 @@ class CudaPreparedLaunch(PreparedLaunch):
 
     def launch_and_wait(
         self,
-        values: Sequence[int | float],
+        values: Sequence[int | float | bytes],
         stream: object | None = None,
         touches: LazyTouches = None,
     ) -> None:
@@ -739,6 +739,18 @@ class CudaBackend(Backend):
             self._ordering.record(dev.stream, ((buf.address, src.nbytes, True),))
         except cu.CudaDriverError as e:
             raise self._failure("uploading to the device", e) from e
+
+    def tensor_map(
+        self,
+        dtype: int,
+        address: int,
+        dims: tuple[int, ...],
+        strides: tuple[int, ...],
+        box: tuple[int, ...],
+        swizzle: int,
+    ) -> bytes:
+        """The driver's encoding (`cuTensorMapEncodeTiled`)."""
+        return cu.encode_tensor_map(dtype, address, dims, strides, box, swizzle)
 
     def download(self, buf: Buffer, nbytes: int) -> np.ndarray:
         if not isinstance(buf, _DEVICE_BUFFERS):

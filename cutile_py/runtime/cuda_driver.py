@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from cutile_py.sim.tensor_map import check_tiled
+
 #: Results that mean a kernel faulted on the device; they poison the context for good.
 DEVICE_FAULTS = frozenset(
     {
@@ -499,8 +501,14 @@ def pack_params(params: Sequence[tuple[str, int | float]]) -> KernelParams:
     return KernelParams(tuple(values))
 
 
-#: Each parameter's slot in a `ParamBlock`: 8 bytes (aligned for every scalar type), packed
-#: little-endian by `struct`, whose range checks reject what does not fit the type.
+#: The parameter type of a tensor map (what `Backend.tensor_map` makes): 128 bytes that the
+#: kernel declares `.param .align 64 .b8 name[128]`.
+TENSOR_MAP_PTYPE = "b8[128]"
+TENSOR_MAP_BYTES = 128
+
+#: Each parameter's slot in a `ParamBlock`: 8 bytes (aligned for every scalar type; a tensor
+#: map's 128), packed little-endian by `struct`, whose range checks reject what does not fit
+#: the type.
 _SLOT_FORMAT = {
     "u64": "Q",
     "s64": "q",
@@ -518,6 +526,8 @@ _SLOT_FORMAT = {
     "u8": "B7x",
     "s8": "b7x",
     "b8": "B7x",
+    # A tensor map (`.param .align 64 .b8 name[128]`): its 128 bytes as they are.
+    TENSOR_MAP_PTYPE: "128s",
 }
 
 
@@ -535,27 +545,41 @@ class ParamBlock:
         self._halves = tuple(
             (i, t == "bf16") for i, t in enumerate(self.ptypes) if t in ("f16", "bf16")
         )
-        #: No half-precision parameter: `struct.pack_into(slots, 0, *values)` is all of `pack`.
-        self.plain = not self._halves
+        # struct pads short bytes with zeros: a tensor map's length is checked here.
+        self._maps = tuple(i for i, t in enumerate(self.ptypes) if t == TENSOR_MAP_PTYPE)
+        #: No half-precision or tensor-map parameter: `struct.pack_into(slots, 0, *values)` is
+        #: all of `pack`.
+        self.plain = not self._halves and not self._maps
         fmt = "".join(_SLOT_FORMAT[t] for t in self.ptypes)
         self.struct = self._struct = struct.Struct("<" + fmt)
         n = len(self.ptypes)
-        self.slots = self._slots = ctypes.create_string_buffer(max(8 * n, 8))
+        offsets, at = [], 0
+        for t in self.ptypes:
+            offsets.append(at)
+            at += TENSOR_MAP_BYTES if t == TENSOR_MAP_PTYPE else 8
+        self.slots = self._slots = ctypes.create_string_buffer(max(at, 8))
         base = ctypes.addressof(self._slots)
-        self._pointers = (ctypes.c_void_p * max(n, 1))(*(base + 8 * i for i in range(n)))
+        self._pointers = (ctypes.c_void_p * max(n, 1))(*(base + off for off in offsets))
         #: What `launch_kernel_packed` passes: the address of the `void**` array (0: none).
         self.address = ctypes.addressof(self._pointers) if n else 0
 
-    def pack(self, values: Sequence[int | float]) -> None:
+    def pack(self, values: Sequence[int | float | bytes]) -> None:
         """Write `values`; TypeError / ValueError name the parameter that does not fit."""
         if self._halves:
             values = list(values)
             for i, brain in self._halves:
-                values[i] = _bf16_bits(float(values[i])) if brain else _f16_bits(values[i])
+                v = values[i]
+                if not isinstance(v, bytes):  # else struct reports the type
+                    values[i] = _bf16_bits(float(v)) if brain else _f16_bits(v)
+        for i in self._maps:
+            v = values[i]
+            if not isinstance(v, bytes) or len(v) != TENSOR_MAP_BYTES:
+                raise ValueError(f"parameter {i}: a tensor map takes 128 bytes, not {v!r}")
         try:
             self._struct.pack_into(self._slots, 0, *values)
         except (struct.error, TypeError, OverflowError):
-            pack_params(list(zip(self.ptypes, values)))  # raises the precise error
+            scalars = [(t, v) for t, v in zip(self.ptypes, values) if not isinstance(v, bytes)]
+            pack_params(scalars)  # raises the precise error
             raise
 
 
@@ -603,6 +627,43 @@ def launch_kernel(
         "cuLaunchKernel",
         _cu().cuLaunchKernel(function.raw, *grid, *block, shared_mem, stream.raw, kernel_params, 0),
     )
+
+
+# --- tensor maps ------------------------------------------------------------------------------
+
+
+def encode_tensor_map(
+    dtype: int,
+    address: int,
+    dims: tuple[int, ...],
+    strides: tuple[int, ...],
+    box: tuple[int, ...],
+    swizzle: int,
+) -> bytes:
+    """The driver's 128-byte tiled tensor map (`cuTensorMapEncodeTiled`, no interleave, no L2
+    promotion, zero out-of-bounds fill, element strides 1): arguments as
+    `cutile_py.sim.tensor_map.encode_tiled`'s, checked first by the rules cuda.h documents
+    (ValueError naming the argument) rather than left to a bare CUDA_ERROR_INVALID_VALUE."""
+    check_tiled(dtype, address, dims, strides, box, swizzle)
+    cu = _cu()
+    rank = len(dims)
+    tmap = _check(
+        "cuTensorMapEncodeTiled",
+        cu.cuTensorMapEncodeTiled(
+            cu.CUtensorMapDataType(dtype),
+            rank,
+            address,
+            list(dims),
+            list(strides),
+            list(box),
+            [1] * rank,
+            cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            cu.CUtensorMapSwizzle(swizzle),
+            cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE,
+            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        ),
+    )
+    return ctypes.string_at(int(tmap.getPtr()), TENSOR_MAP_BYTES)
 
 
 # --- graphs -----------------------------------------------------------------------------------

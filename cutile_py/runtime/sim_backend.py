@@ -37,6 +37,7 @@ from cutile_py.sim.counters import Measurement, measure
 from cutile_py.sim.executor import Options, Stats, check_launch, run
 from cutile_py.sim.memory import GlobalMemory
 from cutile_py.sim.program import ModuleGlobals, Program, Semantics
+from cutile_py.sim.tensor_map import encode_tiled
 
 
 def race_check_default() -> bool:
@@ -127,6 +128,19 @@ class SimBackend(Backend):
         if raw.size > buf.nbytes:
             raise ValueError(f"{raw.size} bytes do not fit a {buf.nbytes}-byte buffer")
         buf.bytes[: raw.size] = raw
+
+    def tensor_map(
+        self,
+        dtype: int,
+        address: int,
+        dims: tuple[int, ...],
+        strides: tuple[int, ...],
+        box: tuple[int, ...],
+        swizzle: int,
+    ) -> bytes:
+        """The simulator's own encoding (`sim.tensor_map.encode_tiled`), which its
+        `cp.async.bulk.tensor` decodes."""
+        return encode_tiled(dtype, address, dims, strides, box, swizzle)
 
     def download(self, buf: Buffer, nbytes: int) -> np.ndarray:
         if not isinstance(buf, HostBuffer):

@@ -389,7 +389,7 @@ def measure(
     grid: tuple[int, int, int],
     block: tuple[int, int, int],
     shared_mem: int,
-    params: Sequence[tuple[str, int | float]],
+    params: Sequence[tuple[str, int | float | bytes]],
     regions: Sequence[tuple[int, int]],
     max_blocks: int = 256,
     max_shared: int = MAX_SHARED,

@@ -81,7 +81,7 @@ _INTEGER = frozenset(f"{k}{w}" for k in "usb" for w in (8, 16, 32, 64))
 
 
 def launch_work(
-    memory: GlobalMemory, params: Sequence[tuple[str, int | float]], shared_bytes: int
+    memory: GlobalMemory, params: Sequence[tuple[str, int | float | bytes]], shared_bytes: int
 ) -> tuple[int, str]:
     """How much a launch can loop over, in 4-byte words and integers, and what it is made
     of (for the error): the allocations its pointer parameters point into, its shared
@@ -110,7 +110,7 @@ def launch_work(
 def step_limit(
     options: Options,
     memory: GlobalMemory,
-    params: Sequence[tuple[str, int | float]] = (),
+    params: Sequence[tuple[str, int | float | bytes]] = (),
     shared_bytes: int = 0,
 ) -> tuple[int, str]:
     """How many steps a batch may take (`UNLIMITED` for none), and where that number comes
@@ -188,7 +188,7 @@ def run(
     grid: tuple[int, int, int],
     block: tuple[int, int, int],
     shared_mem: int,
-    params: Sequence[tuple[str, int | float]],
+    params: Sequence[tuple[str, int | float | bytes]],
     options: Options | None = None,
     max_shared: int = MAX_SHARED,
 ) -> Stats:
@@ -229,7 +229,7 @@ def _run(
     grid: tuple[int, int, int],
     block: tuple[int, int, int],
     shared_mem: int,
-    params: Sequence[tuple[str, int | float]],
+    params: Sequence[tuple[str, int | float | bytes]],
     opts: Options,
     schedule: Schedule,
 ) -> Stats:

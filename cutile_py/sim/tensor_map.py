@@ -67,7 +67,7 @@ class TensorMap:
         return n
 
 
-def encode_tiled(
+def check_tiled(
     dtype: int,
     address: int,
     dims: tuple[int, ...],
@@ -76,13 +76,12 @@ def encode_tiled(
     swizzle: int = 0,
     nan_fill: bool = False,
     element_strides: tuple[int, ...] | None = None,
-) -> bytes:
-    """The 128 bytes of a tiled tensor map; arguments as `cuTensorMapEncodeTiled`'s: `dims`
-    innermost first, `strides` the byte strides of dimensions 1.. (rank - 1 of them), `box`
-    the box size per dimension, `swizzle` a `CUtensorMapSwizzle` value. ValueError names the
-    argument that breaks one of the driver's documented rules."""
+) -> None:
+    """Check `cuTensorMapEncodeTiled`'s arguments against the rules cuda.h documents for them
+    (the driver's own encoding and the simulator's both call this first): ValueError names
+    the argument that breaks one."""
     if dtype not in DATA_TYPES:
-        raise ValueError(f"tensorDataType {dtype} is not supported by the simulator")
+        raise ValueError(f"tensorDataType {dtype} is not supported (packed and sub-byte types)")
     name, esize = DATA_TYPES[dtype]
     rank = len(dims)
     if not 1 <= rank <= 5:
@@ -93,7 +92,7 @@ def encode_tiled(
             f"got {len(strides)} and {len(box)}"
         )
     if element_strides is not None and any(e != 1 for e in element_strides):
-        raise ValueError(f"elementStrides {element_strides}: the simulator supports only 1s")
+        raise ValueError(f"elementStrides {element_strides}: only 1s are supported")
     if address % 16:
         raise ValueError(f"globalAddress {address:#x} is not 16-byte aligned")
     for i, d in enumerate(dims):
@@ -121,6 +120,25 @@ def encode_tiled(
         raise ValueError(
             f"NaN out-of-bounds fill needs a floating-point tensorDataType, not {name}"
         )
+
+
+def encode_tiled(
+    dtype: int,
+    address: int,
+    dims: tuple[int, ...],
+    strides: tuple[int, ...],
+    box: tuple[int, ...],
+    swizzle: int = 0,
+    nan_fill: bool = False,
+    element_strides: tuple[int, ...] | None = None,
+) -> bytes:
+    """The 128 bytes of a tiled tensor map; arguments as `cuTensorMapEncodeTiled`'s: `dims`
+    innermost first, `strides` the byte strides of dimensions 1.. (rank - 1 of them), `box`
+    the box size per dimension, `swizzle` a `CUtensorMapSwizzle` value. ValueError names the
+    argument that breaks one of the driver's documented rules (`check_tiled`)."""
+    check_tiled(dtype, address, dims, strides, box, swizzle, nan_fill, element_strides)
+    esize = DATA_TYPES[dtype][1]
+    rank = len(dims)
     pad = (5 - rank) * (0,)
     all_strides = (esize, *strides)
     head = _HEAD.pack(MAGIC, rank, esize, dtype, swizzle, int(nan_fill), address)
