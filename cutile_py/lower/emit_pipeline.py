@@ -267,10 +267,11 @@ def _hoisted_copy(em: EmitContext, sl: StagedLoad, access: Access) -> _Hoisted:
     smem = emit_mma.shared_addresses(em, em.smem, tile, sl.copy, row_dim, col_dim, width)
     # Rows a swizzle period apart share their XOR, and so do columns a multiple of the XOR
     # width of chunks apart (the XOR never carries past it): one register for all of them,
-    # immediates between them.
+    # immediates between them. Panels (wgmma operands cut into 128-byte columns) lie
+    # rows x row_bytes apart: each panel has registers of its own.
     period = tile.rows_per_step * tile.xor_width if tile.swizzled else 1
     span = tile.xor_width * CHUNK // tile.eb if tile.swizzled else 1
-    first: dict[tuple[int, int], tuple[int, int, int]] = {}  # key -> group, row, col
+    first: dict[tuple[int, int, int], tuple[int, int, int]] = {}  # key -> group, row, col
     groups: list[Reg] = []
     fixed: dict[tuple[tuple[int, int], ...], Reg | None] = {}
     owner = em.owner(sl.copy)
@@ -278,7 +279,7 @@ def _hoisted_copy(em: EmitContext, sl: StagedLoad, access: Access) -> _Hoisted:
     varies = sl.varying
     for (_, reg, imm), offs in zip(smem, access.vectors_static(), strict=True):
         ro, co = offs[row_dim], offs[col_dim]
-        key = (co % span, ro % period)
+        key = (co % span, ro % period, co // tile.panel if tile.panel else 0)
         if key not in first:
             first[key] = (len(groups), ro, co)
             groups.append(reg)
