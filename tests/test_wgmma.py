@@ -159,3 +159,28 @@ def test_assembles_for_sm90a_without_spills(case: tuple[Any, ...]) -> None:
         pytest.skip(str(e))
     assert any(i.split()[0].startswith("HGMMA") for i in sass if i.split())
     assert not any(i.split()[0].startswith("HMMA") for i in sass if i.split())
+
+
+def test_tf32_with_b_k_major(rng: np.random.Generator) -> None:
+    """f32 operands as tf32 (k8): wgmma has no transposed tf32 forms, so B must be loaded
+    (N, K) (trans_b); B loaded (K, N) keeps mma.sync."""
+    ct.set_backend("sim", target="sm_90")
+    kernel = _gemm_kernel(f32, f32, True, False, 3)
+    m, n, k = 165, 152, 104
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    bt = rng.standard_normal((n, k)).astype(np.float32)
+    out = ct.full((m, n), np.nan).partition((128, 128))
+    ptx = kernel.ptx(out, ct.from_numpy(a), ct.from_numpy(bt), 32)
+    assert "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in ptx
+    res, *_ = kernel(out, ct.from_numpy(a), ct.from_numpy(bt), 32).sync()
+    want = a.astype(np.float64) @ bt.T.astype(np.float64)
+    err = np.abs(res.unpartition().to_numpy() - want)
+    # tf32 keeps 10 mantissa bits of each operand (wgmma ignores the low 13 bits).
+    assert (err <= 2e-3 * (np.abs(a) @ np.abs(bt.T))).all()
+    if nvjitlink_available():
+        report = assemble(ptx, SM90)
+        assert report.spill_stores == 0 and report.spill_loads == 0
+    plain = _gemm_kernel(f32, f32, False, False, 3)
+    b = np.ascontiguousarray(bt.T)
+    ptx = plain.ptx(out, ct.from_numpy(a), ct.from_numpy(b), 32)
+    assert "wgmma" not in ptx and "mma.sync.aligned.m16n8k8" in ptx
