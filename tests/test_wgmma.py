@@ -184,3 +184,33 @@ def test_tf32_with_b_k_major(rng: np.random.Generator) -> None:
     b = np.ascontiguousarray(bt.T)
     ptx = plain.ptx(out, ct.from_numpy(a), ct.from_numpy(b), 32)
     assert "wgmma" not in ptx and "mma.sync.aligned.m16n8k8" in ptx
+
+
+@ct.kernel
+def gemm_a_kmajor_rows(
+    c: Mut[Tensor[f32, BM, BN]], at: Tensor[f16, Dyn, Dyn], b: Tensor[f16, Dyn, Dyn], BK: ConstInt
+) -> None:
+    """c = at.T @ b: A given (K, M), its tile loaded (BK, BM) and transposed (rows along K)."""
+    bm, bn = c.shape[0], c.shape[1]
+    acc: ct.Tile = ct.zeros((bm, bn), f32)
+    for kk in range(ct.cdiv(at.shape[0], BK)):
+        ta = ct.load(at, (kk, ct.bid(0)), (BK, bm)).T
+        acc = ct.mma(ta, ct.load(b, (kk, ct.bid(1)), (BK, bn)), acc)
+    c.store(acc)
+
+
+@pytest.mark.parametrize("tile", [(64, 64), (128, 128)])
+def test_a_mn_major(tile: tuple[int, int], rng: np.random.Generator) -> None:
+    """A staged with its rows along K is read MN-major (imm-trans-a 1), in 64-column panels
+    where BM is wider."""
+    ct.set_backend("sim", target="sm_90")
+    m, n, k = tile[0] + 40, tile[1] + 16, 88
+    a, ta = operand(rng, (k, m), "f16")
+    b, tb = operand(rng, (k, n), "f16")
+    out = ct.full((m, n), np.nan).partition(tile)
+    ptx = gemm_a_kmajor_rows.ptx(out, ta, tb, 32)
+    assert re.search(r"wgmma\.mma_async\S+ \{[^}]*\}, %rd\d+, %rd\d+, %p\d+, 1, 1, 1, 1;", ptx)
+    res, *_ = gemm_a_kmajor_rows(out, ta, tb, 32).sync()
+    want = a.T @ b
+    got = res.unpartition().to_numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
