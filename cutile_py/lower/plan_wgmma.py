@@ -11,11 +11,13 @@ warps x 1), and warp W's M slot s is rows 64 (W / 4 + (warps / 4) s) + 16 (W % 4
 m64 block W / 4 + (warps / 4) s of its warpgroup. So element-wise epilogues, row
 reductions and stores work on it unchanged.
 
-Operand tiles (16-bit types): A as loaded (M rows, K contiguous: "K-major"), B as loaded
-(K rows, N contiguous: "MN-major", imm-trans-b 1). The existing swizzle (16-byte chunk c of
-row r at c ^ (r / R) % S) is wgmma's 128-, 64- or 32-byte swizzle when a row is that many
-bytes and the tile starts on a 1024-byte boundary; wider tiles are cut into panels of 128
-bytes per row (`SharedTile.panel`), each a rows x 64 (f16) tile of its own.
+Operand tiles stay as the cp.async pipeline stages them: a tile whose rows run along M or N
+(A loaded (M, K), B loaded (N, K) and transposed) is read "K-major", one whose rows run along
+K (B loaded (K, N), A loaded (K, M) and transposed) "MN-major" (imm-trans 1; 16-bit types
+only: tf32 takes both operands K-major). The existing swizzle (16-byte chunk c of row r at
+c ^ (r / R) % S) is wgmma's 128-, 64- or 32-byte swizzle when a row is that many bytes and
+the tile starts on a 1024-byte boundary; wider tiles are cut into panels of 128 bytes per
+row (`SharedTile.panel`), each a tile of rows x 128 bytes of its own.
 """
 
 from __future__ import annotations
