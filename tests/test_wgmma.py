@@ -214,3 +214,23 @@ def test_a_mn_major(tile: tuple[int, int], rng: np.random.Generator) -> None:
     want = a.T @ b
     got = res.unpartition().to_numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+
+
+def test_dump_shows_the_wgmma_plan(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+) -> None:
+    """`CUTILE_PY_DUMP` on the simulator as sm_90: the plan file names the wgmma lowering,
+    the PTX file is sm_90a."""
+    ct.set_backend("sim", target="sm_90")
+    out = tmp_path / "dump"
+    monkeypatch.setenv("CUTILE_PY_DUMP", str(out))
+    monkeypatch.setenv("CUTILE_PY_CACHE_DIR", str(tmp_path / "cache"))  # compiled, not read
+    _, ta = operand(rng, (96, 64), "f16")
+    _, tb = operand(rng, (64, 80), "f16")
+    gemm_epilogue(ct.full((96, 80), np.nan).partition((64, 64)), ta, tb, 32).sync()
+    (plan,) = out.glob("gemm_epilogue.sm_90.*.plan")
+    text = plan.read_text()
+    assert text.startswith("plan of kernel gemm_epilogue for sm_90 [mma_sync cp_async wgmma tma]")
+    assert "wgmma.mma_async m64n64k16.f32.f16: 1 warpgroup(s) x 1 m64 block(s)" in text
+    (ptx,) = out.glob("gemm_epilogue.sm_90.*.ptx")
+    assert ".target sm_90a" in ptx.read_text()
