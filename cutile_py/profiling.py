@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cutile_py.host.device_op import OpLike
+from cutile_py.ptx.target import Target
 from cutile_py.runtime.cuda_backend import CudaBackend
 from cutile_py.runtime.disk_cache import cache_dir as _cache_dir
 from cutile_py.runtime.select import active_backend
@@ -21,6 +22,14 @@ def device_name() -> str:
     """The GPU's name on `cuda` (e.g. 'NVIDIA H200'); the backend's name elsewhere."""
     backend = active_backend()
     return backend.device_name if isinstance(backend, CudaBackend) else backend.name
+
+
+def target() -> Target:
+    """The target kernels compile for on the active backend: the GPU's architecture on
+    `cuda`, the simulated one on `sim` (`ct.set_backend("sim", target=...)`), sm_80 on
+    `interpret`."""
+    backend = active_backend()
+    return backend.target if backend.runs_ptx else Target(80)
 
 
 def cache_dir() -> Path:

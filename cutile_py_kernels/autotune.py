@@ -37,6 +37,11 @@ from cutile_py_kernels._common import next_pow2
 
 #: Shared memory the operand stages may take: under every supported target's limit.
 SHARED_LIMIT = 96 * 1024
+#: With wgmma (sm_90: 227 KiB per block): 4 stages of 128 x 256 x 32 tiles or 3 of BK 64, less
+#: the epilogue's accumulator band (it reuses the ring after the loop).
+WGMMA_SHARED_LIMIT = 192 * 1024
+#: wgmma multiplies 64 rows per warpgroup: BM is a multiple of this on wgmma targets.
+WGMMA_BM = 64
 #: Largest f32 accumulator tile (elements): 128 registers per thread of a 256-thread block.
 MAX_ACC = 128 * 256
 #: Stages when a config does not say.
@@ -74,61 +79,77 @@ def shared_bytes(cfg: GemmConfig, dtype: type[ct.DType]) -> int:
     return cfg.stages * (cfg.bm + cfg.bn) * cfg.bk * dtype.itemsize()
 
 
-def is_valid(cfg: GemmConfig, dtype: type[ct.DType]) -> bool:
+def is_valid(cfg: GemmConfig, dtype: type[ct.DType], wgmma: bool = False) -> bool:
+    """Within the shape rules, the accumulator and the shared memory budget; on a `wgmma`
+    target also a whole number of 64-row warpgroup blocks in BM."""
     return (
-        cfg.bm % 16 == 0
+        cfg.bm % (WGMMA_BM if wgmma else 16) == 0
         and cfg.bn % 8 == 0
         and cfg.bk % k_step(dtype) == 0
         and min(cfg.bm, cfg.bn, cfg.bk) > 0
         and 1 <= cfg.stages <= 8
         and cfg.bm * cfg.bn <= MAX_ACC
-        and shared_bytes(cfg, dtype) <= SHARED_LIMIT
+        and shared_bytes(cfg, dtype) <= (WGMMA_SHARED_LIMIT if wgmma else SHARED_LIMIT)
     )
 
 
-def clamp(cfg: GemmConfig, dtype: type[ct.DType], m: int, n: int, k: int) -> GemmConfig:
-    """`cfg` shrunk to the problem (tiles no larger than M, N, K rounded up to the granules),
-    so that tiny problems do not compute (and compile) mostly padding."""
+def clamp(
+    cfg: GemmConfig, dtype: type[ct.DType], m: int, n: int, k: int, wgmma: bool = False
+) -> GemmConfig:
+    """`cfg` shrunk to the problem (tiles no larger than M, N, K rounded up to the granules,
+    BM to 64 rows on a `wgmma` target), so that tiny problems do not compute (and compile)
+    mostly padding."""
     return GemmConfig(
-        min(cfg.bm, _up(m, 16)),
+        min(cfg.bm, _up(m, WGMMA_BM if wgmma else 16)),
         min(cfg.bn, _up(n, 8)),
         min(cfg.bk, _up(k, k_step(dtype))),
         cfg.stages,
     )
 
 
-def default_config(dtype: type[ct.DType], m: int, n: int, k: int) -> GemmConfig:
+def default_config(
+    dtype: type[ct.DType], m: int, n: int, k: int, wgmma: bool = False
+) -> GemmConfig:
     """64 x 64 output tiles, BK 32 (f16, bf16) or 16 (tf32), 3 stages, clamped to the
-    problem (what runs where nothing is timed)."""
-    return clamp(GemmConfig(64, 64, 32 if dtype is not ct.f32 else 16), dtype, m, n, k)
+    problem (what runs where nothing is timed); on a `wgmma` target BK 64 for f16 and bf16
+    (128-byte rows of A: wgmma's widest swizzle)."""
+    bk = 16 if dtype is ct.f32 else 64 if wgmma else 32
+    return clamp(GemmConfig(64, 64, bk), dtype, m, n, k, wgmma)
 
 
 #: Output tiles tried: the 128-row ones are what large problems want; 64-row ones keep
 #: enough blocks in flight for small ones.
 TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256))
+#: On wgmma targets also 256 x 128 (two warpgroups of two m64 blocks each).
+WGMMA_TILES = (*TILES, (256, 128))
 
 
 def candidate_templates(
-    dtype: type[ct.DType], m: int, n: int, k: int
+    dtype: type[ct.DType], m: int, n: int, k: int, wgmma: bool = False
 ) -> dict[GemmConfig, GemmConfig]:
     """The configs tried, each as it is written in `TILES` (the template, what the cache
     stores) → as it runs on this problem (clamped). Templates are `TILES` with two K steps
-    and 3 or 4 stages (the longer K step with 3), kept where the clamped config is valid."""
+    and 3 or 4 stages (the longer K step with 3), kept where the clamped config is valid;
+    on a `wgmma` target (f16, bf16) `WGMMA_TILES` with BK 64 and 3 or 4 stages, or BK 32
+    and 4 stages, within sm_90's larger shared memory."""
     g = k_step(dtype)
-    steps = ((2 * g, 3), (2 * g, 4), (4 * g, 3))
+    wgmma = wgmma and dtype is not ct.f32
+    steps = ((64, 3), (64, 4), (32, 4)) if wgmma else ((2 * g, 3), (2 * g, 4), (4 * g, 3))
     out = {}
-    for bm, bn in TILES:
+    for bm, bn in WGMMA_TILES if wgmma else TILES:
         for bk, stages in steps:
             template = GemmConfig(bm, bn, bk, stages)
-            fitted = clamp(template, dtype, m, n, k)
-            if is_valid(fitted, dtype):
+            fitted = clamp(template, dtype, m, n, k, wgmma)
+            if is_valid(fitted, dtype, wgmma):
                 out[template] = fitted
     return out
 
 
-def candidates(dtype: type[ct.DType], m: int, n: int, k: int) -> list[GemmConfig]:
+def candidates(
+    dtype: type[ct.DType], m: int, n: int, k: int, wgmma: bool = False
+) -> list[GemmConfig]:
     """The distinct configs tried on this problem (the clamped templates), sorted."""
-    return sorted(set(candidate_templates(dtype, m, n, k).values()))
+    return sorted(set(candidate_templates(dtype, m, n, k, wgmma).values()))
 
 
 @dataclass(frozen=True)

@@ -141,10 +141,11 @@ def _config(
 
     device = ct.profiling.device_name()
     key = autotune.TuneKey.make(m, n, k, dt, trans_b, device, odt, batch)
+    wgmma = dt is not f32 and ct.profiling.target().wgmma  # sm_90: configs wgmma takes
     return autotune.TUNER.choose(
         key,
-        autotune.candidate_templates(dt, m, n, k),
-        autotune.default_config(dt, m, n, k),
+        autotune.candidate_templates(dt, m, n, k, wgmma),
+        autotune.default_config(dt, m, n, k, wgmma),
         make_launch,
     )
 

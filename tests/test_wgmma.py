@@ -159,3 +159,78 @@ def test_assembles_for_sm90a_without_spills(case: tuple[Any, ...]) -> None:
         pytest.skip(str(e))
     assert any(i.split()[0].startswith("HGMMA") for i in sass if i.split())
     assert not any(i.split()[0].startswith("HMMA") for i in sass if i.split())
+
+
+def test_tf32_with_b_k_major(rng: np.random.Generator) -> None:
+    """f32 operands as tf32 (k8): wgmma has no transposed tf32 forms, so B must be loaded
+    (N, K) (trans_b); B loaded (K, N) keeps mma.sync."""
+    ct.set_backend("sim", target="sm_90")
+    kernel = _gemm_kernel(f32, f32, True, False, 3)
+    m, n, k = 165, 152, 104
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    bt = rng.standard_normal((n, k)).astype(np.float32)
+    out = ct.full((m, n), np.nan).partition((128, 128))
+    ptx = kernel.ptx(out, ct.from_numpy(a), ct.from_numpy(bt), 32)
+    assert "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in ptx
+    res, *_ = kernel(out, ct.from_numpy(a), ct.from_numpy(bt), 32).sync()
+    want = a.astype(np.float64) @ bt.T.astype(np.float64)
+    err = np.abs(res.unpartition().to_numpy() - want)
+    # tf32 keeps 10 mantissa bits of each operand (wgmma ignores the low 13 bits).
+    assert (err <= 2e-3 * (np.abs(a) @ np.abs(bt.T))).all()
+    if nvjitlink_available():
+        report = assemble(ptx, SM90)
+        assert report.spill_stores == 0 and report.spill_loads == 0
+    plain = _gemm_kernel(f32, f32, False, False, 3)
+    b = np.ascontiguousarray(bt.T)
+    ptx = plain.ptx(out, ct.from_numpy(a), ct.from_numpy(b), 32)
+    assert "wgmma" not in ptx and "mma.sync.aligned.m16n8k8" in ptx
+
+
+@ct.kernel
+def gemm_a_kmajor_rows(
+    c: Mut[Tensor[f32, BM, BN]], at: Tensor[f16, Dyn, Dyn], b: Tensor[f16, Dyn, Dyn], BK: ConstInt
+) -> None:
+    """c = at.T @ b: A given (K, M), its tile loaded (BK, BM) and transposed (rows along K)."""
+    bm, bn = c.shape[0], c.shape[1]
+    acc: ct.Tile = ct.zeros((bm, bn), f32)
+    for kk in range(ct.cdiv(at.shape[0], BK)):
+        ta = ct.load(at, (kk, ct.bid(0)), (BK, bm)).T
+        acc = ct.mma(ta, ct.load(b, (kk, ct.bid(1)), (BK, bn)), acc)
+    c.store(acc)
+
+
+@pytest.mark.parametrize("tile", [(64, 64), (128, 128)])
+def test_a_mn_major(tile: tuple[int, int], rng: np.random.Generator) -> None:
+    """A staged with its rows along K is read MN-major (imm-trans-a 1), in 64-column panels
+    where BM is wider."""
+    ct.set_backend("sim", target="sm_90")
+    m, n, k = tile[0] + 40, tile[1] + 16, 88
+    a, ta = operand(rng, (k, m), "f16")
+    b, tb = operand(rng, (k, n), "f16")
+    out = ct.full((m, n), np.nan).partition(tile)
+    ptx = gemm_a_kmajor_rows.ptx(out, ta, tb, 32)
+    assert re.search(r"wgmma\.mma_async\S+ \{[^}]*\}, %rd\d+, %rd\d+, %p\d+, 1, 1, 1, 1;", ptx)
+    res, *_ = gemm_a_kmajor_rows(out, ta, tb, 32).sync()
+    want = a.T @ b
+    got = res.unpartition().to_numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+
+
+def test_dump_shows_the_wgmma_plan(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+) -> None:
+    """`CUTILE_PY_DUMP` on the simulator as sm_90: the plan file names the wgmma lowering,
+    the PTX file is sm_90a."""
+    ct.set_backend("sim", target="sm_90")
+    out = tmp_path / "dump"
+    monkeypatch.setenv("CUTILE_PY_DUMP", str(out))
+    monkeypatch.setenv("CUTILE_PY_CACHE_DIR", str(tmp_path / "cache"))  # compiled, not read
+    _, ta = operand(rng, (96, 64), "f16")
+    _, tb = operand(rng, (64, 80), "f16")
+    gemm_epilogue(ct.full((96, 80), np.nan).partition((64, 64)), ta, tb, 32).sync()
+    (plan,) = out.glob("gemm_epilogue.sm_90.*.plan")
+    text = plan.read_text()
+    assert text.startswith("plan of kernel gemm_epilogue for sm_90 [mma_sync cp_async wgmma tma]")
+    assert "wgmma.mma_async m64n64k16.f32.f16: 1 warpgroup(s) x 1 m64 block(s)" in text
+    (ptx,) = out.glob("gemm_epilogue.sm_90.*.ptx")
+    assert ".target sm_90a" in ptx.read_text()

@@ -1,8 +1,8 @@
-"""`mma` on Hopper's warpgroup tensor cores: `wgmma.mma_async` m64nNk16 with both operands
-read from the stage a cp.async pipeline filled, through matrix descriptors, and the
-accumulator in registers in the fragment layout that `plan_wgmma` describes.
+"""`mma` on Hopper's warpgroup tensor cores: `wgmma.mma_async` m64nNk16 (f16, bf16) or
+m64nNk8 (tf32), both operands read through matrix descriptors from the stage a cp.async
+pipeline filled, the accumulator in registers in the fragment layout of `plan_wgmma`.
 
-Per iteration: `wgmma.fence`; for each 16 of K, each 64-row block of the warpgroup and each
+Per iteration: `wgmma.fence`; for each 16 (8) of K, each 64-row block of the warpgroup and each
 256 columns of N, one `mma_async` with descriptors advanced by constants; `commit_group`;
 `wait_group 0` (the stage is refilled after the next barrier, so every read of it must be
 done). The pipeline puts `fence.proxy.async` between its cp.async wait and its barrier:
@@ -15,7 +15,7 @@ from cutile_py.ir import ops as o
 from cutile_py.lower import emit_mma, plan_wgmma
 from cutile_py.lower.context import WARP, EmitContext
 from cutile_py.lower.fragments import SharedTile, log2
-from cutile_py.lower.plan_wgmma import GROUP_WARPS, K_STEP, M_BLOCK, MAX_N, Descriptor
+from cutile_py.lower.plan_wgmma import GROUP_WARPS, M_BLOCK, MAX_N, Descriptor
 from cutile_py.ptx.builder import Reg, Vec
 
 
@@ -52,12 +52,15 @@ def mma(em: EmitContext, op: o.MmaOp) -> None:
     fb.ins("add.s64", desc_a, desc_a, offset)
     scale_d = fb.reg("pred")
     fb.ins("setp.eq.u32", scale_d, 0, 0)  # D = A @ B + D: the accumulator is read
-    dt = a.type.dtype.name
+    dt = plan_wgmma.ptx_type(a.type.dtype)
+    step = plan_wgmma.k_step(a.type.dtype)
+    # imm-trans-a, imm-trans-b: 1 where the tile's rows run along K (16-bit types only)
+    trans = [] if dt == "tf32" else [int(fa.mn_major), int(fb_.mn_major)]
     fb.ins("wgmma.fence.sync.aligned")
     assert all(sm.valid is None for sm in s.slots_m) and m % (M_BLOCK * groups) == 0
-    for ks in range(k // K_STEP):
-        ka = plan_wgmma.k_offset(tile_a, fa, ks * K_STEP)
-        kb = plan_wgmma.k_offset(tile_b, fb_, ks * K_STEP)
+    for ks in range(k // step):
+        ka = plan_wgmma.k_offset(tile_a, fa, ks * step)
+        kb = plan_wgmma.k_offset(tile_b, fb_, ks * step)
         for si in range(len(s.slots_m)):
             da = _advanced(em, desc_a, ka + si * groups * fa.mn_step)
             for c, n0 in enumerate(range(0, n, MAX_N)):
@@ -65,15 +68,14 @@ def mma(em: EmitContext, op: o.MmaOp) -> None:
                 db = _advanced(em, desc_b, kb + c * fb_.mn_step)
                 d = [x for j in range(n0 // 8, (n0 + width) // 8) for x in frags[si][j]]
                 fb.ins(
-                    f"wgmma.mma_async.sync.aligned.m64n{width}k{K_STEP}.f32.{dt}.{dt}",
+                    f"wgmma.mma_async.sync.aligned.m64n{width}k{step}.f32.{dt}.{dt}",
                     Vec(tuple(d)),
                     da,
                     db,
                     scale_d,
                     1,
                     1,
-                    int(fa.mn_major),  # imm-trans-a: A's rows along K
-                    int(fb_.mn_major),
+                    *trans,
                 )
     fb.ins("wgmma.commit_group.sync.aligned")
     fb.ins("wgmma.wait_group.sync.aligned", 0)

@@ -11,11 +11,13 @@ warps x 1), and warp W's M slot s is rows 64 (W / 4 + (warps / 4) s) + 16 (W % 4
 m64 block W / 4 + (warps / 4) s of its warpgroup. So element-wise epilogues, row
 reductions and stores work on it unchanged.
 
-Operand tiles (16-bit types): A as loaded (M rows, K contiguous: "K-major"), B as loaded
-(K rows, N contiguous: "MN-major", imm-trans-b 1). The existing swizzle (16-byte chunk c of
-row r at c ^ (r / R) % S) is wgmma's 128-, 64- or 32-byte swizzle when a row is that many
-bytes and the tile starts on a 1024-byte boundary; wider tiles are cut into panels of 128
-bytes per row (`SharedTile.panel`), each a rows x 64 (f16) tile of its own.
+Operand tiles stay as the cp.async pipeline stages them: a tile whose rows run along M or N
+(A loaded (M, K), B loaded (N, K) and transposed) is read "K-major", one whose rows run along
+K (B loaded (K, N), A loaded (K, M) and transposed) "MN-major" (imm-trans 1; 16-bit types
+only: tf32 takes both operands K-major). The existing swizzle (16-byte chunk c of row r at
+c ^ (r / R) % S) is wgmma's 128-, 64- or 32-byte swizzle when a row is that many bytes and
+the tile starts on a 1024-byte boundary; wider tiles are cut into panels of 128 bytes per
+row (`SharedTile.panel`), each a tile of rows x 128 bytes of its own.
 """
 
 from __future__ import annotations
@@ -24,15 +26,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from cutile_py.ir import ops as o
-from cutile_py.ir.dtypes import bf16, f16, f32
+from cutile_py.ir.dtypes import DType, bf16, f16, f32
 from cutile_py.lower.fragments import SharedTile, WarpGrid
 from cutile_py.ptx.target import Target
 
 GROUP_WARPS = 4
 #: Rows of A (and of the accumulator) one wgmma covers.
 M_BLOCK = 64
-#: K of one f16/bf16 wgmma, and the most N one instruction takes.
-K_STEP = 16
+#: Bytes of K one wgmma takes (k16 of f16/bf16, k8 of tf32), and the most N it takes.
+K_BYTES = 32
 MAX_N = 256
 #: Swizzled wgmma tiles start on this boundary (the 128-byte swizzle's period: 8 rows).
 ALIGN = 1024
@@ -40,20 +42,30 @@ ALIGN = 1024
 SWIZZLE_CODE = {128: 1, 64: 2, 32: 3}
 
 
+def k_step(dt: type[DType]) -> int:
+    """K of one wgmma: 16 for f16 and bf16, 8 for f32 operands (tf32)."""
+    return K_BYTES // dt.itemsize()
+
+
+def ptx_type(dt: type[DType]) -> str:
+    return "tf32" if dt is f32 else dt.name
+
+
 def shapes_fit(mma: o.MmaOp, target: Target) -> bool:
     """Whether `mma`'s types and shapes are ones wgmma takes on `target` (before the block
-    size and the operand tiles are known): f16/bf16 operands into f32, M a multiple of 64,
-    N of 8, K of 16."""
+    size and the operand tiles are known): f16/bf16 (or f32, as tf32) operands into f32, M a
+    multiple of 64, N of 8, K of one instruction's K."""
     a, b, acc = mma.operands
     (m, k), n = a.type.shape, b.type.shape[1]
+    dt = a.type.dtype
     return (
         target.wgmma
-        and a.type.dtype in (f16, bf16)
-        and b.type.dtype is a.type.dtype
+        and dt in (f16, bf16, f32)
+        and b.type.dtype is dt
         and acc.type.dtype is f32
         and m % M_BLOCK == 0
         and n % 8 == 0
-        and k % K_STEP == 0
+        and k % k_step(dt) == 0
     )
 
 
@@ -86,8 +98,12 @@ def choose(
             continue
         a, b, _ = mma.operands
         ops = [staged.get(a), staged.get(b)]
-        if all(x is not None and _tile_fits(x[0]) for x in ops):
-            out.append(mma)
+        if not all(x is not None and _tile_fits(x[0]) for x in ops):
+            continue
+        # tf32 has no transposed forms: both operands K-major (B loaded (N, K), transposed).
+        if a.type.dtype is f32 and any(x is not None and x[1] for x in ops):
+            continue
+        out.append(mma)
     return tuple(out)
 
 
@@ -102,7 +118,7 @@ def operand_tile(tile: SharedTile) -> SharedTile:
 class Descriptor:
     """The constant fields of an operand tile's matrix descriptors and how its start address
     moves (in bytes from the tile's start, before the swizzle): `mn_step` per block of
-    M_BLOCK rows of A or MAX_N columns of B; `k_offset` to a K_STEP of K. `mn_major`: the
+    M_BLOCK rows of A or MAX_N columns of B; `k_offset` to a given K. `mn_major`: the
     tile's rows run along K (imm-trans 1), else along M or N ("K-major")."""
 
     lbo: int
@@ -130,7 +146,7 @@ def descriptor(tile: SharedTile, k_rows: bool, block: int) -> Descriptor:
         per_panel = span // tile.eb
         step = block // per_panel * panel_bytes if block >= per_panel else block * tile.eb
         return Descriptor(panel_bytes, 8 * span, code, step, True)
-    assert K_STEP * tile.eb <= span
+    assert span >= K_BYTES
     return Descriptor(0, 8 * span, code, block * span, False)
 
 
@@ -151,15 +167,16 @@ def describe(
     (m, k), n = a.type.shape, b.type.shape[1]
     groups = threads // 32 // GROUP_WARPS
     blocks = m // M_BLOCK // groups
-    dt = a.type.dtype.name
+    dt = ptx_type(a.type.dtype)
+    ks = k_step(a.type.dtype)
     parts = []
     for which, (t, k_rows) in enumerate(tiles):
         major = "MN-major" if k_rows else "K-major"
         panels = f", {t.panels} panels" if t.panels > 1 else ""
         parts.append(f"{'AB'[which]} {major} swizzle {t.row_bytes}B{panels}")
     widths = sorted({min(MAX_N, n - c) for c in range(0, n, MAX_N)})
-    shape = "/".join(f"m64n{w}k16" for w in widths)
+    shape = "/".join(f"m64n{w}k{ks}" for w in widths)
     return (
         f"wgmma.mma_async {shape}.f32.{dt}: {groups} warpgroup(s) x {blocks} m64 block(s), "
-        f"{k // K_STEP} k-step(s), {'; '.join(parts)}"
+        f"{k // ks} k-step(s), {'; '.join(parts)}"
     )

@@ -1,4 +1,6 @@
-"""Assemble the PTX of every shipped kernel (library and examples) for sm_80 and sm_90.
+"""Assemble the PTX of every shipped kernel (library and examples) for sm_80 and sm_90; a
+kernel whose sm_90 module is arch-specific (sm_90a: wgmma) is assembled as portable sm_90
+too (`Target(90, arch_specific=False)`, the mma.sync path).
 
 `python -m cutile_py.tools.validate_ptx` prints registers and spills per kernel and target, and
 exits non-zero if nvJitLink rejects any module or a kernel spills registers.
@@ -60,18 +62,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.parse_args(argv)
     failures = 0
     for label, kernel, args in cases():
-        for target in TARGETS:
+        targets = list(TARGETS)
+        for target in targets:
+            ptx = kernel.ptx(*args, target=target)
+            name = target.name if target.arch_specific else f"{target.name} (portable)"
+            if f".target {target.name}a\n" in ptx:
+                name = f"{target.name}a"
+                targets.append(ct.Target(target.sm, arch_specific=False))
             try:
-                report = assemble(kernel.ptx(*args, target=target), target)
+                report = assemble(ptx, target)
             except PtxAssemblyError as e:
-                print(f"FAIL {label} {target.name}: {e}")
+                print(f"FAIL {label} {name}: {e}")
                 failures += 1
                 continue
             spills = report.spill_stores + report.spill_loads
             status = "ok  " if spills == 0 else "FAIL"
             failures += spills != 0
             print(
-                f"{status} {label:32} {target.name}: {report.registers:3} registers, "
+                f"{status} {label:32} {name}: {report.registers:3} registers, "
                 f"{report.spill_stores} spill stores, {report.spill_loads} spill loads"
             )
     print(f"{failures} failure(s)")
