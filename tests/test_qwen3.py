@@ -356,7 +356,9 @@ def test_a_float32_checkpoint_computes_in_bf16(tmp_path: Path, rng: np.random.Ge
         Qwen3.random(tiny(torch_dtype="float64"))
 
 
-def test_decode_step_launches_and_logits_at_every_step(rng: np.random.Generator) -> None:
+def test_decode_step_launches_and_logits_at_every_step(
+    backend: str, rng: np.random.Generator
+) -> None:
     """The captured decode step makes 7 launches per layer and 3 outside them (it made 10 per
     layer and 4 before the norms, residual adds and q/k/cache kernels were fused), and at
     every step its f32 logits match the float64 reference of the sequence so far (the
