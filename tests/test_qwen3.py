@@ -310,11 +310,13 @@ def test_config_reads_rope_theta_from_rope_parameters() -> None:
         ({"attention_bias": True}, "attention_bias"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"use_sliding_window": True}, "use_sliding_window"),
+        ({"layer_types": ["full_attention", "sliding_attention"]}, "'sliding_attention'"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
     ],
 )
 def test_config_refuses_what_the_model_does_not_compute(extra: dict[str, Any], match: str) -> None:
-    """Config fields that change the architecture (scaled RoPE, q/k/v biases, another
-    activation, sliding windows) are refused by name instead of silently ignored."""
+    """Config fields that change the architecture (scaled or partial RoPE, q/k/v biases,
+    another activation, sliding windows) are refused by name instead of silently ignored."""
     with pytest.raises(ValueError, match=match):
         Qwen3Config.from_dict({**tiny().to_dict(), **extra}, "cfg.json")
 
@@ -326,6 +328,8 @@ def test_config_accepts_the_published_defaults_of_those_fields() -> None:
         "attention_bias": False,
         "hidden_act": "silu",
         "use_sliding_window": False,
+        "layer_types": ["full_attention", "full_attention"],
+        "partial_rotary_factor": 1.0,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
     }
     assert Qwen3Config.from_dict(d) == tiny()
@@ -352,7 +356,9 @@ def test_a_float32_checkpoint_computes_in_bf16(tmp_path: Path, rng: np.random.Ge
         Qwen3.random(tiny(torch_dtype="float64"))
 
 
-def test_decode_step_launches_and_logits_at_every_step(rng: np.random.Generator) -> None:
+def test_decode_step_launches_and_logits_at_every_step(
+    backend: str, rng: np.random.Generator
+) -> None:
     """The captured decode step makes 7 launches per layer and 3 outside them (it made 10 per
     layer and 4 before the norms, residual adds and q/k/cache kernels were fused), and at
     every step its f32 logits match the float64 reference of the sequence so far (the
@@ -382,3 +388,12 @@ def test_decode_step_launches_and_logits_at_every_step(rng: np.random.Generator)
             assert int(g.read(d.pending["next"]).reshape(-1)[0]) == int(np.argmax(got))
     finally:
         g.release()
+
+
+def test_config_defaults_are_the_transformers_ones() -> None:
+    """A config.json without head_dim or rope_theta reads as transformers reads it: head_dim 128
+    (not hidden / heads) and θ = 10000 (1e6 is what the published files write, not a default)."""
+    d = tiny().to_dict()
+    del d["head_dim"], d["rope_theta"]
+    cfg = Qwen3Config.from_dict(d)
+    assert (cfg.head_dim, cfg.rope_theta) == (128, 10000.0)

@@ -17,7 +17,8 @@ INSTALL_HINT = "pip install 'cutile_py[models]' (or: pip install safetensors)"
 
 @dataclass(frozen=True)
 class Qwen3Config:
-    """The architecture fields of a Hugging Face Qwen3 `config.json` (names as there)."""
+    """The architecture fields of a Hugging Face Qwen3 `config.json` (names as there; a field
+    left out takes transformers' Qwen3Config default: head_dim 128, rope_theta 10000)."""
 
     vocab_size: int
     hidden_size: int
@@ -27,9 +28,9 @@ class Qwen3Config:
     num_key_value_heads: int
     head_dim: int
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 1_000_000.0
+    rope_theta: float = 10_000.0
     tie_word_embeddings: bool = False
-    max_position_embeddings: int = 40960
+    max_position_embeddings: int = 32768
     torch_dtype: str = "bfloat16"
 
     @classmethod
@@ -45,8 +46,9 @@ class Qwen3Config:
         if "num_key_value_heads" not in d and "num_attention_heads" in d:
             d = {**d, "num_key_value_heads": d["num_attention_heads"]}  # as transformers does
         missing = [n for n, f in fields.items() if n not in d and f.default is MISSING]
-        if "head_dim" in missing and "hidden_size" in d and "num_attention_heads" in d:
-            d = {**d, "head_dim": d["hidden_size"] // d["num_attention_heads"]}
+        if "head_dim" in missing:
+            # transformers' Qwen3Config defaults head_dim to 128, not hidden / heads.
+            d = {**d, "head_dim": 128}
             missing.remove("head_dim")
         if missing:
             raise ValueError(f"{where}: missing Qwen3 fields {', '.join(missing)}")
@@ -91,8 +93,8 @@ class Qwen3Config:
 
 def _refuse_other_architectures(d: Mapping[str, Any], where: str) -> None:
     """ValueError naming the first field of `d` that asks for something Qwen3 here does not
-    compute (scaled RoPE, q/k/v biases, another activation, sliding-window attention): such a
-    checkpoint would load and give wrong logits."""
+    compute (scaled or partial RoPE, q/k/v biases, another activation, sliding-window
+    attention): such a checkpoint would load and give wrong logits."""
     for key in ("rope_scaling", "rope_parameters"):
         rope = d.get(key)
         kind = (
@@ -106,6 +108,15 @@ def _refuse_other_architectures(d: Mapping[str, Any], where: str) -> None:
         raise ValueError(f"{where}: hidden_act {d['hidden_act']!r} is not supported (silu only)")
     if d.get("use_sliding_window"):
         raise ValueError(f"{where}: use_sliding_window is true; sliding windows are not supported")
+    kinds = d.get("layer_types") or []
+    if any(k != "full_attention" for k in kinds):
+        other = next(k for k in kinds if k != "full_attention")
+        raise ValueError(f"{where}: layer_types holds {other!r}; only full_attention is supported")
+    if d.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(
+            f"{where}: partial_rotary_factor {d['partial_rotary_factor']} is not supported "
+            "(RoPE over the whole head)"
+        )
 
 
 def read_config(path: Path) -> Qwen3Config:

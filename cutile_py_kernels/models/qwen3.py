@@ -80,12 +80,6 @@ def compute_dtype(cfg: Qwen3Config) -> type[ct.DType]:
     return DTYPES[cfg.torch_dtype]
 
 
-#: Launches per layer of a decode step: norm+qkv, q/k-norm+RoPE+cache, attention (split and
-#: merge), o-proj+residual, norm+gate/up, SwiGLU+down+residual. tests/test_qwen3.py holds the
-#: count to this so that it cannot silently grow back.
-DECODE_LAUNCHES_PER_LAYER = 7
-#: Launches of a decode step outside the layers: the embedding, norm+LM head, argmax.
-DECODE_LAUNCHES_OUTSIDE = 3
 #: Cache rows per block of the prefill's KV-cache kernel.
 CACHE_BLOCK = 64
 #: Prefill tokens per block of the q/transpose kernels.
@@ -348,11 +342,11 @@ class Qwen3:
         s.add(partial(self._argmax, s, t))
 
     def _decode_step(self, token: AnyTensor, pos: AnyTensor, cache: _Cache) -> _Steps:
-        """One token at position pos[0] over cache rows 0 .. pos[0]: the embedding, then per
-        layer DECODE_LAUNCHES_PER_LAYER launches (the norms fused into the projections after
-        them, the residual adds into the projections before them, q/k norm + RoPE + the cache
-        write in one kernel), then the final norm fused into the LM head (f32 logits, as the
-        prefill's) and the argmax."""
+        """One token at position pos[0] over cache rows 0 .. pos[0]: the embedding; per layer
+        7 launches (norm+qkv, q/k norm+RoPE+cache write, attention split and merge (one flash
+        launch over a short cache), o-proj+residual, norm+gate/up, SwiGLU+down+residual); the
+        final norm + LM head (f32 logits, as the prefill's) and the argmax.
+        tests/test_qwen3.py holds the count so that it cannot silently grow back."""
         cfg, dt = self.config, self.dtype
         d = cfg.head_dim
         nq, nkv = cfg.num_attention_heads, cfg.num_key_value_heads

@@ -1,7 +1,9 @@
 """The Qwen3-specific fused kernels: per-head RMSNorm + RoPE of q (into head-major layout) and
-of k with the KV-cache write, the head-major → token-major copy after attention, and the SwiGLU
-activation read from the fused gate/up projection (alone for a prefill, inside the down
-projection's matrix-vector product for a decode step).
+of k with the KV-cache write (for a prefill two kernels, for a decode step one: `decode_prep`),
+the head-major → token-major copy after attention, the SwiGLU activation read from the fused
+gate/up projection (alone for a prefill, inside the down projection's matrix-vector product
+for a decode step, which also adds the residual), and the decode step's matrix-vector products
+with the RMSNorm before them (`norm_gemv`) or the residual add after them (`gemv_add`) fused in.
 
 The fused projection output `qkv` is (T, heads + 2·kv_heads, D): q heads, then k heads, then
 v heads of each token. RoPE is the half-split layout with f32 cos/sin tables (positions, D/2).
