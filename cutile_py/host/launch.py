@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from cutile_py.frontend.signature import Specialization
     from cutile_py.host.kernel import CompiledKernel
 
-_PTR, _DIM, _INT, _FLOAT = range(4)
+_PTR, _DIM, _INT, _FLOAT, _MAP = range(5)
+#: Bytes per element of the `CUtensorMapDataType`s a lowering uses (f16, f32, bf16).
+_MAP_ELEMENT_BYTES = {6: 2, 7: 4, 9: 2}
 
 
 class ParamReader:
@@ -37,25 +39,49 @@ class ParamReader:
     def __init__(self, lowered: LoweredKernel) -> None:
         steps = []
         for p in lowered.params:
-            kind = {"ptr": _PTR, "dim": _DIM}.get(p.what)
+            kind = {"ptr": _PTR, "dim": _DIM, "tmap": _MAP}.get(p.what)
             if kind is None:
                 kind = _INT if p.ptype in ("s32", "u32", "s64") else _FLOAT
             steps.append((p.arg, kind, p.axis))
         self.steps = tuple(steps)
         self._pointers = tuple(dict.fromkeys(p.arg for p in lowered.params if p.what == "ptr"))
         self.ptypes = tuple(p.ptype for p in lowered.params)
+        #: The tensor-map parameters, by their number (`PtxParam.axis`).
+        self.maps = {p.axis: p for p in lowered.params if p.what == "tmap"}
 
-    def __call__(self, args: Sequence[Any]) -> list[int | float]:
-        out: list[int | float] = []
+    def __call__(
+        self, args: Sequence[Any], backend: Backend | None = None
+    ) -> list[int | float | bytes]:
+        """The values; `backend` makes the tensor maps (a kernel with TMA pipelines)."""
+        out: list[int | float | bytes] = []
         for arg, kind, axis in self.steps:
             a = args[arg]
             if kind == _PTR:
                 out.append((a._tensor if type(a) is Partition else a)._address)
             elif kind == _DIM:
                 out.append((a._tensor if type(a) is Partition else a)._shape[axis])
+            elif kind == _MAP:
+                assert backend is not None, "a tensor map needs the backend that makes it"
+                t = a._tensor if type(a) is Partition else a
+                out.append(self.tensor_map(backend, axis, t._address, t._shape))
             else:
                 out.append(int(a) if kind == _INT else float(a))
         return out
+
+    def tensor_map(
+        self, backend: Backend, number: int, address: int, shape: tuple[int, ...]
+    ) -> bytes:
+        """Tensor map `number` of the kernel over a contiguous row-major tensor of `shape`
+        at `address` (`Backend.tensor_map`: dims innermost first, byte strides of the outer
+        dims, the box and swizzle the lowering chose)."""
+        p = self.maps[number]
+        eb = _MAP_ELEMENT_BYTES[p.map_dtype]
+        dims = tuple(reversed(shape))
+        strides, stride = [], eb
+        for d in dims[:-1]:
+            stride *= d
+            strides.append(stride)
+        return backend.tensor_map(p.map_dtype, address, dims, tuple(strides), p.box, p.swizzle)
 
     def touches(self, args: Sequence[Any], atomic: frozenset[int] = frozenset()) -> list[Touch]:
         """The memory a launch reads and writes: each tensor argument's bytes, written where
@@ -156,7 +182,7 @@ class LaunchPlan:
         if compiled.lowered is not None and backend.runs_ptx:
             launch = compiled.prepared(backend, self.grid)
             reader = compiled.param_reader()  # after any recompile
-            self.read = _Values(reader, self._shapes)
+            self.read = _Values(reader, self._shapes, backend)
             self.touches = partial(reader.touches, atomic=self.atomic)
         else:
             # The interpreter walks the partitions' own grid (of their rank), not the padded one.
@@ -193,10 +219,13 @@ class _Values:
     __slots__ = ("template", "vary")
 
     def __init__(
-        self, reader: ParamReader, shapes: dict[int, tuple[bool, tuple[int, ...]]]
+        self,
+        reader: ParamReader,
+        shapes: dict[int, tuple[bool, tuple[int, ...]]],
+        backend: Backend | None = None,
     ) -> None:
-        template: list[int | float] = []
-        vary: list[tuple[int, int, Callable[[Any], int | float]]] = []
+        template: list[int | float | bytes] = []
+        vary: list[tuple[int, int, Callable[[Any], int | float | bytes]]] = []
         for slot, (arg, kind, axis) in enumerate(reader.steps):
             if kind == _DIM:
                 template.append(shapes[arg][1][axis])
@@ -204,12 +233,16 @@ class _Values:
             template.append(0)
             if kind == _PTR:
                 vary.append((slot, arg, _PARTITION_ADDRESS if shapes[arg][0] else _ADDRESS))
+            elif kind == _MAP:
+                assert backend is not None
+                made = _Maps(reader, backend, axis, shapes[arg][1], shapes[arg][0])
+                vary.append((slot, arg, made))
             else:
                 vary.append((slot, arg, int if kind == _INT else float))
         self.template = template
         self.vary = tuple(vary)
 
-    def __call__(self, args: Sequence[Any]) -> list[int | float]:
+    def __call__(self, args: Sequence[Any]) -> list[int | float | bytes]:
         values = self.template.copy()
         for slot, arg, get in self.vary:
             values[slot] = get(args[arg])
@@ -218,6 +251,38 @@ class _Values:
 
 _ADDRESS = attrgetter("_address")
 _PARTITION_ADDRESS = attrgetter("_tensor._address")
+
+
+class _Maps:
+    """One tensor-map parameter of a launch plan: the map of the tensor argument's address
+    (its shape is the plan's), made by the backend once per address seen."""
+
+    __slots__ = ("address", "backend", "made", "number", "reader", "shape")
+
+    #: Addresses remembered (a plan launched over many tensors keeps only the latest ones).
+    KEEP = 64
+
+    def __init__(
+        self,
+        reader: ParamReader,
+        backend: Backend,
+        number: int,
+        shape: tuple[int, ...],
+        partition: bool,
+    ) -> None:
+        self.reader, self.backend, self.number, self.shape = reader, backend, number, shape
+        self.address = _PARTITION_ADDRESS if partition else _ADDRESS
+        self.made: dict[int, bytes] = {}
+
+    def __call__(self, arg: Any) -> bytes:
+        address = self.address(arg)
+        raw = self.made.get(address)
+        if raw is None:
+            if len(self.made) >= self.KEEP:
+                self.made.clear()
+            raw = self.reader.tensor_map(self.backend, self.number, address, self.shape)
+            self.made[address] = raw
+        return raw
 
 
 def launch_key(args: tuple[Any, ...], constants: frozenset[int]) -> tuple[Any, ...]:

@@ -1,7 +1,8 @@
 """plan_pipelines: before emission, decide for each loop with an mma in its body which carried
-accumulators stay in mma fragments, which operand loads become `cp.async` copies issued
-`stages - 1` iterations ahead into a ring of shared stages, how many stages, and which mma
-operands defined before the loop are stored once for it. The decisions are data
+accumulators stay in mma fragments, which operand loads become `cp.async` copies (or, on a
+TMA target where the tiles allow, TMA copies: `plan_tma`) issued `stages - 1` iterations
+ahead into a ring of shared stages, how many stages, and which mma operands defined before
+the loop are stored once for it. The decisions are data
 (`PipelinePlan`); `allocate_shared` places the buffers, `emit_pipeline` carries them out."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from cutile_py.lower.assign_fragments import FragmentPlan, no_fragments
 from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import SHARED_LIMIT, SharedTile, round_region
 from cutile_py.lower.layout import Layout, LayoutPlan, canonical_blocked
+from cutile_py.lower.plan_tma import BARRIER_BYTES, TMA_ALIGN, align_tma, tma_swizzle
 from cutile_py.ptx.target import Target
 
 #: Stages when the kernel does not say: as many as fit in 48 KiB, at most this many.
@@ -48,6 +50,8 @@ class StagedLoad:
     #: by loop invariants of the induction variable): its addresses are advanced, not
     #: recomputed.
     affine: bool = False
+    #: In a "tma" pipeline: the tensor map's `CUtensorMapSwizzle` (see `plan_tma`).
+    swizzle: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,16 @@ class PipelinePlan:
     #: mma operands defined before the loop: stored once, before it, into these tiles
     #: (placed by `allocate_shared`), instead of once per iteration.
     resident: tuple[tuple[o.Value, int, SharedTile], ...] = ()
+    #: "cp.async" (each thread copies its chunks) or "tma" (one thread issues a
+    #: cp.async.bulk.tensor per tile into stages guarded by mbarriers: `emit_tma`).
+    kind: str = "cp.async"
+    #: On a target with TMA, why this pipeline is cp.async ("" if it is not, or has no loads).
+    why: str = ""
+
+    @property
+    def ring_bytes(self) -> int:
+        """The stages, and for TMA their mbarriers after them."""
+        return self.stages * self.stage_bytes + (BARRIER_BYTES if self.kind == "tma" else 0)
 
     @property
     def footprint(self) -> int:
@@ -73,7 +87,7 @@ class PipelinePlan:
         if not self.loads:
             return 0
         held = sum(round_region(t.nbytes) for _, _, t in self.resident)
-        return self.stages * self.stage_bytes + held
+        return self.ring_bytes + held
 
 
 def plan_pipelines(
@@ -275,11 +289,13 @@ def _place(
     outer: int,
 ) -> PipelinePlan:
     """Lay the stages out in shared memory and choose their number."""
+    kind, why, loads = _kind(cx, loads)
+    region = align_tma if kind == "tma" else round_region
     stage_bytes = 0
     placed = []
     for sl in loads:
         placed.append(replace(sl, tile=replace(sl.tile, offset=stage_bytes)))
-        stage_bytes += round_region(sl.tile.nbytes)
+        stage_bytes += region(sl.tile.nbytes)
     staged = {sl.operand for sl in placed}
     # Operands the mmas store from registers themselves (a padded load, say) each need
     # a tile of their own after the stages.
@@ -292,8 +308,11 @@ def _place(
 
     max_shared = cx.target.max_shared_bytes
 
+    # A TMA ring starts at the next TMA_ALIGN boundary, its mbarriers after it.
+    extra = reg_bytes + (TMA_ALIGN - 128 + BARRIER_BYTES if kind == "tma" else 0)
+
     def need(stages: int) -> int:
-        return outer + stages * stage_bytes + reg_bytes
+        return outer + stages * stage_bytes + extra
 
     explicit = cx.kernel.stages
     if explicit is not None:
@@ -333,8 +352,24 @@ def _place(
                 rows, cols = cols, rows
             resident.append((v, which, SharedTile(0, rows, cols, dt.itemsize(), True)))
     return PipelinePlan(
-        loop, tuple(mmas), carried, tuple(placed), stages, stage_bytes, tuple(resident)
+        loop, tuple(mmas), carried, tuple(placed), stages, stage_bytes, tuple(resident), kind, why
     )
+
+
+def _kind(cx: _Planning, loads: list[StagedLoad]) -> tuple[str, str, list[StagedLoad]]:
+    """ "tma" where the target has it and every staged tile can be a TMA box whose swizzle
+    matches the tile's (`plan_tma`), with each load's swizzle; else "cp.async" and why."""
+    if not cx.target.tma:
+        return "cp.async", "", loads
+    out = []
+    for sl in loads:
+        param = cx.kernel.params[sl.load.param]
+        assert isinstance(param, o.TensorParam)
+        swizzle = tma_swizzle(param, sl.load, sl.tile)
+        if isinstance(swizzle, str):
+            return "cp.async", swizzle, loads
+        out.append(replace(sl, swizzle=swizzle))
+    return "tma", "", out
 
 
 def _in_loop(uses: DefUse, loop: o.ForOp, v: o.Value) -> bool:

@@ -50,6 +50,7 @@ MAX_THREADS_PER_BLOCK = 1024
 #: The lowest `.version` for an instruction family, where it is higher than 7.0.
 MIN_PTX_FOR_FEATURE: dict[str, tuple[int, int]] = {
     "cvt.f32.bf16": (7, 1),  # widening bf16 with cvt (narrowing is 7.0)
+    "tma": (8, 0),  # cp.async.bulk.tensor, mbarrier expect_tx / try_wait, fence.proxy.async
 }
 
 
