@@ -191,8 +191,12 @@ class TmaPipeline(LoopPipeline):
         inside, go = fb.reg("pred"), fb.reg("pred")
         fb.ins("setp.gt.s32" if self.descending else "setp.lt.s32", inside, it, self.hi)
         fb.ins("and.pred", go, inside, self.leader)
+        # The other threads branch past (not predicated off: the per-warp issue loops ptxas
+        # builds around a TMA instruction would otherwise run in every warp).
+        skip = fb.new_label("tma_issued")
+        fb.ins("bra", skip, pred=go, negate=True)
         total = sum(sl.tile.nbytes for sl in self.loads)  # boxes count whole, zeros included
-        fb.ins("mbarrier.arrive.expect_tx.shared::cta.b64", "_", Addr(bar), total, pred=go)
+        fb.ins("mbarrier.arrive.expect_tx.shared::cta.b64", "_", Addr(bar), total)
         base = fb.reg("b32")
         fb.ins("add.u32", base, em.smem, stage)
         for sl in self.loads:
@@ -204,8 +208,8 @@ class TmaPipeline(LoopPipeline):
                 Addr(base, sl.tile.offset),
                 tensor,
                 Addr(bar),
-                pred=go,
             )
+        fb.place(skip)
 
     def _coords(self, sl: StagedLoad, it: Reg) -> list[Reg]:
         """The box's first element, innermost dimension first: the load's index (its index
