@@ -32,11 +32,11 @@ Elem = f16  # rebound per dtype by `make_gemm` (f16 for mypy)
 NP = {f16: np.float16, bf16: np.float32, f32: np.float32}
 
 
-def make_gemm(dt: type[ct.DType]) -> Any:
+def make_gemm(dt: type[ct.DType], stages: int | None = None) -> Any:
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841 (named by the annotations below)
 
-    @ct.kernel
+    @ct.kernel(stages=stages)
     def gemm(
         c: Mut[Tensor[f32, BM, BN]],
         a: Tensor[Elem, Dyn, Dyn],
@@ -98,6 +98,7 @@ COPY_TILES = [
     (f16, (32, 32, 32)),  # 64, 64
     (bf16, (32, 16, 16)),  # 32, 32
     (f16, (16, 8, 64)),  # 128, 16
+    (f16, (16, 128, 16)),  # A 32 by TMA; B 256: by cp.async beside it
 ]
 
 
@@ -123,6 +124,7 @@ def test_tma_tile_copy_is_exact(
         (f16, (64, 64, 32), (200, 136, 104)),
         (bf16, (32, 64, 64), (70, 130, 150)),
         (f16, (64, 32, 16), (64, 96, 16)),  # one K step: the ring never wraps
+        (f16, (64, 128, 32), (130, 260, 200)),  # A by TMA, B (256-byte rows) by cp.async
     ],
 )
 def test_tma_gemm_matches_numpy_at_ragged_shapes(
@@ -138,6 +140,24 @@ def test_tma_gemm_matches_numpy_at_ragged_shapes(
     want = a.astype(np.float64) @ b.astype(np.float64)
     bound = k * 2.0**-22 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
     assert (np.abs(got - want) <= bound + 1e-6).all()
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+@pytest.mark.parametrize("tiles", [(64, 64, 32), (32, 128, 16)])
+def test_tma_rings_of_one_and_two_stages(
+    sim90: SimBackend, rng: np.random.Generator, stages: int, tiles: tuple[int, int, int]
+) -> None:
+    """One stage (refilled after a barrier, waited at once: the phase flips every
+    iteration) and two (the ring wraps every other one), pure TMA and mixed with cp.async."""
+    m, n, k = 90, 152, 72
+    a, b = _values(rng, (m, k), f16), _values(rng, (k, n), f16)
+    c = ct.full((m, n), float("nan"), f32).partition(tiles[:2])
+    src = ct.from_numpy(a), ct.from_numpy(b)
+    gemm = make_gemm(f16, stages)
+    assert "cp.async.bulk.tensor" in gemm.ptx(c, *src, tiles[2], target=90)
+    out, *_ = gemm(c, *src, tiles[2]).sync()
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(out.unpartition().to_numpy(), want, rtol=1e-5, atol=1e-4)
 
 
 def _spec(dt: type[ct.DType], tiles: tuple[int, int, int], k: int = 256) -> tuple[Any, ...]:
@@ -191,9 +211,12 @@ def test_the_plan_says_tma_or_why_not(tmp_path: Path, monkeypatch: pytest.Monkey
     text = _plan(tmp_path / "a", monkeypatch, *_spec(f16, (64, 64, 32)))
     assert re.search(r"for %\d+: tma stages=3 stage_bytes=8192\n", text)
     assert "tma %" in text and "box 64x32 swizzle=2" in text and "box 32x64 swizzle=3" in text
-    # B's rows of 128 f16 are 256 bytes: wider than any TMA swizzle span.
+    # B's rows of 128 f16 are 256 bytes: wider than any TMA swizzle span; A is still TMA.
     text = _plan(tmp_path / "b", monkeypatch, *_spec(f16, (64, 128, 32)))
+    assert re.search(r"for %\d+: tma stages=3 stage_bytes=12288\n", text)
     assert "cp.async, not tma: b: tile rows of 256 bytes" in text
+    assert re.search(r"tma %\d+ \(load\): tile 64x32x2B at \+0 .*box 64x32 swizzle=2", text)
+    assert re.search(r"cp.async %\d+ \(load\): tile 32x128x2B at \+4096 .*advanced", text)
     # tf32 B tiles with K rows step their swizzle by 2: no TMA swizzle does that.
     text = _plan(tmp_path / "c", monkeypatch, *_spec(f32, (32, 32, 16)))
     assert "cp.async, not tma: b: its tile's swizzle steps by 2" in text
@@ -202,8 +225,8 @@ def test_the_plan_says_tma_or_why_not(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "cp.async, not tma: a: its base or row stride is not a multiple of 16 bytes" in text
 
 
-def test_fallback_pipeline_still_computes(sim90: SimBackend, rng: np.random.Generator) -> None:
-    """f32 (tf32) stays cp.async on sm_90 and still matches NumPy."""
+def test_tf32_pipeline_computes(sim90: SimBackend, rng: np.random.Generator) -> None:
+    """f32 (tf32): A by TMA, B (K rows, swizzle stepping by 2) by cp.async; matches NumPy."""
     m, n, k = 40, 40, 40
     a, b = _values(rng, (m, k), f32), _values(rng, (k, n), f32)
     got = _run(f32, a, b, (32, 32, 16))

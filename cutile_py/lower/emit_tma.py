@@ -1,10 +1,12 @@
 """TMA pipelines: a loop's operand tiles loaded by the Tensor Memory Accelerator into a ring
 of shared stages, each guarded by an mbarrier.
 
-The plan (`plan_pipelines`, kind "tma") is the cp.async one with each staged load a box of a
-tensor map (a kernel parameter made on the host by `Backend.tensor_map`) whose swizzle puts
-the box where the mma's fragment reads expect the tile (`plan_tma`). Per stage s, barrier
-b[s]; thread 0 issues, every thread waits:
+The plan (`plan_pipelines`, kind "tma") is the cp.async one with staged loads that are boxes
+of a tensor map (a kernel parameter made on the host by `Backend.tensor_map`) whose swizzle
+puts the box where the mma's fragment reads expect the tile (`plan_tma`); tiles no box can
+fill (rows wider than 128 bytes, say) are copied by cp.async beside them, in the same stages,
+as `emit_pipeline` copies them (a commit group per issue, `wait_group` before the barrier
+wait). Per stage s, barrier b[s]; thread 0 issues the boxes, every thread waits:
 
     before:     thread 0 inits b[0..S-1] (count 1); fence.proxy.async (earlier generic
                 writes to this memory precede the copy engine's); barrier; issue 0 .. S-2
@@ -53,6 +55,8 @@ def map_params(em: EmitContext) -> list[MapParam]:
         if plan.kind != "tma":
             continue
         for sl in plan.loads:
+            if not sl.tma:
+                continue
             load = sl.load
             box = tuple(reversed(load.shape))
             code = MAP_DTYPE[load.result.type.dtype.name]
@@ -113,6 +117,7 @@ class TmaPipeline(LoopPipeline):
         fb.ins("add.u32", self.bar_read, em.smem, self.bars)
         fb.ins("add.u32", self.bar_write, em.smem, self.bars + (self.stages - 1) * BARRIER)
         fb.ins("mov.u32", self.phase, 0)
+        self._streams()  # the addressing of the affine cp.async tiles, advanced per issue
         for s in range(self.stages - 1):
             stage, bar = fb.reg("b32"), fb.reg("b32")
             fb.ins("mov.u32", stage, self.ring + s * self.stage_bytes)
@@ -126,11 +131,18 @@ class TmaPipeline(LoopPipeline):
 
     def top(self) -> None:
         assert self.write is not None and self.bar_write is not None
+        fb = self.em.fb
+        copies = any(not sl.tma for sl in self.loads)
         if self.stages == 1:
             self.em.barrier()  # every warp is done with the previous iteration's tiles
             self._issue_tma(0, self.write, self.bar_write)
             self._wait()
+            if copies:  # other threads' cp.async copies are seen after a barrier
+                fb.ins("cp.async.wait_group", 0)
+                self.em.barrier()
         else:
+            if copies:
+                fb.ins("cp.async.wait_group", self.stages - 2)
             self._wait()
             self.em.barrier()
             self._issue_tma(self.stages - 1, self.write, self.bar_write)
@@ -156,6 +168,8 @@ class TmaPipeline(LoopPipeline):
 
     def drain(self) -> None:
         em = self.em
+        if any(not sl.tma for sl in self.loads):
+            em.fb.ins("cp.async.wait_all")  # cp.async copies issued past the end
         em.barrier()  # every thread has waited on its last phase
         for s in range(self.stages):
             em.fb.ins("mbarrier.inval.shared::cta.b64", self._bar(s), pred=self.leader)
@@ -179,8 +193,10 @@ class TmaPipeline(LoopPipeline):
         fb.ins("bra", again, pred=done, negate=True)
 
     def _issue_tma(self, ahead: int, stage: Reg, bar: Reg) -> None:
-        """Thread 0: if iteration i + `ahead` is one of the loop's, expect the stage's bytes
-        on `bar` and copy every staged tile of that iteration into the stage at `stage`."""
+        """Thread 0: if iteration i + `ahead` is one of the loop's, expect the stage's TMA
+        bytes on `bar` and copy its TMA tiles into the stage at `stage`. Every thread: copy
+        its chunks of the other tiles with cp.async (zeros past the tensor's edge), one
+        commit group."""
         em, fb = self.em, self.em.fb
         assert self.iv is not None and self.step is not None and self.hi is not None
         assert em.smem is not None and self.leader is not None
@@ -188,6 +204,19 @@ class TmaPipeline(LoopPipeline):
         if ahead:
             it = fb.reg("b32")
             fb.ins("mad.lo.s32", it, self.step, ahead, self.iv)
+        copies = [sl for sl in self.loads if not sl.tma]
+        if copies:
+            base = fb.reg("b32")
+            fb.ins("add.u32", base, em.smem, stage)
+            for sl in copies:  # as emit_pipeline issues them (its helpers, not copies)
+                stream = self.streams.get(sl.load)
+                if stream is None:
+                    index = emit_pipeline._index_at(em, self.loop, sl, it)
+                    emit_pipeline._copy(em, sl, emit_pipeline._access(em, sl, index), base)
+                else:
+                    emit_pipeline._copy(em, sl, stream.access, base)
+                    stream.advance(em)
+            fb.ins("cp.async.commit_group")
         inside, go = fb.reg("pred"), fb.reg("pred")
         fb.ins("setp.gt.s32" if self.descending else "setp.lt.s32", inside, it, self.hi)
         fb.ins("and.pred", go, inside, self.leader)
@@ -195,11 +224,12 @@ class TmaPipeline(LoopPipeline):
         # builds around a TMA instruction would otherwise run in every warp).
         skip = fb.new_label("tma_issued")
         fb.ins("bra", skip, pred=go, negate=True)
-        total = sum(sl.tile.nbytes for sl in self.loads)  # boxes count whole, zeros included
+        boxes = [sl for sl in self.loads if sl.tma]
+        total = sum(sl.tile.nbytes for sl in boxes)  # boxes count whole, zeros included
         fb.ins("mbarrier.arrive.expect_tx.shared::cta.b64", "_", Addr(bar), total)
         base = fb.reg("b32")
         fb.ins("add.u32", base, em.smem, stage)
-        for sl in self.loads:
+        for sl in boxes:
             coords = self._coords(sl, it)
             tensor = f"[{em.tensor_maps[sl.load]}, {{{', '.join(map(str, coords))}}}]"
             fb.ins(
@@ -214,11 +244,8 @@ class TmaPipeline(LoopPipeline):
     def _coords(self, sl: StagedLoad, it: Reg) -> list[Reg]:
         """The box's first element, innermost dimension first: the load's index (its index
         ops emitted again with the induction variable at `it`) times the tile shape."""
-        em, fb = self.em, self.em.fb
-        with em.scope({self.loop.body.args[0]: [it]}):
-            for op in sl.index_ops:
-                em.emit_op(op)
-            index = [em.regs(v)[0] for v in sl.load.operands]
+        fb = self.em.fb
+        index = emit_pipeline._index_at(self.em, self.loop, sl, it)
         out = []
         for r, size in zip(reversed(index), reversed(sl.load.shape)):
             if size == 1:

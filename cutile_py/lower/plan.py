@@ -106,11 +106,13 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
         pipes.append(f"  for {loop}:{kind} stages={p.stages} stage_bytes={p.stage_bytes}")
         if p.why:
             pipes.append(f"    cp.async, not tma: {p.why}")
+        if p.kind == "tma":
+            pipes.append(f"    mbarriers at +{p.stages * p.stage_bytes} (one per stage)")
         pipes += [
             f"    carried {names[p.loop.body.args[k + 1]]}: fragments of mma {names[m.result]}"
             for k, m in p.carried
         ]
-        pipes += [f"    {_staged(sl, names, lay, p.kind)}" for sl in p.loads]
+        pipes += [f"    {_staged(sl, names, lay)}" for sl in p.loads]
     lines = [
         f"plan of kernel {kernel.name} for {plan.target.describe()}",
         f"threads {plan.layouts.threads}",
@@ -142,18 +144,17 @@ def _dims(dims: tuple[int | None, ...]) -> str:
     return "(" + ", ".join("-" if d is None else str(d) for d in dims) + ")"
 
 
-def _staged(
-    sl: StagedLoad, names: Mapping[o.Value, str], lay: Callable[[Layout], str], kind: str
-) -> str:
+def _staged(sl: StagedLoad, names: Mapping[o.Value, str], lay: Callable[[Layout], str]) -> str:
     t = sl.tile
     chain = " -> ".join(op.opname for op in sl.chain)
     index = ", ".join(names[op.result] for op in sl.index_ops) or "none"
-    if kind == "tma":
+    if sl.tma:
         how = f"box {'x'.join(map(str, sl.load.shape))} swizzle={sl.swizzle}"
     else:
         how = f"copy {lay(sl.copy)}"
     return (
-        f"{kind} {names[sl.operand]} ({chain}): tile {t.rows}x{t.cols}x{t.eb}B at +{t.offset}"
-        f" xor_step={t.xor_step} rows_along={'K' if sl.k_rows else 'MN'}, {how}, "
-        f"index ops {index}{' (affine: advanced)' if sl.affine and kind != 'tma' else ''}"
+        f"{'tma' if sl.tma else 'cp.async'} {names[sl.operand]} ({chain}): tile "
+        f"{t.rows}x{t.cols}x{t.eb}B at +{t.offset} xor_step={t.xor_step} "
+        f"rows_along={'K' if sl.k_rows else 'MN'}, {how}, index ops {index}"
+        f"{' (affine: advanced)' if sl.affine and not sl.tma else ''}"
     )

@@ -50,7 +50,9 @@ class StagedLoad:
     #: by loop invariants of the induction variable): its addresses are advanced, not
     #: recomputed.
     affine: bool = False
-    #: In a "tma" pipeline: the tensor map's `CUtensorMapSwizzle` (see `plan_tma`).
+    #: Copied by TMA (in a "tma" pipeline), with the tensor map's `CUtensorMapSwizzle`
+    #: (see `plan_tma`); else by cp.async.
+    tma: bool = False
     swizzle: int = 0
 
 
@@ -71,9 +73,10 @@ class PipelinePlan:
     #: (placed by `allocate_shared`), instead of once per iteration.
     resident: tuple[tuple[o.Value, int, SharedTile], ...] = ()
     #: "cp.async" (each thread copies its chunks) or "tma" (one thread issues a
-    #: cp.async.bulk.tensor per tile into stages guarded by mbarriers: `emit_tma`).
+    #: cp.async.bulk.tensor per TMA tile into stages guarded by mbarriers, the other tiles
+    #: copied by cp.async beside them: `emit_tma`).
     kind: str = "cp.async"
-    #: On a target with TMA, why this pipeline is cp.async ("" if it is not, or has no loads).
+    #: On a target with TMA, why tiles of this pipeline are copied by cp.async ("" if none).
     why: str = ""
 
     @property
@@ -357,19 +360,24 @@ def _place(
 
 
 def _kind(cx: _Planning, loads: list[StagedLoad]) -> tuple[str, str, list[StagedLoad]]:
-    """ "tma" where the target has it and every staged tile can be a TMA box whose swizzle
-    matches the tile's (`plan_tma`), with each load's swizzle; else "cp.async" and why."""
+    """The pipeline's kind: "tma" where the target has it and a staged tile can be a TMA box
+    whose swizzle matches the tile's (`plan_tma`; those loads marked, with their swizzle),
+    else "cp.async"; and why the other tiles are cp.async."""
     if not cx.target.tma:
         return "cp.async", "", loads
-    out = []
+    out, why = [], []
     for sl in loads:
         param = cx.kernel.params[sl.load.param]
         assert isinstance(param, o.TensorParam)
         swizzle = tma_swizzle(param, sl.load, sl.tile)
         if isinstance(swizzle, str):
-            return "cp.async", swizzle, loads
-        out.append(replace(sl, swizzle=swizzle))
-    return "tma", "", out
+            why.append(swizzle)
+            out.append(sl)
+        else:
+            # A box's coordinates are a few scalar ops: recomputed, not advanced.
+            out.append(replace(sl, tma=True, swizzle=swizzle, affine=False))
+    kind = "tma" if any(sl.tma for sl in out) else "cp.async"
+    return kind, "; ".join(why), out
 
 
 def _in_loop(uses: DefUse, loop: o.ForOp, v: o.Value) -> bool:
