@@ -16,7 +16,7 @@ from cutile_py.lower.assign_fragments import FragmentPlan, no_fragments
 from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import SHARED_LIMIT, SharedTile, round_region
 from cutile_py.lower.layout import Layout, LayoutPlan, canonical_blocked
-from cutile_py.lower.plan_tma import BARRIER_BYTES, TMA_ALIGN, align_tma, tma_swizzle
+from cutile_py.lower.plan_tma import BARRIER_BYTES, align_tma, tma_swizzle
 from cutile_py.ptx.target import Target
 
 #: Stages when the kernel does not say: as many as fit in 48 KiB, at most this many.
@@ -312,10 +312,10 @@ def _place(
     max_shared = cx.target.max_shared_bytes
 
     # A TMA ring starts at the next TMA_ALIGN boundary, its mbarriers after it.
-    extra = reg_bytes + (TMA_ALIGN - 128 + BARRIER_BYTES if kind == "tma" else 0)
+    start, extra = (align_tma(outer), BARRIER_BYTES) if kind == "tma" else (outer, 0)
 
     def need(stages: int) -> int:
-        return outer + stages * stage_bytes + extra
+        return start + stages * stage_bytes + extra + reg_bytes
 
     explicit = cx.kernel.stages
     if explicit is not None:
