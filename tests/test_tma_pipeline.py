@@ -160,6 +160,33 @@ def test_tma_rings_of_one_and_two_stages(
     np.testing.assert_allclose(out.unpartition().to_numpy(), want, rtol=1e-5, atol=1e-4)
 
 
+@ct.kernel
+def gemm_descending(
+    c: Mut[Tensor[f32, BM, BN]],
+    a: Tensor[f16, Dyn, Dyn],
+    b: Tensor[f16, Dyn, Dyn],
+    BK: ct.Constant[int],
+) -> None:
+    """K tiles from the last to the first: iterations past the end are below the bound."""
+    acc: ct.Tile = ct.zeros((c.shape[0], c.shape[1]), f32)
+    for kk in range(ct.num_tiles(a, 1, BK) - 1, -1, -1):
+        ta = ct.load(a, (ct.bid(0), kk), (c.shape[0], BK))
+        tb = ct.load(b, (kk, ct.bid(1)), (BK, c.shape[1]))
+        acc = ct.mma(ta, tb, acc)
+    c.store(acc)
+
+
+def test_tma_descending_loop(sim90: SimBackend, rng: np.random.Generator) -> None:
+    m, n, k = 70, 72, 104
+    a, b = _values(rng, (m, k), f16), _values(rng, (k, n), f16)
+    c = ct.full((m, n), float("nan"), f32).partition((64, 64))
+    src = ct.from_numpy(a), ct.from_numpy(b)
+    assert "cp.async.bulk.tensor" in gemm_descending.ptx(c, *src, 32, target=90)
+    out, *_ = gemm_descending(c, *src, 32).sync()
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(out.unpartition().to_numpy(), want, rtol=1e-5, atol=1e-4)
+
+
 def _spec(dt: type[ct.DType], tiles: tuple[int, int, int], k: int = 256) -> tuple[Any, ...]:
     bm, bn, bk = tiles
     return (
@@ -308,3 +335,20 @@ def test_the_simulator_catches_a_broken_barrier_protocol(
     block = (lowered.block_threads, 1, 1)
     with pytest.raises(LaunchFailure, match=error):
         sim90.launch(kernel, (2, 2, 1), block, lowered.dynamic_shared, values).wait()
+
+
+def test_report_counts_the_bytes_tma_reads() -> None:
+    """kernel.report's global traffic on sm_90 (TMA boxes, in-bounds elements only) is
+    cp.async's on sm_80: every block reads its K panels of A and B once."""
+    m, n, k = 256, 192, 200  # ragged K: the last boxes read only what lies in the tensors
+
+    def traffic(target: int) -> list[str]:
+        a, b = ct.zeros((m, k), f16), ct.zeros((k, n), f16)
+        c = ct.zeros((m, n), f32).partition((64, 64))
+        text = str(GEMMS[f16].report(c, a, b, 32, target=target))
+        return re.findall(r"\n +(?:a|b|c) \(\d+ B\) +read \d+ B, written \d+ B", text)
+
+    sm90 = traffic(90)
+    assert f"read {m * k * 2 * (n // 64)} B" in sm90[1]  # A once per column of blocks
+    assert f"read {k * n * 2 * (m // 64)} B" in sm90[2]
+    assert sm90 == traffic(80)
