@@ -10,8 +10,10 @@ wait). Per stage s, barrier b[s]; thread 0 issues the boxes, every thread waits:
 
     before:     thread 0 inits b[0..S-1] (count 1); fence.proxy.async (earlier generic
                 writes to this memory precede the copy engine's); barrier; issue 0 .. S-2
-    issue j:    if j is an iteration of the loop: arrive.expect_tx(b[j % S], stage bytes),
-                then one cp.async.bulk.tensor per tile, completing on b[j % S]
+    issue j:    every thread: its cp.async chunks of the other tiles, one commit group;
+                thread 0, if j is an iteration of the loop (the others branch past):
+                arrive.expect_tx(b[j % S], the boxes' bytes), then one cp.async.bulk.tensor
+                per box, completing on b[j % S]
     iteration:  try_wait.parity(b[i % S], (i / S) & 1) until it holds; barrier (every warp
                 is done with the stage about to be refilled); issue i + S - 1
     after:      barrier; thread 0 invalidates the barriers (their memory is scratch again)
@@ -88,6 +90,9 @@ def start(em: EmitContext, plan: PipelinePlan) -> TmaPipeline:
 
 @dataclass
 class TmaPipeline(LoopPipeline):
+    """A `LoopPipeline` whose boxes are issued by thread 0 and awaited on the stage's
+    mbarrier (the emission hooks `Emitter.op_for` calls are the same)."""
+
     descending: bool = False
     leader: Reg | None = None  # thread 0: inits, arrives and issues
     hi: Reg | None = None  # the loop's bound: iterations past it are not issued
