@@ -32,7 +32,7 @@ from cutile_py.lower.pipeline import LoweredKernel
 from cutile_py.ptx.target import Target
 
 #: Bumped when the payload's layout changes (independently of the compiler version).
-FORMAT = 2  # 2: dynamic_shared
+FORMAT = 3  # 2: dynamic_shared; 3: tensor-map parameters (box, swizzle, data type)
 
 
 class Unstable(Exception):
@@ -149,7 +149,10 @@ def encode(lowered: LoweredKernel, ir_text: str) -> bytes:
         "ptx": lowered.ptx,
         "entry": lowered.entry,
         "block_threads": lowered.block_threads,
-        "params": [[p.arg, p.what, p.axis, p.ptype] for p in lowered.params],
+        "params": [
+            [p.arg, p.what, p.axis, p.ptype, list(p.box), p.swizzle, p.map_dtype]
+            for p in lowered.params
+        ],
         "target": lowered.target.sm,
         "arch_specific": lowered.target.arch_specific,
         "dynamic_shared": lowered.dynamic_shared,
@@ -171,7 +174,10 @@ def mismatch(lowered: LoweredKernel, name: str, spec: Specialization, target: Ta
         return f"it was compiled for {lowered.target.describe()}, not {target.describe()}"
     if lowered.entry != entry_name(name):
         return f"its entry is {lowered.entry!r}, not {entry_name(name)!r}"
-    if lowered.params != param_map(spec):
+    # The signature's parameters, then the tensor maps its TMA pipelines read (planned).
+    expected = param_map(spec)
+    head, maps = lowered.params[: len(expected)], lowered.params[len(expected) :]
+    if head != expected or any(p.what != "tmap" for p in maps):
         return "its parameter map does not match the kernel's signature"
     return None
 
@@ -189,12 +195,12 @@ def decode(payload: bytes) -> tuple[LoweredKernel, str] | None:
         if not (isinstance(threads, int) and isinstance(sm, int) and isinstance(dynamic, int)):
             return None
         params = []
-        for arg, what, axis, ptype in data["params"]:
-            if not (isinstance(arg, int) and isinstance(axis, int)):
+        for arg, what, axis, ptype, box, swizzle, map_dtype in data["params"]:
+            if not all(isinstance(x, int) for x in (arg, axis, swizzle, map_dtype, *box)):
                 return None
             if not (isinstance(what, str) and isinstance(ptype, str)):
                 return None
-            params.append(PtxParam(arg, what, axis, ptype))
+            params.append(PtxParam(arg, what, axis, ptype, tuple(box), swizzle, map_dtype))
         arch_specific = data.get("arch_specific", True)
         if not isinstance(arch_specific, bool):
             return None

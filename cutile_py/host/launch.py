@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 import weakref
 from collections.abc import Callable, Hashable, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from cutile_py.host.interpret_run import run_interpreted
@@ -26,7 +27,9 @@ if TYPE_CHECKING:
     from cutile_py.frontend.signature import Specialization
     from cutile_py.host.kernel import CompiledKernel
 
-_PTR, _DIM, _INT, _FLOAT = range(4)
+_PTR, _DIM, _INT, _FLOAT, _MAP = range(5)
+#: Bytes per element of the `CUtensorMapDataType`s a lowering uses (f16, f32, bf16).
+_MAP_ELEMENT_BYTES = {6: 2, 7: 4, 9: 2}
 
 
 class ParamReader:
@@ -36,25 +39,49 @@ class ParamReader:
     def __init__(self, lowered: LoweredKernel) -> None:
         steps = []
         for p in lowered.params:
-            kind = {"ptr": _PTR, "dim": _DIM}.get(p.what)
+            kind = {"ptr": _PTR, "dim": _DIM, "tmap": _MAP}.get(p.what)
             if kind is None:
                 kind = _INT if p.ptype in ("s32", "u32", "s64") else _FLOAT
             steps.append((p.arg, kind, p.axis))
         self.steps = tuple(steps)
         self._pointers = tuple(dict.fromkeys(p.arg for p in lowered.params if p.what == "ptr"))
         self.ptypes = tuple(p.ptype for p in lowered.params)
+        #: The tensor-map parameters, by their number (`PtxParam.axis`).
+        self.maps = {p.axis: p for p in lowered.params if p.what == "tmap"}
 
-    def __call__(self, args: Sequence[Any]) -> list[int | float]:
-        out: list[int | float] = []
+    def __call__(
+        self, args: Sequence[Any], backend: Backend | None = None
+    ) -> list[int | float | bytes]:
+        """The values; `backend` makes the tensor maps (a kernel with TMA pipelines)."""
+        out: list[int | float | bytes] = []
         for arg, kind, axis in self.steps:
             a = args[arg]
             if kind == _PTR:
                 out.append((a._tensor if type(a) is Partition else a)._address)
             elif kind == _DIM:
                 out.append((a._tensor if type(a) is Partition else a)._shape[axis])
+            elif kind == _MAP:
+                assert backend is not None, "a tensor map needs the backend that makes it"
+                t = a._tensor if type(a) is Partition else a
+                out.append(self.tensor_map(backend, axis, t._address, t._shape))
             else:
                 out.append(int(a) if kind == _INT else float(a))
         return out
+
+    def tensor_map(
+        self, backend: Backend, number: int, address: int, shape: tuple[int, ...]
+    ) -> bytes:
+        """Tensor map `number` of the kernel over a contiguous row-major tensor of `shape`
+        at `address` (`Backend.tensor_map`: dims innermost first, byte strides of the outer
+        dims, the box and swizzle the lowering chose)."""
+        p = self.maps[number]
+        eb = _MAP_ELEMENT_BYTES[p.map_dtype]
+        dims = tuple(reversed(shape))
+        strides, stride = [], eb
+        for d in dims[:-1]:
+            stride *= d
+            strides.append(stride)
+        return backend.tensor_map(p.map_dtype, address, dims, tuple(strides), p.box, p.swizzle)
 
     def touches(self, args: Sequence[Any], atomic: frozenset[int] = frozenset()) -> list[Touch]:
         """The memory a launch reads and writes: each tensor argument's bytes, written where
@@ -137,7 +164,7 @@ class LaunchPlan:
         #: The backend's prepared launch, the reader of its parameter values (None: they are
         #: the arguments, for the interpreter) and of the memory it touches: set by `prepare`.
         self.launch: PreparedLaunch | None = None
-        self.read: Callable[[Sequence[Any]], list[int | float]] | None = None
+        self.read: Callable[[Sequence[Any]], list[int | float | bytes]] | None = None
         self.touches: Callable[[Sequence[Any]], list[Touch]] | None = None
         # Each tensor argument's shape (part of the plan's key, so fixed): dims are constants.
         self._shapes = {i: (mut, args[i]._storage()._shape) for i, mut in self.tensors}
@@ -161,7 +188,7 @@ class LaunchPlan:
         if compiled.lowered is not None and backend.runs_ptx:
             launch = compiled.prepared(backend, self.grid)
             reader = compiled.param_reader()  # after any recompile
-            self.read, self.touches = _readers(reader, self._shapes, self.atomic)
+            self.read, self.touches = _readers(reader, self._shapes, self.atomic, backend)
         else:
             # The interpreter walks the partitions' own grid (of their rank), not the padded one.
             fn, spec, tiles = self._fn, self.spec, self.grid
@@ -194,17 +221,26 @@ def _readers(
     reader: ParamReader,
     shapes: dict[int, tuple[bool, tuple[int, ...]]],
     atomic: frozenset[int],
-) -> tuple[Callable[[Sequence[Any]], list[int | float]], Callable[[Sequence[Any]], list[Touch]]]:
+    backend: Backend,
+) -> tuple[
+    Callable[[Sequence[Any]], list[int | float | bytes]], Callable[[Sequence[Any]], list[Touch]]
+]:
     """`reader` and its `touches` for one launch plan, generated as one list display each: the
     dims are the plan's (shapes are part of its key), so only pointers and scalars are read,
     with no loop and no call per value but a scalar's conversion. `shapes`: (whether a Mut
-    partition, shape) of each tensor argument."""
+    partition, shape) of each tensor argument. Tensor maps are made by `backend`, once per
+    tensor address."""
     items: list[str] = []
+    maps: dict[str, _Maps] = {}
     for arg, kind, axis in reader.steps:
         if kind == _DIM:
             items.append(repr(shapes[arg][1][axis]))
         elif kind == _PTR:
             items.append(f"{_storage(arg, shapes)}._address")
+        elif kind == _MAP:  # made by the backend, once per address
+            name = f"map{len(maps)}"
+            maps[name] = _Maps(reader, backend, axis, shapes[arg][1], shapes[arg][0])
+            items.append(f"{name}(args[{arg}])")
         else:
             items.append(f"{'int' if kind == _INT else 'float'}(args[{arg}])")
     touched = []
@@ -215,9 +251,41 @@ def _readers(
         f"def read(args):\n    return [{', '.join(items)}]\n"
         f"def touches(args):\n    return [{', '.join(touched)}]"
     )
-    scope: dict[str, Any] = {}
+    scope: dict[str, Any] = dict(maps)
     exec(compile(source, "<cutile_py launch plan>", "exec"), scope)
     return scope["read"], scope["touches"]
+
+
+class _Maps:
+    """One tensor-map parameter of a launch plan: the map of the tensor argument's address
+    (its shape is the plan's), made by the backend once per address seen."""
+
+    __slots__ = ("address", "backend", "made", "number", "reader", "shape")
+
+    #: Addresses remembered (a plan launched over many tensors keeps only the latest ones).
+    KEEP = 64
+
+    def __init__(
+        self,
+        reader: ParamReader,
+        backend: Backend,
+        number: int,
+        shape: tuple[int, ...],
+        partition: bool,
+    ) -> None:
+        self.reader, self.backend, self.number, self.shape = reader, backend, number, shape
+        self.address = attrgetter("_tensor._address" if partition else "_address")
+        self.made: dict[int, bytes] = {}
+
+    def __call__(self, arg: Any) -> bytes:
+        address = self.address(arg)
+        raw = self.made.get(address)
+        if raw is None:
+            if len(self.made) >= self.KEEP:
+                self.made.clear()
+            raw = self.reader.tensor_map(self.backend, self.number, address, self.shape)
+            self.made[address] = raw
+        return raw
 
 
 def _storage(arg: int, shapes: dict[int, tuple[bool, tuple[int, ...]]]) -> str:

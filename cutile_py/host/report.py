@@ -276,7 +276,7 @@ def build_report(
         static_shared = asm.shared_bytes  # ptxas's own count
     regions = _regions(sim_args, names)
     reader = compiled.param_reader()
-    values = [ParamValue(t, v) for t, v in zip(reader.ptypes, reader(sim_args))]
+    values = [ParamValue(t, v) for t, v in zip(reader.ptypes, reader(sim_args, sim))]
     g = (*grid, 1, 1, 1)[:3]
     measured = (
         None

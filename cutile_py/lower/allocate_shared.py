@@ -2,7 +2,8 @@
 before emission from the pipelines' sizes.
 
 Buffers and their lifetimes:
-- a pipeline's ring of stages, and the mma operands defined before its loop (stored once,
+- a pipeline's ring of stages (a TMA ring aligned to `plan_tma.TMA_ALIGN`, its mbarriers
+  after the stages), and the mma operands defined before its loop (stored once,
   "resident"), live while the loop runs: from its prologue to its drain;
 - scratch (layout conversions, cross-warp reductions, mma operands stored from registers,
   accumulator bands) lives for one op at a time, barrier to barrier, at the floor of the
@@ -22,6 +23,7 @@ from types import MappingProxyType
 from cutile_py.ir import ops as o
 from cutile_py.lower.fragments import SharedTile, round_region
 from cutile_py.lower.plan_pipelines import PipelinePlan
+from cutile_py.lower.plan_tma import TMA_ALIGN
 from cutile_py.lower.plan_wgmma import ALIGN
 
 
@@ -72,9 +74,10 @@ def allocate_shared(kernel: o.Kernel, pipelines: Mapping[o.ForOp, PipelinePlan])
             plan = pipelines.get(op) if isinstance(op, o.ForOp) else None
             if plan is not None and plan.loads:
                 assert isinstance(op, o.ForOp)
-                # wgmma's swizzled tiles start on 1024-byte boundaries
-                start = -(-floor // ALIGN) * ALIGN if plan.wgmma else floor
-                size = plan.stages * plan.stage_bytes
+                # wgmma's and TMA's swizzled tiles start on 1024-byte boundaries
+                align = max(ALIGN if plan.wgmma else 1, TMA_ALIGN if plan.kind == "tma" else 1)
+                start = -(-floor // align) * align
+                size = plan.ring_bytes
                 regions.append(SharedRegion("ring", op, start, size))
                 at = start + size
                 for v, which, tile in plan.resident:

@@ -88,6 +88,8 @@ class EmitContext:
     scratch: Reg | None = None
     #: Ops not emitted where they stand (loads a pipeline issues ahead instead).
     skipped: set[o.Op] = field(default_factory=set)
+    #: A TMA pipeline's load → the generic address of its tensor map (a kernel parameter).
+    tensor_maps: dict[o.LoadOp, Reg] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.fragment_values.update(

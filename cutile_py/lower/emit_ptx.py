@@ -23,6 +23,7 @@ from cutile_py.lower import (
     emit_pipeline,
     emit_scan,
     emit_shared,
+    emit_tma,
     emit_wgmma,
 )
 from cutile_py.lower.context import EmitContext, TensorRegs
@@ -41,7 +42,7 @@ from cutile_py.lower.isel import (
     bits16,
 )
 from cutile_py.lower.layout import Layout
-from cutile_py.ptx.builder import Imm, Reg, f32_imm, int_imm
+from cutile_py.ptx.builder import TENSOR_MAP_PTYPE, Imm, Reg, f32_imm, int_imm
 
 __all__ = [
     "FRAGMENT_HANDLERS",
@@ -59,9 +60,14 @@ class PtxParam:
     """One `.param` of the entry: a tensor's address or dim, or a scalar argument."""
 
     arg: int  # kernel parameter index
-    what: str  # "ptr", "dim" or "scalar"
-    axis: int = 0
+    what: str  # "ptr", "dim", "scalar" or "tmap" (a tensor map of the tensor: `emit_tma`)
+    axis: int = 0  # a dim's axis; a tensor map's number (its order among the maps)
     ptype: str = "u64"
+    #: A tensor map's box (innermost dimension first), `CUtensorMapSwizzle` and
+    #: `CUtensorMapDataType`.
+    box: tuple[int, ...] = ()
+    swizzle: int = 0
+    map_dtype: int = 0
 
 
 #: The `.param` type of a run-time scalar parameter of each dtype.
@@ -120,6 +126,13 @@ class Emitter(EmitContext):
                 if value is None:
                     continue  # a Constant: compiled in
                 self.define(value, [self.scalar_param(i, p)])
+        for k, m in enumerate(emit_tma.map_params(self)):
+            # After the signature's parameters: their map (`entry_params`) stays as it is.
+            name = f"p{m.arg}_map{k}"
+            fb.params.append((name, TENSOR_MAP_PTYPE))
+            ptx = PtxParam(m.arg, "tmap", k, TENSOR_MAP_PTYPE, m.box, m.swizzle, m.map_dtype)
+            self.params.append(ptx)
+            self.tensor_maps[m.load] = emit_tma.map_address(self, name)
         tid = fb.reg("b32")
         fb.ins("mov.u32", tid, "%tid.x")
         self.tid = tid
@@ -474,7 +487,10 @@ class Emitter(EmitContext):
         args = op.body.args[1:]
         # Accumulators the loop carries stay mma fragments; operand loads go through cp.async.
         planned = self.pipelines.get(op)
-        pipe = emit_pipeline.start(self, planned) if planned is not None else None
+        pipe = None
+        if planned is not None:
+            start = emit_tma.start if planned.kind == "tma" else emit_pipeline.start
+            pipe = start(self, planned)
         frag = {k: f for k, a in enumerate(args) if (f := self.fragment_plan.of(a)) is not None}
         iv = fb.reg("b32")
         self.mov(iv, self.regs(lo)[0])

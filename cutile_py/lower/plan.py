@@ -104,7 +104,12 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
     threads = plan.layouts.threads
     for p in plan.pipelines.values():
         loop = loop_name(p.loop)
-        pipes.append(f"  for {loop}: stages={p.stages} stage_bytes={p.stage_bytes}")
+        kind = " tma" if p.kind == "tma" else ""  # cp.async: as before
+        pipes.append(f"  for {loop}:{kind} stages={p.stages} stage_bytes={p.stage_bytes}")
+        if p.why:
+            pipes.append(f"    cp.async, not tma: {p.why}")
+        if p.kind == "tma":
+            pipes.append(f"    mbarriers at +{p.stages * p.stage_bytes} (one per stage)")
         pipes += [
             f"    carried {names[p.loop.body.args[k + 1]]}: fragments of mma {names[m.result]}"
             for k, m in p.carried
@@ -151,9 +156,14 @@ def _staged(sl: StagedLoad, names: Mapping[o.Value, str], lay: Callable[[Layout]
     t = sl.tile
     chain = " -> ".join(op.opname for op in sl.chain)
     index = ", ".join(names[op.result] for op in sl.index_ops) or "none"
+    if sl.tma:
+        how = f"box {'x'.join(map(str, sl.load.shape))} swizzle={sl.swizzle}"
+    else:
+        how = f"copy {lay(sl.copy)}"
     return (
-        f"cp.async {names[sl.operand]} ({chain}): tile {t.rows}x{t.cols}x{t.eb}B at +{t.offset}"
-        f" xor_step={t.xor_step} rows_along={'K' if sl.k_rows else 'MN'}, copy {lay(sl.copy)}, "
-        f"index ops {index}{' (affine: advanced)' if sl.affine else ''}"
+        f"{'tma' if sl.tma else 'cp.async'} {names[sl.operand]} ({chain}): tile "
+        f"{t.rows}x{t.cols}x{t.eb}B at +{t.offset} xor_step={t.xor_step} "
+        f"rows_along={'K' if sl.k_rows else 'MN'}, {how}, index ops {index}"
+        f"{' (affine: advanced)' if sl.affine and not sl.tma else ''}"
         + (f", {t.panels} panels of {t.panel} columns" if t.panels > 1 else "")
     )

@@ -1,7 +1,8 @@
 """plan_pipelines: before emission, decide for each loop with an mma in its body which carried
-accumulators stay in mma fragments, which operand loads become `cp.async` copies issued
-`stages - 1` iterations ahead into a ring of shared stages, how many stages, and which mma
-operands defined before the loop are stored once for it. The decisions are data
+accumulators stay in mma fragments, which operand loads become `cp.async` copies (or, on a
+TMA target where the tiles allow, TMA copies: `plan_tma`) issued `stages - 1` iterations
+ahead into a ring of shared stages, how many stages, and which mma operands defined before
+the loop are stored once for it. The decisions are data
 (`PipelinePlan`); `allocate_shared` places the buffers, `emit_pipeline` carries them out."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from cutile_py.lower.assign_fragments import FragmentPlan, no_fragments
 from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import SHARED_LIMIT, SharedTile, round_region
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan, canonical_blocked
+from cutile_py.lower.plan_tma import BARRIER_BYTES, TMA_ALIGN, tma_swizzle
 from cutile_py.ptx.target import Target
 
 #: Stages when the kernel does not say: as many as fit in 48 KiB, at most this many.
@@ -52,6 +54,10 @@ class StagedLoad:
     #: Per index: whether it changes from one iteration to the next (an affine load's
     #: addressing along the other dims, bounds included, is computed once, before the loop).
     varying: tuple[bool, ...] = ()
+    #: Copied by TMA (in a "tma" pipeline), with the tensor map's `CUtensorMapSwizzle`
+    #: (see `plan_tma`); else by cp.async.
+    tma: bool = False
+    swizzle: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,17 @@ class PipelinePlan:
     #: The mmas lowered to wgmma (`plan_wgmma`): their operand tiles are wgmma layouts,
     #: on 1024-byte boundaries.
     wgmma: tuple[o.MmaOp, ...] = ()
+    #: "cp.async" (each thread copies its chunks) or "tma" (one thread issues a
+    #: cp.async.bulk.tensor per TMA tile into stages guarded by mbarriers, the other tiles
+    #: copied by cp.async beside them: `emit_tma`).
+    kind: str = "cp.async"
+    #: On a target with TMA, why tiles of this pipeline are copied by cp.async ("" if none).
+    why: str = ""
+
+    @property
+    def ring_bytes(self) -> int:
+        """The stages, and for TMA their mbarriers after them."""
+        return self.stages * self.stage_bytes + (BARRIER_BYTES if self.kind == "tma" else 0)
 
     @property
     def footprint(self) -> int:
@@ -80,7 +97,7 @@ class PipelinePlan:
         if not self.loads:
             return 0
         held = sum(round_region(t.nbytes) for _, _, t in self.resident)
-        return self.stages * self.stage_bytes + held
+        return self.ring_bytes + held
 
 
 def plan_pipelines(
@@ -311,9 +328,11 @@ def _place(
     wgmma: tuple[o.MmaOp, ...] = (),
 ) -> PipelinePlan:
     """Lay the stages out in shared memory and choose their number."""
+    kind, why, loads = _kind(cx, loads)
     stage_bytes = 0
     placed = []
-    align = plan_wgmma.ALIGN if wgmma else 128
+    # wgmma descriptors and TMA's swizzle read absolute address bits: 1024-byte tiles.
+    align = max(plan_wgmma.ALIGN if wgmma else 128, TMA_ALIGN if kind == "tma" else 128)
     outer = -(-outer // align) * align  # where allocate_shared puts the ring
     for sl in loads:
         placed.append(replace(sl, tile=replace(sl.tile, offset=stage_bytes)))
@@ -330,8 +349,11 @@ def _place(
 
     max_shared = cx.target.max_shared_bytes
 
+    # The ring starts at `outer` (rounded up above), a TMA ring's mbarriers after it.
+    start, extra = outer, BARRIER_BYTES if kind == "tma" else 0
+
     def need(stages: int) -> int:
-        return outer + stages * stage_bytes + reg_bytes
+        return start + stages * stage_bytes + extra + reg_bytes
 
     explicit = cx.kernel.stages
     if explicit is not None:
@@ -371,8 +393,38 @@ def _place(
                 rows, cols = cols, rows
             resident.append((v, which, SharedTile(0, rows, cols, dt.itemsize(), True)))
     return PipelinePlan(
-        loop, tuple(mmas), carried, tuple(placed), stages, stage_bytes, tuple(resident), wgmma
+        loop,
+        tuple(mmas),
+        carried,
+        tuple(placed),
+        stages,
+        stage_bytes,
+        tuple(resident),
+        wgmma,
+        kind,
+        why,
     )
+
+
+def _kind(cx: _Planning, loads: list[StagedLoad]) -> tuple[str, str, list[StagedLoad]]:
+    """The pipeline's kind: "tma" where the target has it and a staged tile can be a TMA box
+    whose swizzle matches the tile's (`plan_tma`; those loads marked, with their swizzle),
+    else "cp.async"; and why the other tiles are cp.async."""
+    if not cx.target.tma:
+        return "cp.async", "", loads
+    out, why = [], []
+    for sl in loads:
+        param = cx.kernel.params[sl.load.param]
+        assert isinstance(param, o.TensorParam)
+        swizzle = tma_swizzle(param, sl.load, sl.tile)
+        if isinstance(swizzle, str):
+            why.append(swizzle)
+            out.append(sl)
+        else:
+            # A box's coordinates are a few scalar ops: recomputed, not advanced.
+            out.append(replace(sl, tma=True, swizzle=swizzle, affine=False))
+    kind = "tma" if any(sl.tma for sl in out) else "cp.async"
+    return kind, "; ".join(why), out
 
 
 def _in_loop(uses: DefUse, loop: o.ForOp, v: o.Value) -> bool:

@@ -79,7 +79,7 @@ class FunctionBuilder:
     labels: int = 0
     #: Bytes of the block's shared-memory array `smem` (0: none declared).
     shared_bytes: int = 0
-    #: Its alignment (wgmma's swizzled operand tiles need 1024 bytes).
+    #: Alignment of `smem` (wgmma's and TMA's swizzles read absolute address bits: 1024).
     shared_align: int = 16
 
     def reg(self, ptype: str) -> Reg:
@@ -112,7 +112,10 @@ class FunctionBuilder:
         return self.shared_bytes if self.shared_bytes > MAX_STATIC_SHARED else 0
 
     def render(self) -> str:
-        params = ",\n".join(f"\t.param .{t} {n}" for n, t in self.params)
+        params = ",\n".join(
+            f"\t.param .align 64 .b8 {n}[128]" if t == TENSOR_MAP_PTYPE else f"\t.param .{t} {n}"
+            for n, t in self.params
+        )
         decls = [f"\t.reg .{t} %{REG_PREFIX[t]}<{n + 1}>;" for t, n in self.counts.items() if n]
         if self.shared_bytes and not self.dynamic_shared:
             decls.append(f"\t.shared .align {self.shared_align} .b8 smem[{self.shared_bytes}];")
@@ -122,6 +125,10 @@ class FunctionBuilder:
             + "\n}\n"
         )
 
+
+#: The `.param` type (as `FunctionBuilder.params` and launches spell it) of a tensor map:
+#: `.param .align 64 .b8 name[128]`, passed by value (`__grid_constant__`).
+TENSOR_MAP_PTYPE = "b8[128]"
 
 #: The dynamic shared-memory array. ptxas accepts `.extern` only at module scope ("Parsing
 #: error near '.shared'" inside a function), so the module declares it once for every function

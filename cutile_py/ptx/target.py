@@ -51,6 +51,7 @@ MAX_THREADS_PER_BLOCK = 1024
 MIN_PTX_FOR_FEATURE: dict[str, tuple[int, int]] = {
     "cvt.f32.bf16": (7, 1),  # widening bf16 with cvt (narrowing is 7.0)
     "wgmma": (8, 0),  # with `.target sm_90a`, which needs 8.0 (NOTES-PTX.md)
+    "tma": (8, 0),  # cp.async.bulk.tensor, mbarrier expect_tx / try_wait, fence.proxy.async
 }
 #: Features that exist only on an architecture's arch-specific variant (`.target sm_90a`):
 #: a module using one is emitted for that variant, whose code runs on that exact

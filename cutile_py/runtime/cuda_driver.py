@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from cutile_py.ptx.builder import TENSOR_MAP_PTYPE
 from cutile_py.sim.tensor_map import check_tiled
 
 #: Results that mean a kernel faulted on the device; they poison the context for good.
@@ -501,9 +502,7 @@ def pack_params(params: Sequence[tuple[str, int | float]]) -> KernelParams:
     return KernelParams(tuple(values))
 
 
-#: The parameter type of a tensor map (what `Backend.tensor_map` makes): 128 bytes that the
-#: kernel declares `.param .align 64 .b8 name[128]`.
-TENSOR_MAP_PTYPE = "b8[128]"
+#: A tensor map parameter (what `Backend.tensor_map` makes) is its 128 bytes.
 TENSOR_MAP_BYTES = 128
 
 #: Each parameter's slot in a `ParamBlock`: 8 bytes (aligned for every scalar type; a tensor

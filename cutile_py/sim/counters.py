@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cutile_py.ptx.ast import Imm, Instruction, Operand
+from cutile_py.sim import bulk_copy
 from cutile_py.sim.context import PTYPE_DTYPE, WARP
 from cutile_py.sim.executor import (
     MAX_SHARED,
@@ -301,7 +302,26 @@ def _wrap(step: Step, pc: int, counters: MemoryCounters, prog: Program) -> Handl
         return _wrap_ldmatrix(ins, pc, inner, counters)
     if op == "cp" and len(ins.operands) > 2 and isinstance(ins.operands[2], Imm):
         return _wrap_cp_async(ins, pc, inner, counters, prog)
+    if op == "cp" and "tensor" in ins.modifiers and "mbarrier::complete_tx::bytes" in ins.modifiers:
+        return _wrap_tma_load(ins, pc, inner, counters)
     return None
+
+
+def _wrap_tma_load(ins: Instruction, pc: int, inner: Handler, counters: MemoryCounters) -> Handler:
+    """`cp.async.bulk.tensor` load: reads the elements of its box that lie in the tensor."""
+    rank = next(int(m[0]) for m in ins.modifiers if len(m) == 2 and m[1] == "d")
+    tmap, coords = bulk_copy._tensor_operand(ins, 1, rank)
+
+    def run(b: Batch) -> None:
+        lanes, boxes = bulk_copy._issued(b, tmap, coords, rank)
+        for lane, (m, addr, inside) in zip(lanes.tolist(), boxes):
+            at = addr[inside].astype(np.uint64)
+            if at.size:
+                who = np.full(at.size, lane, dtype=np.int64)
+                counters.count_global(pc, ins, who, at, np.full(at.size, m.esize))
+        inner(b)
+
+    return run
 
 
 def _leaders(steps: Sequence[Step]) -> dict[int, int]:

@@ -1,0 +1,264 @@
+"""TMA pipelines: a loop's operand tiles loaded by the Tensor Memory Accelerator into a ring
+of shared stages, each guarded by an mbarrier.
+
+The plan (`plan_pipelines`, kind "tma") is the cp.async one with staged loads that are boxes
+of a tensor map (a kernel parameter made on the host by `Backend.tensor_map`) whose swizzle
+puts the box where the mma's fragment reads expect the tile (`plan_tma`); tiles no box can
+fill (rows wider than 128 bytes, say) are copied by cp.async beside them, in the same stages,
+as `emit_pipeline` copies them (a commit group per issue, `wait_group` before the barrier
+wait). Per stage s, barrier b[s]; thread 0 issues the boxes, every thread waits:
+
+    before:     thread 0 inits b[0..S-1] (count 1); fence.proxy.async (earlier generic
+                writes to this memory precede the copy engine's); barrier; issue 0 .. S-2
+    issue j:    every thread: its cp.async chunks of the other tiles, one commit group;
+                thread 0, if j is an iteration of the loop (the others branch past):
+                arrive.expect_tx(b[j % S], the boxes' bytes), then one cp.async.bulk.tensor
+                per box, completing on b[j % S]
+    iteration:  try_wait.parity(b[i % S], (i / S) & 1) until it holds; barrier (every warp
+                is done with the stage about to be refilled); issue i + S - 1
+    after:      barrier; thread 0 invalidates the barriers (their memory is scratch again)
+
+Only the loop's own iterations are issued, so each barrier phase is waited on exactly once
+and nothing is in flight after the loop. Boxes past the tensor's edge arrive as zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from cutile_py.ir import ops as o
+from cutile_py.lower import emit_pipeline
+from cutile_py.lower.context import EmitContext
+from cutile_py.lower.emit_pipeline import LoopPipeline
+from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad
+from cutile_py.lower.plan_tma import MAP_DTYPE
+from cutile_py.ptx.builder import Addr, Reg
+
+#: Bytes per mbarrier.
+BARRIER = 8
+
+
+@dataclass(frozen=True)
+class MapParam:
+    """The tensor map one staged load reads: of kernel parameter `arg`, its box (innermost
+    dimension first), `CUtensorMapSwizzle` and `CUtensorMapDataType`."""
+
+    load: o.LoadOp
+    arg: int
+    box: tuple[int, ...]
+    swizzle: int
+    map_dtype: int
+
+
+def map_params(em: EmitContext) -> list[MapParam]:
+    """One tensor map per load of every TMA pipeline, in program order."""
+    out = []
+    for plan in em.pipelines.values():
+        if plan.kind != "tma":
+            continue
+        for sl in plan.loads:
+            if not sl.tma:
+                continue
+            load = sl.load
+            box = tuple(reversed(load.shape))
+            code = MAP_DTYPE[load.result.type.dtype.name]
+            out.append(MapParam(load, load.param, box, sl.swizzle, code))
+    return out
+
+
+def map_address(em: EmitContext, name: str) -> Reg:
+    """The generic address of the tensor-map parameter `name` (a kernel parameter's address
+    in the param space, converted as for a `__grid_constant__` argument)."""
+    fb = em.fb
+    em.features.add("tma")
+    local, wide, generic = fb.reg("b32"), fb.reg("b64"), fb.reg("b64")
+    fb.ins("mov.b32", local, name)
+    fb.ins("cvt.u64.u32", wide, local)
+    fb.ins("cvta.param.u64", generic, wide)
+    return generic
+
+
+def start(em: EmitContext, plan: PipelinePlan) -> TmaPipeline:
+    """`emit_pipeline.start`'s setup (mma addressing, the ring claimed, the loads set
+    aside, resident tiles stored), carried out by a `TmaPipeline`."""
+    base = emit_pipeline.start(em, plan)
+    em.fb.shared_align = max(em.fb.shared_align, 1024)
+    pipe = TmaPipeline(**{f.name: getattr(base, f.name) for f in fields(LoopPipeline)})
+    pipe.descending = plan.loop.descending
+    return pipe
+
+
+@dataclass
+class TmaPipeline(LoopPipeline):
+    """A `LoopPipeline` whose boxes are issued by thread 0 and awaited on the stage's
+    mbarrier (the emission hooks `Emitter.op_for` calls are the same)."""
+
+    descending: bool = False
+    leader: Reg | None = None  # thread 0: inits, arrives and issues
+    hi: Reg | None = None  # the loop's bound: iterations past it are not issued
+    bars: int = 0  # byte offset of b[0]
+    bar_read: Reg | None = None  # shared address of the barrier of the stage read
+    bar_write: Reg | None = None  # and of the stage refilled
+    phase: Reg | None = None  # parity of the read stage's phase awaited
+
+    def prologue(self, iv: Reg, step: Reg) -> None:
+        em, fb = self.em, self.em.fb
+        assert em.smem is not None and em.tid is not None
+        self.iv, self.step = iv, step
+        self.hi = em.regs(self.loop.operands[1])[0]
+        self.leader = fb.reg("pred")
+        fb.ins("setp.eq.u32", self.leader, em.tid, 0)
+        self.bars = self.ring + self.stages * self.stage_bytes
+        for s in range(self.stages):
+            fb.ins("mbarrier.init.shared::cta.b64", self._bar(s), 1, pred=self.leader)
+        # What the block wrote to this memory before (generic proxy) comes before what the
+        # copy engine writes (async proxy).
+        fb.ins("fence.proxy.async.shared::cta")
+        em.barrier()
+        self.read, self.write = fb.reg("b32"), fb.reg("b32")
+        fb.ins("mov.u32", self.read, self.ring)
+        fb.ins("mov.u32", self.write, self.ring + (self.stages - 1) * self.stage_bytes)
+        self.bar_read, self.bar_write, self.phase = fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
+        fb.ins("add.u32", self.bar_read, em.smem, self.bars)
+        fb.ins("add.u32", self.bar_write, em.smem, self.bars + (self.stages - 1) * BARRIER)
+        fb.ins("mov.u32", self.phase, 0)
+        self._streams()  # the addressing of the affine cp.async tiles, advanced per issue
+        for s in range(self.stages - 1):
+            stage, bar = fb.reg("b32"), fb.reg("b32")
+            fb.ins("mov.u32", stage, self.ring + s * self.stage_bytes)
+            fb.ins("add.u32", bar, em.smem, self.bars + s * BARRIER)
+            self._issue_tma(s, stage, bar)
+        for sl in self.loads:
+            em.staged[sl.operand] = (sl.tile, sl.k_rows, self.read)
+        self.outer_scratch = (em.scratch_floor, em.scratch)
+        em.scratch_floor, em.scratch = self.floor, fb.reg("b32")
+        fb.ins("add.u32", em.scratch, em.smem, self.floor)
+
+    def top(self) -> None:
+        assert self.write is not None and self.bar_write is not None
+        fb = self.em.fb
+        copies = any(not sl.tma for sl in self.loads)
+        if self.stages == 1:
+            self.em.barrier()  # every warp is done with the previous iteration's tiles
+            self._issue_tma(0, self.write, self.bar_write)
+            self._wait()
+            if copies:  # other threads' cp.async copies are seen after a barrier
+                fb.ins("cp.async.wait_group", 0)
+                self.em.barrier()
+        else:
+            if copies:
+                fb.ins("cp.async.wait_group", self.stages - 2)
+            self._wait()
+            self.em.barrier()
+            self._issue_tma(self.stages - 1, self.write, self.bar_write)
+
+    def bottom(self) -> None:
+        fb = self.em.fb
+        assert self.em.smem is not None and self.phase is not None
+        if self.stages == 1:
+            fb.ins("xor.b32", self.phase, self.phase, 1)
+            return
+        for stage, bar in ((self.read, self.bar_read), (self.write, self.bar_write)):
+            assert stage is not None and bar is not None
+            wrap = fb.reg("pred")
+            fb.ins("add.u32", stage, stage, self.stage_bytes)
+            fb.ins("add.u32", bar, bar, BARRIER)
+            fb.ins("setp.eq.u32", wrap, stage, self.ring + self.stages * self.stage_bytes)
+            fb.ins("selp.b32", stage, self.ring, stage, wrap)
+            first = fb.reg("b32")
+            fb.ins("add.u32", first, self.em.smem, self.bars)
+            fb.ins("selp.b32", bar, first, bar, wrap)
+            if stage is self.read:  # the ring wrapped: the next use is the next phase
+                fb.ins("xor.b32", self.phase, self.phase, 1, pred=wrap)
+
+    def drain(self) -> None:
+        em = self.em
+        if any(not sl.tma for sl in self.loads):
+            em.fb.ins("cp.async.wait_all")  # cp.async copies issued past the end
+        em.barrier()  # every thread has waited on its last phase
+        for s in range(self.stages):
+            em.fb.ins("mbarrier.inval.shared::cta.b64", self._bar(s), pred=self.leader)
+        em.barrier()
+        em.scratch_floor, em.scratch = self.outer_scratch
+        for key in self.resident:
+            del em.resident[key]
+
+    # -- internals ------------------------------------------------------------------------
+    def _bar(self, s: int) -> Addr:
+        assert self.em.smem is not None
+        return Addr(self.em.smem, self.bars + s * BARRIER)
+
+    def _wait(self) -> None:
+        """Spin until the read stage's barrier completes the phase awaited."""
+        fb = self.em.fb
+        done, again = fb.reg("pred"), fb.new_label("tma_wait")
+        fb.place(again)
+        assert self.bar_read is not None and self.phase is not None
+        fb.ins("mbarrier.try_wait.parity.shared::cta.b64", done, Addr(self.bar_read), self.phase)
+        fb.ins("bra", again, pred=done, negate=True)
+
+    def _issue_tma(self, ahead: int, stage: Reg, bar: Reg) -> None:
+        """Thread 0: if iteration i + `ahead` is one of the loop's, expect the stage's TMA
+        bytes on `bar` and copy its TMA tiles into the stage at `stage`. Every thread: copy
+        its chunks of the other tiles with cp.async (zeros past the tensor's edge), one
+        commit group."""
+        em, fb = self.em, self.em.fb
+        assert self.iv is not None and self.step is not None and self.hi is not None
+        assert em.smem is not None and self.leader is not None
+        it = self.iv
+        if ahead:
+            it = fb.reg("b32")
+            fb.ins("mad.lo.s32", it, self.step, ahead, self.iv)
+        copies = [sl for sl in self.loads if not sl.tma]
+        if copies:
+            base: Reg | None = None
+            for sl in copies:  # as emit_pipeline issues them (its helpers, not copies)
+                stream = self.streams.get(sl.load)
+                if stream is None:
+                    if base is None:
+                        base = fb.reg("b32")
+                        fb.ins("add.u32", base, em.smem, stage)
+                    index = emit_pipeline._index_at(em, self.loop, sl, it)
+                    emit_pipeline._copy(em, sl, emit_pipeline._access(em, sl, index), base)
+                else:
+                    stream.copy(em, sl, stage)
+                    stream.advance(em, sl.varying)
+            fb.ins("cp.async.commit_group")
+        inside, go = fb.reg("pred"), fb.reg("pred")
+        fb.ins("setp.gt.s32" if self.descending else "setp.lt.s32", inside, it, self.hi)
+        fb.ins("and.pred", go, inside, self.leader)
+        # The other threads branch past (not predicated off: the per-warp issue loops ptxas
+        # builds around a TMA instruction would otherwise run in every warp).
+        skip = fb.new_label("tma_issued")
+        fb.ins("bra", skip, pred=go, negate=True)
+        boxes = [sl for sl in self.loads if sl.tma]
+        total = sum(sl.tile.nbytes for sl in boxes)  # boxes count whole, zeros included
+        fb.ins("mbarrier.arrive.expect_tx.shared::cta.b64", "_", Addr(bar), total)
+        base = fb.reg("b32")
+        fb.ins("add.u32", base, em.smem, stage)
+        for sl in boxes:
+            coords = self._coords(sl, it)
+            tensor = f"[{em.tensor_maps[sl.load]}, {{{', '.join(map(str, coords))}}}]"
+            fb.ins(
+                f"cp.async.bulk.tensor.{len(coords)}d.shared::cluster.global"
+                ".mbarrier::complete_tx::bytes",
+                Addr(base, sl.tile.offset),
+                tensor,
+                Addr(bar),
+            )
+        fb.place(skip)
+
+    def _coords(self, sl: StagedLoad, it: Reg) -> list[Reg]:
+        """The box's first element, innermost dimension first: the load's index (its index
+        ops emitted again with the induction variable at `it`) times the tile shape."""
+        fb = self.em.fb
+        index = emit_pipeline._index_at(self.em, self.loop, sl, it)
+        out = []
+        for r, size in zip(reversed(index), reversed(sl.load.shape)):
+            if size == 1:
+                out.append(r)
+                continue
+            c = fb.reg("b32")
+            fb.ins("mul.lo.s32", c, r, size)
+            out.append(c)
+        return out
