@@ -815,7 +815,7 @@ def test_unrecorded_work_of_two_streams_fences_each_for_the_other(
     no fence for its own such work."""
     from cutile_py.runtime.cuda_ordering import StreamOrdering
 
-    fake, backend = streams
+    _, backend = streams
     backend.activate()
     a, b = backend.stream_acquire(), backend.stream_acquire()
     ordering = StreamOrdering()
