@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import cutile_py as ct
 from cutile_py import Tensor, bf16, f16, f32
-from cutile_py.host.creation import empty_partition as empty_partition  # (for the host functions)
 
 #: The element dtype as kernel annotations name it: f32 for mypy; each factory rebinds it.
 Elem = f32
@@ -181,6 +180,13 @@ class RowLaunch:
     def outputs(self, count: int, rows: Tensor[Any, Any]) -> list[ct.Partition]:
         """`count` fresh outputs of `rows`' shape and dtype, partitioned for the kernel."""
         return [empty_partition(rows.shape, rows.dtype, self.tile) for _ in range(count)]
+
+
+def empty_partition(
+    shape: tuple[int, ...], dtype: type[ct.DType], tile: tuple[int, ...]
+) -> ct.Partition:
+    """A host function's output: a fresh tensor of `shape`, partitioned in tiles of `tile`."""
+    return ct.empty(shape, dtype).partition(tile)
 
 
 _ROW_LAUNCHES: dict[tuple[Any, ...], RowLaunch] = {}

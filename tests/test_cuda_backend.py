@@ -805,3 +805,26 @@ def test_many_launches_in_flight_are_pruned_in_linear_time(
         ordering.record(stream, [(4096 * i, 16, True)])
     assert ordering.pending == n
     assert fake.calls.count("cuEventQuery") < 4 * n
+
+
+def test_unrecorded_work_of_two_streams_fences_each_for_the_other(
+    streams: tuple[StreamDriver, CudaBackend],
+) -> None:
+    """Work queued without an event (an allocation, a `.then` step) on stream A, then on B:
+    B's next launch must still fence A (B is not 'clean'), A's must fence B; a stream needs
+    no fence for its own such work."""
+    from cutile_py.runtime.cuda_ordering import StreamOrdering
+
+    _, backend = streams
+    backend.activate()
+    a, b = backend.stream_acquire(), backend.stream_acquire()
+    ordering = StreamOrdering()
+    ordering.unrecorded(a)
+    assert ordering.clean == {a}
+    ordering.unrecorded(a)  # again, nobody waited since: nothing changes
+    assert ordering.clean == {a}
+    ordering.unrecorded(b)
+    assert b not in ordering.clean and a not in ordering.clean
+    assert ordering.order(b, []) == 1  # a fence on A
+    assert ordering.order(a, []) == 1  # a fence on B
+    assert ordering.order(b, []) == 0  # waited already

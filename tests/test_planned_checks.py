@@ -117,3 +117,29 @@ def test_borrowed_memory_goes_the_long_way_and_still_aliases(rng: np.random.Gene
     p = x.partition(TILE)
     with pytest.raises(ct.AliasError, match="'z' and 'x'"):
         K.add(p, view, ct.zeros(N))
+
+
+def test_a_plan_reads_parameters_and_touched_memory_off_the_arguments(
+    rng: np.random.Generator,
+) -> None:
+    """The plan's generated readers: the `.param` values (addresses, the plan's dims, scalars)
+    and the memory each launch touches (a Mut partition and an Atomic tensor written, a shared
+    tensor read), against the arguments' own addresses and sizes."""
+    v = rng.integers(0, 8, N).astype(np.int32)
+    z, xi, h = ct.zeros(N, ct.i32).partition(TILE), ct.from_numpy(v), ct.zeros((8,), ct.i32)
+    op = histogram(z, xi, h)
+    plan = op.plan
+    plan.prepare()
+    assert plan.touches is not None and plan.read is not None
+    zt = z.tensor
+    assert plan.touches(op.args) == [
+        (zt.buffer.address, zt.nbytes, True),
+        (xi.buffer.address, xi.nbytes, False),
+        (h.buffer.address, h.nbytes, True),
+    ]
+    values = plan.read(op.args)
+    for t in (zt, xi, h):
+        assert t.buffer.address in values
+    assert N in values and 8 in values  # the dims, constants of the plan
+    z, _, h = op.sync()
+    np.testing.assert_array_equal(h.to_numpy(), np.bincount(v, minlength=8))

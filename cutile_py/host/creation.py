@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cutile_py.host.tensor import Partition, Tensor
+from cutile_py.host.tensor import Tensor
 from cutile_py.ir.dtypes import DType, bf16, f32, from_numpy_dtype, i32, is_dtype, to_storage
 from cutile_py.language.block import CURRENT_BLOCK, resolve_dtype
 from cutile_py.language.functions import builtin, tile_full
@@ -73,24 +73,6 @@ def empty(shape: Sequence[int] | int, dtype: Any = f32) -> AnyTensor:
     if t._nbytes and t._backend.executes_on_host:
         t._backend.fill(t._buffer, t._nbytes, b"\xff")
     return t
-
-
-#: Where a library output's tensor went: into its partition, as it was made.
-_MADE_PARTITIONED = ("<made as a partition>", 0)
-
-
-def empty_partition(shape: tuple[int, ...], dt: type[DType], tile: tuple[int, ...]) -> Partition:
-    """`ct.empty(shape, dt).partition(tile)` for a library host function's output, `shape`
-    and `tile` known good (non-negative and positive ints of one rank): its tensor is seen by
-    nobody, so it is made moved into the partition with no checks and no caller lookup."""
-    backend = active_backend()
-    buf = backend.alloc(max(prod(shape) * dt.itemsize(), 1))
-    t: AnyTensor = Tensor(buf, shape, dt, backend)
-    if t._nbytes and backend.executes_on_host:
-        backend.fill(buf, t._nbytes, b"\xff")  # (as `empty`: unwritten elements show)
-    t._moved_at = _MADE_PARTITIONED
-    t._moved_by = ".partition()"
-    return Partition(t, tile)
 
 
 def _allocate(shape: Sequence[int] | int, dt: type[DType]) -> AnyTensor:

@@ -233,7 +233,9 @@ class DeviceOp(OpLike):
 
         With a plan made for arguments like these (the common case), the checks are the
         plan's: moves, holds and the backend of each tensor argument, then the overlap of
-        each pair of them where one is Mut."""
+        each pair of them where one is Mut or Atomic; `plan.admit` runs them and takes the
+        holds in straight-line code, and what it declines is checked one argument at a time
+        (`_check_planned`), for the error naming the parameter or the allowed rare case."""
         backend = active_backend()
         plan = kernel.plan(backend, args)
         if plan is None:

@@ -44,7 +44,8 @@ class ParamReader:
                 kind = _INT if p.ptype in ("s32", "u32", "s64") else _FLOAT
             steps.append((p.arg, kind, p.axis))
         self.steps = tuple(steps)
-        self._pointers = tuple(dict.fromkeys(p.arg for p in lowered.params if p.what == "ptr"))
+        #: The arguments whose addresses are passed (each once): the memory a launch touches.
+        self.pointers = tuple(dict.fromkeys(p.arg for p in lowered.params if p.what == "ptr"))
         self.ptypes = tuple(p.ptype for p in lowered.params)
         #: The tensor-map parameters, by their number (`PtxParam.axis`).
         self.maps = {p.axis: p for p in lowered.params if p.what == "tmap"}
@@ -82,20 +83,6 @@ class ParamReader:
             stride *= d
             strides.append(stride)
         return backend.tensor_map(p.map_dtype, address, dims, tuple(strides), p.box, p.swizzle)
-
-    def touches(self, args: Sequence[Any], atomic: frozenset[int] = frozenset()) -> list[Touch]:
-        """The memory a launch reads and writes: each tensor argument's bytes, written where
-        it is passed as a (Mut) partition or to an Atomic parameter (indices `atomic`), only
-        read where it is passed as a shared Tensor."""
-        out: list[Touch] = []
-        for arg in self._pointers:
-            a = args[arg]
-            if type(a) is Partition:
-                t = a._tensor
-                out.append((t._address, t._nbytes, True))
-            else:
-                out.append((a._address, a._nbytes, arg in atomic))
-        return out
 
 
 class LaunchPlan:
@@ -244,7 +231,7 @@ def _readers(
         else:
             items.append(f"{'int' if kind == _INT else 'float'}(args[{arg}])")
     touched = []
-    for arg in reader._pointers:
+    for arg in reader.pointers:
         t = _storage(arg, shapes)
         touched.append(f"({t}._address, {t}._nbytes, {shapes[arg][0] or arg in atomic})")
     source = (

@@ -69,8 +69,13 @@ class StreamOrdering:
                 # every time: a dictionary lookup, no new fence).
                 return
             self._unrecorded[stream] = set()
-            # No other stream has waited for this work yet; `stream` itself needs no fence.
-            self.clean = {stream}
+            # No other stream has waited for this work yet; `stream` itself needs no fence
+            # for it (nor, if it has waited for them all, for other streams' such work).
+            if len(self._unrecorded) == 1:  # (the usual case: the backend stream's alone)
+                self.clean = {stream}
+            else:
+                others = [w for s, w in self._unrecorded.items() if s is not stream]
+                self.clean = {stream} if all(stream in w for w in others) else set()
 
     @property
     def pending(self) -> int:
