@@ -359,6 +359,20 @@ class RaceTracker:
                 table.reshape(-1, self.stride)[slots] = NONE
         self.dirty = not every
 
+    def release(self, slot: int, tids: np.ndarray) -> None:
+        """Threads `tids` of block `slot` arrived on an mbarrier whose phase a wait then saw
+        complete: forget their accesses in the block (they happen before what follows)."""
+        if not self.dirty:
+            return
+        rows = slice(slot * self.stride, (slot + 1) * self.stride)
+        who = np.unique(tids).astype(np.int16)
+        for table in (self.writer, self.reader):
+            part = table[rows]
+            hit = part == who[0] if who.size == 1 else np.isin(part, who)
+            part[hit] = NONE
+            if table is self.reader:
+                self.reader_warp[rows][hit] = NONE  # the warps of the readers forgotten
+
     def warp_barrier(self, lanes: np.ndarray) -> None:
         """`bar.warp.sync` by `lanes`: forget what their warps did, block by block."""
         if not self.dirty or lanes.size == 0:
