@@ -429,3 +429,24 @@ def test_writing_a_cp_async_destination_across_barriers_is_a_race() -> None:
         Exception, match=r"race: this thread writes .*cp.async of thread \(1, 0, 0\) has not landed"
     ):
         sim.launch(ptx, "cp", (1, 1, 1), (32, 1, 1), [("u64", sa), ("u64", oa), ("u32", 16)])
+
+
+def test_another_thread_reading_a_landed_copy_without_a_barrier_is_a_race() -> None:
+    """A barrier between issue and wait clears the history, but the copy lands at the wait:
+    another thread reading it after the wait with no barrier between races with the landing
+    (the copy's writer is the issuing thread again from the landing on)."""
+    ptx = CP_ASYNC.replace(
+        "    ld.shared.u32 %r7, [%r4];         // no wait yet: stale\n",
+        "    bar.sync 0;\n    mov.u32 %r7, 0;\n",
+    ).replace(
+        "    ld.shared.u32 %r8, [%r4];\n",
+        "    xor.b32 %r14, %r4, 16;\n    ld.shared.u32 %r8, [%r14];\n",
+    )
+    sim = Sim()
+    sa, _ = sim.buffer(np.zeros(256, dtype=np.uint32))
+    oa, _ = sim.buffer(np.zeros((32, 8), dtype=np.uint32))
+    with pytest.raises(Exception, match=r"race: this thread reads shared memory that thread"):
+        sim.launch(ptx, "cp", (1, 1, 1), (32, 1, 1), [("u64", sa), ("u64", oa), ("u32", 16)])
+    xor = "    xor.b32 %r14, %r4, 16;\n"
+    fine = ptx.replace(xor, "    bar.sync 0;\n" + xor)
+    sim.launch(fine, "cp", (1, 1, 1), (32, 1, 1), [("u64", sa), ("u64", oa), ("u32", 16)])

@@ -260,3 +260,105 @@ def test_more_threads_than_a_named_barrier_counts_are_reported() -> None:
     with pytest.raises(SimError, match="barrier 3: 64 threads arrived where it expects 32"):
         sim.launch(ARRIVE_SYNC.replace("bar.sync 3, 64;", "bar.sync 3, 32;"), "arrive_sync",
                    (1, 1, 1), (96, 1, 1), [("u64", addr)])  # fmt: skip
+
+
+#: One warp tests a fresh barrier (phase 0 not complete: false), arrives (completing it), and
+#: tests again (true): a failed test_wait is an answer the kernel acts on, not only a wait.
+TEST_THEN_ARRIVE = """.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry test_then_arrive(.param .u64 out)
+{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<6>;
+    .reg .pred %p<3>;
+    .shared .align 8 .b64 bar;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, bar;
+    mov.u32 %r3, 0;
+    mbarrier.init.shared::cta.b64 [%r2], 32;
+    mbarrier.test_wait.parity.shared::cta.b64 %p1, [%r2], %r3;
+    mbarrier.arrive.shared::cta.b64 %rd5, [%r2];
+    mbarrier.test_wait.parity.shared::cta.b64 %p2, [%r2], %r3;
+    selp.u32 %r4, 1, 0, %p1;
+    selp.u32 %r5, 1, 0, %p2;
+    mul.wide.u32 %rd2, %r1, 8;
+    add.u64 %rd3, %rd1, %rd2;
+    st.global.v2.u32 [%rd3], {%r4, %r5};
+    ret;
+}
+"""
+
+
+def test_a_failed_test_wait_with_nothing_else_to_run_goes_on() -> None:
+    sim = Sim()
+    addr, out = sim.buffer(np.full((32, 2), 7, dtype=np.uint32))
+    sim.launch(TEST_THEN_ARRIVE, "test_then_arrive", (1, 1, 1), (32, 1, 1), [("u64", addr)])
+    np.testing.assert_array_equal(out, np.tile([0, 1], (32, 1)))
+
+
+#: Warp 1 stores box[lane] = 5 * tid with plain stores and arrives on an mbarrier (32
+#: arrivals); warp 0 waits on it and reads box: the arrivals order the stores before the reads.
+HANDOFF = """.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry hand(.param .u64 out)
+{
+    .reg .b32 %r<10>;
+    .reg .b64 %rd<6>;
+    .reg .pred %p<3>;
+    .shared .align 8 .b64 bar;
+    .shared .align 4 .u32 box[32];
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, bar;
+    mov.u32 %r5, box;
+    and.b32 %r6, %r1, 31;
+    shl.b32 %r6, %r6, 2;
+    add.u32 %r7, %r5, %r6;
+    setp.ne.u32 %p2, %r1, 0;
+    @%p2 bra SKIP;
+    mbarrier.init.shared::cta.b64 [%r2], 32;
+SKIP:
+    bar.sync 0;
+    mov.u32 %r3, 0;
+    setp.ge.u32 %p1, %r1, 32;
+    @%p1 bra PRODUCE;
+WAIT:
+    mbarrier.try_wait.parity.shared::cta.b64 %p2, [%r2], %r3;
+    @!%p2 bra WAIT;
+    ld.shared.u32 %r4, [%r7];
+    mov.u32 %r9, %ctaid.x;
+    mad.lo.u32 %r9, %r9, 32, %r1;
+    mul.wide.u32 %rd2, %r9, 4;
+    add.u64 %rd3, %rd1, %rd2;
+    st.global.u32 [%rd3], %r4;
+    ret;
+PRODUCE:
+    mul.lo.u32 %r8, %r1, 5;
+    st.shared.u32 [%r7], %r8;
+    mbarrier.arrive.shared::cta.b64 %rd5, [%r2];
+    ret;
+}
+"""
+
+
+def test_plain_stores_handed_over_through_an_mbarrier_are_no_race() -> None:
+    sim = Sim()
+    addr, out = sim.buffer(np.zeros((2, 32), dtype=np.uint32))
+    for seed in (None, 1, 2):
+        out[:] = 0
+        sim.launch(HANDOFF, "hand", (2, 1, 1), (64, 1, 1), [("u64", addr)], schedule=seed,
+                   max_batch_lanes=64 if seed else 1 << 16)  # fmt: skip
+        np.testing.assert_array_equal(out, np.tile((np.arange(32) + 32) * 5, (2, 1)))
+
+
+def test_reading_without_waiting_on_the_mbarrier_is_a_race() -> None:
+    sim = Sim()
+    addr, _ = sim.buffer(np.zeros(32, dtype=np.uint32))
+    broken = HANDOFF.replace("@!%p2 bra WAIT;", "").replace(
+        "mbarrier.try_wait.parity.shared::cta.b64 %p2, [%r2], %r3;", ""
+    )
+    with pytest.raises(SimError, match=r"reads shared memory that thread \(32, 0, 0\) wrote"):
+        sim.launch(broken, "hand", (1, 1, 1), (64, 1, 1), [("u64", addr)])

@@ -56,16 +56,15 @@ class AsyncCopies:
             done = mask[c.lanes] & (c.group >= 0) & (c.group < limit[c.lanes])
             if done.any():
                 lanes = c.lanes[done]
-                if b.shared.tracker is not None:
-                    size = c.data.shape[1]
-                    flat = b.shared.flat(lanes, b.slot[lanes], c.dst[done], size, "cp.async")
-                    b.shared.tracker.copy_landed(flat, size)
                 data = c.data[done]
                 size = data.shape[1]
+                flat = b.shared.flat(lanes, b.slot[lanes], c.dst[done], size, "cp.async")
+                if b.shared.tracker is not None:
+                    b.shared.tracker.copy_landed(lanes, flat, size)
                 # In words of up to 8 bytes (the destination is aligned to the copy's size).
                 word = min(size & -size, 8)
                 words = np.ascontiguousarray(data).view(UINT[word])
-                b.shared.store(lanes, b.slot[lanes], c.dst[done], word, words)
+                b.shared.land(flat, word, words)
                 rest = ~done
                 c = _Copies(c.lanes[rest], c.dst[rest], c.data[rest], c.group[rest])
             if c.lanes.size:

@@ -106,7 +106,7 @@ class Lanes(ExecContext):
         #: (`cutile_py.sim.loops`) treats either as possible progress.
         self.writes = 0
         self.clock_reads = 0
-        self._imms: dict[tuple[Imm, type, str], np.ndarray] = {}
+        self._imms: dict[tuple[int, str], tuple[Imm, np.ndarray]] = {}
         self._special: dict[str, np.ndarray] = {}
 
     # -- identities ---------------------------------------------------------------------------
@@ -160,21 +160,23 @@ class Lanes(ExecContext):
                 arr = self._unwritten(op.name)
             want = PTYPE_DTYPE[ptype]
             have = arr.dtype
-            if have == want:
+            if have is want or have == want:
                 return arr
-            if have.itemsize == want.itemsize and have != BOOL and want != BOOL:
+            if have.itemsize == want.itemsize and have.kind != "b" and want.kind != "b":
                 return arr.view(want)
             if have == BOOL or want == BOOL:
                 self.fail(f"{op.name} is {'a predicate' if have == BOOL else 'not a predicate'}")
             return resize(arr, want.itemsize, False).view(want)
         if t is Imm:
             assert isinstance(op, Imm)
-            key = (op, type(op.value), ptype)  # Imm(1) == Imm(1.0), but they read differently
+            # By identity, hashing an Imm costs more than reading it (and Imm(1) == Imm(1.0),
+            # but they read differently); the entry holds the operand, so its id stays its own.
+            key = (id(op), ptype)
             got = self._imms.get(key)
             if got is None:
-                got = np.broadcast_to(imm_array(op, ptype), (self.n,))
+                got = (op, np.broadcast_to(imm_array(op, ptype), (self.n,)))
                 self._imms[key] = got
-            return got
+            return got[1]
         if t is Neg:
             assert isinstance(op, Neg)
             return ~self.read(op.reg, "pred")
@@ -195,6 +197,19 @@ class Lanes(ExecContext):
 
     def write(self, op: Operand, ptype: str, values: np.ndarray) -> None:
         t = type(op)
+        if t is Reg and self.full and type(values) is np.ndarray:
+            # The common case, first: a whole register of its own width and type.
+            name = op.name  # type: ignore[union-attr]
+            want = PTYPE_DTYPE[ptype]
+            if (
+                values.dtype is want
+                and self.widths.get(name) == want.itemsize
+                and (values.shape == (self.n,))
+            ):
+                if values.flags.writeable:
+                    values.flags.writeable = False
+                self.regs[name] = values
+                return
         if t is Sink:
             return
         if t is Vec:

@@ -58,9 +58,13 @@ class Delivery:
 
 @dataclass
 class Barriers:
-    """The batch's pending deliveries, in issue order."""
+    """The batch's pending deliveries, in issue order; and per barrier (by its byte in the
+    batch's shared memory) the threads that arrived in its current phase and in the phase
+    that completed last (for the race check: their accesses happen before a wait's)."""
 
     pending: list[Delivery] = field(default_factory=list)
+    arriving: dict[int, list[int]] = field(default_factory=dict)
+    arrived: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 def barriers_of(b: Batch) -> Barriers:
@@ -152,8 +156,14 @@ def _apply(b: Batch, flat: np.ndarray, lanes: np.ndarray, arrivals: np.ndarray,
                               f"expected count ({int(expected[0])}) in one phase")  # fmt: skip
         if abs(int(count[0])) >= 1 << (_TX_BITS - 2):
             raise MemoryFault(int(lanes[i]), f"{what}: the transaction count leaves its range")
+        if arrivals[i] and b.shared.tracker is not None:
+            barriers_of(b).arriving.setdefault(int(flat[i]), []).append(int(lanes[i]))
         if pending[0] == 0 and count[0] == 0:  # the phase completes
             pending, parity = expected.astype(np.int64), parity ^ np.uint64(1)
+            got = b.barriers
+            if got is not None and b.shared.tracker is not None:
+                who = got.arriving.pop(int(flat[i]), [])
+                got.arrived[int(flat[i])] = np.array(who, dtype=np.int64)
         view[j] = _encode(pending, expected, count, parity)[0]
 
 
@@ -174,6 +184,21 @@ def land(b: Batch, flat: np.ndarray) -> None:
         else:
             keep.append(d)
     got.pending = keep
+
+
+def _ordered(b: Batch, flat: np.ndarray) -> None:
+    """Waits on the barriers at `flat` succeeded: what the threads that arrived in their last
+    completed phases did before arriving is ordered before what the waiters do next. (The race
+    check forgets those threads' accesses for every thread, not only the waiters: a race
+    between them and a thread that did not wait goes unreported.)"""
+    got = b.barriers
+    tracker = b.shared.tracker
+    if got is None or tracker is None:
+        return
+    for bar in np.unique(flat).tolist():
+        who = got.arrived.pop(int(bar), None)
+        if who is not None and who.size:
+            tracker.release(int(bar) // b.shared.stride, b.tid[who])
 
 
 def _count(op: Operand | None, b: Batch, lanes: np.ndarray, default: int) -> np.ndarray:
@@ -286,6 +311,8 @@ def _make_wait(ins: Instruction) -> Handler:
         done = np.zeros(b.n, dtype=bool)
         passed = parity != want  # the phase of that parity has completed
         done[lanes] = passed
+        if passed.any() and b.shared.tracker is not None:
+            _ordered(b, flat[passed])
         b.write(dest, "pred", done)
         failed = not passed.any()
         b.wait_failed = failed

@@ -348,6 +348,11 @@ class BlockMemory:
             self.tracker.access(lanes, flat, esize * nvec, write=True, values=raw)
         _scatter(self.view(esize), flat, esize, nvec, values)
 
+    def land(self, flat: np.ndarray, esize: int, values: np.ndarray) -> None:
+        """Write `values` (k, nvec) at byte indices `flat` (from `flat`) as a copy that lands:
+        the race tracker has been told already (`RaceTracker.copy_landed`)."""
+        _scatter(self.view(esize), flat, esize, values.shape[1], values)
+
 
 class ParamMemory:
     """The launch's parameter bytes (read-only, the same for every lane)."""

@@ -39,15 +39,17 @@ def _put(table: np.ndarray, rows: np.ndarray, span: int, values: np.ndarray) -> 
     words[rows] = values.view(words.dtype)
 
 
+#: Per word size: the multiplier that replicates a uint16 into each 16-bit slot of a word.
+_SPREAD = {w: UINT[w].type(sum(1 << (16 * i) for i in range(w // 2))) for w in (2, 4, 8)}
+
+
 def _fill(who: np.ndarray, span: int) -> np.ndarray:
     """(n, 1) int16 entries as rows of `_words(table, span)`: each entry in every slot.
     (np.repeat, not broadcasting: NumPy scatters a broadcast source several times slower.)"""
-    word = UINT[min(2 * span, 8)]
-    reps = word.itemsize // 2
-    one: np.ndarray = who.astype(np.uint16).astype(word) * word.type(
-        sum(1 << (16 * i) for i in range(reps))
-    )
-    return np.repeat(one, 2 * span // word.itemsize, axis=1)
+    size = min(2 * span, 8)
+    one: np.ndarray = who.astype(np.uint16).astype(UINT[size]) * _SPREAD[size]
+    per = 2 * span // size
+    return one if per == 1 else np.repeat(one, per, axis=1)
 
 
 def _rows_any(flags: np.ndarray) -> np.ndarray:
@@ -148,7 +150,14 @@ class RaceTracker:
         distinct = n < 2 or bool((rows[1:] > rows[:-1]).all())
         if not write:
             for table, who in self._reader_tables(t):
-                old = _take(table, rows, span)
+                old_words = _words(table, span).take(rows, axis=0)
+                old = old_words.view(np.int16)
+                # Nothing to record where each row is this lane's already, or several threads'
+                # already (the common case for fragments read again).
+                if (not distinct or old.max() != NONE) and (
+                    (old_words == _fill(who, span)).all() or (old == MANY).all()
+                ):
+                    continue
                 if old.max() == NONE:  # no reader yet (since the last barrier)
                     words = _words(table, span)
                     mine = _fill(who, span)
@@ -284,14 +293,24 @@ class RaceTracker:
         self.reader[idx] = NONE
         self.reader_warp[idx] = NONE
 
-    def copy_landed(self, flat: np.ndarray, span: int) -> None:
+    def copy_landed(self, lanes: np.ndarray, flat: np.ndarray, span: int) -> None:
+        """The cp.asyncs of lanes `lanes` landed `span` bytes at `flat`: the bytes are no
+        longer in flight, and their writer is the issuing thread again (a barrier since the
+        issue may have cleared it; until the next one, other threads may not read them). Any
+        other thread's access since the issue met the in-flight bytes and was reported, so
+        the landing write itself needs no check."""
+        tid = (lanes % self.lanes_per_block).astype(np.int16)
         if self._rows_fit(flat, span):
             rows = (flat // span).astype(np.intp)
             _words(self.in_flight, span)[rows] = _fill(
                 np.full((rows.size, 1), NONE, np.int16), span
             )
+            _words(self.writer, span)[rows] = _fill(tid[:, None], span)
         else:
-            self.in_flight[self._bytes(flat, span)] = NONE
+            idx = self._bytes(flat, span)
+            self.in_flight[idx] = NONE
+            self.writer[idx] = np.repeat(tid, span)
+        self.dirty = True
 
     def _rows_fit(self, flat: np.ndarray, span: int) -> bool:
         """Whether accesses of `span` bytes at `flat` are whole aligned rows of the history."""
@@ -339,6 +358,20 @@ class RaceTracker:
             else:
                 table.reshape(-1, self.stride)[slots] = NONE
         self.dirty = not every
+
+    def release(self, slot: int, tids: np.ndarray) -> None:
+        """Threads `tids` of block `slot` arrived on an mbarrier whose phase a wait then saw
+        complete: forget their accesses in the block (they happen before what follows)."""
+        if not self.dirty:
+            return
+        rows = slice(slot * self.stride, (slot + 1) * self.stride)
+        who = np.unique(tids).astype(np.int16)
+        for table in (self.writer, self.reader):
+            part = table[rows]
+            hit = part == who[0] if who.size == 1 else np.isin(part, who)
+            part[hit] = NONE
+            if table is self.reader:
+                self.reader_warp[rows][hit] = NONE  # the warps of the readers forgotten
 
     def warp_barrier(self, lanes: np.ndarray) -> None:
         """`bar.warp.sync` by `lanes`: forget what their warps did, block by block."""

@@ -6,7 +6,9 @@ lock-step leaves open: the order of the blocks (which blocks share a batch, in w
 batches run, and each block's place in its batch), and, at every store and atomic, the order in
 which the batch's warps apply their accesses (a warp's lanes in lane order). So the store that
 lands last at an address, and the order atomics serialize in, follow the seed. A warp never
-runs ahead of another by whole instructions: orders that need that are not explored.
+runs ahead of another by whole instructions, except where threads wait (an mbarrier wait that
+fails, a loop that spins, a named barrier): then the executor runs other groups of threads,
+and the seed picks which (`Schedule.pick`).
 
 `CUTILE_PY_SIM_SCHEDULE=<seed>` runs every launch under that seed's schedule (one seed, one
 order, one result). `CUTILE_PY_SIM_SCHEDULES=<n>` runs every launch under n schedules (the

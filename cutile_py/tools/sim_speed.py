@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import subprocess
 import time
@@ -145,7 +146,9 @@ def cpu_model() -> str:
     return f"{model} ({cpus} CPUs)"
 
 
-def report(rows: list[dict[str, Any]]) -> str:
+def report(rows: list[dict[str, Any]], load: tuple[float, float] = (0.0, 0.0)) -> str:
+    """The Markdown table of `measure`'s rows; `load`: the 1-minute load average before and
+    after measuring."""
     lines = [
         "# Simulator speed",
         "",
@@ -153,7 +156,8 @@ def report(rows: list[dict[str, Any]]) -> str:
         "1024-element tiles, 256 threads per block) and of a 128^3 f16 GEMM (64x64 output tiles,",
         "K steps of 32, mma.sync, 3-stage cp.async pipeline), checked against NumPy, with the",
         "shared- and global-memory race checks on (the default). A thread-instruction",
-        "is one instruction executed by one thread; the time is the best of five launches,",
+        "is one instruction executed by one thread; the time is the best of five launches",
+        "(`--repeats`),",
         "after the first launch (compilation, PTX parsing) has been done. Regenerate with",
         "`PYTHONPATH=. python -m cutile_py.tools.sim_speed --write`.",
         "",
@@ -165,8 +169,14 @@ def report(rows: list[dict[str, Any]]) -> str:
         "(`cutile_py.sim.semantics`: ALU, float rounding, cvt, special functions); the rest is",
         "the executor (control flow, masks, memory, checks).",
         "",
-        "`cpu` is the same launch's best process CPU time (on a machine shared with other",
-        "work, wall time varies far more than CPU time).",
+        "`cpu` is the same launch's best process CPU time. Method: on a machine shared with",
+        "other work, wall time measures the machine's load as much as the simulator (here, a",
+        "2-CPU box shared by several sessions, the GEMM's wall-clock rate ranged over 2x while",
+        "its CPU time moved by 10%), so compare CPU times, measured for the versions being",
+        "compared alternately in the same minutes; the load average below says how busy the",
+        "machine was (above its CPU count, wall times are inflated by waiting for a CPU).",
+        "",
+        f"- Load average (1 min) before and after measuring: {load[0]:.1f}, {load[1]:.1f}",
         "",
         "| kernel | threads | thread-instructions | steps | seconds | thread-instr/s | cpu "
         "seconds | thread-instr/s (cpu) | semantics |",
@@ -184,8 +194,11 @@ def report(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--write", action="store_true", help="write paper_repro/results/")
+    parser.add_argument("--repeats", type=int, default=5, help="launches timed per kernel")
     args = parser.parse_args()
-    text = report(measure())
+    before = os.getloadavg()[0]
+    rows = measure(repeats=args.repeats)
+    text = report(rows, (before, os.getloadavg()[0]))
     print(text)
     if args.write:
         path = ROOT / "paper_repro" / "results" / "sim-speed.md"

@@ -135,19 +135,22 @@ def mma(instr: Instruction) -> Run:
         with np.errstate(all="ignore"):
             d_mat = a_mat @ b_mat + c_mat
         vals = d_mat.reshape(nw, -1).take(d_flat, axis=1).reshape(nw, WARP, d_regs, d_el)
+        if d_fmt is F32:
+            # f64 -> f32 in NumPy rounds to nearest even (subnormals, overflow included); only
+            # NaNs need the canonical encoding. One conversion for all registers, each then
+            # a contiguous row.
+            f = np.ascontiguousarray(vals[..., 0].transpose(2, 0, 1)).astype(np.float32)
+            bits32 = f.view(np.uint32).reshape(d_regs, -1)
+            nan = np.isnan(f)
+            if nan.any():
+                bits32 = np.where(nan.reshape(d_regs, -1), np.uint32(F32.canonical_nan), bits32)
+            for r, op in enumerate(d_ops):
+                write_bits(ctx, op, 32, bits32[r])
+            return
         for r, op in enumerate(d_ops):
             v = vals[:, :, r, :].reshape(-1, d_el)
             if d_fmt is F64:
                 write_bits(ctx, op, 64, np.ascontiguousarray(v[:, 0]).view(np.uint64))
-            elif d_fmt is F32:
-                # f64 -> f32 in NumPy rounds to nearest even (subnormals, overflow included);
-                # only NaNs need the canonical encoding.
-                f = v[:, 0].astype(np.float32)
-                bits = f.view(np.uint32)
-                nan = np.isnan(f)
-                if nan.any():
-                    bits = np.where(nan, np.uint32(F32.canonical_nan), bits)
-                write_bits(ctx, op, 32, bits)
             else:
                 h = round_f64(v, F16, "rn").astype(np.uint32)
                 write_bits(ctx, op, 32, h[:, 0] | (h[:, 1] << np.uint32(16)))
