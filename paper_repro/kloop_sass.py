@@ -43,7 +43,9 @@ class Loop:
 
 
 def k_loop(sass: str) -> list[str]:
-    """The instructions of the backward-branch loop with the most HMMA (the K loop)."""
+    """The instructions one iteration of the K loop runs: of the backward-branch loops, the
+    one with the most HMMA, along its shortest path from top to back edge (the steady state:
+    copies checked at a tensor's edge are a branch that only edge tiles take)."""
     code = [(int(m.group(1), 16), " ".join(m.group(2).split())) for m in _LINE.finditer(sass)]
     labels = {
         m.group(1): int(m.group(2), 16)
@@ -51,22 +53,44 @@ def k_loop(sass: str) -> list[str]:
     }
     best: list[str] = []
     for addr, text in code:
-        m = _BRA.match(text)
-        if m is None:
+        target = _branch_target(text, labels)
+        if target is None or target >= addr:
             continue
-        if m.group(1) is not None:
-            target = int(m.group(1), 16)
-        else:
-            name = re.search(r"\.L_x_\d+", text)
-            if name is None or name.group(0) not in labels:
-                continue
-            target = labels[name.group(0)]
-        if target >= addr:
-            continue
-        body = [t for a, t in code if target <= a <= addr]
+        body = _shortest_path([(a, t) for a, t in code if target <= a <= addr], labels)
         if sum("HMMA" in t for t in body) > sum("HMMA" in t for t in best):
             best = body
     return best
+
+
+def _branch_target(text: str, labels: dict[str, int]) -> int | None:
+    m = _BRA.match(text)
+    if m is None:
+        return None
+    if m.group(1) is not None:
+        return int(m.group(1), 16)
+    name = re.search(r"\.L_x_\d+", text)
+    return labels.get(name.group(0)) if name is not None else None
+
+
+def _shortest_path(body: list[tuple[int, str]], labels: dict[str, int]) -> list[str]:
+    """The fewest instructions from the first of `body` to its last (the back edge),
+    following forward branches inside it (taken or not where conditional)."""
+    at = {a: i for i, (a, _) in enumerate(body)}
+    last = len(body) - 1
+    best: list[list[str]] = [[] for _ in body]
+    best[last] = [body[last][1]]
+    for i in range(last - 1, -1, -1):
+        text = body[i][1]
+        target = _branch_target(text, labels)
+        options = []
+        if target is not None and target in at and at[target] > i:
+            options.append(best[at[target]])
+            if text.startswith("@"):
+                options.append(best[i + 1])
+        else:
+            options.append(best[i + 1])
+        best[i] = [text, *min(options, key=len)]
+    return best[0]
 
 
 def measure(bm: int, bn: int, bk: int, stages: int, target: Target) -> Loop:

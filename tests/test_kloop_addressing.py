@@ -98,14 +98,41 @@ def _issue_section(body: str) -> str:
 @pytest.mark.parametrize("order", [0, 1])
 def test_affine_copies_compute_only_what_varies(order: int) -> None:
     """Per iteration an affine tile's copies add the stage to a shared address computed
-    before the loop (no swizzle arithmetic: xor, shifts, masks, multiplies) and check the
-    bounds of the dim that varies only (one compare per copy and one tile-index check
-    per tile, not those of M and N again)."""
+    before the loop (no swizzle arithmetic: xor, shifts, masks, multiplies) and check, per
+    tile, its index and the farthest copy of the thread along the dim that varies (not the
+    bounds of M and N again, nor one check per copy)."""
     issue = _issue_section(_loop_body(order))
     copies = issue.count("cp.async.cg.shared.global")
     assert copies == 2
     assert not re.search(r"\b(xor|shl|shr|and)\.b32|mad\.lo\.u32|mul\.lo", issue), issue
-    assert len(re.findall(r"\bsetp\.", issue)) == 2 * copies + 1  # + the loop's exit test
+    assert len(re.findall(r"\bsetp\.", issue)) == 2 * 2 + 1  # + the loop's exit test
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_copies_at_an_edge_are_checked_out_of_line(order: int) -> None:
+    """In the loop, a thread whose copies all lie inside the tensors makes them unchecked
+    (no zero-fill size operand); the checked copies (zero-filling past an edge) are a block
+    placed after the loop that branches back."""
+    ct.set_backend("sim")
+    a = ct.empty((256, 256), f16)
+    c = ct.empty((256, 256), f32).partition((64, 64))
+    ptx = gemm_order.ptx(c, a, a, 32, order, target=80)
+    issue = _issue_section(_loop_body(order))
+    assert not re.search(r"cp\.async\.cg\.shared\.global [^;]*, 16, %r", issue), issue
+    checked = re.search(r"^(\$__checked_\d+):$(.*?)bra\.uni (\$__copied_\d+);", ptx, re.M | re.S)
+    assert checked is not None
+    assert ptx.index("$__done_") < checked.start()
+    assert len(re.findall(r"cp\.async\.cg\.shared\.global [^;]*, 16, %r", checked.group(2))) == 2
+    assert "@!%p" in issue and checked.group(1) in issue
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_fragment_addresses_are_computed_before_the_loop(order: int) -> None:
+    """The ldmatrix addresses of the staged tiles are lane offsets computed before the loop
+    plus the stage read: the loop body does no lane or swizzle arithmetic at all."""
+    body = _loop_body(order)
+    assert body.count("ldmatrix") == 6
+    assert not re.search(r"\b(xor|shl|shr|and)\.b32|mad\.lo|mul\.lo", body), body
 
 
 def test_wide_tiles_copy_few_rows_per_thread() -> None:
