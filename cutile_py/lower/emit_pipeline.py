@@ -15,9 +15,14 @@ that the fragments are read from, issued `stages - 1` iterations ahead into a ri
     after:      wait for all groups (prefetches past the end) before shared memory is reused
 
 What is pipelined, how deep and where its ring lies is decided before emission
-(`plan_pipelines`); this module carries it out. A load's index is recomputed for the
-iteration it is issued for, by emitting again the scalar ops of the body that compute it
-with the induction variable advanced.
+(`plan_pipelines`); this module carries it out. A load whose index is affine in the
+induction variable is a stream: its shared addresses, the bounds along the dims that do not
+vary and the mma's fragment addresses are computed before the loop, and each iteration
+advances its global address by one add; in the loop, a thread whose copies all lie inside
+the tensors makes them unchecked, and the checked ones (zero-filling past an edge) are a
+block placed after the loop. Another load's index is recomputed for the iteration it is
+issued for, by emitting again the scalar ops of the body that compute it with the induction
+variable advanced.
 """
 
 from __future__ import annotations
