@@ -136,9 +136,10 @@ def test_fragment_addresses_are_computed_before_the_loop(order: int) -> None:
 
 
 def test_wide_tiles_copy_few_rows_per_thread() -> None:
-    """A B tile 256 columns wide (512 bytes a row): each row of copying threads covers 128
-    bytes, so a thread's copies of a row are one address and immediates 128 bytes apart,
-    and the thread copies 2 rows of the 64 rather than 8; the product stays exact."""
+    """Rows of 128 bytes (A, 128x64) and 512 (B, 64x256) over 256 threads: a row of copying
+    threads covers 64 bytes (whole 32-byte sectors), so a thread copies A's tile from 2 rows
+    (not 4) and B's from 1 (not 8), its copies of a row one address plus immediates: one
+    multiply-add per iteration for A's second row, none for B."""
     ct.set_backend("sim")
     a = ct.empty((256, 256), f16)
     c = ct.empty((256, 256), f32).partition((128, 256))
@@ -146,11 +147,11 @@ def test_wide_tiles_copy_few_rows_per_thread() -> None:
     top = re.search(r"^\$__loop_\d+:$", ptx, re.M)
     assert top is not None
     issue = _issue_section(ptx[top.end() :])
-    b_copies = re.findall(r"cp\.async\.cg\.shared\.global \[(%r\d+)\+?(\d*)\], \[(%rd\d+)", issue)
-    assert len(b_copies) == 4 + 8  # A 128x64, B 64x256 over 256 threads
-    rows = {src for _, _, src in b_copies[4:]}
-    assert len(rows) == 2, b_copies
-    assert len(re.findall(r"mad\.wide\.u32", issue)) == 3 + 1  # A: 3 further rows, B: 1
+    copies = re.findall(r"cp\.async\.cg\.shared\.global \[(%r\d+)\+?(\d*)\], \[(%rd\d+)", issue)
+    assert len(copies) == 4 + 8  # A 128x64, B 64x256 over 256 threads
+    assert len({src for _, _, src in copies[:4]}) == 2, copies
+    assert len({src for _, _, src in copies[4:]}) == 1, copies
+    assert len(re.findall(r"mad\.wide\.u32", issue)) == 1
 
 
 def test_wide_tiles_match_numpy_on_sim(rng: np.random.Generator) -> None:
