@@ -1,10 +1,10 @@
 """Tile-shape choice for `gemm` / `bmm`: a fixed default, or on `cuda` the fastest candidate.
 
-A config is the output tile (BM, BN) of one block, the K step BK and the number of cp.async
-pipeline stages. Valid configs obey the `ct.mma` shape rule (BM a multiple of 16, BN of 8, BK
-of 16 for f16/bf16 and of 8 for tf32), keep the f32 accumulator at most 128 registers per
-thread, and fit their operand stages in 96 KiB of shared memory (every supported GPU allows
-a block at least 99 KiB).
+A config is the output tile (BM, BN) of one block, the K step BK, the number of cp.async
+pipeline stages and the warps per block. Valid configs obey the `ct.mma` shape rule (BM a
+multiple of 16, BN of 8, BK of 16 for f16/bf16 and of 8 for tf32), keep the f32 accumulator
+at most 128 registers per thread (a 64x64 tile per warp at most), and fit their operand
+stages in 96 KiB of shared memory (every supported GPU allows a block at least 99 KiB).
 
 - On `sim` and `interpret` nothing is timed (timings of a CPU simulation say nothing about a
   GPU): `Autotuner.choose` returns `default_config`, clamped to the problem.
@@ -46,21 +46,32 @@ WGMMA_BM = 64
 MAX_ACC = 128 * 256
 #: Stages when a config does not say.
 STAGES = 3
-CACHE_VERSION = 3
+CACHE_VERSION = 4
+#: Accumulator elements one warp may own: 64 x 64, 128 f32 registers per thread.
+WARP_TILE = 64 * 64
+#: Warps per block a config may ask for (0: the compiler's choice, 8 for these tiles).
+WARPS = (0, 1, 2, 4, 8)
 
 
 @dataclass(frozen=True, order=True)
 class GemmConfig:
     """Output tile (bm, bn) per block; K advances by bk per step of the loop, whose operand
-    tiles are loaded `stages` - 1 steps ahead."""
+    tiles are loaded `stages` - 1 steps ahead; `warps` warps per block (0: the compiler's
+    choice), which split the tile into warp tiles of bm x bn / warps."""
 
     bm: int
     bn: int
     bk: int
     stages: int = STAGES
+    warps: int = 0
 
     def astuple(self) -> list[int]:
-        return [self.bm, self.bn, self.bk, self.stages]
+        return [self.bm, self.bn, self.bk, self.stages, self.warps]
+
+    @property
+    def num_warps(self) -> int | None:
+        """The kernel's `num_warps` option."""
+        return self.warps or None
 
 
 def k_step(dtype: type[ct.DType]) -> int:
@@ -89,22 +100,34 @@ def is_valid(cfg: GemmConfig, dtype: type[ct.DType], wgmma: bool = False) -> boo
         and min(cfg.bm, cfg.bn, cfg.bk) > 0
         and 1 <= cfg.stages <= 8
         and cfg.bm * cfg.bn <= MAX_ACC
+        and cfg.warps in WARPS
+        and (cfg.warps == 0 or cfg.bm * cfg.bn <= cfg.warps * WARP_TILE)
+        and cfg.warps <= _fragments(cfg)
         and shared_bytes(cfg, dtype) <= (WGMMA_SHARED_LIMIT if wgmma else SHARED_LIMIT)
     )
+
+
+def _fragments(cfg: GemmConfig) -> int:
+    """m16n8 accumulator fragments of the tile: no more warps than these."""
+    return max(1, (cfg.bm // 16) * (cfg.bn // 8))
 
 
 def clamp(
     cfg: GemmConfig, dtype: type[ct.DType], m: int, n: int, k: int, wgmma: bool = False
 ) -> GemmConfig:
     """`cfg` shrunk to the problem (tiles no larger than M, N, K rounded up to the granules,
-    BM to 64 rows on a `wgmma` target), so that tiny problems do not compute (and compile)
-    mostly padding."""
-    return GemmConfig(
+    BM to 64 rows on a `wgmma` target, and no more warps than the smaller tile has
+    fragments), so that tiny problems do not compute (and compile) mostly padding."""
+    out = GemmConfig(
         min(cfg.bm, _up(m, WGMMA_BM if wgmma else 16)),
         min(cfg.bn, _up(n, 8)),
         min(cfg.bk, _up(k, k_step(dtype))),
         cfg.stages,
     )
+    warps = cfg.warps
+    while warps > 1 and warps > _fragments(out):
+        warps //= 2
+    return GemmConfig(out.bm, out.bn, out.bk, out.stages, warps)
 
 
 def default_config(
@@ -124,32 +147,49 @@ TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256))
 WGMMA_TILES = (*TILES, (256, 128))
 
 
+def tile_warps(bm: int, bn: int) -> tuple[int, ...]:
+    """Warps tried for a bm x bn tile: a 64x64 tile per warp (the most mma per fragment
+    load the registers allow), and twice as many warps (64x32 each) where that is at most 8."""
+    w = max(1, bm * bn // WARP_TILE)
+    return (w, 2 * w) if 2 * w <= 8 else (w,)
+
+
+def stageable(dtype: type[ct.DType], rows: tuple[int, ...]) -> bool:
+    """Whether operands whose rows hold `rows` elements can be copied by cp.async (rows a
+    multiple of 4 bytes): otherwise they are loaded through registers, and a block of fewer
+    warps than the compiler's choice holds too much of them."""
+    return all(r * dtype.itemsize() % 4 == 0 for r in rows)
+
+
 def candidate_templates(
-    dtype: type[ct.DType], m: int, n: int, k: int, wgmma: bool = False
+    dtype: type[ct.DType], m: int, n: int, k: int, wgmma: bool = False, staged: bool = True
 ) -> dict[GemmConfig, GemmConfig]:
     """The configs tried, each as it is written in `TILES` (the template, what the cache
     stores) → as it runs on this problem (clamped). Templates are `TILES` with two K steps
-    and 3 or 4 stages (the longer K step with 3), kept where the clamped config is valid;
-    on a `wgmma` target (f16, bf16) `WGMMA_TILES` with BK 64 and 3 or 4 stages, or BK 32
-    and 4 stages, within sm_90's larger shared memory."""
+    and 3 or 4 stages (the longer K step with 3) and the warps of `tile_warps` (the
+    compiler's choice where the operands are not `staged`), kept where the clamped config
+    is valid; on a `wgmma` target (f16, bf16, staged operands) `WGMMA_TILES` with BK 64 and
+    3 or 4 stages, or BK 32 and 4 stages, within sm_90's larger shared memory, with the
+    compiler's warps (one warpgroup per 64 rows)."""
     g = k_step(dtype)
-    wgmma = wgmma and dtype is not ct.f32
+    wgmma = wgmma and staged and dtype is not ct.f32
     steps = ((64, 3), (64, 4), (32, 4)) if wgmma else ((2 * g, 3), (2 * g, 4), (4 * g, 3))
     out = {}
     for bm, bn in WGMMA_TILES if wgmma else TILES:
         for bk, stages in steps:
-            template = GemmConfig(bm, bn, bk, stages)
-            fitted = clamp(template, dtype, m, n, k, wgmma)
-            if is_valid(fitted, dtype, wgmma):
-                out[template] = fitted
+            for warps in tile_warps(bm, bn) if staged and not wgmma else (0,):
+                template = GemmConfig(bm, bn, bk, stages, warps)
+                fitted = clamp(template, dtype, m, n, k, wgmma)
+                if is_valid(fitted, dtype, wgmma):
+                    out[template] = fitted
     return out
 
 
 def candidates(
-    dtype: type[ct.DType], m: int, n: int, k: int, wgmma: bool = False
+    dtype: type[ct.DType], m: int, n: int, k: int, wgmma: bool = False, staged: bool = True
 ) -> list[GemmConfig]:
     """The distinct configs tried on this problem (the clamped templates), sorted."""
-    return sorted(set(candidate_templates(dtype, m, n, k, wgmma).values()))
+    return sorted(set(candidate_templates(dtype, m, n, k, wgmma, staged).values()))
 
 
 @dataclass(frozen=True)
@@ -165,6 +205,8 @@ class TuneKey:
     device: str
     out_dtype: str = ""
     batch: int = 0
+    #: Whether the operands' rows allow cp.async copies (see `candidate_templates`).
+    staged: bool = True
 
     @classmethod
     def make(
@@ -177,6 +219,7 @@ class TuneKey:
         device: str,
         out_dtype: type[ct.DType] | None = None,
         batch: int | None = None,
+        staged: bool = True,
     ) -> TuneKey:
         return cls(
             next_pow2(m),
@@ -187,6 +230,7 @@ class TuneKey:
             device,
             (out_dtype or dtype).name,
             0 if batch is None else next_pow2(batch),
+            staged,
         )
 
     def text(self) -> str:
@@ -194,7 +238,8 @@ class TuneKey:
         shape = f"{self.m}x{self.n}x{self.k}"
         if self.batch:
             shape = f"{self.batch}x{shape}"
-        return f"{self.device}|{self.dtype}->{self.out_dtype}|{t}|{shape}"
+        unstaged = "" if self.staged else "|unstaged"
+        return f"{self.device}|{self.dtype}->{self.out_dtype}|{t}|{shape}{unstaged}"
 
 
 #: Runs one launch (a fresh op on scratch buffers) for `cfg` and returns its time in ms.
@@ -267,7 +312,7 @@ class Autotuner:
             return {}
         out: dict[str, GemmConfig] = {}
         for name, v in dict(raw.get("entries", {})).items():
-            if isinstance(v, list) and len(v) == 4 and all(isinstance(x, int) for x in v):
+            if isinstance(v, list) and len(v) == 5 and all(isinstance(x, int) for x in v):
                 out[str(name)] = GemmConfig(*v)
         return out
 

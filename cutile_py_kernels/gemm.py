@@ -33,7 +33,8 @@ def _gemm_kernel(
     num_warps: int | None = None,
 ) -> Any:
     """The kernel for inputs `dt`, output `odt`, B as (K, N) or (N, K), 2-D or batched,
-    its operand loads pipelined `stages` deep."""
+    its operand loads pipelined `stages` deep, `num_warps` warps per block (None: the
+    compiler's choice)."""
     key = (dt.name, odt.name, trans_b, batched, stages, num_warps)
     if key not in _made:
         _made[key] = _make(dt, odt, trans_b, batched, stages, num_warps)
@@ -127,7 +128,7 @@ def _config(
     m, n, k = mnk
 
     def make_launch(cfg: autotune.GemmConfig) -> autotune.Launch:
-        kernel = _gemm_kernel(dt, odt, trans_b, batch is not None, cfg.stages)
+        kernel = _gemm_kernel(dt, odt, trans_b, batch is not None, cfg.stages, cfg.num_warps)
         if batch is None:
             scratch = ct.empty((m, n), odt).partition((cfg.bm, cfg.bn))
         else:
@@ -140,11 +141,12 @@ def _config(
         return launch
 
     device = ct.profiling.device_name()
-    key = autotune.TuneKey.make(m, n, k, dt, trans_b, device, odt, batch)
-    wgmma = dt is not f32 and ct.profiling.target().wgmma  # sm_90: configs wgmma takes
+    staged = autotune.stageable(dt, (k, k) if trans_b else (k, n))
+    key = autotune.TuneKey.make(m, n, k, dt, trans_b, device, odt, batch, staged)
+    wgmma = dt is not f32 and staged and ct.profiling.target().wgmma  # sm_90: wgmma configs
     return autotune.TUNER.choose(
         key,
-        autotune.candidate_templates(dt, m, n, k, wgmma),
+        autotune.candidate_templates(dt, m, n, k, wgmma, staged),
         autotune.default_config(dt, m, n, k, wgmma),
         make_launch,
     )
@@ -172,7 +174,8 @@ def gemm(
         return ct.zeros((m, n), odt)
     cfg = _config(dt, odt, trans_b, (m, n, k), None, a, b)
     out = ct.empty((m, n), odt).partition((cfg.bm, cfg.bn))
-    c, _, _, _ = _gemm_kernel(dt, odt, trans_b, False, cfg.stages)(out, a, b, cfg.bk).sync()
+    kernel = _gemm_kernel(dt, odt, trans_b, False, cfg.stages, cfg.num_warps)
+    c, _, _, _ = kernel(out, a, b, cfg.bk).sync()
     result: Tensor[Any, Any] = c.unpartition()
     return result
 
@@ -198,6 +201,7 @@ def bmm(
         return ct.zeros((nb, m, n), odt)
     cfg = _config(dt, odt, trans_b, (m, n, k), nb, a, b)
     out = ct.empty((nb, m, n), odt).partition((1, cfg.bm, cfg.bn))
-    c, _, _, _ = _gemm_kernel(dt, odt, trans_b, True, cfg.stages)(out, a, b, cfg.bk).sync()
+    kernel = _gemm_kernel(dt, odt, trans_b, True, cfg.stages, cfg.num_warps)
+    c, _, _, _ = kernel(out, a, b, cfg.bk).sync()
     result: Tensor[Any, Any] = c.unpartition()
     return result

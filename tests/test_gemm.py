@@ -5,6 +5,7 @@ JSON cache, reuse of a choice, and scratch outputs that are never the caller's."
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,8 +118,16 @@ def test_candidates_are_valid(dt: type[ct.DType]) -> None:
     assert not autotune.is_valid(GemmConfig(128, 256, 128, 4), dt)  # 192+ KiB of stages
     assert not autotune.is_valid(GemmConfig(64, 64, 32, 0), dt)
     big = autotune.candidates(dt, 4096, 4096, 4096)
-    assert GemmConfig(128, 128, 2 * autotune.k_step(dt), 4) in big
+    assert GemmConfig(128, 128, 2 * autotune.k_step(dt), 4, 4) in big
     assert {c.stages for c in big} == {3, 4}
+    # Warp tiles of 64x64 (and 64x32): 1 to 8 warps, never more accumulator than 128
+    # registers a thread.
+    assert {c.warps for c in big} == {1, 2, 4, 8}
+    assert {(c.bm, c.bn, c.warps) for c in big} >= {(64, 64, 1), (128, 128, 4), (128, 256, 8)}
+    assert not autotune.is_valid(GemmConfig(128, 256, 32, 3, 4), dt)  # 256 registers a thread
+    assert not autotune.is_valid(GemmConfig(16, 8, 16, 3, 2), dt)  # 2 warps, 1 fragment
+    # Clamped to a tiny problem, a config keeps no more warps than fragments.
+    assert autotune.clamp(GemmConfig(128, 128, 32, 3, 8), dt, 20, 8, 8).warps == 2
 
 
 class FakeTimer:
@@ -269,7 +278,7 @@ def test_every_candidate_assembles_without_spills(dt: type[ct.DType], trans_b: b
             ct.TensorSpec((n, k) if trans_b else (k, n), dt),
             cfg.bk,
         )
-        kernel = _gemm_kernel(dt, dt, trans_b, False, cfg.stages)
+        kernel = _gemm_kernel(dt, dt, trans_b, False, cfg.stages, cfg.num_warps)
         report = assemble(kernel.ptx(*args, target=target), target)
         assert report.spill_stores == 0 and report.spill_loads == 0, (cfg, report.info_log)
 
@@ -285,10 +294,41 @@ def test_every_candidate_computes_on_sim(rng: np.random.Generator, name: str) ->
     ct.set_backend("sim")
     for i, cfg in enumerate(autotune.candidates(dt, 4096, 4096, 4096)):
         trans_b = i % 2 == 1
-        m, n, k = cfg.bm + 3, 2 * cfg.bn - 5, (cfg.stages + 1) * cfg.bk + 5
+        # K even: 16-bit rows of 4-byte multiples, copied by cp.async (as the tuner's
+        # candidates with few warps require; odd ones are tuned as unstaged below).
+        m, n, k = cfg.bm + 3, 2 * cfg.bn - 6, (cfg.stages + 1) * cfg.bk + 6
         a, at = operand(rng, (m, k), name)
         b, bt = operand(rng, (n, k) if trans_b else (k, n), name)
         out = ct.zeros((m, n), dt).partition((cfg.bm, cfg.bn))
-        kernel = _gemm_kernel(dt, dt, trans_b, False, cfg.stages)
+        kernel = _gemm_kernel(dt, dt, trans_b, False, cfg.stages, cfg.num_warps)
         c, _, _, _ = kernel(out, at, bt, cfg.bk).sync()
         check(c.unpartition(), a, b.T if trans_b else b, name, name)
+
+
+def test_unstaged_operands_keep_the_compilers_warps(rng: np.random.Generator) -> None:
+    """Odd K: 16-bit rows that are no multiple of 4 bytes cannot be copied by cp.async and
+    go through registers, which a block of few warps cannot hold: the tuner then tries the
+    compiler's warp count only, under a key of its own; its largest candidate computes
+    exactly at ragged shapes without spilling."""
+    from cutile_py.host.errors import PerformanceWarning
+    from cutile_py_kernels.gemm import _gemm_kernel
+
+    assert not autotune.stageable(ct.f16, (33, 64)) and autotune.stageable(ct.f16, (34, 64))
+    assert autotune.stageable(ct.f32, (33, 65))
+    unstaged = autotune.candidates(ct.f16, 4096, 4096, 4096, staged=False)
+    assert {c.warps for c in unstaged} == {0}
+    key = TuneKey.make(64, 64, 33, ct.f16, False, "dev", staged=False)
+    assert key.text().endswith("|unstaged") and key != TuneKey.make(
+        64, 64, 33, ct.f16, False, "dev"
+    )
+    cfg = max(unstaged, key=lambda c: (c.bm * c.bn, c.bk))
+    ct.set_backend("sim")
+    m, n, k = cfg.bm + 3, cfg.bn - 5, 2 * cfg.bk + 7
+    a, at = operand(rng, (m, k), "f16")
+    b, bt = operand(rng, (k, n), "f16")
+    out = ct.zeros((m, n), ct.f16).partition((cfg.bm, cfg.bn))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PerformanceWarning)
+        kernel = _gemm_kernel(ct.f16, ct.f16, False, False, cfg.stages, cfg.num_warps)
+        c, _, _, _ = kernel(out, at, bt, cfg.bk).sync()
+    check(c.unpartition(), a, b, "f16", "f16")

@@ -98,20 +98,48 @@ def _issue_section(body: str) -> str:
 @pytest.mark.parametrize("order", [0, 1])
 def test_affine_copies_compute_only_what_varies(order: int) -> None:
     """Per iteration an affine tile's copies add the stage to a shared address computed
-    before the loop (no swizzle arithmetic: xor, shifts, masks, multiplies) and check the
-    bounds of the dim that varies only (one compare per copy and one tile-index check
-    per tile, not those of M and N again)."""
+    before the loop (no swizzle arithmetic: xor, shifts, masks, multiplies) and check, per
+    tile, its index and the farthest copy of the thread along the dim that varies (not the
+    bounds of M and N again, nor one check per copy)."""
     issue = _issue_section(_loop_body(order))
     copies = issue.count("cp.async.cg.shared.global")
     assert copies == 2
     assert not re.search(r"\b(xor|shl|shr|and)\.b32|mad\.lo\.u32|mul\.lo", issue), issue
-    assert len(re.findall(r"\bsetp\.", issue)) == 2 * copies + 1  # + the loop's exit test
+    assert len(re.findall(r"\bsetp\.", issue)) == 2 * 2 + 1  # + the loop's exit test
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_copies_at_an_edge_are_checked_out_of_line(order: int) -> None:
+    """In the loop, a thread whose copies all lie inside the tensors makes them unchecked
+    (no zero-fill size operand); the checked copies (zero-filling past an edge) are a block
+    placed after the loop that branches back."""
+    ct.set_backend("sim")
+    a = ct.empty((256, 256), f16)
+    c = ct.empty((256, 256), f32).partition((64, 64))
+    ptx = gemm_order.ptx(c, a, a, 32, order, target=80)
+    issue = _issue_section(_loop_body(order))
+    assert not re.search(r"cp\.async\.cg\.shared\.global [^;]*, 16, %r", issue), issue
+    checked = re.search(r"^(\$__checked_\d+):$(.*?)bra\.uni (\$__copied_\d+);", ptx, re.M | re.S)
+    assert checked is not None
+    assert ptx.index("$__done_") < checked.start()
+    assert len(re.findall(r"cp\.async\.cg\.shared\.global [^;]*, 16, %r", checked.group(2))) == 2
+    assert "@!%p" in issue and checked.group(1) in issue
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_fragment_addresses_are_computed_before_the_loop(order: int) -> None:
+    """The ldmatrix addresses of the staged tiles are lane offsets computed before the loop
+    plus the stage read: the loop body does no lane or swizzle arithmetic at all."""
+    body = _loop_body(order)
+    assert body.count("ldmatrix") == 6
+    assert not re.search(r"\b(xor|shl|shr|and)\.b32|mad\.lo|mul\.lo", body), body
 
 
 def test_wide_tiles_copy_few_rows_per_thread() -> None:
-    """A B tile 256 columns wide (512 bytes a row): each row of copying threads covers 128
-    bytes, so a thread's copies of a row are one address and immediates 128 bytes apart,
-    and the thread copies 2 rows of the 64 rather than 8; the product stays exact."""
+    """Rows of 128 bytes (A, 128x64) and 512 (B, 64x256) over 256 threads: a row of copying
+    threads covers 64 bytes (whole 32-byte sectors), so a thread copies A's tile from 2 rows
+    (not 4) and B's from 1 (not 8), its copies of a row one address plus immediates: one
+    multiply-add per iteration for A's second row, none for B."""
     ct.set_backend("sim")
     a = ct.empty((256, 256), f16)
     c = ct.empty((256, 256), f32).partition((128, 256))
@@ -119,11 +147,11 @@ def test_wide_tiles_copy_few_rows_per_thread() -> None:
     top = re.search(r"^\$__loop_\d+:$", ptx, re.M)
     assert top is not None
     issue = _issue_section(ptx[top.end() :])
-    b_copies = re.findall(r"cp\.async\.cg\.shared\.global \[(%r\d+)\+?(\d*)\], \[(%rd\d+)", issue)
-    assert len(b_copies) == 4 + 8  # A 128x64, B 64x256 over 256 threads
-    rows = {src for _, _, src in b_copies[4:]}
-    assert len(rows) == 2, b_copies
-    assert len(re.findall(r"mad\.wide\.u32", issue)) == 3 + 1  # A: 3 further rows, B: 1
+    copies = re.findall(r"cp\.async\.cg\.shared\.global \[(%r\d+)\+?(\d*)\], \[(%rd\d+)", issue)
+    assert len(copies) == 4 + 8  # A 128x64, B 64x256 over 256 threads
+    assert len({src for _, _, src in copies[:4]}) == 2, copies
+    assert len({src for _, _, src in copies[4:]}) == 1, copies
+    assert len(re.findall(r"mad\.wide\.u32", issue)) == 1
 
 
 def test_wide_tiles_match_numpy_on_sim(rng: np.random.Generator) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import cutile_py as ct
-from paper_repro.kloop_sass import measure
+from paper_repro.kloop_sass import copy_slices, k_loop, measure
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ["bandwidth", "race", "elementwise", "gemm", "jit", "launch", "workdist", "dispatch",
@@ -222,10 +222,47 @@ def test_host_compares_cutile_py_with_triton_in_the_same_run() -> None:
 def test_kloop_sass_counts_the_gemm_k_loop() -> None:
     """`python -m paper_repro.kloop_sass` finds the K loop of a 64x64x32 f16 GEMM in sm_80
     SASS: per warp and K step of 32, 8 warps split the 64x64 block 2 x 4 (32x16 each: 2 x 2
-    fragments) over 2 k steps = 8 HMMA; 2 LDGSTS (one 16-byte chunk of A and one of B per
-    thread of the 256)."""
+    fragments) over 2 k steps = 8 HMMA; one 16-byte chunk of A and one of B per thread of
+    the 256, each copied unchecked or, past an edge, checked: ptxas if-converts the two
+    short paths, so 4 LDGSTS are issued, 2 of them predicated off."""
     ct.set_backend("sim")
     r = measure(64, 64, 32, 3, ct.Target(80))
-    assert (r.hmma, r.ldgsts) == (8, 2)
+    assert (r.hmma, r.ldgsts) == (8, 4)
     assert r.ldsm > 0 and r.integer > 0 and r.total > r.hmma + r.ldsm + r.ldgsts
     assert 0 < r.mma_share < 1
+
+
+def test_kloop_copy_slices_follow_the_values_the_copies_read() -> None:
+    """The address slice of a copy is the integer instructions its address registers
+    depend on in the loop, carried values included (the 64-bit advance with its carry), not
+    a later reuse of a register's name; the bounds slice is its predicate's."""
+    body = [
+        "IADD3 R4, P0, R4, R10, RZ",
+        "IMAD.X R5, R5, 0x1, R11, P0",
+        "IADD3 R7, R20, UR5, RZ",
+        "ISETP.GT.AND P1, PT, R30, RZ, PT",
+        "LOP3.LUT R40, R41, 0x7, RZ, 0xc0, !PT",
+        "LDGSTS.E.BYPASS.128 [R7], [R4.64], P1",
+        "IMAD.MOV.U32 R7, RZ, RZ, R50",
+        "LDSM.16.M88.4 R8, [R7]",
+        "BRA 0x0",
+    ]
+    assert copy_slices(body) == (3, 1)
+
+
+def test_kloop_counts_the_steady_state_path() -> None:
+    """Of a loop whose copies branch off to a checked variant, the shortest path from the
+    top to the back edge is counted: the unchecked copy, not the checked one beside it."""
+    code = [
+        "HMMA.16816.F32 R0, R4, R8, R0",
+        "@P0 BRA 0x40",
+        "LDGSTS.E.BYPASS.128 [R7], [R4.64], P1",
+        "BRA 0x50",
+        "LDGSTS.E.BYPASS.128 [R7], [R4.64]",
+        "IADD3 R1, R1, 0x1, RZ",
+        "BRA 0x0",
+    ]
+    sass = "\n".join(
+        f"        /*{16 * i:04x}*/                   {t} ;" for i, t in enumerate(code)
+    )
+    assert k_loop(sass) == [code[0], code[1], code[4], code[5], code[6]]

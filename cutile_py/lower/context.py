@@ -80,6 +80,11 @@ class EmitContext:
     #: with the byte offset of the pipeline stage being read): operands a cp.async pipeline
     #: loads.
     staged: dict[o.Value, tuple[SharedTile, bool, Reg]] = field(default_factory=dict)
+    #: (staged operand, 0 for A or 1 for B) → its fragment addressing, computed before the
+    #: loop, bound per iteration to the stage read (`emit_mma.Bindable`).
+    staged_readers: dict[
+        tuple[o.Value, int], Callable[[Reg | None], Callable[[int], list[list[Reg]]]]
+    ] = field(default_factory=dict)
     #: (mma operand, 0 for A or 1 for B) → its tile, stored once before the loop.
     resident: dict[tuple[o.Value, int], Operand] = field(default_factory=dict)
     #: Bytes at the start of shared memory a cp.async pipeline keeps in flight while its

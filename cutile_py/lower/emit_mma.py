@@ -95,6 +95,10 @@ def mma(em: EmitContext, op: o.MmaOp) -> None:
         staged = em.staged.get(v)
         if staged is not None:
             tile, k_rows, stage = staged
+            hoisted = em.staged_readers.get((v, which))
+            if hoisted is not None:
+                ops.append(hoisted(stage))
+                continue
             base = em.fb.reg("b32")
             assert em.smem is not None
             em.fb.ins("add.u32", base, em.smem, stage)
@@ -131,9 +135,7 @@ def mma(em: EmitContext, op: o.MmaOp) -> None:
                 tf32=dt is f32,
             )
         em.barrier()
-    b_op = ops[1]
-    assert isinstance(b_op, Operand)
-    frags = warp_mma(em, dt, k, ops[0], b_op, s, frags)
+    frags = warp_mma(em, dt, k, ops[0], ops[1], s, frags)
     if op.result in em.fragment_values:
         if stores:
             # The next user of scratch (a reduction, a layout change, this op in the next
@@ -640,6 +642,26 @@ def _row_fragments(
 
 #: Reads one k step of an operand's fragments: per slot, its registers in mma order.
 Reader = Callable[[int], list[list[Reg]]]
+#: The addressing of an operand tile, computed once, as a reader of the copy at byte offset
+#: `stage` past it (a pipeline stage; None: the tile itself): one add per address register.
+Bindable = Callable[[Reg | None], Reader]
+
+
+class _Staged:
+    """`reg + stage` per address register, made on first use in one bound reader."""
+
+    def __init__(self, em: EmitContext, stage: Reg | None) -> None:
+        self.em, self.stage = em, stage
+        self.done: dict[str, Reg] = {}
+
+    def __call__(self, reg: Reg) -> Reg:
+        if self.stage is None:
+            return reg
+        if reg.name not in self.done:
+            r = self.em.fb.reg("b32")
+            self.em.fb.ins("add.u32", r, reg, self.stage)
+            self.done[reg.name] = r
+        return self.done[reg.name]
 
 
 def _ldmatrix(em: EmitContext, count: int, trans: bool, where: Addr, rounded: bool) -> list[Reg]:
@@ -655,7 +677,7 @@ def _per_slot(regs: list[Reg], which: int) -> list[list[Reg]]:
     return [regs] if which == 0 else [regs[c : c + 2] for c in range(0, len(regs), 2)]
 
 
-def _mn_rows(em: EmitContext, op: Operand, s: Setup, which: int) -> Reader:
+def _mn_rows(em: EmitContext, op: Operand, s: Setup, which: int, ksteps: int) -> Bindable:
     """An operand with M rows (A: `.x4` per slot, 16 rows) or N rows (B: 8 rows per slot,
     two slots per `.x4`), read with plain ldmatrix at the k step's two chunks."""
     lane = s.lane.lane
@@ -665,21 +687,29 @@ def _mn_rows(em: EmitContext, op: Operand, s: Setup, which: int) -> Reader:
     else:
         rows, chunks = _row_fragments(em, op.base, op.tile, lane, 8, s.slots_n)
         groups = _pairs(em, lane, rows)
+    cols = [chunks.at(2 * ks) for ks in range(ksteps)]
 
-    def read(ks: int) -> list[list[Reg]]:
-        col, col_imm = chunks.at(2 * ks)
-        out: list[list[Reg]] = []
-        for reg, imm, count in groups:
-            addr = em.fb.reg("b32")
-            em.fb.ins("add.u32", addr, reg, col)
-            where = Addr(addr, imm + col_imm)
-            out.extend(_per_slot(_ldmatrix(em, 2 * count, False, where, not op.unrounded), which))
-        return out
+    def bind(stage: Reg | None) -> Reader:
+        staged = _Staged(em, stage)
 
-    return read
+        def read(ks: int) -> list[list[Reg]]:
+            col, col_imm = cols[ks]
+            col = staged(col)
+            out: list[list[Reg]] = []
+            for reg, imm, count in groups:
+                addr = em.fb.reg("b32")
+                em.fb.ins("add.u32", addr, reg, col)
+                where = Addr(addr, imm + col_imm)
+                regs = _ldmatrix(em, 2 * count, False, where, not op.unrounded)
+                out.extend(_per_slot(regs, which))
+            return out
+
+        return read
+
+    return bind
 
 
-def _k_rows_trans(em: EmitContext, op: Operand, s: Setup, which: int) -> Reader:
+def _k_rows_trans(em: EmitContext, op: Operand, s: Setup, which: int) -> Bindable:
     """A 16-bit operand with K rows, read with `ldmatrix.trans`. A: `.x4` per M slot, its
     matrices (k 0-7, m 0-7), (k 0-7, m 8-15), (k 8-15, m 0-7), (k 8-15, m 8-15) from lanes
     0-7, ..., 24-31; B: 8 columns of N per slot, k 0-15 from lanes 0-15, and a second slot
@@ -718,17 +748,22 @@ def _k_rows_trans(em: EmitContext, op: Operand, s: Setup, which: int) -> Reader:
     groups = [(r, imm, 2) for r, imm in addrs] if which == 0 else _pairs(em, lane, addrs)
     step_bytes = MMA_K_STEP[f16] * tile.row_bytes
 
-    def read(ks: int) -> list[list[Reg]]:
-        out: list[list[Reg]] = []
-        for reg, imm, count in groups:
-            regs = _ldmatrix(em, 2 * count, True, Addr(reg, imm + ks * step_bytes), True)
-            out.extend(_per_slot(regs, which))
-        return out
+    def bind(stage: Reg | None) -> Reader:
+        staged = _Staged(em, stage)
 
-    return read
+        def read(ks: int) -> list[list[Reg]]:
+            out: list[list[Reg]] = []
+            for reg, imm, count in groups:
+                where = Addr(staged(reg), imm + ks * step_bytes)
+                out.extend(_per_slot(_ldmatrix(em, 2 * count, True, where, True), which))
+            return out
+
+        return read
+
+    return bind
 
 
-def _k_rows_words(em: EmitContext, op: Operand, s: Setup, which: int) -> Reader:
+def _k_rows_words(em: EmitContext, op: Operand, s: Setup, which: int) -> Bindable:
     """A tf32 operand with K rows, read a word per register (ldmatrix cannot transpose
     32-bit elements): lane (g, t) reads k = t and t + 4 at m = g and g + 8 (A: a0 (g, t),
     a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4)) or at n = g (B: b0 (t, g), b1 (t+4, g)). The
@@ -761,25 +796,32 @@ def _k_rows_words(em: EmitContext, op: Operand, s: Setup, which: int) -> Reader:
             per_half.append((r, tile.offset + imm))
         addrs.append(per_half)
 
-    def read(ks: int) -> list[list[Reg]]:
-        out = []
-        for per_half in addrs:
-            regs = []
-            for j in range(2):  # k = t, then t + 4
-                for reg, imm in per_half:
-                    x = fb.reg("b32")
-                    row = (MMA_K_STEP[f32] * ks + 4 * j) * tile.row_bytes
-                    fb.ins("ld.shared.b32", x, Addr(reg, imm + row))
-                    regs.append(x)
-            out.append(_tf32(em, regs) if op.unrounded else regs)
-        return out
+    def bind(stage: Reg | None) -> Reader:
+        staged = _Staged(em, stage)
 
-    return read
+        def read(ks: int) -> list[list[Reg]]:
+            out = []
+            for per_half in addrs:
+                regs = []
+                for j in range(2):  # k = t, then t + 4
+                    for reg, imm in per_half:
+                        x = fb.reg("b32")
+                        row = (MMA_K_STEP[f32] * ks + 4 * j) * tile.row_bytes
+                        fb.ins("ld.shared.b32", x, Addr(staged(reg), imm + row))
+                        regs.append(x)
+                out.append(_tf32(em, regs) if op.unrounded else regs)
+            return out
+
+        return read
+
+    return bind
 
 
-def _reader(em: EmitContext, dt: type[DType], op: Operand, s: Setup, which: int) -> Reader:
+def reader(em: EmitContext, dt: type[DType], op: Operand, s: Setup, which: int, k: int) -> Bindable:
+    """The fragment addressing of operand `which` (0: A, 1: B) of a K-`k` mma in `op`'s
+    tile, all of it emitted here (before a loop, for a pipeline's tiles)."""
     if not op.k_rows:
-        return _mn_rows(em, op, s, which)
+        return _mn_rows(em, op, s, which, k // MMA_K_STEP[dt])
     if dt is f32:
         return _k_rows_words(em, op, s, which)
     return _k_rows_trans(em, op, s, which)
@@ -819,15 +861,15 @@ def warp_mma(
     dt: type[DType],
     k: int,
     a: Operand | Reader,
-    b: Operand,
+    b: Operand | Reader,
     s: Setup,
     frags: list[list[list[Reg]]],
 ) -> list[list[list[Reg]]]:
     """Each warp's K loop (unrolled): read its A and B fragments from shared memory, one
     mma.sync per (M slot, N slot); returns the new accumulator fragments."""
     fb = em.fb
-    read_a = _reader(em, dt, a, s, 0) if isinstance(a, Operand) else a
-    read_b = _reader(em, dt, b, s, 1)
+    read_a = reader(em, dt, a, s, 0, k)(None) if isinstance(a, Operand) else a
+    read_b = reader(em, dt, b, s, 1, k)(None) if isinstance(b, Operand) else b
     opcode = MMA_OPCODE[dt]
     for ks in range(k // MMA_K_STEP[dt]):
         a_regs, b_regs = read_a(ks), read_b(ks)

@@ -15,9 +15,14 @@ that the fragments are read from, issued `stages - 1` iterations ahead into a ri
     after:      wait for all groups (prefetches past the end) before shared memory is reused
 
 What is pipelined, how deep and where its ring lies is decided before emission
-(`plan_pipelines`); this module carries it out. A load's index is recomputed for the
-iteration it is issued for, by emitting again the scalar ops of the body that compute it
-with the induction variable advanced.
+(`plan_pipelines`); this module carries it out. A load whose index is affine in the
+induction variable is a stream: its shared addresses, the bounds along the dims that do not
+vary and the mma's fragment addresses are computed before the loop, and each iteration
+advances its global address by one add; in the loop, a thread whose copies all lie inside
+the tensors makes them unchecked, and the checked ones (zero-filling past an edge) are a
+block placed after the loop. Another load's index is recomputed for the iteration it is
+issued for, by emitting again the scalar ops of the body that compute it with the induction
+variable advanced.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ def start(em: EmitContext, plan: PipelinePlan) -> LoopPipeline:
         for sl in plan.loads:
             em.skipped.update(sl.chain)
             em.base_regs(sl.copy.base)  # before the loop: the prologue and the body use it
+            _hoist_reader(em, plan, sl)
         resident = em.shared.resident(plan.loop)
         if resident:
             _store_resident(em, resident)
@@ -63,6 +69,24 @@ def start(em: EmitContext, plan: PipelinePlan) -> LoopPipeline:
             async_reads=bool(plan.wgmma),
         )
     return LoopPipeline(em, plan.loop, dict(plan.carried), [], 1, plan.stage_bytes)
+
+
+def _hoist_reader(em: EmitContext, plan: PipelinePlan, sl: StagedLoad) -> None:
+    """The fragment addressing of the mma operand `sl` fills, before the loop: the body adds
+    the stage it reads to each address register (`em.staged_readers`)."""
+    assert em.smem is not None
+    for mma in plan.mmas:
+        for which in (0, 1):
+            if mma.operands[which] is sl.operand and not (
+                which == 0 and em.fragment_plan.of(sl.operand) is not None
+            ):
+                a = mma.operands[0]
+                dt, k = a.type.dtype, a.type.shape[1]
+                operand = Operand(sl.tile, em.smem, sl.k_rows, unrounded=dt is f32)
+                s = emit_mma.setup(em, mma)
+                em.staged_readers[(sl.operand, which)] = emit_mma.reader(
+                    em, dt, operand, s, which, k
+                )
 
 
 @dataclass
@@ -92,6 +116,8 @@ class LoopPipeline:
     #: wgmma reads the stages (through the async proxy): the copies that landed are made
     #: visible to it before the barrier.
     async_reads: bool = False
+    #: Code of the loop placed after it: the copies of tiles crossing a tensor's edge.
+    deferred: list[str] = field(default_factory=list)
 
     # -- emission hooks (called by Emitter.op_for) ----------------------------------------
     def prologue(self, iv: Reg, step: Reg) -> None:
@@ -134,7 +160,7 @@ class LoopPipeline:
             fb.ins("cp.async.wait_group", self.stages - 2)
             self._proxy_fence()
             self.em.barrier()
-            self._issue(self.stages - 1, self.write)
+            self._issue(self.stages - 1, self.write, in_loop=True)
 
     def bottom(self) -> None:
         """Advance both stage offsets around the ring."""
@@ -148,6 +174,11 @@ class LoopPipeline:
         """No copy may land in shared memory after the loop, where it is reused."""
         if not self.loads:
             return
+        if self.deferred:
+            after = self.em.fb.new_label("drain")
+            self.em.fb.ins("bra.uni", after)
+            self.em.fb.body.extend(self.deferred)
+            self.em.fb.place(after)
         self.em.fb.ins("cp.async.wait_all")
         self.em.barrier()
         self.em.scratch_floor, self.em.scratch = self.outer_scratch
@@ -166,9 +197,11 @@ class LoopPipeline:
         fb.ins("setp.eq.u32", wrap, r, self.ring + self.stages * self.stage_bytes)
         fb.ins("selp.b32", r, self.ring, r, wrap)
 
-    def _issue(self, ahead: int, stage: Reg) -> None:
+    def _issue(self, ahead: int, stage: Reg, in_loop: bool = False) -> None:
         """cp.async every staged tile of iteration i + `ahead` into the stage at byte offset
-        `stage`, as one commit group."""
+        `stage`, as one commit group. In the loop, where every load is affine, the copies
+        of a thread whose tiles lie wholly inside the tensors are made unchecked, and the
+        checked ones out of line (`deferred`, placed after the loop by `drain`)."""
         em, fb = self.em, self.em.fb
         assert self.iv is not None and self.step is not None
         iv = self.iv
@@ -176,6 +209,28 @@ class LoopPipeline:
             iv = fb.reg("b32")
             fb.ins("mad.lo.s32", iv, self.step, ahead, self.iv)
         assert em.smem is not None
+        streams = [(sl, self.streams[sl.load]) for sl in self.loads if sl.load in self.streams]
+        oks = [st.tile_ok_now(sl) for sl, st in streams]
+        if in_loop and len(streams) == len(self.loads):
+            fast: Reg | None = None
+            for (sl, st), ok in zip(streams, oks):
+                fast = em.conj(fast, em.conj(ok, st.inside_now(em, sl)))
+            if fast is not None:
+                slow, resume = fb.new_label("checked"), fb.new_label("copied")
+                fb.ins("bra", slow, pred=fast, negate=True)
+                for sl, st in streams:
+                    st.copy(em, sl, stage, None, checked=False)
+                fb.place(resume)
+                main, fb.body = fb.body, self.deferred
+                fb.place(slow)
+                for (sl, st), ok in zip(streams, oks):
+                    st.copy(em, sl, stage, ok, checked=True)
+                fb.ins("bra.uni", resume)
+                fb.body = main
+                for sl, st in streams:
+                    st.advance(em, sl.varying)
+                fb.ins("cp.async.commit_group")
+                return
         base: Reg | None = None
         for sl in self.loads:
             stream = self.streams.get(sl.load)
@@ -184,9 +239,9 @@ class LoopPipeline:
                     base = fb.reg("b32")
                     fb.ins("add.u32", base, em.smem, stage)
                 _copy(em, sl, _access(em, sl, _index_at(em, self.loop, sl, iv)), base)
-            else:
-                stream.copy(em, sl, stage)
-                stream.advance(em, sl.varying)
+        for (sl, st), ok in zip(streams, oks):
+            st.copy(em, sl, stage, ok, checked=True)
+            st.advance(em, sl.varying)
         fb.ins("cp.async.commit_group")
 
     def _streams(self) -> None:
@@ -244,8 +299,7 @@ class _Chunk:
     col: int  # byte offset along the last dim
     group: int  # index of its shared address register in `_Hoisted.groups`
     imm: int  # byte offset from that register
-    fixed: Reg | None  # in bounds along the dims that do not vary (None: always)
-    varying: tuple[tuple[int, int], ...]  # (dim, static offset) checked every iteration
+    bounds: tuple[tuple[int, int], ...]  # (dim, static offset) it must lie inside
     issue: Reg | None  # made at all: inside the tile, by the thread owning the copy
 
 
@@ -253,10 +307,14 @@ class _Chunk:
 class _Hoisted:
     """What an affine load's copies compute once, before the loop: the shared addresses
     (shared base + thread offset, without the stage), grouped so that copies whose swizzle
-    agrees share one register; and the bounds along dims whose index does not vary."""
+    agrees share one register; and whether all of the thread's copies lie inside the
+    tensor along the dims whose index does not vary (`inside`; None: always)."""
 
     groups: list[Reg]
     chunks: list[_Chunk]
+    inside: Reg | None
+    #: Per varying dim: the largest static offset of the thread's copies along it.
+    reach: dict[int, int]
 
 
 def _hoisted_copy(em: EmitContext, sl: StagedLoad, access: Access) -> _Hoisted:
@@ -273,10 +331,9 @@ def _hoisted_copy(em: EmitContext, sl: StagedLoad, access: Access) -> _Hoisted:
     span = tile.xor_width * CHUNK // tile.eb if tile.swizzled else 1
     first: dict[tuple[int, int, int], tuple[int, int, int]] = {}  # key -> group, row, col
     groups: list[Reg] = []
-    fixed: dict[tuple[tuple[int, int], ...], Reg | None] = {}
     owner = em.owner(sl.copy)
     chunks = []
-    varies = sl.varying
+    reach: dict[int, int] = {}
     for (_, reg, imm), offs in zip(smem, access.vectors_static(), strict=True):
         ro, co = offs[row_dim], offs[col_dim]
         key = (co % span, ro % period, co // tile.panel if tile.panel else 0)
@@ -285,32 +342,31 @@ def _hoisted_copy(em: EmitContext, sl: StagedLoad, access: Access) -> _Hoisted:
             groups.append(reg)
         group, ro0, co0 = first[key]
         static = [offs[d] if d is not None else 0 for d in sl.copy.dims]
-        inv = tuple((i, off) for i, off in enumerate(static) if not varies[i])
-        if inv not in fixed:
-            pred = access.tile_ok_along([not v for v in varies])
-            for i, off in inv:
-                pred = em.conj(pred, access.in_bounds(i, off))
-            fixed[inv] = pred
+        for i, off in enumerate(static):
+            reach[i] = max(reach.get(i, 0), off)
         chunks.append(
             _Chunk(
                 tuple(static[:-1]),
                 static[-1] * access.size,
                 group,
                 imm + (ro - ro0) * tile.row_bytes + (co - co0) * tile.eb,
-                fixed[inv],
-                tuple((i, off) for i, off in enumerate(static) if varies[i]),
+                tuple(enumerate(static)),
                 em.conj(em.valid(sl.copy, offs), owner),
             )
         )
-    return _Hoisted(groups, chunks)
+    inside = access.tile_ok_along([not v for v in sl.varying])
+    for i, off in reach.items():
+        if not sl.varying[i]:
+            inside = em.conj(inside, access.in_bounds(i, off))
+    return _Hoisted(groups, chunks, inside, {i: r for i, r in reach.items() if sl.varying[i]})
 
 
 @dataclass
 class _Stream:
     """The addressing of an affine staged load for the next iteration it issues, advanced in
     place after each issue instead of recomputed: per iteration one 64-bit add for the tile,
-    one multiply-add per further row of a thread, one add per shared address register and
-    the bounds checks along the dims that vary."""
+    one multiply-add per further row of a thread, one add per shared address register, and
+    the bounds along the dims that vary, once per thread (its farthest copy)."""
 
     access: Access
     index: list[Reg]  # the index, owned here
@@ -319,28 +375,42 @@ class _Stream:
     step_bytes: Reg  # the address change per iteration
     hoisted: _Hoisted
 
-    def copy(self, em: EmitContext, sl: StagedLoad, stage: Reg) -> None:
-        """Issue this iteration's copies into the stage at byte offset `stage`."""
+    def tile_ok_now(self, sl: StagedLoad) -> Reg | None:
+        """This iteration's tile index is sane along the dims that vary."""
+        return self.access.tile_ok_along(list(sl.varying), recheck=True)
+
+    def inside_now(self, em: EmitContext, sl: StagedLoad) -> Reg | None:
+        """Every copy of this thread lies inside the tensor (the tile index aside)."""
+        pred = self.hoisted.inside
+        for i, off in self.hoisted.reach.items():
+            pred = em.conj(pred, self.access.in_bounds(i, off))
+        return pred
+
+    def copy(
+        self, em: EmitContext, sl: StagedLoad, stage: Reg, ok: Reg | None, checked: bool
+    ) -> None:
+        """Issue this iteration's copies into the stage at byte offset `stage`; `checked`:
+        each copy past the tensor's edge (or with `ok` false) zero-fills its chunk."""
         fb, acc = em.fb, self.access
-        varies = sl.varying
+        acc.rows.clear()  # made again here: the other path's rows are not defined on this one
         dsts = []
         for g in self.hoisted.groups:
             d = fb.reg("b32")
             fb.ins("add.u32", d, g, stage)
             dsts.append(d)
-        ok = acc.tile_ok_along(list(varies), recheck=True)
         rows: dict[tuple[int, ...], Reg] = {}
         dt = sl.load.result.type.dtype
         nbytes = sl.copy.base.vec * dt.itemsize()
         level = "cg" if nbytes == 16 else "ca"
+        op = f"cp.async.{level}.shared.global"
         for ch in self.hoisted.chunks:
             if ch.row not in rows:
                 rows[ch.row] = acc.row_address_wide(ch.row)
-            inside = em.conj(ok, ch.fixed)
-            for i, off in ch.varying:
-                inside = em.conj(inside, acc.in_bounds(i, off))
             dst, src = Addr(dsts[ch.group], ch.imm), Addr(rows[ch.row], ch.col)
-            op = f"cp.async.{level}.shared.global"
+            inside = ok
+            if checked:
+                for i, off in ch.bounds:
+                    inside = em.conj(inside, acc.in_bounds(i, off))
             if inside is None:
                 fb.ins(op, dst, src, nbytes, pred=ch.issue)
             else:

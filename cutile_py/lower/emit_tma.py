@@ -221,7 +221,7 @@ class TmaPipeline(LoopPipeline):
                     index = emit_pipeline._index_at(em, self.loop, sl, it)
                     emit_pipeline._copy(em, sl, emit_pipeline._access(em, sl, index), base)
                 else:
-                    stream.copy(em, sl, stage)
+                    stream.copy(em, sl, stage, stream.tile_ok_now(sl), checked=True)
                     stream.advance(em, sl.varying)
             fb.ins("cp.async.commit_group")
         inside, go = fb.reg("pred"), fb.reg("pred")

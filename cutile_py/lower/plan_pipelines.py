@@ -244,21 +244,36 @@ def _staged_load(
     )
 
 
-#: Bytes of a tile row that one row of copying threads covers at most: a full 128-byte line
-#: per row and instruction (coalesced), and a thread's chunks of a row 128 bytes apart, so
-#: that it copies few rows (one address each) of a wide tile.
-COPY_ROW_BYTES = 128
+#: Bytes of a tile row one row of copying threads may cover, widest first: a whole 128-byte
+#: line, or half of one (still whole 32-byte sectors per instruction).
+COPY_ROW_BYTES = (128, 64)
 
 
 def _copy_blocked(rows: int, cols: int, eb: int, threads: int, width: int) -> Blocked:
     """How the block's threads split the copy of a rows x cols tile in `width`-element
-    chunks: the coalesced layout, with at most `COPY_ROW_BYTES` per row of threads where
-    the tile has the rows to keep every thread busy."""
+    chunks: the coalesced layout, or fewer threads per row (`COPY_ROW_BYTES`) where that
+    keeps every thread busy and costs a thread fewer address instructions per iteration
+    (`_copy_cost`)."""
     base = canonical_blocked((rows, cols), eb, threads, max_vec=width)
-    line = max(1, COPY_ROW_BYTES // (base.vec * eb))
-    if base.threads[1] > 2 * line and rows * line >= threads:
-        base = Blocked(base.shape, base.vec, (threads // line, line), threads)
-    return base
+    best = base
+    for row_bytes in COPY_ROW_BYTES:
+        line = row_bytes // (base.vec * eb)
+        if 0 < line < base.threads[1] and rows * line >= threads:
+            other = Blocked(base.shape, base.vec, (threads // line, line), threads)
+            if _copy_cost(other, eb) < _copy_cost(best, eb):
+                best = other
+    return best
+
+
+def _copy_cost(b: Blocked, eb: int) -> int:
+    """Integer instructions per iteration a thread spends on its copies' addresses: 2 per
+    row (a 64-bit address) and 1 per shared address register (copies whose swizzle agrees
+    share one: rows 8 apart, columns a multiple of 8 chunks apart)."""
+    chunks = b.shape[1] // b.vec
+    xor = min(chunks & -chunks, 8)
+    rows, cols = b.offsets(0), b.offsets(1)[:: b.vec]
+    span = xor * 16 // eb
+    return 2 * len(rows) + len({r % 8 for r in rows}) * len({c % span for c in cols})
 
 
 def _index_kinds(loop: o.ForOp, load: o.LoadOp, index_ops: tuple[o.Op, ...]) -> list[str | None]:
