@@ -54,6 +54,37 @@ def _gelu_kernel(x_ptr, z_ptr, n, BLOCK: tl.constexpr):
     tl.store(z_ptr + offs, (0.5 * x * (1.0 + t)).to(z_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _add_rms_norm_kernel(out_ptr, h_ptr, x_ptr, r_ptr, w_ptr, n_cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    base = row.to(tl.int64) * n_cols
+    x = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
+    res = tl.load(r_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
+    h = (x + res).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + base + cols, h, mask=mask)
+    hf = h.to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + base + cols, (hf * r * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _layer_norm_kernel(out_ptr, x_ptr, w_ptr, b_ptr, n_cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    base = row.to(tl.int64) * n_cols
+    x = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=0) / n_cols
+    d = tl.where(mask, x - mean, 0.0)
+    r = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + base + cols, (d * r * w + b).to(out_ptr.dtype.element_ty), mask=mask)
+
+
 _T = {"f32": "*fp32", "bf16": "*bf16"}
 
 
@@ -126,6 +157,32 @@ def cases() -> list[dict[str, Any]]:
                     sig={"out_ptr": p, "x_ptr": p, "w_ptr": p, "n_cols": "i32", "eps": "fp32"},
                 )
             )
+        for h in (1536, 2048, 4096):
+            block = triton.next_power_of_2(h)
+            out.append(
+                dict(
+                    name=f"add_rms_norm {dt} 4096x{h}",
+                    fn=_add_rms_norm_kernel,
+                    warps=_row_warps(block),
+                    programs=4096,
+                    elements=4096 * h,
+                    constants={"BLOCK": block},
+                    sig={"out_ptr": p, "h_ptr": p, "x_ptr": p, "r_ptr": p, "w_ptr": p,
+                         "n_cols": "i32", "eps": "fp32"},
+                )
+            )  # fmt: skip
+            out.append(
+                dict(
+                    name=f"layer_norm {dt} 4096x{h}",
+                    fn=_layer_norm_kernel,
+                    warps=_row_warps(block),
+                    programs=4096,
+                    elements=4096 * h,
+                    constants={"BLOCK": block},
+                    sig={"out_ptr": p, "x_ptr": p, "w_ptr": p, "b_ptr": p, "n_cols": "i32",
+                         "eps": "fp32"},
+                )
+            )  # fmt: skip
         for n in (1024, 32768):
             out.append(
                 dict(
