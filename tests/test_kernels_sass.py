@@ -32,6 +32,9 @@ BUDGET = {
     "causal softmax bf16 16x1024x1024": 21.0,  # 28.0
     "rms_norm f32 4096x4096": 10.5,  # 10.6
     "rms_norm f32 4096x1536": 9.0,  # 20.0
+    "layer_norm f32 4096x4096": 16.0,  # 15.8
+    "layer_norm bf16 4096x4096": 21.0,  # 19.1
+    "layer_norm bf16 4096x2048": 26.0,  # 25.2
 }
 
 
