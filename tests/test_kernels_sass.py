@@ -33,6 +33,8 @@ BUDGET = {
     "rms_norm f32 4096x4096": 10.5,  # 10.6
     "rms_norm f32 4096x1536": 9.0,  # 20.0
     "layer_norm f32 4096x4096": 16.0,  # 15.8
+    "add_rms_norm bf16 4096x4096": 16.0,  # 15.1
+    "add_rms_norm bf16 4096x2048": 19.0,  # 20.5
     "layer_norm bf16 4096x4096": 21.0,  # 19.1
     "layer_norm bf16 4096x2048": 26.0,  # 25.2
 }
