@@ -31,7 +31,7 @@ from cutile_py import PartitionSpec, TensorSpec, bf16, f32
 from cutile_py.ptx.target import Target
 from cutile_py.runtime.nvjitlink import assemble
 from cutile_py.runtime.sass import disassemble, find_tool, instructions
-from cutile_py_kernels import activations, elementwise, norms
+from cutile_py_kernels import activations, elementwise, layout, norms
 from cutile_py_kernels._common import row_plan, row_warps
 
 softmax_mod = importlib.import_module("cutile_py_kernels.softmax")  # not the function
@@ -135,6 +135,19 @@ def _softmax(
     return build
 
 
+def _argmax(dt: type[ct.DType], r: int, n: int) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
+    """The argmax kernel the library's host function launches for (r, n), and its arguments."""
+
+    def build() -> tuple[Any, tuple[Any, ...]]:
+        tile_k, loop_k = softmax_mod._argmax_kernels(dt)
+        plan = row_plan(r, n, dt)
+        rows = 1 if plan.loop else plan.rows
+        out = PartitionSpec((r, 1), (rows, 1), ct.i32)
+        return (loop_k if plan.loop else tile_k), (out, TensorSpec((r, n), dt), plan.width)
+
+    return build
+
+
 def cases() -> list[Case]:
     f = TensorSpec((FLAT,), f32)
     z = PartitionSpec((FLAT,), (elementwise.TILE,), f32)
@@ -164,6 +177,20 @@ def cases() -> list[Case]:
             ln = norms._layer_norm_kernels(dt, warps)
             build = _row(ln, dt, ROWS, h, w, w, h, 1e-5)
             out.append(Case(f"layer_norm {dt.name} {ROWS}x{h}", build, 2 * size))
+        square = (ROWS, ROWS)
+        tr = layout._transpose_kernel(dt)
+        t_tile = (layout.TRANSPOSE_TILE, layout.TRANSPOSE_TILE)
+        build = _flat(tr, PartitionSpec(square, t_tile, dt), TensorSpec(square, dt))
+        out.append(Case(f"transpose {dt.name} {ROWS}x{ROWS}", build, 2 * size))
+        emb = layout._embedding_kernel(dt)
+        e_tile = (1, row_plan(ROWS, ROWS, dt).width)
+        build = _flat(emb, PartitionSpec(square, e_tile, dt), TensorSpec(square, dt),
+                      TensorSpec((ROWS,), ct.i32))  # fmt: skip
+        # Each output row read once from the table and written once, plus its id.
+        out.append(Case(f"embedding {dt.name} {ROWS}x{ROWS}", build, 2 * size + 4 / ROWS))
+        for n in (1024, 32768):
+            build = _argmax(dt, ROWS, n)
+            out.append(Case(f"argmax {dt.name} {ROWS}x{n}", build, size + 4 / n))
         for n in (1024, 32768):
             build = _softmax(dt, ROWS, n, False)
             out.append(Case(f"softmax {dt.name} {ROWS}x{n}", build, 2 * size))

@@ -85,6 +85,33 @@ def _layer_norm_kernel(out_ptr, x_ptr, w_ptr, b_ptr, n_cols, eps, BLOCK: tl.cons
     tl.store(out_ptr + base + cols, (d * r * w + b).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _transpose_kernel(y_ptr, x_ptr, m, n, BLOCK: tl.constexpr):
+    # y (n, m) = x (m, n).T, one BLOCK x BLOCK tile per program.
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = (i[:, None] < m) & (j[None, :] < n)
+    t = tl.load(x_ptr + i[:, None] * n + j[None, :], mask=mask)
+    tl.store(y_ptr + j[None, :] * m + i[:, None], t, mask=mask)
+
+
+@triton.jit
+def _embedding_kernel(y_ptr, table_ptr, ids_ptr, d, BLOCK: tl.constexpr):
+    row = tl.load(ids_ptr + tl.program_id(0)).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < d
+    t = tl.load(table_ptr + row * d + cols, mask=mask)
+    tl.store(y_ptr + tl.program_id(0).to(tl.int64) * d + cols, t, mask=mask)
+
+
+@triton.jit
+def _argmax_kernel(y_ptr, x_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row.to(tl.int64) * n_cols + cols, mask=cols < n_cols, other=-float("inf"))
+    tl.store(y_ptr + row, tl.argmax(x.to(tl.float32), axis=0).to(tl.int32))
+
+
 _T = {"f32": "*fp32", "bf16": "*bf16"}
 
 
@@ -183,6 +210,40 @@ def cases() -> list[dict[str, Any]]:
                          "eps": "fp32"},
                 )
             )  # fmt: skip
+        out.append(
+            dict(
+                name=f"transpose {dt} 4096x4096",
+                fn=_transpose_kernel,
+                warps=4,
+                programs=64 * 64,
+                elements=4096 * 4096,
+                constants={"BLOCK": 64},
+                sig={"y_ptr": p, "x_ptr": p, "m": "i32", "n": "i32"},
+            )
+        )
+        out.append(
+            dict(
+                name=f"embedding {dt} 4096x4096",
+                fn=_embedding_kernel,
+                warps=_row_warps(4096),
+                programs=4096,
+                elements=4096 * 4096,
+                constants={"BLOCK": 4096},
+                sig={"y_ptr": p, "table_ptr": p, "ids_ptr": "*i32", "d": "i32"},
+            )
+        )
+        for n in (1024, 32768):
+            out.append(
+                dict(
+                    name=f"argmax {dt} 4096x{n}",
+                    fn=_argmax_kernel,
+                    warps=_row_warps(n),
+                    programs=4096,
+                    elements=4096 * n,
+                    constants={"BLOCK": n},
+                    sig={"y_ptr": "*i32", "x_ptr": p, "n_cols": "i32"},
+                )
+            )
         for n in (1024, 32768):
             out.append(
                 dict(
