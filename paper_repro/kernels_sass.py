@@ -179,7 +179,7 @@ def cases() -> list[Case]:
             out.append(Case(f"layer_norm {dt.name} {ROWS}x{h}", build, 2 * size))
         square = (ROWS, ROWS)
         tr = layout._transpose_kernel(dt)
-        t_tile = (layout.TRANSPOSE_TILE, layout.TRANSPOSE_TILE)
+        t_tile = (layout.transpose_tile(dt), layout.transpose_tile(dt))
         build = _flat(tr, PartitionSpec(square, t_tile, dt), TensorSpec(square, dt))
         out.append(Case(f"transpose {dt.name} {ROWS}x{ROWS}", build, 2 * size))
         emb = layout._embedding_kernel(dt)
