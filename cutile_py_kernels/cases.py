@@ -15,7 +15,7 @@ from cutile_py_kernels.attention import _attention_kernels, attention_tile
 from cutile_py_kernels.autotune import candidates, default_config
 from cutile_py_kernels.gemm import _gemm_kernel
 from cutile_py_kernels.gemv import _gemv_kernel
-from cutile_py_kernels.layout import TRANSPOSE_TILE, _embedding_kernel, _transpose_kernel
+from cutile_py_kernels.layout import _embedding_kernel, _transpose_kernel, transpose_tile
 from cutile_py_kernels.norms import _layer_norm_kernels, _rms_kernels
 from cutile_py_kernels.rope import rope_kernel
 from cutile_py_kernels.softmax import _argmax_kernels, softmax_launch
@@ -90,7 +90,7 @@ def cases() -> Iterator[Case]:
                 4095,
             ),
         )
-        t = TRANSPOSE_TILE
+        t = transpose_tile(dt)
         yield (
             f"transpose {dt.name}",
             _transpose_kernel(dt),

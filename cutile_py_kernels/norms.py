@@ -139,11 +139,13 @@ def _layer_norm_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any]:
         xt = ct.load_tile_like(x, y).astype(f32)
         inv_n = 1.0 / n
         mean = ct.sum(xt, axis=1, keepdims=True) * inv_n
-        d = ct.where(ct.arange(y.shape[1]) < n, xt - mean, 0.0)
+        d = xt - mean
+        if n < y.shape[1]:  # padding columns (x = 0 there): keep -mean out of the variance
+            d = ct.where(ct.arange(y.shape[1]) < n, d, 0.0)
         r = ct.rsqrt(ct.sum(d * d, axis=1, keepdims=True) * inv_n + eps)
         wt = ct.load(w, (0,), (y.shape[1],)).astype(f32)
         bt = ct.load(b, (0,), (y.shape[1],)).astype(f32)
-        y.store((d * r * wt + bt).astype(y.dtype))
+        y.store(ct.fma(d * r, wt, bt).astype(y.dtype))
 
     @ct.kernel
     def layer_norm_loop(
@@ -174,7 +176,7 @@ def _layer_norm_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any]:
             t = ct.load(x, (row, j), (1, C)).astype(f32)
             wt = ct.load(w, (j,), (C,)).astype(f32)
             bt = ct.load(b, (j,), (C,)).astype(f32)
-            ct.store(y, (0, j), ((t - mean) * r * wt + bt).astype(y.dtype))
+            ct.store(y, (0, j), ct.fma((t - mean) * r, wt, bt).astype(y.dtype))
 
     return layer_norm_tile, layer_norm_loop
 

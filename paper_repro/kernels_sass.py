@@ -30,8 +30,8 @@ import cutile_py as ct
 from cutile_py import PartitionSpec, TensorSpec, bf16, f32
 from cutile_py.ptx.target import Target
 from cutile_py.runtime.nvjitlink import assemble
-from cutile_py.runtime.sass import disassemble, instructions
-from cutile_py_kernels import activations, elementwise, norms
+from cutile_py.runtime.sass import disassemble, find_tool, instructions
+from cutile_py_kernels import activations, elementwise, layout, norms
 from cutile_py_kernels._common import row_plan, row_warps
 
 softmax_mod = importlib.import_module("cutile_py_kernels.softmax")  # not the function
@@ -120,9 +120,9 @@ def _flat(kernel: Any, *args: Any) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
 
 
 def _row(
-    kernels: tuple[Any, ...], dt: type[ct.DType], r: int, n: int, *extra: Any
+    kernels: tuple[Any, ...], dt: type[ct.DType], r: int, n: int, *extra: Any, outs: int = 1
 ) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
-    return lambda: _rows(kernels, dt, r, n, 1, lambda: extra)
+    return lambda: _rows(kernels, dt, r, n, outs, lambda: extra)
 
 
 def _softmax(
@@ -131,6 +131,19 @@ def _softmax(
     def build() -> tuple[Any, tuple[Any, ...]]:
         kernel, tile, tail = softmax_mod.softmax_launch(dt, r, n, causal)
         return kernel, (PartitionSpec((r, n), tile, dt), TensorSpec((r, n), dt), *tail)
+
+    return build
+
+
+def _argmax(dt: type[ct.DType], r: int, n: int) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
+    """The argmax kernel the library's host function launches for (r, n), and its arguments."""
+
+    def build() -> tuple[Any, tuple[Any, ...]]:
+        tile_k, loop_k = softmax_mod._argmax_kernels(dt)
+        plan = row_plan(r, n, dt)
+        rows = 1 if plan.loop else plan.rows
+        out = PartitionSpec((r, 1), (rows, 1), ct.i32)
+        return (loop_k if plan.loop else tile_k), (out, TensorSpec((r, n), dt), plan.width)
 
     return build
 
@@ -154,6 +167,30 @@ def cases() -> list[Case]:
             rms = norms._rms_kernels(dt, row_warps(row_plan(ROWS, h, dt)))[:2]
             build = _row(rms, dt, ROWS, h, TensorSpec((h,), dt), 1.0 / h, 1e-6)
             out.append(Case(f"rms_norm {dt.name} {ROWS}x{h}", build, 2 * size))
+        for h in (1536, 2048, 4096):
+            warps = row_warps(row_plan(ROWS, h, dt))
+            add_rms = norms._rms_kernels(dt, warps)[2:]
+            w = TensorSpec((h,), dt)
+            build = _row(add_rms, dt, ROWS, h, TensorSpec((ROWS, h), dt), w, 1.0 / h, 1e-6,
+                         outs=2)  # fmt: skip
+            out.append(Case(f"add_rms_norm {dt.name} {ROWS}x{h}", build, 4 * size))
+            ln = norms._layer_norm_kernels(dt, warps)
+            build = _row(ln, dt, ROWS, h, w, w, h, 1e-5)
+            out.append(Case(f"layer_norm {dt.name} {ROWS}x{h}", build, 2 * size))
+        square = (ROWS, ROWS)
+        tr = layout._transpose_kernel(dt)
+        t_tile = (layout.transpose_tile(dt), layout.transpose_tile(dt))
+        build = _flat(tr, PartitionSpec(square, t_tile, dt), TensorSpec(square, dt))
+        out.append(Case(f"transpose {dt.name} {ROWS}x{ROWS}", build, 2 * size))
+        emb = layout._embedding_kernel(dt)
+        e_tile = (1, row_plan(ROWS, ROWS, dt).width)
+        build = _flat(emb, PartitionSpec(square, e_tile, dt), TensorSpec(square, dt),
+                      TensorSpec((ROWS,), ct.i32))  # fmt: skip
+        # Each output row read once from the table and written once, plus its id.
+        out.append(Case(f"embedding {dt.name} {ROWS}x{ROWS}", build, 2 * size + 4 / ROWS))
+        for n in (1024, 32768):
+            build = _argmax(dt, ROWS, n)
+            out.append(Case(f"argmax {dt.name} {ROWS}x{n}", build, size + 4 / n))
         for n in (1024, 32768):
             build = _softmax(dt, ROWS, n, False)
             out.append(Case(f"softmax {dt.name} {ROWS}x{n}", build, 2 * size))
@@ -186,6 +223,25 @@ def triton_python(given: str | None) -> str | None:
     if chosen:
         return chosen
     return sys.executable if importlib.util.find_spec("triton") is not None else None
+
+
+def tool_versions(python: str | None) -> str:
+    """nvJitLink's, nvdisasm's and (given its Python) Triton's versions, for the header."""
+    nvjitlink: Any = importlib.import_module("cuda.bindings.nvjitlink")
+    major, minor = nvjitlink.version()
+    out = [f"nvJitLink {major}.{minor}"]
+    nvdisasm = find_tool("nvdisasm")
+    if nvdisasm is not None:
+        done = subprocess.run([str(nvdisasm), "--version"], capture_output=True, text=True,
+                              timeout=60, check=False)  # fmt: skip
+        release = [w for w in done.stdout.split() if w.startswith("V")]
+        out.append(f"nvdisasm {release[-1][1:] if release else 'unknown'}")
+    if python is not None:
+        code = "import triton; print(triton.__version__)"
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                              timeout=300, check=False)  # fmt: skip
+        out.append(f"Triton {done.stdout.strip() or 'unknown'}")
+    return ", ".join(out)
 
 
 def theirs(python: str) -> dict[str, float]:
@@ -272,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     text = [
         f"# SASS instructions per element, {TARGET} (SASS-count evidence, not GPU timings)",
         "",
-        f"{stamp}; {platform.node()} ({platform.machine()}, no GPU); {peer_note}. "
+        f"{stamp}; {platform.node()} ({platform.machine()}, no GPU); {peer_note}; "
+        f"{tool_versions(python)}. "
         f"Element-wise cases over {FLAT} elements (their cost per element does not depend on "
         "n). bytes/ideal: global bytes moved on the sim (re-reads of a small weight vector, "
         "which stay in L2, counted once) over each input read once and the output written "

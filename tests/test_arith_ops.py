@@ -17,7 +17,7 @@ import pytest
 
 import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, bf16, f16, f32, i32
-from cutile_py.ir.dtypes import round_to_bf16
+from cutile_py.ir.dtypes import round_to, round_to_bf16
 from cutile_py.runtime.nvjitlink import assemble, nvjitlink_available
 from cutile_py.tools import pow_accuracy
 
@@ -508,3 +508,42 @@ def test_fast_reciprocal_is_one_rcp(rng: np.random.Generator) -> None:
     # The simulator's .approx results are correctly rounded.
     np.testing.assert_array_equal(z.unpartition().to_numpy(), np.float32(1.0) / xs)
     np.testing.assert_array_equal(w.unpartition().to_numpy(), ys / xs)
+
+
+# -- 16-bit sums ------------------------------------------------------------------------------
+def _half_sum(dt: Any) -> Any:
+    @ct.kernel
+    def half_sum(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], y: Tensor[f32, Dyn]) -> None:
+        a = ct.load_tile_like(x, z).astype(dt)
+        b = ct.load_tile_like(y, z).astype(dt)
+        z.store((a.astype(f32) + b.astype(f32)).astype(dt).astype(f32))
+
+    return half_sum
+
+
+@pytest.mark.parametrize("name", ["f16", "bf16"])
+def test_sum_narrowed_to_16_bits_is_one_fma(name: str, rng: np.random.Generator) -> None:
+    """dt(f32(a) + f32(b)) on 16-bit a, b lowers to one fma.rn.{dt} a, 1, b (f32's rounding
+    before dt's cannot change dt's result: 24 >= 2p + 2 bits), bit for bit what NumPy's f32
+    sum rounded to dt gives, across magnitudes, signed zeros, subnormals and infinities."""
+    dt = DTYPES[name]
+    kernel = _half_sum(dt)
+    n = 4099
+    spec = (ct.PartitionSpec((n,), (1024,)), ct.TensorSpec((n,)), ct.TensorSpec((n,)))
+    ptx = kernel.ptx(*spec)
+    # Per thread: 4 elements; narrowing only a and b from the f32 inputs, not the sum.
+    assert ptx.count(f"fma.rn.{name} ") == 4 and ptx.count(f"cvt.rn.{name}.f32") == 8, ptx
+    scale = 2.0 ** rng.integers(-30, 30, n)
+    xs = (rng.standard_normal(n) * scale).astype(np.float32)
+    ys = (rng.standard_normal(n) * scale * 2.0 ** rng.integers(-12, 12, n)).astype(np.float32)
+    special = [0.0, -0.0, np.inf, -np.inf, 6e-8, -6e-8, 1e-40, 65504.0, 3e38]
+    xs[: len(special)] = special
+    ys[: len(special)] = special[::-1]
+    z, _, _ = kernel(ct.empty((n,)).partition(1024), ct.from_numpy(xs), ct.from_numpy(ys)).sync()
+    got = z.unpartition().to_numpy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        a, b = (round_to(v, dt).astype(np.float32) for v in (xs, ys))
+        want = round_to(a + b, dt).astype(np.float32)
+    np.testing.assert_array_equal(got, want)  # NaN where want is NaN (inf - inf)
+    number = ~np.isnan(want)
+    assert np.array_equal(np.signbit(got[number]), np.signbit(want[number]))

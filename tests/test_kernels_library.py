@@ -385,7 +385,7 @@ def test_rope(
 
 # -- data movement ----------------------------------------------------------------------------
 @pytest.mark.parametrize("dt", [*DT_PARAMS, pytest.param(ct.i32, id="i32")])
-@pytest.mark.parametrize("shape", [(1, 1), (7, 33), (65, 100)])
+@pytest.mark.parametrize("shape", [(1, 1), (7, 33), (65, 100), (130, 257)])
 def test_transpose(backend: str, rng: np.random.Generator, dt: Any, shape: tuple[int, int]) -> None:
     a = rng.integers(-100, 100, shape).astype(np.float32 if dt is not ct.i32 else np.int32)
     out = ck.transpose(ct.from_numpy(a, dt))

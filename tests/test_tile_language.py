@@ -23,6 +23,7 @@ from cutile_py.ir.dtypes import round_to
 #: Test functions (names) whose kernels the PTX lowering handles: these also run on sim/cuda.
 SIM_READY: set[str] = {
     "test_reductions",
+    "test_arg_reductions_along_long_rows",
     "test_row_softmax_with_padding",
     "test_broadcasting",
     "test_arange_broadcast_to_a_grid",
@@ -149,6 +150,33 @@ def test_reductions(backend: str, rng: np.random.Generator, k: int, dt: type[ct.
                 np.testing.assert_allclose(got, want.reshape(-1), rtol=tol, atol=tol, err_msg=what)
             else:
                 np.testing.assert_array_equal(got, want.reshape(-1), err_msg=what)
+
+
+@pytest.mark.parametrize("dt", [f32, f16], ids=lambda d: d.name)
+@pytest.mark.parametrize("c", [1000, 1024])
+def test_arg_reductions_along_long_rows(
+    backend: str, rng: np.random.Generator, dt: type[ct.DType], c: int
+) -> None:
+    """argmax/argmin along rows long enough that each thread combines several elements of its
+    own in index order: ties, first NaN, NaN before and after larger values, all -inf, the
+    extreme last; then rows of small integers (many ties) with 2% NaNs. As NumPy's."""
+    rows = np.tile(np.arange(c, dtype=np.float32) % 7, (8, 1))
+    rows[0] = 1.0
+    rows[1, [3, 700]] = 50.0
+    rows[2, [500, 900]] = np.nan
+    rows[3, 0] = np.nan
+    rows[4] = -np.inf
+    rows[5] = -np.inf
+    rows[5, c - 1] = 1.0
+    rows[6, c - 1] = 60.0
+    rows[7, [1, 2]] = np.nan
+    ties = rng.integers(-3, 4, (8, c)).astype(np.float32)
+    ties[rng.random((8, c)) < 0.02] = np.nan
+    x = round_to(np.concatenate([rows, ties]), dt)
+    for k in (3, 4):
+        want = NP_REDUCTIONS[k](x, axis=1).astype(np.float32)
+        got = run(REDUCE_KERNELS[dt.name], (16,), (16,), f32, ct.from_numpy(x, dt), 16, c, k, 2, 0)
+        np.testing.assert_array_equal(got, want, err_msg=REDUCTIONS[k].__name__)
 
 
 @ct.kernel

@@ -32,6 +32,7 @@ from cutile_py.lower.isel import (
     BITS_SUFFIX,
     F32_BINARY,
     F32_COMPARE,
+    FLOAT_NAME,
     INT_BINARY,
     INT_COMPARE,
     INT_SUFFIX,
@@ -410,7 +411,44 @@ class Emitter(EmitContext):
 
     def op_cast(self, op: o.CastOp) -> None:
         src, dst = op.operands[0].type.dtype, op.result.type.dtype
+        terms = self.half_sum_terms(op)
+        if terms is not None:
+            # dst(f32(a) + f32(b)) is dst's own correctly rounded a + b: f32 has more than
+            # 2p + 2 bits of dst's p, so rounding twice rounds once. One fma.rn.{dst} a, 1, b
+            # per element, on the 16-bit registers (no unpacking, no separate narrowing).
+            fb, name = self.fb, FLOAT_NAME[dst]
+            one = self.new(dst)
+            fb.ins("mov.b16", one, Imm(f"0x{ONE_BITS[dst]:04X}"))
+            out = []
+            for a, b in zip(*terms):
+                r = self.new(dst)
+                fb.ins(f"fma.rn.{name}", r, a, one, b)
+                out.append(r)
+            self.define(op.result, out)
+            return
         self.elementwise(op, lambda x: self.cast(x, src, dst))
+
+    def half_sum_terms(self, op: o.CastOp) -> tuple[list[Reg], list[Reg]] | None:
+        """The 16-bit registers of a and b where `op` narrows f32(a) + f32(b) back to the
+        dtype of a and b, all in one blocked layout; None otherwise."""
+        dst, res = op.result.type.dtype, op.result
+        add = self.uses.producer(op.operands[0])
+        if dst not in (f16, bf16) or not isinstance(add, o.BinaryOp) or add.kind != "add":
+            return None
+        if not res.type.shape or self.fragment_plan.of(res) is not None:
+            return None
+        terms = []
+        for v in add.operands:
+            widen = self.uses.producer(v)
+            if not isinstance(widen, o.CastOp):
+                return None
+            x = widen.operands[0]
+            if x.type.dtype is not dst or x.type.shape != res.type.shape:
+                return None
+            if self.fragment_plan.of(x) is not None or self.layout(x) != self.layout(res):
+                return None
+            terms.append(self.regs(x))
+        return terms[0], terms[1]
 
     def cast(self, x: Reg, src: type[DType], dst: type[DType]) -> Reg:
         fb = self.fb

@@ -270,6 +270,27 @@ class Combiner:
         fb.ins("selp.b32", i, bi, ai, take)
         return v, i
 
+    def step_arg(self, av: Reg, ai: Reg, bv: Reg, bi: Reg) -> tuple[Reg, Reg]:
+        """`combine_arg` where (bv, bi) comes after (av, ai) in index order (one thread's own
+        elements, in `offsets` order): b wins only if strictly better, or a NaN after none
+        (then the first NaN stays), so no index compare. For argmax on f32: b > a or b is
+        NaN, i.e. setp.gtu, unless a is a NaN."""
+        em, fb = self.em, self.em.fb
+        t = "f32" if self.acc is f32 else f"s{8 * self.acc.itemsize()}"
+        op = "gt" if self.kind == "argmax" else "lt"
+        take = fb.reg("pred")
+        if self.acc is f32:
+            fb.ins(f"setp.{op}u.f32", take, bv, av)
+            a_num = fb.reg("pred")
+            fb.ins("setp.num.f32", a_num, av, av)
+            take = em.and_(take, a_num)
+        else:
+            fb.ins(f"setp.{op}.{t}", take, bv, av)
+        v, i = em.new(self.acc), fb.reg("b32")
+        fb.ins(f"selp.{MOV[v.ptype]}", v, bv, av, take)
+        fb.ins("selp.b32", i, bi, ai, take)
+        return v, i
+
 
 def _or(em: EmitContext, a: Reg, b: Reg) -> Reg:
     r = em.fb.reg("pred")
@@ -342,9 +363,9 @@ def reduce(em: EmitContext, op: o.ReduceOp) -> None:
                     i = si
             if acc_v is None:
                 acc_v, acc_i = v, i
-            elif cb.arg:
+            elif cb.arg:  # offsets ascend: this element's index is past acc's
                 assert acc_i is not None and i is not None
-                acc_v, acc_i = cb.combine_arg(acc_v, acc_i, v, i)
+                acc_v, acc_i = cb.step_arg(acc_v, acc_i, v, i)
             else:
                 acc_v = cb.combine(acc_v, v)
         assert acc_v is not None

@@ -54,6 +54,64 @@ def _gelu_kernel(x_ptr, z_ptr, n, BLOCK: tl.constexpr):
     tl.store(z_ptr + offs, (0.5 * x * (1.0 + t)).to(z_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _add_rms_norm_kernel(out_ptr, h_ptr, x_ptr, r_ptr, w_ptr, n_cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    base = row.to(tl.int64) * n_cols
+    x = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
+    res = tl.load(r_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
+    h = (x + res).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + base + cols, h, mask=mask)
+    hf = h.to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + base + cols, (hf * r * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _layer_norm_kernel(out_ptr, x_ptr, w_ptr, b_ptr, n_cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    base = row.to(tl.int64) * n_cols
+    x = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=0) / n_cols
+    d = tl.where(mask, x - mean, 0.0)
+    r = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + base + cols, (d * r * w + b).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _transpose_kernel(y_ptr, x_ptr, m, n, BLOCK: tl.constexpr):
+    # y (n, m) = x (m, n).T, one BLOCK x BLOCK tile per program.
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = (i[:, None] < m) & (j[None, :] < n)
+    t = tl.load(x_ptr + i[:, None] * n + j[None, :], mask=mask)
+    tl.store(y_ptr + j[None, :] * m + i[:, None], t, mask=mask)
+
+
+@triton.jit
+def _embedding_kernel(y_ptr, table_ptr, ids_ptr, d, BLOCK: tl.constexpr):
+    row = tl.load(ids_ptr + tl.program_id(0)).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < d
+    t = tl.load(table_ptr + row * d + cols, mask=mask)
+    tl.store(y_ptr + tl.program_id(0).to(tl.int64) * d + cols, t, mask=mask)
+
+
+@triton.jit
+def _argmax_kernel(y_ptr, x_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row.to(tl.int64) * n_cols + cols, mask=cols < n_cols, other=-float("inf"))
+    tl.store(y_ptr + row, tl.argmax(x.to(tl.float32), axis=0).to(tl.int32))
+
+
 _T = {"f32": "*fp32", "bf16": "*bf16"}
 
 
@@ -124,6 +182,66 @@ def cases() -> list[dict[str, Any]]:
                     elements=4096 * h,
                     constants={"BLOCK": block},
                     sig={"out_ptr": p, "x_ptr": p, "w_ptr": p, "n_cols": "i32", "eps": "fp32"},
+                )
+            )
+        for h in (1536, 2048, 4096):
+            block = triton.next_power_of_2(h)
+            out.append(
+                dict(
+                    name=f"add_rms_norm {dt} 4096x{h}",
+                    fn=_add_rms_norm_kernel,
+                    warps=_row_warps(block),
+                    programs=4096,
+                    elements=4096 * h,
+                    constants={"BLOCK": block},
+                    sig={"out_ptr": p, "h_ptr": p, "x_ptr": p, "r_ptr": p, "w_ptr": p,
+                         "n_cols": "i32", "eps": "fp32"},
+                )
+            )  # fmt: skip
+            out.append(
+                dict(
+                    name=f"layer_norm {dt} 4096x{h}",
+                    fn=_layer_norm_kernel,
+                    warps=_row_warps(block),
+                    programs=4096,
+                    elements=4096 * h,
+                    constants={"BLOCK": block},
+                    sig={"out_ptr": p, "x_ptr": p, "w_ptr": p, "b_ptr": p, "n_cols": "i32",
+                         "eps": "fp32"},
+                )
+            )  # fmt: skip
+        out.append(
+            dict(
+                name=f"transpose {dt} 4096x4096",
+                fn=_transpose_kernel,
+                warps=4,
+                programs=64 * 64,
+                elements=4096 * 4096,
+                constants={"BLOCK": 64},
+                sig={"y_ptr": p, "x_ptr": p, "m": "i32", "n": "i32"},
+            )
+        )
+        out.append(
+            dict(
+                name=f"embedding {dt} 4096x4096",
+                fn=_embedding_kernel,
+                warps=_row_warps(4096),
+                programs=4096,
+                elements=4096 * 4096,
+                constants={"BLOCK": 4096},
+                sig={"y_ptr": p, "table_ptr": p, "ids_ptr": "*i32", "d": "i32"},
+            )
+        )
+        for n in (1024, 32768):
+            out.append(
+                dict(
+                    name=f"argmax {dt} 4096x{n}",
+                    fn=_argmax_kernel,
+                    warps=_row_warps(n),
+                    programs=4096,
+                    elements=4096 * n,
+                    constants={"BLOCK": n},
+                    sig={"y_ptr": "*i32", "x_ptr": p, "n_cols": "i32"},
                 )
             )
         for n in (1024, 32768):
