@@ -43,10 +43,23 @@ def _put(table: np.ndarray, rows: np.ndarray, span: int, values: np.ndarray) -> 
     words[rows] = np.ascontiguousarray(values).view(words.dtype).reshape(-1)
 
 
+#: Per word size: the multiplier that replicates a uint16 into each 16-bit slot of a word.
+_SPREAD = {w: UINT[w].type(sum(1 << (16 * i) for i in range(w // 2))) for w in (2, 4, 8)}
+
+
 def _fill(who: np.ndarray, span: int) -> np.ndarray:
-    """Entries `who` (int16, n) as rows of `_words(table, span)`: each in every slot."""
-    one = who.astype(np.int16, copy=False).reshape(-1)
-    return (one if span == 1 else np.repeat(one, span)).view(ROW[2 * span])
+    """Entries `who` (int16, n) as rows of `_words(table, span)`: each in every slot (built
+    in words of up to 8 bytes: fewer elements to repeat than 16-bit entries)."""
+    size = min(2 * span, 8)
+    one: np.ndarray = who.reshape(-1).astype(np.uint16).astype(UINT[size]) * _SPREAD[size]
+    per = 2 * span // size
+    return (one if per == 1 else np.repeat(one, per)).view(ROW[2 * span])
+
+
+def _equal(got: np.ndarray, want: np.ndarray) -> bool:
+    """Whether two arrays of `ROW` rows are equal (compared as integers)."""
+    word = UINT[min(got.dtype.itemsize, 8)]
+    return bool((got.view(word) == want.view(word)).all())
 
 
 def _same(got: np.ndarray, want: np.ndarray) -> np.ndarray:
@@ -149,7 +162,7 @@ class RaceTracker:
         words, mine = _words(self.writer, span), _fill(tid, span)
         words[rows] = mine
         distinct = rows.size < 2 or bool((rows[1:] > rows[:-1]).all())
-        if not distinct and not _same(words.take(rows), mine).all():
+        if not distinct and not _equal(words.take(rows), mine):
             # Lanes of this store hit one byte: put the writers back, let the bytes decide.
             _put(self.writer, rows, span, w)
             return False
@@ -189,7 +202,7 @@ class RaceTracker:
             hit = np.flatnonzero(~_same(words.take(rows), mine))
             words[rows[hit]] = _fill(np.full(hit.size, MANY, np.int16), span)
             return
-        if _same(old_rows, mine).all() or (old == MANY).all():
+        if _equal(old_rows, mine) or (old == MANY).all():
             return  # each row is this lane's already, or several threads' already
         w = who[:, None]
         new = np.where((old == NONE) | (old == w), w, np.int16(MANY))
@@ -298,8 +311,8 @@ class RaceTracker:
         if rows is None or not self._access_rows(rows, span, True, tid):
             self._access_bytes(lanes, flat, span, True, None, tid)
         self.copies = True
-        if rows is not None:
-            _words(self.in_flight, span)[rows] = _fill(tid, span)
+        if rows is not None:  # the writer rows just written: the same entries
+            _words(self.in_flight, span)[rows] = _words(self.writer, span).take(rows)
         else:
             self.in_flight[self._bytes(flat, span)] = np.repeat(tid, span)
 
