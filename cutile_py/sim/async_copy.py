@@ -30,6 +30,8 @@ class _Copies:
     flat: np.ndarray  # the destination's byte index in the batch's shared memory
     data: np.ndarray  # (k, size) uint8
     group: np.ndarray  # the issuing lane's group number once committed; -1 before
+    #: Whether some copy is not committed yet (a commit skips those that are).
+    open: bool = True
 
 
 class AsyncCopies:
@@ -44,8 +46,11 @@ class AsyncCopies:
 
     def commit(self, mask: np.ndarray) -> None:
         for c in self.pending:
+            if not c.open:
+                continue
             m = mask[c.lanes] & (c.group < 0)
             c.group[m] = self.committed[c.lanes[m]]
+            c.open = bool((c.group < 0).any())
         self.committed[mask] += 1
 
     def wait(self, b: Batch, mask: np.ndarray, keep: int) -> None:

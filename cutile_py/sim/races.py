@@ -117,6 +117,11 @@ class RaceTracker:
         #: write (or what forgets readers) needs those tables, and a barrier usually comes
         #: first, so most reads never cost a scatter.
         self._reads: list[tuple[np.ndarray, int, np.ndarray]] = []
+        self._none_rows: dict[tuple[int, int], np.ndarray] = {}
+        #: Each lane's thread index in its block.
+        self._tids = (np.arange(slots * lanes_per_block) % lanes_per_block).astype(np.int16)
+        #: Whether the reader tables may hold a reader (cleared with them by a bar.sync).
+        self._readers = False
 
     def access(
         self,
@@ -133,7 +138,7 @@ class RaceTracker:
         if lanes.size == 0:
             return
         self.dirty = True
-        tid = (lanes % self.lanes_per_block).astype(np.int16)
+        tid = self._tids.take(lanes)
         rows = self._rows(flat, span)
         if rows is not None and self._access_rows(rows, span, write, tid):
             return
@@ -155,10 +160,11 @@ class RaceTracker:
                 self._flush()
             return True
         self._flush()
-        r = _take(self.reader, rows, span)
-        read = r.max() != NONE or r.min() != NONE  # a reader since the last barrier
-        if read and ((r == MANY) | ((r >= 0) & (r != t))).any():
-            return False
+        if self._readers:
+            r = _take(self.reader, rows, span)
+            read = r.max() != NONE or r.min() != NONE  # a reader since the last barrier
+            if read and ((r == MANY) | ((r >= 0) & (r != t))).any():
+                return False
         words, mine = _words(self.writer, span), _fill(tid, span)
         words[rows] = mine
         distinct = rows.size < 2 or bool((rows[1:] > rows[:-1]).all())
@@ -173,6 +179,7 @@ class RaceTracker:
         set, one thread or several, does not depend on the order of the reads)."""
         if not self._reads:
             return
+        self._readers = True
         spans = {span for _, span, _ in self._reads}
         for span in spans:
             got = [(rows, tid) for rows, s, tid in self._reads if s == span]
@@ -272,6 +279,7 @@ class RaceTracker:
                                f"{self.describe_thread(int(got[k]))} write the same shared "
                                "memory in one instruction")  # fmt: skip
         else:
+            self._readers = True
             self._add_readers(self.reader, idx, t)
             if self.warp_syncs:
                 self._add_readers(self.reader_warp, idx, t // 32)
@@ -306,7 +314,7 @@ class RaceTracker:
         if lanes.size == 0:
             return
         self.dirty = True
-        tid = (lanes % self.lanes_per_block).astype(np.int16)
+        tid = self._tids.take(lanes)
         rows = self._rows(flat, span)
         if rows is None or not self._access_rows(rows, span, True, tid):
             self._access_bytes(lanes, flat, span, True, None, tid)
@@ -330,16 +338,24 @@ class RaceTracker:
         issue may have cleared it; until the next one, other threads may not read them). Any
         other thread's access since the issue met the in-flight bytes and was reported, so
         the landing write itself needs no check."""
-        tid = (lanes % self.lanes_per_block).astype(np.int16)
+        tid = self._tids.take(lanes)
         rows = self._rows(flat, span)
         if rows is not None:
-            _words(self.in_flight, span)[rows] = _fill(np.full(rows.size, NONE, np.int16), span)
+            _words(self.in_flight, span)[rows] = self._nones(rows.size, span)
             _words(self.writer, span)[rows] = _fill(tid, span)
         else:
             idx = self._bytes(flat, span)
             self.in_flight[idx] = NONE
             self.writer[idx] = np.repeat(tid, span)
         self.dirty = True
+
+    def _nones(self, n: int, span: int) -> np.ndarray:
+        """`n` rows of `span` NONE entries (the same read-only array for each size)."""
+        got = self._none_rows.get((n, span))
+        if got is None:
+            got = self._none_rows[(n, span)] = _fill(np.full(n, NONE, np.int16), span)
+            got.flags.writeable = False
+        return got
 
     def _rows(self, flat: np.ndarray, span: int) -> np.ndarray | None:
         """The history rows of `span` bytes that accesses of `span` bytes at `flat` are;
@@ -395,6 +411,7 @@ class RaceTracker:
             else:
                 table.reshape(-1, self.stride)[slots] = NONE
         self.dirty = not every
+        self._readers = self._readers and not every
 
     def release(self, slot: int, tids: np.ndarray) -> None:
         """Threads `tids` of block `slot` arrived on an mbarrier whose phase a wait then saw
