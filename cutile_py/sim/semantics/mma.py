@@ -165,9 +165,11 @@ def mma(instr: Instruction) -> Run:
 
     def run(ctx: ExecContext) -> None:
         warps = ctx.mask.reshape(-1, WARP)
-        partial = warps.any(axis=1) & ~warps.all(axis=1)
-        if partial.any():
-            ctx.fail("mma.sync.aligned needs all 32 lanes of the warp", np.repeat(partial, WARP))
+        if not ctx.mask.all():  # (one reduction where every lane runs: the usual case)
+            partial = warps.any(axis=1) & ~warps.all(axis=1)
+            if partial.any():
+                whole = "mma.sync.aligned needs all 32 lanes of the warp"
+                ctx.fail(whole, np.repeat(partial, WARP))
         nw = warps.shape[0]
         a_mat = a_at.load(ctx, a_ops, fmt, nw)
         b_mat = b_at.load(ctx, b_ops, fmt, nw)
