@@ -5,6 +5,9 @@ Per byte it keeps the last writer and the reader(s) since the block's last `bar.
 `bar.warp.sync` forgets what the synced warp did. Atomics are not tracked. Bytes a `cp.async`
 is still copying into belong to its thread until that thread's wait lands the copy, across
 barriers: another thread touching them in between races with the landing.
+
+Reads are checked against the writers at once but entered in the reader tables only when
+something needs them (a write, or what forgets readers): most reads meet a barrier first.
 """
 
 from __future__ import annotations
