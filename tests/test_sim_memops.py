@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from cutile_py.ptx.parser import parse
+from cutile_py.sim.context import SimError
 from cutile_py.sim.executor import run
 from cutile_py.sim.program import Program
 from tests.support.sim_harness import Sim
@@ -450,3 +451,31 @@ def test_another_thread_reading_a_landed_copy_without_a_barrier_is_a_race() -> N
     xor = "    xor.b32 %r14, %r4, 16;\n"
     fine = ptx.replace(xor, "    bar.sync 0;\n" + xor)
     sim.launch(fine, "cp", (1, 1, 1), (32, 1, 1), [("u64", sa), ("u64", oa), ("u32", 16)])
+
+
+@pytest.mark.parametrize("limit", [32, 40])
+def test_ldmatrix_under_a_guard_runs_whole_warps_only(rng: np.random.Generator, limit: int) -> None:
+    """Two warps, the ldmatrix guarded by `tid < limit`: warp 0 alone gets its fragments
+    (warp 1's registers keep their zeros); part of warp 1 as well is an error."""
+    ptx = (
+        LDMATRIX.replace("XN", "x4")
+        .replace("{REGS}", "{%r10, %r11, %r12, %r13}")
+        .replace("{OUTS}", "{%r10, %r11, %r12, %r13}")
+        .replace("tile[1024]", "tile[2048]")
+        .replace(".reg .b32 %r<16>;", ".reg .b32 %r<16>;\n    .reg .pred %p1;")
+        .replace("    ldmatrix", f"    setp.lt.u32 %p1, %r1, {limit};\n    @%p1 ldmatrix")
+    )
+    sim = Sim()
+    tile = rng.integers(0, 2**16, 1024).astype(np.uint16)
+    rows = rng.permutation(128)[:64].astype(np.uint32)
+    ta, _ = sim.buffer(tile)
+    ra, _ = sim.buffer(rows)
+    oa, out = sim.buffer(np.zeros((64, 4), dtype=np.uint32))
+    params = [("u64", ta), ("u64", ra), ("u64", oa)]
+    if limit != 32:
+        with pytest.raises(SimError, match="executed by only part of a warp"):
+            sim.launch(ptx, "ldm", (1, 1, 1), (64, 1, 1), params)
+        return
+    sim.launch(ptx, "ldm", (1, 1, 1), (64, 1, 1), params)
+    np.testing.assert_array_equal(out[:32], ldmatrix_model(tile, rows[:32], 4, False))
+    np.testing.assert_array_equal(out[32:], np.zeros((32, 4)))

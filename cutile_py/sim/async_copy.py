@@ -27,9 +27,11 @@ class _Copies:
     """Copies of one cp.async execution: lane, shared offset and bytes of each."""
 
     lanes: np.ndarray
-    dst: np.ndarray
+    flat: np.ndarray  # the destination's byte index in the batch's shared memory
     data: np.ndarray  # (k, size) uint8
     group: np.ndarray  # the issuing lane's group number once committed; -1 before
+    #: Whether some copy is not committed yet (a commit skips those that are).
+    open: bool = True
 
 
 class AsyncCopies:
@@ -39,13 +41,16 @@ class AsyncCopies:
         self.pending: list[_Copies] = []
         self.committed = np.zeros(n, dtype=np.int64)
 
-    def issue(self, lanes: np.ndarray, dst: np.ndarray, data: np.ndarray) -> None:
-        self.pending.append(_Copies(lanes, dst, data, np.full(lanes.size, -1, dtype=np.int64)))
+    def issue(self, lanes: np.ndarray, flat: np.ndarray, data: np.ndarray) -> None:
+        self.pending.append(_Copies(lanes, flat, data, np.full(lanes.size, -1, dtype=np.int64)))
 
     def commit(self, mask: np.ndarray) -> None:
         for c in self.pending:
+            if not c.open:
+                continue
             m = mask[c.lanes] & (c.group < 0)
             c.group[m] = self.committed[c.lanes[m]]
+            c.open = bool((c.group < 0).any())
         self.committed[mask] += 1
 
     def wait(self, b: Batch, mask: np.ndarray, keep: int) -> None:
@@ -54,19 +59,23 @@ class AsyncCopies:
         still: list[_Copies] = []
         for c in self.pending:
             done = mask[c.lanes] & (c.group >= 0) & (c.group < limit[c.lanes])
-            if done.any():
-                lanes = c.lanes[done]
-                data = c.data[done]
+            every = bool(done.all())
+            if every or done.any():
+                # All of an execution's copies landing at once is the usual case: no gathers.
+                lanes = c.lanes if every else c.lanes[done]
+                data = c.data if every else c.data[done]
+                flat = c.flat if every else c.flat[done]
                 size = data.shape[1]
-                flat = b.shared.flat(lanes, b.slot[lanes], c.dst[done], size, "cp.async")
                 if b.shared.tracker is not None:
                     b.shared.tracker.copy_landed(lanes, flat, size)
                 # In words of up to 8 bytes (the destination is aligned to the copy's size).
                 word = min(size & -size, 8)
                 words = np.ascontiguousarray(data).view(UINT[word])
                 b.shared.land(flat, word, words)
+                if every:
+                    continue
                 rest = ~done
-                c = _Copies(c.lanes[rest], c.dst[rest], c.data[rest], c.group[rest])
+                c = _Copies(c.lanes[rest], c.flat[rest], c.data[rest], c.group[rest])
             if c.lanes.size:
                 still.append(c)
         self.pending = still
@@ -154,7 +163,7 @@ def _make_issue(ins: Instruction, prog: Program) -> Handler:
             data = np.ascontiguousarray(got).view(np.uint8).reshape(lanes.size, size)
             if b.global_races is not None:
                 b.global_races.access(b.instr, lanes, src, size, False)
-            copies_of(b).issue(lanes, dst, data)
+            copies_of(b).issue(lanes, flat, data)
             return
         data = np.zeros((lanes.size, size), dtype=np.uint8)
         # Only the first src-size bytes are read (the rest is zero-filled), so a masked-off
@@ -166,6 +175,6 @@ def _make_issue(ins: Instruction, prog: Program) -> Handler:
             data[pos, :n] = b.glob.load(lanes[pos], src[pos], 1, int(n))
             if b.global_races is not None:
                 b.global_races.access(b.instr, lanes[pos], src[pos], int(n), False)
-        copies_of(b).issue(lanes, dst, data)
+        copies_of(b).issue(lanes, flat, data)
 
     return run

@@ -60,6 +60,12 @@ class ExecContext(ABC):
         """Store `values` (convertible to PTYPE_DTYPE[ptype]) into register `op` for the lanes
         in `mask` only; a Sink discards."""
 
+    def move(self, dst: Operand, src: Operand, width: int) -> bool:
+        """Make register `dst` hold register `src`'s array itself, where both are `width` bytes
+        wide and every lane writes (a mov); False, having done nothing, elsewhere. Keeping
+        the array lets the semantics recognize a value they decoded before (mma)."""
+        return False
+
     @abstractmethod
     def fail(self, message: str, lanes: np.ndarray | None = None) -> NoReturn:
         """Raise SimError for this instruction; `lanes` (bool, shape (n,)) picks the threads

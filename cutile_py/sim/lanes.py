@@ -245,6 +245,21 @@ class Lanes(ExecContext):
             vals.flags.writeable = False
         self.regs[name] = vals
 
+    def move(self, dst: Operand, src: Operand, width: int) -> bool:
+        if not (self.full and type(dst) is Reg and type(src) is Reg):
+            return False
+        arr = self.regs.get(src.name)
+        name = dst.name
+        if (
+            arr is None
+            or arr.dtype.itemsize != width
+            or self.widths.get(name) != width
+            or arr.dtype == BOOL
+        ):
+            return False
+        self.regs[name] = arr
+        return True
+
     # -- special registers --------------------------------------------------------------------
     def special(self, name: str) -> np.ndarray:
         got = self._special.get(name)

@@ -154,17 +154,27 @@ def make_ldmatrix(ins: Instruction, prog: Program) -> Handler:
     dests = items(ins.operands[0], num, ins)
     addr = _address(ins, 1)
     providers = np.arange(8 * num)
+    every_lane: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # per lane count: (wl, lanes)
 
     def run(b: Batch) -> None:
-        warps = b.mask.reshape(-1, WARP)
-        used = warps.any(axis=1)
-        partial = used & ~(warps.all(axis=1))
-        if partial.any():
-            b.fail(
-                "ldmatrix.sync.aligned executed by only part of a warp", np.repeat(partial, WARP)
-            )
-        wl = np.flatnonzero(used)
-        lanes = (wl[:, None] * WARP + providers).ravel()
+        if b.mask.all():  # every warp, whole (the usual case): the same lanes every time
+            got = every_lane.get(b.n)
+            if got is None:
+                wl = np.arange(b.n // WARP)
+                got = every_lane[b.n] = (wl, (wl[:, None] * WARP + providers).ravel())
+                got[1].flags.writeable = False
+            wl, lanes = got
+        else:
+            warps = b.mask.reshape(-1, WARP)
+            used = warps.any(axis=1)
+            partial = used & ~(warps.all(axis=1))
+            if partial.any():
+                b.fail(
+                    "ldmatrix.sync.aligned executed by only part of a warp",
+                    np.repeat(partial, WARP),
+                )
+            wl = np.flatnonzero(used)
+            lanes = (wl[:, None] * WARP + providers).ravel()
         rows = b.load(space, lanes, b.addresses(addr, lanes, space == ""), 2, 8)
         m = rows.reshape(wl.size, num, 8, 8)
         if trans:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from cutile_py.ptx.ast import Function, Instruction, Module, Symbol, Variable
+from cutile_py.ptx.ast import Function, Imm, Instruction, Module, Symbol, Variable
 from cutile_py.sim.async_copy import make_cp
 from cutile_py.sim.atomics import make_atom, make_red
 from cutile_py.sim.cfg import EXITS, branch_target, build_cfg
@@ -162,6 +162,13 @@ class Program:
         self.warp_syncs = any(
             st.instr.opcode == "bar" and "warp" in st.instr.modifiers for st in self.steps
         )
+        #: Per lane count: the immediates batches of that many lanes broadcast (read-only, so
+        #: shared; broadcasting each again at every launch cost more than reading it).
+        self._immediates: dict[int, dict[tuple[int, str], tuple[Imm, np.ndarray]]] = {}
+
+    def immediates(self, lanes: int) -> dict[tuple[int, str], tuple[Imm, np.ndarray]]:
+        """The immediates broadcast to `lanes` lanes so far (a batch adds to it)."""
+        return self._immediates.setdefault(lanes, {})
 
     # -- layouts --------------------------------------------------------------------------------
     def _layout_params(self, fn: Function) -> None:

@@ -5,6 +5,9 @@ Per byte it keeps the last writer and the reader(s) since the block's last `bar.
 `bar.warp.sync` forgets what the synced warp did. Atomics are not tracked. Bytes a `cp.async`
 is still copying into belong to its thread until that thread's wait lands the copy, across
 barriers: another thread touching them in between races with the landing.
+
+Reads are checked against the writers at once but entered in the reader tables only when
+something needs them (a write, or what forgets readers): most reads meet a barrier first.
 """
 
 from __future__ import annotations
@@ -18,25 +21,29 @@ MANY = -2
 UINT = {k: np.dtype(f"u{k}") for k in (1, 2, 4, 8)}
 #: Access spans checked on the history viewed as rows (the shared stride is a multiple of 16).
 ROW_SPANS = frozenset({1, 2, 4, 8, 16})
+#: Reads logged before they are entered in the reader tables anyway (bounds the log).
+MAX_LOGGED = 64
+
+
+#: Per row size in bytes: the NumPy type of one row as a whole (gathers and scatters of a
+#: 1-D array of rows are an order of magnitude faster than of rows of a 2-D array).
+ROW = {n: np.dtype(f"V{n}") for n in (2, 4, 8, 16, 32)}
 
 
 def _words(table: np.ndarray, span: int) -> np.ndarray:
-    """An int16 history table as rows of `span` entries, each row in as few words as fit
-    (gathers and scatters of rows cost per element: fewer, wider elements are faster)."""
-    nbytes = 2 * span
-    word = min(nbytes, 8)
-    return table.view(UINT[word]).reshape(-1, nbytes // word)
+    """An int16 history table as a 1-D array of rows of `span` entries."""
+    return table.view(ROW[2 * span])
 
 
 def _take(table: np.ndarray, rows: np.ndarray, span: int) -> np.ndarray:
     """Rows `rows` of `table` (int16, shape (len(rows), span))."""
-    return _words(table, span).take(rows, axis=0).view(np.int16)
+    return _words(table, span).take(rows).view(np.int16).reshape(-1, span)
 
 
 def _put(table: np.ndarray, rows: np.ndarray, span: int, values: np.ndarray) -> None:
-    """`table`'s rows `rows` = `values` (int16, (len(rows), span), contiguous)."""
+    """`table`'s rows `rows` = `values` (int16, (len(rows), span))."""
     words = _words(table, span)
-    words[rows] = values.view(words.dtype)
+    words[rows] = np.ascontiguousarray(values).view(words.dtype).reshape(-1)
 
 
 #: Per word size: the multiplier that replicates a uint16 into each 16-bit slot of a word.
@@ -44,22 +51,26 @@ _SPREAD = {w: UINT[w].type(sum(1 << (16 * i) for i in range(w // 2))) for w in (
 
 
 def _fill(who: np.ndarray, span: int) -> np.ndarray:
-    """(n, 1) int16 entries as rows of `_words(table, span)`: each entry in every slot.
-    (np.repeat, not broadcasting: NumPy scatters a broadcast source several times slower.)"""
+    """Entries `who` (int16, n) as rows of `_words(table, span)`: each in every slot (built
+    in words of up to 8 bytes: fewer elements to repeat than 16-bit entries)."""
     size = min(2 * span, 8)
-    one: np.ndarray = who.astype(np.uint16).astype(UINT[size]) * _SPREAD[size]
+    one: np.ndarray = who.reshape(-1).astype(np.uint16).astype(UINT[size]) * _SPREAD[size]
     per = 2 * span // size
-    return one if per == 1 else np.repeat(one, per, axis=1)
+    return (one if per == 1 else np.repeat(one, per)).view(ROW[2 * span])
 
 
-def _rows_any(flags: np.ndarray) -> np.ndarray:
-    """Per row of a contiguous (n, k) bool array: any flag set (read as words)."""
-    span = flags.shape[1]
-    if span <= 8:
-        out: np.ndarray = flags.view(UINT[span]).reshape(-1) != 0
-        return out
-    words = flags.view(np.uint64)
-    out = np.bitwise_or.reduce(words, axis=1) != 0
+def _equal(got: np.ndarray, want: np.ndarray) -> bool:
+    """Whether two arrays of `ROW` rows are equal (compared as integers)."""
+    word = UINT[min(got.dtype.itemsize, 8)]
+    return bool((got.view(word) == want.view(word)).all())
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Per row of two arrays of `ROW` rows: whether they are equal (compared as integers)."""
+    size = got.dtype.itemsize
+    word = UINT[min(size, 8)]
+    a, b = got.view(word).reshape(got.size, -1), want.view(word).reshape(want.size, -1)
+    out: np.ndarray = (a == b).all(axis=1) if a.shape[1] > 1 else (a == b)[:, 0]
     return out
 
 
@@ -105,6 +116,15 @@ class RaceTracker:
         self.in_flight = np.full(size, NONE, dtype=np.int16)
         self.copies = False
         self.dirty = False
+        #: Reads not yet in the reader tables: (rows, span, thread) per aligned access. Only a
+        #: write (or what forgets readers) needs those tables, and a barrier usually comes
+        #: first, so most reads never cost a scatter.
+        self._reads: list[tuple[np.ndarray, int, np.ndarray]] = []
+        self._none_rows: dict[tuple[int, int], np.ndarray] = {}
+        #: Each lane's thread index in its block.
+        self._tids = (np.arange(slots * lanes_per_block) % lanes_per_block).astype(np.int16)
+        #: Whether the reader tables may hold a reader (cleared with them by a bar.sync).
+        self._readers = False
 
     def access(
         self,
@@ -121,74 +141,89 @@ class RaceTracker:
         if lanes.size == 0:
             return
         self.dirty = True
-        tid = (lanes % self.lanes_per_block).astype(np.int16)
-        if self._rows_fit(flat, span) and self._access_rows(lanes, flat, span, write, values, tid):
+        tid = self._tids.take(lanes)
+        rows = self._rows(flat, span)
+        if rows is not None and self._access_rows(rows, span, write, tid):
             return
         self._access_bytes(lanes, flat, span, write, values, tid)
 
-    def _access_rows(
-        self,
-        lanes: np.ndarray,
-        flat: np.ndarray,
-        span: int,
-        write: bool,
-        values: np.ndarray | None,
-        tid: np.ndarray,
-    ) -> bool:
+    def _access_rows(self, rows: np.ndarray, span: int, write: bool, tid: np.ndarray) -> bool:
         """`access` for aligned spans, on the tables viewed as rows of `span` bytes (one
         gather per table instead of one per byte); False, having changed nothing, where a
         check fails, for `_access_bytes` to name the race."""
-        rows = (flat // span).astype(np.intp)
-        n = rows.size
         t = tid[:, None]
         if self.copies and _clash(_take(self.in_flight, rows, span), t):
             return False
         w = _take(self.writer, rows, span)
         if _clash(w, t):
             return False
-        # Strictly increasing rows (the usual case) are distinct: no lanes share a byte.
-        distinct = n < 2 or bool((rows[1:] > rows[:-1]).all())
         if not write:
-            for table, who in self._reader_tables(t):
-                old_words = _words(table, span).take(rows, axis=0)
-                old = old_words.view(np.int16)
-                # Nothing to record where each row is this lane's already, or several threads'
-                # already (the common case for fragments read again).
-                if (not distinct or old.max() != NONE) and (
-                    (old_words == _fill(who, span)).all() or (old == MANY).all()
-                ):
-                    continue
-                if old.max() == NONE:  # no reader yet (since the last barrier)
-                    words = _words(table, span)
-                    mine = _fill(who, span)
-                    words[rows] = mine
-                    if distinct:
-                        continue
-                    hit = np.flatnonzero(_rows_any(words.take(rows, axis=0) != mine))
-                    # Lanes of this instruction reading one row (all of it): several readers.
-                    words[rows[hit]] = _fill(np.full((hit.size, 1), MANY, np.int16), span)
-                    continue
-                new = np.where((old == NONE) | (old == who), who, np.int16(MANY))
-                _put(table, rows, span, new)
-                if distinct:
-                    continue
-                several = _take(table, rows, span) != new
-                hit = np.flatnonzero(_rows_any(several))
-                if hit.size:  # several lanes of this instruction read one byte
-                    at = rows[hit, None] * span + np.arange(span)
-                    table[at[several[hit]]] = MANY
+            self._reads.append((rows, span, tid))
+            if len(self._reads) >= MAX_LOGGED:
+                self._flush()
             return True
-        r = _take(self.reader, rows, span)
-        read = r.max() != NONE or r.min() != NONE  # a reader since the last barrier
-        if read and ((r == MANY) | ((r >= 0) & (r != t))).any():
-            return False
-        words, mine = _words(self.writer, span), _fill(t, span)
+        self._flush()
+        if self._readers:
+            r = _take(self.reader, rows, span)
+            read = r.max() != NONE or r.min() != NONE  # a reader since the last barrier
+            if read and ((r == MANY) | ((r >= 0) & (r != t))).any():
+                return False
+        words, mine = _words(self.writer, span), _fill(tid, span)
         words[rows] = mine
-        if not distinct and (words.take(rows, axis=0) != mine).any():
+        distinct = rows.size < 2 or bool((rows[1:] > rows[:-1]).all())
+        if not distinct and not _equal(words.take(rows), mine):
             # Lanes of this store hit one byte: put the writers back, let the bytes decide.
             _put(self.writer, rows, span, w)
             return False
         return True
+
+    def _flush(self) -> None:
+        """Enter the logged reads in the reader tables, all of one span at once (a reader
+        set, one thread or several, does not depend on the order of the reads)."""
+        if not self._reads:
+            return
+        self._readers = True
+        spans = {span for _, span, _ in self._reads}
+        for span in spans:
+            got = [(rows, tid) for rows, s, tid in self._reads if s == span]
+            rows = np.concatenate([r for r, _ in got]) if len(got) > 1 else got[0][0]
+            tid = np.concatenate([t for _, t in got]) if len(got) > 1 else got[0][1]
+            distinct = rows.size < 2 or bool((rows[1:] > rows[:-1]).all())
+            self._add_reader_rows(self.reader, rows, span, tid, distinct)
+            if self.warp_syncs:
+                self._add_reader_rows(self.reader_warp, rows, span, tid // 32, distinct)
+        self._reads.clear()
+
+    @staticmethod
+    def _add_reader_rows(
+        table: np.ndarray, rows: np.ndarray, span: int, who: np.ndarray, distinct: bool
+    ) -> None:
+        """Readers `who[i]` (int16) of rows `rows[i]` added to `table`: an entry becomes the
+        reader where it had none or the same one, else MANY."""
+        words = _words(table, span)
+        old_rows = words.take(rows)
+        old = old_rows.view(np.int16).reshape(-1, span)
+        mine = _fill(who, span)
+        if old.min() == NONE and old.max() == NONE:  # no reader of these rows yet
+            words[rows] = mine
+            if distinct:
+                return
+            # Lanes reading one row (all of it): several readers.
+            hit = np.flatnonzero(~_same(words.take(rows), mine))
+            words[rows[hit]] = _fill(np.full(hit.size, MANY, np.int16), span)
+            return
+        if _equal(old_rows, mine) or (old == MANY).all():
+            return  # each row is this lane's already, or several threads' already
+        w = who[:, None]
+        new = np.where((old == NONE) | (old == w), w, np.int16(MANY))
+        _put(table, rows, span, new)
+        if distinct:
+            return
+        several = _take(table, rows, span) != new
+        hit = np.flatnonzero(several.any(axis=1))
+        if hit.size:  # several lanes read one byte
+            at = rows[hit, None] * span + np.arange(span)
+            table[at[several[hit]]] = MANY
 
     def _access_bytes(
         self,
@@ -199,6 +234,7 @@ class RaceTracker:
         values: np.ndarray | None,
         tid: np.ndarray,
     ) -> None:
+        self._flush()
         if span == 1:
             idx = flat.astype(np.intp)
             t = tid
@@ -246,6 +282,7 @@ class RaceTracker:
                                f"{self.describe_thread(int(got[k]))} write the same shared "
                                "memory in one instruction")  # fmt: skip
         else:
+            self._readers = True
             self._add_readers(self.reader, idx, t)
             if self.warp_syncs:
                 self._add_readers(self.reader_warp, idx, t // 32)
@@ -277,18 +314,23 @@ class RaceTracker:
     def copy_issued(self, lanes: np.ndarray, flat: np.ndarray, span: int) -> None:
         """A cp.async of `span` bytes into `flat[i]` by lane `lanes[i]`: a write now, and the
         bytes stay the thread's until `copy_landed`."""
-        self.access(lanes, flat, span, write=True)
+        if lanes.size == 0:
+            return
+        self.dirty = True
+        tid = self._tids.take(lanes)
+        rows = self._rows(flat, span)
+        if rows is None or not self._access_rows(rows, span, True, tid):
+            self._access_bytes(lanes, flat, span, True, None, tid)
         self.copies = True
-        tid = (lanes % self.lanes_per_block).astype(np.int16)
-        if self._rows_fit(flat, span):
-            rows = (flat // span).astype(np.intp)
-            _words(self.in_flight, span)[rows] = _fill(tid[:, None], span)
+        if rows is not None:  # the writer rows just written: the same entries
+            _words(self.in_flight, span)[rows] = _words(self.writer, span).take(rows)
         else:
             self.in_flight[self._bytes(flat, span)] = np.repeat(tid, span)
 
     def engine_wrote(self, idx: np.ndarray) -> None:
         """Bytes `idx` were written by the copy engine (a TMA load), which the barrier wait
         orders before any later access: no thread's earlier access races with them."""
+        self._flush()
         self.writer[idx] = NONE
         self.reader[idx] = NONE
         self.reader_warp[idx] = NONE
@@ -299,22 +341,38 @@ class RaceTracker:
         issue may have cleared it; until the next one, other threads may not read them). Any
         other thread's access since the issue met the in-flight bytes and was reported, so
         the landing write itself needs no check."""
-        tid = (lanes % self.lanes_per_block).astype(np.int16)
-        if self._rows_fit(flat, span):
-            rows = (flat // span).astype(np.intp)
-            _words(self.in_flight, span)[rows] = _fill(
-                np.full((rows.size, 1), NONE, np.int16), span
-            )
-            _words(self.writer, span)[rows] = _fill(tid[:, None], span)
+        tid = self._tids.take(lanes)
+        rows = self._rows(flat, span)
+        if rows is not None:
+            _words(self.in_flight, span)[rows] = self._nones(rows.size, span)
+            _words(self.writer, span)[rows] = _fill(tid, span)
         else:
             idx = self._bytes(flat, span)
             self.in_flight[idx] = NONE
             self.writer[idx] = np.repeat(tid, span)
         self.dirty = True
 
-    def _rows_fit(self, flat: np.ndarray, span: int) -> bool:
-        """Whether accesses of `span` bytes at `flat` are whole aligned rows of the history."""
-        return span in ROW_SPANS and self.writer.size % span == 0 and not (flat % span).any()
+    def _nones(self, n: int, span: int) -> np.ndarray:
+        """`n` rows of `span` NONE entries (the same read-only array for each size)."""
+        got = self._none_rows.get((n, span))
+        if got is None:
+            got = self._none_rows[(n, span)] = _fill(np.full(n, NONE, np.int16), span)
+            got.flags.writeable = False
+        return got
+
+    def _rows(self, flat: np.ndarray, span: int) -> np.ndarray | None:
+        """The history rows of `span` bytes that accesses of `span` bytes at `flat` are;
+        None where they are not whole aligned rows."""
+        if span not in ROW_SPANS or self.writer.size % span:
+            return None
+        if flat.dtype == np.uint64:  # memory's byte indices: shifts, not divisions
+            if (flat & np.uint64(span - 1)).any():
+                return None
+            rows: np.ndarray = (flat >> np.uint64(span.bit_length() - 1)).view(np.int64)
+            return rows
+        if (flat % span).any():
+            return None
+        return (flat // span).astype(np.intp)
 
     @staticmethod
     def _add_readers(table: np.ndarray, idx: np.ndarray, who: np.ndarray) -> None:
@@ -341,29 +399,29 @@ class RaceTracker:
             f"shared-memory race: this thread {what} at shared address {offset:#x} {when}",
         )
 
-    def _reader_tables(self, t: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        """The reader tables to update, with the entry of each accessing lane."""
-        if self.warp_syncs:
-            return [(self.reader, t), (self.reader_warp, t // 32)]
-        return [(self.reader, t)]
-
     def barrier(self, slots: np.ndarray) -> None:
         """`bar.sync` completed by blocks `slots`: their history starts afresh."""
         if not self.dirty:
             return
         every = slots.size * self.stride == self.writer.size
+        if every:
+            self._reads.clear()  # forgotten with the tables
+        else:
+            self._flush()
         for table in (self.writer, self.reader, self.reader_warp):
             if every:
                 table.fill(NONE)
             else:
                 table.reshape(-1, self.stride)[slots] = NONE
         self.dirty = not every
+        self._readers = self._readers and not every
 
     def release(self, slot: int, tids: np.ndarray) -> None:
         """Threads `tids` of block `slot` arrived on an mbarrier whose phase a wait then saw
         complete: forget their accesses in the block (they happen before what follows)."""
         if not self.dirty:
             return
+        self._flush()
         rows = slice(slot * self.stride, (slot + 1) * self.stride)
         who = np.unique(tids).astype(np.int16)
         for table in (self.writer, self.reader):
@@ -378,6 +436,7 @@ class RaceTracker:
         if not self.dirty or lanes.size == 0:
             return
         assert self.warp_syncs, "a bar.warp.sync in a kernel loaded without one"
+        self._flush()
         slots = lanes // self.lanes_per_block
         warps = (lanes % self.lanes_per_block) // 32
         for slot in np.unique(slots):

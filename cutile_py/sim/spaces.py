@@ -77,6 +77,7 @@ class Batch(Lanes):
             self._symbol_value,
             blocks,
         )
+        self._imms = program.immediates(self.n)  # broadcast by earlier batches already
         self.program = program
         self.glob = memory
         self.params = params

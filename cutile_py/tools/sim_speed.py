@@ -1,9 +1,11 @@
 """Measure the simulator's speed: thread-instructions per second on element-wise kernels.
 
-`python -m cutile_py.tools.sim_speed [--write]` runs each element-wise kernel at 1M elements
-and a 128^3 f16 GEMM (tensor-core mma, cp.async pipeline, ldmatrix) on the `sim` backend
-(compiled PTX), checks the results against NumPy, and prints a Markdown table; with `--write`
-it also writes `paper_repro/results/sim-speed.md` with this CPU's model and the date.
+`python -m cutile_py.tools.sim_speed [--write] [--ab TREE]` runs each element-wise kernel at
+1M elements and a 128^3 f16 GEMM (tensor-core mma, cp.async pipeline, ldmatrix) on the `sim`
+backend (compiled PTX), checks the results against NumPy, and prints a Markdown table; with
+`--write` it also writes `paper_repro/results/sim-speed.md` with this CPU's model and the date.
+`--ab TREE` adds the GEMM timed against another checkout of the project (TREE, e.g. an older
+commit's `git archive`): one process per tree, launches alternating, so both meet the same load.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import argparse
 import datetime
 import os
 import platform
+import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -135,6 +139,77 @@ def measure(n: int = 1 << 20, tile: int = 1024, repeats: int = 5) -> list[dict[s
     return rows
 
 
+#: A process that launches the GEMM once per line read, printing each launch's thread CPU time
+#: (run with the tree to time on its PYTHONPATH; only public entry points, so older trees run
+#: it too).
+AB_WORKER = """
+import sys, time
+import numpy as np
+import cutile_py as ct
+from cutile_py.tools.sim_speed import gemm_case
+ct.set_backend("sim")
+rng = np.random.default_rng(0)
+x = rng.standard_normal(1 << 20).astype(np.float32)
+y = rng.standard_normal(1 << 20).astype(np.float32)
+_, make, _ = gemm_case()
+kernel, *args = make(x, y)
+kernel(*args).sync()
+print("ready", flush=True)
+for _ in sys.stdin:
+    kernel, *args = make(x, y)
+    t0 = time.thread_time()
+    kernel(*args).sync()
+    print(time.thread_time() - t0, flush=True)
+"""
+
+
+def ab(trees: dict[str, Path], launches: int = 30) -> dict[str, list[float]]:
+    """The GEMM's thread CPU seconds per launch in each tree, launches alternating between
+    the trees' processes (in turn reversed every round)."""
+    procs = {}
+    for name, tree in trees.items():
+        env = dict(os.environ, PYTHONPATH=str(tree))
+        p = subprocess.Popen([sys.executable, "-c", AB_WORKER], cwd=tree, env=env, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+        assert p.stdin is not None and p.stdout is not None
+        if p.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the GEMM did not run in {tree}")
+        procs[name] = p
+    times: dict[str, list[float]] = {name: [] for name in trees}
+    order = list(procs.items())
+    for i in range(launches):
+        for name, p in order if i % 2 == 0 else order[::-1]:
+            assert p.stdin is not None and p.stdout is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            times[name].append(float(p.stdout.readline()))
+    for p in procs.values():
+        assert p.stdin is not None
+        p.stdin.close()
+        p.wait()
+    return times
+
+
+def ab_report(times: dict[str, list[float]], load: tuple[float, float]) -> str:
+    """Markdown: `ab`'s times, best, tenth percentile and median per tree."""
+    lines = [
+        "",
+        "## The GEMM against another tree",
+        "",
+        "Thread CPU time of the 128^3 f16 GEMM launch (race checks on), one process per tree,",
+        f"{len(next(iter(times.values())))} launches each, alternating; load average (1 min) "
+        f"before and after: {load[0]:.1f}, {load[1]:.1f}.",
+        "",
+        "| tree | best ms | p10 ms | median ms |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, ts in times.items():
+        t = sorted(ts)
+        lines.append(f"| {name} | {t[0] * 1e3:.2f} | {t[len(t) // 10] * 1e3:.2f} | "
+                     f"{statistics.median(t) * 1e3:.2f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def cpu_model() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
@@ -166,15 +241,18 @@ def report(rows: list[dict[str, Any]], load: tuple[float, float] = (0.0, 0.0)) -
         f"- Python {platform.python_version()}, NumPy {np.__version__}",
         "",
         "`semantics` is the share of the time spent in the register semantics",
-        "(`cutile_py.sim.semantics`: ALU, float rounding, cvt, special functions); the rest is",
-        "the executor (control flow, masks, memory, checks).",
+        "(`cutile_py.sim.semantics`: ALU, float rounding, cvt, special functions, mma); the",
+        "rest is the executor (control flow, masks, memory, race checks). It is one profiled",
+        "launch's wall-time ratio, so it is noisy on a loaded machine.",
         "",
         "`cpu` is the same launch's best process CPU time. Method: on a machine shared with",
         "other work, wall time measures the machine's load as much as the simulator (here, a",
         "2-CPU box shared by several sessions, the GEMM's wall-clock rate ranged over 2x while",
-        "its CPU time moved by 10%), so compare CPU times, measured for the versions being",
-        "compared alternately in the same minutes; the load average below says how busy the",
-        "machine was (above its CPU count, wall times are inflated by waiting for a CPU).",
+        "its CPU time moved by 10%), so compare CPU times; the load average below says how busy",
+        "the machine was (above its CPU count, wall times are inflated by waiting for a CPU).",
+        "CPU time too grows with the load (sessions share caches and cores): a change is judged",
+        "by `--ab`, which times the GEMM in this tree and another one in two processes whose",
+        "launches alternate, so that both meet the same load.",
         "",
         f"- Load average (1 min) before and after measuring: {load[0]:.1f}, {load[1]:.1f}",
         "",
@@ -195,10 +273,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--write", action="store_true", help="write paper_repro/results/")
     parser.add_argument("--repeats", type=int, default=5, help="launches timed per kernel")
+    parser.add_argument("--ab", type=Path, help="another tree to time the GEMM against")
+    parser.add_argument("--ab-name", default="before", help="its name in the table")
     args = parser.parse_args()
     before = os.getloadavg()[0]
     rows = measure(repeats=args.repeats)
     text = report(rows, (before, os.getloadavg()[0]))
+    if args.ab is not None:
+        before = os.getloadavg()[0]
+        times = ab({args.ab_name: args.ab.resolve(), "this tree": ROOT})
+        text += ab_report(times, (before, os.getloadavg()[0]))
     print(text)
     if args.write:
         path = ROOT / "paper_repro" / "results" / "sim-speed.md"

@@ -68,8 +68,11 @@ def mov(instr: Instruction) -> Run:
 
         return run_unpack
 
+    whole = w // 8  # bytes: a register of this size is moved as it is
+
     def run(ctx: ExecContext) -> None:
-        write_bits(ctx, d, w, read_typed_bits(ctx, a, t))
+        if not ctx.move(d, a, whole):
+            write_bits(ctx, d, w, read_typed_bits(ctx, a, t))
 
     return run
 

@@ -11,6 +11,7 @@ of a warp must execute it.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -73,11 +74,47 @@ def _regs(instr: Instruction, op: Operand, count: int, what: str) -> list[Operan
     return list(op.items)
 
 
+#: A decoded fragment: (the registers' arrays it was decoded from, its (warps, rows, cols)
+#: matrix, f64 or an f32 to widen).
+Decoded = tuple[tuple[np.ndarray, ...], np.ndarray]
+#: Per batch: fragments decoded lately, by layout, format and the identities of their
+#: registers' arrays. A register's array never changes (a write binds a new one), and the entry
+#: holds the arrays, so an identity seen again is the same value: an A or B fragment feeding
+#: several mma, or a D read back as the next mma's C, is decoded once.
+_DECODED: weakref.WeakKeyDictionary[ExecContext, dict[tuple[object, ...], Decoded]] = (
+    weakref.WeakKeyDictionary()
+)
+#: Entries kept per batch (the fragments of a K step of a warp tile, and more), and bytes of
+#: matrices at most (a batch of 64K lanes holds 4 MiB per f64 m16n8k16 A fragment).
+MAX_DECODED = 32
+DECODED_BYTES = 32 << 20
+
+
+def _decoded(ctx: ExecContext) -> dict[tuple[object, ...], Decoded]:
+    got = _DECODED.get(ctx)
+    if got is None:
+        got = _DECODED[ctx] = {}
+    return got
+
+
+def _keep(ctx: ExecContext, key: tuple[object, ...], entry: Decoded) -> None:
+    """Remember a decoded fragment, forgetting the oldest beyond the limits."""
+    cache = _decoded(ctx)
+    limit = max(2, min(MAX_DECODED, DECODED_BYTES // max(1, entry[1].nbytes)))
+    while len(cache) >= limit:
+        del cache[next(iter(cache))]
+    cache[key] = entry
+
+
+def _raw(ctx: ExecContext, ops: list[Operand], fmt: FloatFormat) -> np.ndarray:
+    """A fragment's registers as (n, regs) bits of the register width."""
+    width = 64 if fmt is F64 else 32
+    return np.stack([read_bits(ctx, op, width) for op in ops], axis=-1)
+
+
 def _load(ctx: ExecContext, ops: list[Operand], fmt: FloatFormat) -> np.ndarray:
     """Fragment values, shape (warps, 32, regs, elems) as exact f64."""
-    width = 64 if fmt is F64 else 32
-    raw = np.stack([read_bits(ctx, op, width) for op in ops], axis=-1)  # (n, regs)
-    raw = raw.reshape(-1, WARP, len(ops))
+    raw = _raw(ctx, ops, fmt).reshape(-1, WARP, len(ops))
     if fmt is F16:
         # Little-endian: the low half of each register is its first f16; f16 -> f64 is exact.
         halves16 = np.ascontiguousarray(raw).view(np.float16)
@@ -117,36 +154,49 @@ def mma(instr: Instruction) -> Run:
     c_ops = _regs(instr, c_op, c_regs, "c")
     d_lay, d_regs, d_fmt, d_el = _acc_layout(str(shape), dtype)
     d_ops = _regs(instr, d_op, d_regs, "d")
-    a_at = _Placement(fragment_index(a_lay, a_regs, elems), (big_m, big_k))
-    b_at = _Placement(fragment_index(b_lay, b_regs, elems), (big_k, big_n))
-    c_at = _Placement(fragment_index(c_lay, c_regs, c_el), (big_m, big_n))
+    a_at = _Placement(fragment_index(a_lay, a_regs, elems), (big_m, big_k), a_lay)
+    b_at = _Placement(fragment_index(b_lay, b_regs, elems), (big_k, big_n), b_lay)
+    c_at = _Placement(fragment_index(c_lay, c_regs, c_el), (big_m, big_n), c_lay)
     d_rows, d_cols = fragment_index(d_lay, d_regs, d_el)
     d_flat = (d_rows * big_n + d_cols).ravel()
+    # Register r of lane l of D: its element's index in the (warp's) matrix, for f32 D.
+    d_by_reg = (d_rows * big_n + d_cols)[:, :, 0].T  # (regs, 32)
+    d_index: dict[int, np.ndarray] = {}  # per warp count: (regs, n) into all warps' D
 
     def run(ctx: ExecContext) -> None:
         warps = ctx.mask.reshape(-1, WARP)
-        partial = warps.any(axis=1) & ~warps.all(axis=1)
-        if partial.any():
-            ctx.fail("mma.sync.aligned needs all 32 lanes of the warp", np.repeat(partial, WARP))
+        if not ctx.mask.all():  # (one reduction where every lane runs: the usual case)
+            partial = warps.any(axis=1) & ~warps.all(axis=1)
+            if partial.any():
+                whole = "mma.sync.aligned needs all 32 lanes of the warp"
+                ctx.fail(whole, np.repeat(partial, WARP))
         nw = warps.shape[0]
-        a_mat = a_at.matrix(_load(ctx, a_ops, fmt))
-        b_mat = b_at.matrix(_load(ctx, b_ops, fmt))
-        c_mat = c_at.matrix(_load(ctx, c_ops, c_fmt))
+        a_mat = a_at.load(ctx, a_ops, fmt, nw)
+        b_mat = b_at.load(ctx, b_ops, fmt, nw)
+        c_mat = c_at.load(ctx, c_ops, c_fmt, nw)
         with np.errstate(all="ignore"):
             d_mat = a_mat @ b_mat + c_mat
-        vals = d_mat.reshape(nw, -1).take(d_flat, axis=1).reshape(nw, WARP, d_regs, d_el)
         if d_fmt is F32:
+            index = d_index.get(nw)
+            if index is None:
+                per = np.arange(nw)[:, None] * (big_m * big_n)
+                index = d_index[nw] = (per[None] + d_by_reg[:, None, :]).reshape(d_regs, -1)
             # f64 -> f32 in NumPy rounds to nearest even (subnormals, overflow included); only
-            # NaNs need the canonical encoding. One conversion for all registers, each then
-            # a contiguous row.
-            f = np.ascontiguousarray(vals[..., 0].transpose(2, 0, 1)).astype(np.float32)
-            bits32 = f.view(np.uint32).reshape(d_regs, -1)
+            # NaNs need the canonical encoding. One conversion and gather for all registers,
+            # each then a contiguous row.
+            d32 = d_mat.astype(np.float32)
+            f = d32.reshape(-1).take(index)
+            bits32 = f.view(np.uint32)
             nan = np.isnan(f)
             if nan.any():
-                bits32 = np.where(nan.reshape(d_regs, -1), np.uint32(F32.canonical_nan), bits32)
-            for r, op in enumerate(d_ops):
-                write_bits(ctx, op, 32, bits32[r])
+                bits32 = np.where(nan, np.uint32(F32.canonical_nan), bits32)
+            rows = tuple(bits32)
+            for op, row in zip(d_ops, rows, strict=True):
+                write_bits(ctx, op, 32, row)
+            if d_lay == c_lay:  # the next mma's C, if it reads these registers as written
+                c_at.remember(ctx, d_ops, F32, rows, d32)
             return
+        vals = d_mat.reshape(nw, -1).take(d_flat, axis=1).reshape(nw, WARP, d_regs, d_el)
         for r, op in enumerate(d_ops):
             v = vals[:, :, r, :].reshape(-1, d_el)
             if d_fmt is F64:
@@ -162,13 +212,51 @@ class _Placement:
     """Where a fragment's elements go in its matrix: a gather where the fragment covers every
     element once (all the layouts here), else a scatter into zeros."""
 
-    def __init__(self, index: tuple[np.ndarray, np.ndarray], shape: tuple[int, int]) -> None:
+    def __init__(
+        self, index: tuple[np.ndarray, np.ndarray], shape: tuple[int, int], layout: str
+    ) -> None:
         self.index, self.shape = index, shape
+        self.layout = layout
         flat = (index[0] * shape[1] + index[1]).ravel()
         self.perm: np.ndarray | None = None
         if flat.size == shape[0] * shape[1] and np.unique(flat).size == flat.size:
             self.perm = np.empty(flat.size, dtype=np.intp)
             self.perm[flat] = np.arange(flat.size)
+
+    def load(self, ctx: ExecContext, ops: list[Operand], fmt: FloatFormat, nw: int) -> np.ndarray:
+        """(warps, rows, cols) f64 of the fragment in registers `ops`: where it is a gather,
+        its elements are gathered into matrix order while still bits (narrower than the f64
+        values), then decoded."""
+        if self.perm is None:
+            return self.matrix(_load(ctx, ops, fmt))
+        width = 64 if fmt is F64 else 32
+        arrays = tuple(read_bits(ctx, op, width) for op in ops)
+        key = (self.layout, fmt.name, *map(id, arrays))
+        got = _decoded(ctx).get(key)
+        if got is not None and all(x is y for x, y in zip(got[0], arrays, strict=True)):
+            return got[1].astype(np.float64, copy=False)
+        raw = np.stack(arrays, axis=-1)
+        if fmt in (F16, BF16):  # two elements per register, the first in the low half
+            raw = raw.view(np.uint16)
+        bits = raw.reshape(nw, -1).take(self.perm, axis=1)
+        out: np.ndarray = decode(bits, fmt).reshape(nw, *self.shape)
+        _keep(ctx, key, (arrays, out))
+        return out
+
+    def remember(
+        self,
+        ctx: ExecContext,
+        ops: list[Operand],
+        fmt: FloatFormat,
+        written: tuple[np.ndarray, ...],
+        matrix: np.ndarray,
+    ) -> None:
+        """`matrix` is the fragment in registers `ops` if they hold the arrays `written` (a
+        partial write merges them with the old values instead)."""
+        arrays = tuple(read_bits(ctx, op, 32) for op in ops)
+        if all(x is y for x, y in zip(arrays, written, strict=True)):
+            key = (self.layout, fmt.name, *map(id, arrays))
+            _keep(ctx, key, (arrays, matrix))
 
     def matrix(self, frag: np.ndarray) -> np.ndarray:
         """(warps, rows, cols) from fragments (warps, 32, regs, elems)."""
