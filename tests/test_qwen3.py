@@ -397,3 +397,13 @@ def test_config_defaults_are_the_transformers_ones() -> None:
     del d["head_dim"], d["rope_theta"]
     cfg = Qwen3Config.from_dict(d)
     assert (cfg.head_dim, cfg.rope_theta) == (128, 10000.0)
+
+
+def test_model_refuses_a_head_dim_or_kv_head_count_it_cannot_compute() -> None:
+    """A head_dim the attention kernel cannot take (not a multiple of 16) is refused by name
+    when the model is made, not by a compile error inside attention at the first prefill; a
+    kv head count of 0 is a ValueError, not a ZeroDivisionError."""
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 16, got 40"):
+        Qwen3.random(tiny(head_dim=40), dtype=ct.f16)
+    with pytest.raises(ValueError, match="num_key_value_heads must be positive, got 0"):
+        Qwen3Config.from_dict({**tiny().to_dict(), "num_key_value_heads": 0}, "cfg.json")

@@ -80,6 +80,16 @@ def compute_dtype(cfg: Qwen3Config) -> type[ct.DType]:
     return DTYPES[cfg.torch_dtype]
 
 
+def check_head_dim(cfg: Qwen3Config) -> None:
+    """ValueError unless the attention kernel takes cfg.head_dim (a multiple of 16, the mma's
+    K), so that a model it cannot run is refused when made, not at its first prefill."""
+    if cfg.head_dim <= 0 or cfg.head_dim % 16:
+        raise ValueError(
+            f"Qwen3: head_dim must be a multiple of 16, got {cfg.head_dim} (the attention "
+            "kernel's matrix products take 16 columns at a time)"
+        )
+
+
 #: Cache rows per block of the prefill's KV-cache kernel.
 CACHE_BLOCK = 64
 #: Prefill tokens per block of the q/transpose kernels.
@@ -170,6 +180,7 @@ class Qwen3:
     ) -> None:
         if dtype not in (f16, ct.bf16):
             raise TypeError(f"Qwen3: dtype must be f16 or bf16, got {dtype.name}")
+        check_head_dim(cfg)
         self.config = cfg
         self.dtype = dtype
         self.layers = [
@@ -191,6 +202,7 @@ class Qwen3:
         float32 computed in bf16 (see DTYPES: the kernels take no f32 operands)."""
         path = Path(path)
         cfg = read_config(path)
+        check_head_dim(cfg)  # before the weights are read
         weights = read_weights(path, cfg)
         return cls(cfg, weights, dtype or compute_dtype(cfg))
 
