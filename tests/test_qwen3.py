@@ -407,3 +407,31 @@ def test_model_refuses_a_head_dim_or_kv_head_count_it_cannot_compute() -> None:
         Qwen3.random(tiny(head_dim=40), dtype=ct.f16)
     with pytest.raises(ValueError, match="num_key_value_heads must be positive, got 0"):
         Qwen3Config.from_dict({**tiny().to_dict(), "num_key_value_heads": 0}, "cfg.json")
+
+
+def test_a_decode_step_at_position_0_and_past_the_cache(rng: np.random.Generator) -> None:
+    """`decode_graph(capacity)`: a step at position 0 over the empty cache gives the logits of
+    the one-token sequence (split-KV: every split but the first sees no key); a position at or
+    past the cache's rows (the kernels would neither write nor read them: a silently wrong
+    token) or a token id outside the vocabulary is refused by name before the replay."""
+    cfg = tiny()
+    seed = int(rng.integers(2**31))
+    model = Qwen3.random(cfg, seed=seed, dtype=ct.f16)
+    w = rounded(random_weights(cfg, seed), ct.f16)
+    token = int(rng.integers(cfg.vocab_size))
+    step = model.decode_graph(128)
+    try:
+        assert AttentionPlan(ct.f16, 2, 2, 1, 32, 128, True, 1.0).splits > 1
+        assert step.capacity == 128 and step.launches == 3 + 7 * cfg.num_hidden_layers
+        nxt = step.step(token, 0)
+        got = step.logits()
+        np.testing.assert_allclose(got, ref.logits(cfg, w, [token])[-1], rtol=0, atol=ATOL[ct.f16])
+        assert nxt == int(np.argmax(got))
+        with pytest.raises(ValueError, match=r"position 128 is outside the KV cache \(128 rows\)"):
+            step.step(token, 128)
+        with pytest.raises(ValueError, match=r"position -1 is outside"):
+            step.step(token, -1)
+        with pytest.raises(ValueError, match=r"token id 96 is not in \[0, 96\)"):
+            step.step(96, 1)
+    finally:
+        step.release()
