@@ -18,7 +18,7 @@ import cutile_py as ct
 from cutile_py.ir.dtypes import round_to
 from cutile_py_kernels.attention import AttentionPlan
 from cutile_py_kernels.models import Qwen3, Qwen3Config
-from cutile_py_kernels.models.qwen3 import _Cache, random_weights
+from cutile_py_kernels.models.qwen3 import DecodeGraph, _Cache, random_weights
 from tests import qwen3_reference as ref
 
 #: Max |logit error| over logits of size ~3: f16 activations through two layers (measured
@@ -433,5 +433,57 @@ def test_a_decode_step_at_position_0_and_past_the_cache(rng: np.random.Generator
             step.step(token, -1)
         with pytest.raises(ValueError, match=r"token id 96 is not in \[0, 96\)"):
             step.step(96, 1)
+    finally:
+        step.release()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        # no GQA, head_dim 64, hidden/intermediate/vocab sizes not multiples of any tile,
+        # an eps large enough that a norm ignoring the config's would show
+        pytest.param(
+            dict(
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                head_dim=64,
+                hidden_size=72,
+                intermediate_size=100,
+                vocab_size=97,
+                rms_norm_eps=0.25,
+            ),
+            id="G1-d64-odd-eps",
+        ),
+        # Qwen3-14B's group of 5 query heads per kv head (not a power of two), head_dim 128
+        pytest.param(
+            dict(num_attention_heads=10, num_key_value_heads=2, head_dim=128, rms_norm_eps=1e-5),
+            id="G5-d128",
+        ),
+    ],
+)
+def test_prefill_and_the_last_cache_slot_at_edge_shapes(
+    rng: np.random.Generator, fields: dict[str, Any]
+) -> None:
+    """A one-layer model at edge shapes: the prefill logits of 63 tokens, then a decode step
+    at position 63, the last row of its 64-row KV cache, against the float64 reference."""
+    cfg = tiny(num_hidden_layers=1, rope_theta=1e6, **fields)
+    seed = int(rng.integers(2**31))
+    model = Qwen3.random(cfg, seed=seed, dtype=ct.f16)
+    w = rounded(random_weights(cfg, seed), ct.f16)
+    seq = [int(i) for i in rng.integers(0, cfg.vocab_size, size=63)]
+    cache = _Cache(cfg, 64, ct.f16)
+    assert cache.capacity == 64
+    s = model._prefill(np.array(seq, np.int32), cache)
+    s.op().sync()
+    s.settle()
+    want = ref.logits(cfg, w, seq)
+    np.testing.assert_allclose(s.env["logits"].to_numpy(), want, rtol=0, atol=ATOL[ct.f16])
+    seq.append(int(np.argmax(want[-1])))
+    step = DecodeGraph(model, cache)
+    try:
+        nxt = step.step(seq[-1], 63)
+        got = step.logits()
+        np.testing.assert_allclose(got, ref.logits(cfg, w, seq)[-1], rtol=0, atol=ATOL[ct.f16])
+        assert nxt == int(np.argmax(got))
     finally:
         step.release()
