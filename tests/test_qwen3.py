@@ -84,16 +84,26 @@ def test_generate_is_greedy_decoding_by_graph_replay(
     w = rounded(random_weights(cfg, seed), ct.f16)
     prompt = [int(i) for i in rng.integers(0, cfg.vocab_size, size=int(rng.integers(2, 9)))]
     replays: list[str] = []
-    original = ct.Graph.replay
+    updates: list[tuple[int, ...]] = []
+    original, original_update = ct.Graph.replay, ct.Graph.update
 
     def counting(self: ct.Graph, *a: Any, **k: Any) -> Any:
         replays.append(self.describe())
         return original(self, *a, **k)
 
+    def recording(self: ct.Graph, tensor: Any, data: np.ndarray) -> Any:
+        updates.append(tuple(np.asarray(data).reshape(-1)))
+        return original_update(self, tensor, data)
+
     monkeypatch.setattr(ct.Graph, "replay", counting)
+    monkeypatch.setattr(ct.Graph, "update", recording)
     n = 6
     got = model.generate(prompt, n)
     assert len(got) == n and replays == ["graph 'qwen3 decode step'"] * (n - 1)
+    # Before each replay only the token id (the last token) and its position are written.
+    fed = [(t,) for t in got[:-1]]
+    positions = [(len(prompt) + i,) for i in range(n - 1)]
+    assert updates == [u for pair in zip(fed, positions, strict=True) for u in pair]
     seq = list(prompt)
     for step, token in enumerate(got):
         row = ref.logits(cfg, w, seq)[-1]
