@@ -69,8 +69,9 @@ class DecodeSpeed:
 
 def measure_decode(model: Qwen3, start: int, tokens: int, copy_bytes_per_s: float) -> DecodeSpeed:
     """Replay the captured decode step `tokens` times at positions start .. start+tokens-1
-    (a zero KV cache: the bytes moved, not the values, set the speed), each replay with its
-    position written and the next token read back, as `generate` does; wall-clock time."""
+    (a zero KV cache: the bytes moved, not the values, set the speed), each replay with the
+    token read back from the last one and its position written, as `generate` does (through
+    `DecodeGraph.step`); wall-clock time."""
     step = model.decode_graph(start + tokens)
     try:
         token = step.step(0, start)  # warm: compiles nothing (capture did), but may upload
