@@ -51,7 +51,10 @@ def main() -> None:
         f"{model.dtype.name}, {model.weight_bytes() / 1e6:.1f} MB of weights "
         f"(loaded in {time.perf_counter() - t0:.1f} s)"
     )
-    prompt = [int(i) % cfg.vocab_size for i in args.prompt.split(",")]
+    prompt = [int(i) for i in args.prompt.split(",")]
+    for i in prompt:
+        if not 0 <= i < cfg.vocab_size:  # refused, not wrapped into the vocabulary
+            parser.error(f"--prompt: token id {i} is not in [0, {cfg.vocab_size})")
     t0 = time.perf_counter()
     tokens = model.generate(prompt, args.tokens)
     print(

@@ -160,3 +160,21 @@ def test_keys_counted_on_the_device_over_a_longer_cache(
     got = o.unpartition().to_numpy().reshape(heads, sq, d).astype(np.float64)
     want = reference(q, k[:, :sk], v[:, :sk], True, 1 / 8)
     np.testing.assert_allclose(got, want, rtol=0, atol=ATOL[dt])
+
+
+@pytest.mark.parametrize(("sq", "sk"), [(9, 4), (40, 3)])
+def test_causal_queries_that_see_no_key_give_zero(
+    rng: np.random.Generator, sq: int, sk: int
+) -> None:
+    """Causal with S_q > S_k (beyond the contract's S_q <= S_k): bottom-right aligned, queries
+    i < S_q - S_k see no key and give 0 as the docstring says (not NaN), the others match
+    the reference over the keys they see (split-KV path, and the flash path's row blocks)."""
+    dt = ct.f16
+    q, qt = rand(rng, (2, sq, 64), dt)
+    k, kt = rand(rng, (1, sk, 64), dt)
+    v, vt = rand(rng, (1, sk, 64), dt)
+    out = ck.attention(qt, kt, vt, causal=True).to_numpy().astype(np.float64)
+    blind = sq - sk
+    assert np.all(out[:, :blind] == 0.0)
+    want = reference(q[:, blind:], k, v, True, 1 / 8)
+    np.testing.assert_allclose(out[:, blind:], want, rtol=0, atol=ATOL[dt])

@@ -87,6 +87,22 @@ def test_example_runs_on_sim(name: str) -> None:
     )
 
 
+def test_qwen3_decode_refuses_a_prompt_id_outside_the_vocabulary() -> None:
+    """--prompt takes token ids: one past the vocabulary is a usage error naming it (it was
+    silently taken modulo the vocabulary size)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUTILE_PY_BACKEND="sim")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "qwen3_decode.py"), "--prompt", "1,256"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=RUN_CAP,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--prompt: token id 256 is not in [0, 256)" in result.stderr
+
+
 @pytest.mark.gpu
 def test_serving_loop_on_gpu() -> None:
     out = run_example("serving_loop.py", "cuda", "--hidden", "2048", cap=300.0)

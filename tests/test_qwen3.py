@@ -18,7 +18,7 @@ import cutile_py as ct
 from cutile_py.ir.dtypes import round_to
 from cutile_py_kernels.attention import AttentionPlan
 from cutile_py_kernels.models import Qwen3, Qwen3Config
-from cutile_py_kernels.models.qwen3 import _Cache, random_weights
+from cutile_py_kernels.models.qwen3 import DecodeGraph, _Cache, random_weights
 from tests import qwen3_reference as ref
 
 #: Max |logit error| over logits of size ~3: f16 activations through two layers (measured
@@ -84,16 +84,26 @@ def test_generate_is_greedy_decoding_by_graph_replay(
     w = rounded(random_weights(cfg, seed), ct.f16)
     prompt = [int(i) for i in rng.integers(0, cfg.vocab_size, size=int(rng.integers(2, 9)))]
     replays: list[str] = []
-    original = ct.Graph.replay
+    updates: list[tuple[int, ...]] = []
+    original, original_update = ct.Graph.replay, ct.Graph.update
 
     def counting(self: ct.Graph, *a: Any, **k: Any) -> Any:
         replays.append(self.describe())
         return original(self, *a, **k)
 
+    def recording(self: ct.Graph, tensor: Any, data: np.ndarray) -> Any:
+        updates.append(tuple(np.asarray(data).reshape(-1)))
+        return original_update(self, tensor, data)
+
     monkeypatch.setattr(ct.Graph, "replay", counting)
+    monkeypatch.setattr(ct.Graph, "update", recording)
     n = 6
     got = model.generate(prompt, n)
     assert len(got) == n and replays == ["graph 'qwen3 decode step'"] * (n - 1)
+    # Before each replay only the token id (the last token) and its position are written.
+    fed = [(t,) for t in got[:-1]]
+    positions = [(len(prompt) + i,) for i in range(n - 1)]
+    assert updates == [u for pair in zip(fed, positions, strict=True) for u in pair]
     seq = list(prompt)
     for step, token in enumerate(got):
         row = ref.logits(cfg, w, seq)[-1]
@@ -397,3 +407,93 @@ def test_config_defaults_are_the_transformers_ones() -> None:
     del d["head_dim"], d["rope_theta"]
     cfg = Qwen3Config.from_dict(d)
     assert (cfg.head_dim, cfg.rope_theta) == (128, 10000.0)
+
+
+def test_model_refuses_a_head_dim_or_kv_head_count_it_cannot_compute() -> None:
+    """A head_dim the attention kernel cannot take (not a multiple of 16) is refused by name
+    when the model is made, not by a compile error inside attention at the first prefill; a
+    kv head count of 0 is a ValueError, not a ZeroDivisionError."""
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 16, got 40"):
+        Qwen3.random(tiny(head_dim=40), dtype=ct.f16)
+    with pytest.raises(ValueError, match="num_key_value_heads must be positive, got 0"):
+        Qwen3Config.from_dict({**tiny().to_dict(), "num_key_value_heads": 0}, "cfg.json")
+
+
+def test_a_decode_step_at_position_0_and_past_the_cache(rng: np.random.Generator) -> None:
+    """`decode_graph(capacity)`: a step at position 0 over the empty cache gives the logits of
+    the one-token sequence (split-KV: every split but the first sees no key); a position at or
+    past the cache's rows (the kernels would neither write nor read them: a silently wrong
+    token) or a token id outside the vocabulary is refused by name before the replay."""
+    cfg = tiny()
+    seed = int(rng.integers(2**31))
+    model = Qwen3.random(cfg, seed=seed, dtype=ct.f16)
+    w = rounded(random_weights(cfg, seed), ct.f16)
+    token = int(rng.integers(cfg.vocab_size))
+    step = model.decode_graph(128)
+    try:
+        assert AttentionPlan(ct.f16, 2, 2, 1, 32, 128, True, 1.0).splits > 1
+        assert step.capacity == 128 and step.launches == 3 + 7 * cfg.num_hidden_layers
+        nxt = step.step(token, 0)
+        got = step.logits()
+        np.testing.assert_allclose(got, ref.logits(cfg, w, [token])[-1], rtol=0, atol=ATOL[ct.f16])
+        assert nxt == int(np.argmax(got))
+        with pytest.raises(ValueError, match=r"position 128 is outside the KV cache \(128 rows\)"):
+            step.step(token, 128)
+        with pytest.raises(ValueError, match=r"position -1 is outside"):
+            step.step(token, -1)
+        with pytest.raises(ValueError, match=r"token id 96 is not in \[0, 96\)"):
+            step.step(96, 1)
+    finally:
+        step.release()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        # no GQA, head_dim 64, hidden/intermediate/vocab sizes not multiples of any tile,
+        # an eps large enough that a norm ignoring the config's would show
+        pytest.param(
+            dict(
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                head_dim=64,
+                hidden_size=72,
+                intermediate_size=100,
+                vocab_size=97,
+                rms_norm_eps=0.25,
+            ),
+            id="G1-d64-odd-eps",
+        ),
+        # Qwen3-14B's group of 5 query heads per kv head (not a power of two), head_dim 128
+        pytest.param(
+            dict(num_attention_heads=10, num_key_value_heads=2, head_dim=128, rms_norm_eps=1e-5),
+            id="G5-d128",
+        ),
+    ],
+)
+def test_prefill_and_the_last_cache_slot_at_edge_shapes(
+    rng: np.random.Generator, fields: dict[str, Any]
+) -> None:
+    """A one-layer model at edge shapes: the prefill logits of 63 tokens, then a decode step
+    at position 63, the last row of its 64-row KV cache, against the float64 reference."""
+    cfg = tiny(num_hidden_layers=1, rope_theta=1e6, **fields)
+    seed = int(rng.integers(2**31))
+    model = Qwen3.random(cfg, seed=seed, dtype=ct.f16)
+    w = rounded(random_weights(cfg, seed), ct.f16)
+    seq = [int(i) for i in rng.integers(0, cfg.vocab_size, size=63)]
+    cache = _Cache(cfg, 64, ct.f16)
+    assert cache.capacity == 64
+    s = model._prefill(np.array(seq, np.int32), cache)
+    s.op().sync()
+    s.settle()
+    want = ref.logits(cfg, w, seq)
+    np.testing.assert_allclose(s.env["logits"].to_numpy(), want, rtol=0, atol=ATOL[ct.f16])
+    seq.append(int(np.argmax(want[-1])))
+    step = DecodeGraph(model, cache)
+    try:
+        nxt = step.step(seq[-1], 63)
+        got = step.logits()
+        np.testing.assert_allclose(got, ref.logits(cfg, w, seq)[-1], rtol=0, atol=ATOL[ct.f16])
+        assert nxt == int(np.argmax(got))
+    finally:
+        step.release()

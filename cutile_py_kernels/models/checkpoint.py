@@ -53,6 +53,10 @@ class Qwen3Config:
         if missing:
             raise ValueError(f"{where}: missing Qwen3 fields {', '.join(missing)}")
         cfg = cls(**{n: d[n] for n in fields if n in d})
+        if cfg.num_key_value_heads <= 0:
+            raise ValueError(
+                f"{where}: num_key_value_heads must be positive, got {cfg.num_key_value_heads}"
+            )
         if cfg.num_attention_heads % cfg.num_key_value_heads:
             raise ValueError(
                 f"{where}: num_attention_heads ({cfg.num_attention_heads}) must be a multiple "

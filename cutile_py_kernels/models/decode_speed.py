@@ -8,8 +8,6 @@ import time
 from dataclasses import dataclass
 from typing import TypeVar
 
-import numpy as np
-
 import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, f32
 from cutile_py_kernels.models.qwen3 import Qwen3
@@ -71,24 +69,22 @@ class DecodeSpeed:
 
 def measure_decode(model: Qwen3, start: int, tokens: int, copy_bytes_per_s: float) -> DecodeSpeed:
     """Replay the captured decode step `tokens` times at positions start .. start+tokens-1
-    (a zero KV cache: the bytes moved, not the values, set the speed), each replay with its
-    position written and the next token read back, as `generate` does; wall-clock time."""
-    g, token, pos, nxt = model.decode_graph(start + tokens)
+    (a zero KV cache: the bytes moved, not the values, set the speed), each replay with the
+    token read back from the last one and its position written, as `generate` does (through
+    `DecodeGraph.step`); wall-clock time."""
+    step = model.decode_graph(start + tokens)
     try:
-        g.update(pos, np.array([start], dtype=np.int32))
-        g.replay()  # warm: compiles nothing (capture did), but first replays may upload
+        token = step.step(0, start)  # warm: compiles nothing (capture did), but may upload
         t0 = time.perf_counter()
         for p in range(start, start + tokens):
-            g.update(pos, np.array([p], dtype=np.int32))
-            g.replay()
-            g.update(token, g.read(nxt).reshape(1).astype(np.int32))
+            token = step.step(token, p)
         seconds = time.perf_counter() - t0
     finally:
-        g.release()
+        step.release()
     cfg = model.config
     itemsize = model.embed.nbytes // model.embed.size
     mean_len = start + (tokens + 1) / 2
     kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize * mean_len
     return DecodeSpeed(
-        tokens, start, seconds, model.weight_bytes(), kv, copy_bytes_per_s, g.launches
+        tokens, start, seconds, model.weight_bytes(), kv, copy_bytes_per_s, step.launches
     )

@@ -80,6 +80,16 @@ def compute_dtype(cfg: Qwen3Config) -> type[ct.DType]:
     return DTYPES[cfg.torch_dtype]
 
 
+def check_head_dim(cfg: Qwen3Config) -> None:
+    """ValueError unless the attention kernel takes cfg.head_dim (a multiple of 16, the mma's
+    K), so that a model it cannot run is refused when made, not at its first prefill."""
+    if cfg.head_dim <= 0 or cfg.head_dim % 16:
+        raise ValueError(
+            f"Qwen3: head_dim must be a multiple of 16, got {cfg.head_dim} (the attention "
+            "kernel's matrix products take 16 columns at a time)"
+        )
+
+
 #: Cache rows per block of the prefill's KV-cache kernel.
 CACHE_BLOCK = 64
 #: Prefill tokens per block of the q/transpose kernels.
@@ -170,6 +180,7 @@ class Qwen3:
     ) -> None:
         if dtype not in (f16, ct.bf16):
             raise TypeError(f"Qwen3: dtype must be f16 or bf16, got {dtype.name}")
+        check_head_dim(cfg)
         self.config = cfg
         self.dtype = dtype
         self.layers = [
@@ -191,6 +202,7 @@ class Qwen3:
         float32 computed in bf16 (see DTYPES: the kernels take no f32 operands)."""
         path = Path(path)
         cfg = read_config(path)
+        check_head_dim(cfg)  # before the weights are read
         weights = read_weights(path, cfg)
         return cls(cfg, weights, dtype or compute_dtype(cfg))
 
@@ -231,28 +243,18 @@ class Qwen3:
         tokens = [int(s.env["next"].to_numpy().reshape(-1)[-1])]
         if max_new_tokens == 1:
             return tokens
-        token = ct.from_numpy(np.array(tokens[-1:], dtype=np.int32))
-        pos = ct.from_numpy(np.array([n], dtype=np.int32))
-        d = self._decode_step(token, pos, cache)
-        g = ct.graph(d.op(), name="qwen3 decode step")
+        step = DecodeGraph(self, cache)
         try:
             for p in range(n, n + max_new_tokens - 1):
-                g.update(token, np.array(tokens[-1:], dtype=np.int32))
-                g.update(pos, np.array([p], dtype=np.int32))
-                g.replay()
-                tokens.append(int(g.read(d.pending["next"]).reshape(-1)[0]))
+                tokens.append(step.step(tokens[-1], p))
         finally:
-            g.release()
+            step.release()
         return tokens
 
-    def decode_graph(self, capacity: int) -> tuple[ct.Graph, AnyTensor, AnyTensor, ct.Partition]:
-        """A captured decode step over a fresh (zero) KV cache of `capacity` rows: (graph,
-        token id tensor, position tensor, next-token partition), for timing."""
-        cache = _Cache(self.config, capacity, self.dtype)
-        token = ct.zeros((1,), i32)
-        pos = ct.zeros((1,), i32)
-        d = self._decode_step(token, pos, cache)
-        return ct.graph(d.op(), name="qwen3 decode step"), token, pos, d.pending["next"]
+    def decode_graph(self, capacity: int) -> DecodeGraph:
+        """A captured decode step over a fresh (zero) KV cache of at least `capacity` rows
+        (for timing, or decoding after no prefill)."""
+        return DecodeGraph(self, _Cache(self.config, capacity, self.dtype))
 
     def weight_bytes(self) -> int:
         """Bytes of the weights one decode step reads (the LM head counted once)."""
@@ -500,6 +502,45 @@ class Qwen3:
         y = s.out("next", (t, 1), (plan.rows, 1), i32)
         op = tile_k(y, rows, plan.width)
         return op
+
+
+class DecodeGraph:
+    """The decode step captured once over a KV cache: `step(token, position)` writes the token
+    id and position (the graph's only updates), replays it and returns the greedy next token.
+    Positions must lie in the cache, whose rows before them a prefill or earlier steps wrote."""
+
+    def __init__(self, model: Qwen3, cache: _Cache) -> None:
+        self.capacity = cache.capacity
+        self.vocab_size = model.config.vocab_size
+        self._token = ct.zeros((1,), i32)
+        self._pos = ct.zeros((1,), i32)
+        self._steps = model._decode_step(self._token, self._pos, cache)
+        self.graph = ct.graph(self._steps.op(), name="qwen3 decode step")
+        self.launches = self.graph.launches
+
+    def step(self, token: int, position: int) -> int:
+        """Decode `token` at `position`: its K/V rows written there, attention over rows
+        0 .. position; the argmax of the logits after it."""
+        # The kernels read the position on the device: past the cache they would drop the
+        # K/V row and attend over rows that are not there, giving a wrong token silently.
+        if not 0 <= position < self.capacity:
+            raise ValueError(
+                f"Qwen3 decode: position {position} is outside the KV cache ({self.capacity} rows)"
+            )
+        if not 0 <= token < self.vocab_size:
+            raise ValueError(f"Qwen3 decode: token id {token} is not in [0, {self.vocab_size})")
+        self.graph.update(self._token, np.array([token], dtype=np.int32))
+        self.graph.update(self._pos, np.array([position], dtype=np.int32))
+        self.graph.replay()
+        return int(self.graph.read(self._steps.pending["next"]).reshape(-1)[0])
+
+    def logits(self) -> np.ndarray:
+        """The last step's logits (float32, (vocab,))."""
+        out: np.ndarray = self.graph.read(self._steps.env["logit_rows"]).reshape(-1)
+        return out
+
+    def release(self) -> None:
+        self.graph.release()
 
 
 def _gemv_tiles(m: int, k: int) -> tuple[int, int]:
