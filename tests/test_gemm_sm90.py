@@ -1,6 +1,7 @@
 """`cutile_py_kernels.gemm` / `bmm` on sm_90: the tuner's candidates are wgmma configs, and
 every one of them computes correctly on the simulator as an sm_90 device at ragged M, N, K
-(f16 and bf16 into f32), assembles for sm_90a with no spills, and its SASS runs HGMMA."""
+(f16 and bf16 into f32), fed by TMA alone, assembles for sm_90a with no spills, and its SASS
+runs HGMMA and UTMALDG (no cp.async: LDGSTS)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,10 @@ def test_every_candidate_on_sim_sm90(cfg: GemmConfig, name: str, rng: np.random.
     a, ta = _operands(rng, name, M, K)
     b, tb = _operands(rng, name, K, N)
     out = ct.full((M, N), np.nan).partition((cfg.bm, cfg.bn))
-    assert "wgmma.mma_async" in kernel.ptx(out, ta, tb, cfg.bk)
+    ptx = kernel.ptx(out, ta, tb, cfg.bk)
+    assert "wgmma.mma_async" in ptx
+    # Fully TMA-fed: tiles with rows wider than 128 bytes are a box per 128-byte panel.
+    assert "cp.async.bulk.tensor" in ptx and "cp.async.cg" not in ptx
     res, *_ = kernel(out, ta, tb, cfg.bk).sync()
     _close(res.unpartition().to_numpy(), a @ b)
 
@@ -84,6 +88,8 @@ def test_every_candidate_assembles_for_sm90a(cfg: GemmConfig, trans_b: bool) -> 
         pytest.skip(str(e))
     assert any(op.startswith("HGMMA") for op in ops)
     assert not any(op.startswith("HMMA") for op in ops)
+    assert any(op.startswith("UTMALDG") for op in ops)
+    assert not any(op.startswith("LDGSTS") for op in ops)
 
 
 def test_gemm_and_bmm_take_the_wgmma_path(rng: np.random.Generator) -> None:

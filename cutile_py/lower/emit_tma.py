@@ -4,16 +4,16 @@ of shared stages, each guarded by an mbarrier.
 The plan (`plan_pipelines`, kind "tma") is the cp.async one with staged loads that are boxes
 of a tensor map (a kernel parameter made on the host by `Backend.tensor_map`) whose swizzle
 puts the box where the mma's fragment reads expect the tile (`plan_tma`); tiles no box can
-fill (rows wider than 128 bytes, say) are copied by cp.async beside them, in the same stages,
-as `emit_pipeline` copies them (a commit group per issue, `wait_group` before the barrier
-wait). Per stage s, barrier b[s]; thread 0 issues the boxes, every thread waits:
+fill (mma.sync tiles with rows of 256 bytes, say) are copied by cp.async beside them, in the
+same stages, as `emit_pipeline` copies them (a commit group per issue, `wait_group` before
+the barrier wait). Per stage s, barrier b[s]; thread 0 issues the boxes, every thread waits:
 
     before:     thread 0 inits b[0..S-1] (count 1); fence.proxy.async (earlier generic
                 writes to this memory precede the copy engine's); barrier; issue 0 .. S-2
     issue j:    every thread: its cp.async chunks of the other tiles, one commit group;
                 thread 0, if j is an iteration of the loop (the others branch past):
                 arrive.expect_tx(b[j % S], the boxes' bytes), then one cp.async.bulk.tensor
-                per box, completing on b[j % S]
+                per box (per 128-byte panel of a wide wgmma tile), completing on b[j % S]
     iteration:  try_wait.parity(b[i % S], (i / S) & 1) until it holds; barrier (every warp
                 is done with the stage about to be refilled); issue i + S - 1
     after:      barrier; thread 0 invalidates the barriers (their memory is scratch again)
@@ -31,7 +31,7 @@ from cutile_py.lower import emit_pipeline
 from cutile_py.lower.context import EmitContext
 from cutile_py.lower.emit_pipeline import LoopPipeline
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad
-from cutile_py.lower.plan_tma import MAP_DTYPE
+from cutile_py.lower.plan_tma import MAP_DTYPE, box
 from cutile_py.ptx.builder import Addr, Reg
 
 #: Bytes per mbarrier.
@@ -60,9 +60,8 @@ def map_params(em: EmitContext) -> list[MapParam]:
             if not sl.tma:
                 continue
             load = sl.load
-            box = tuple(reversed(load.shape))
             code = MAP_DTYPE[load.result.type.dtype.name]
-            out.append(MapParam(load, load.param, box, sl.swizzle, code))
+            out.append(MapParam(load, load.param, box(load.shape, sl.tile), sl.swizzle, code))
     return out
 
 
@@ -238,14 +237,20 @@ class TmaPipeline(LoopPipeline):
         fb.ins("add.u32", base, em.smem, stage)
         for sl in boxes:
             coords = self._coords(sl, it)
-            tensor = f"[{em.tensor_maps[sl.load]}, {{{', '.join(map(str, coords))}}}]"
-            fb.ins(
-                f"cp.async.bulk.tensor.{len(coords)}d.shared::cluster.global"
-                ".mbarrier::complete_tx::bytes",
-                Addr(base, sl.tile.offset),
-                tensor,
-                Addr(bar),
-            )
+            tile = sl.tile
+            for p in range(tile.panels):  # one box per 128-byte panel of a wgmma tile
+                inner = coords[0]
+                if p:
+                    inner = fb.reg("b32")
+                    fb.ins("add.s32", inner, coords[0], p * tile.panel)
+                where = ", ".join(map(str, [inner, *coords[1:]]))
+                fb.ins(
+                    f"cp.async.bulk.tensor.{len(coords)}d.shared::cluster.global"
+                    ".mbarrier::complete_tx::bytes",
+                    Addr(base, tile.offset + p * tile.rows * tile.row_bytes),
+                    f"[{em.tensor_maps[sl.load]}, {{{where}}}]",
+                    Addr(bar),
+                )
         fb.place(skip)
 
     def _coords(self, sl: StagedLoad, it: Reg) -> list[Reg]:
