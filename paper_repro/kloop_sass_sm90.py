@@ -7,7 +7,8 @@ instruction between its top and its back edge once (the block that thread 0 runs
 the TMA boxes included, and the barrier-wait retry): registers per thread, HGMMA, UTMALDG
 (TMA boxes), LDGSTS (cp.async), SYNCS (mbarrier arrive / wait), WARPGROUP (wgmma arrive and
 wait), integer instructions (address arithmetic, predicates and loop control, uniform ones
-included) and all.
+included), all, and the wgmma groups left in flight per iteration (the N of the loop's
+`WARPGROUP.DEPBAR.LE gsb0, N`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ _BRA = re.compile(r"^(?:@!?U?P\w+\s+)?BRA(?:\.\S+)*\s+(?:0x([0-9a-f]+)|`\((\.L_x
 _SCALAR = ("IADD3", "IMAD", "LEA", "SHF", "LOP3", "ISETP", "SEL", "IABS", "PLOP3", "MOV", "SHL")
 _INTEGER = _SCALAR + tuple("U" + op for op in _SCALAR)
 COLUMNS = ("HGMMA", "UTMALDG", "LDGSTS", "SYNCS", "WARPGROUP")
+_DEPBAR = re.compile(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Loop:
     counts: dict[str, int]
     integer: int
     total: int
+    in_flight: int
 
 
 def opcode(text: str) -> str:
@@ -82,17 +85,20 @@ def measure(bm: int, bn: int, bk: int, stages: int) -> Loop:
     a, b = ct.empty((m, k), ct.f16), ct.empty((k, n), ct.f16)
     c = ct.empty((m, n), ct.f32).partition((bm, bn))
     report = assemble(kernel.ptx(c, a, b, bk, target=target), target)
-    ops = [opcode(t) for t in k_loop(disassemble(report.cubin))]
+    body = k_loop(disassemble(report.cubin))
+    ops = [opcode(t) for t in body]
     counts = {name: sum(op.startswith(name) for op in ops) for name in COLUMNS}
-    return Loop(report.registers, counts, sum(op.startswith(_INTEGER) for op in ops), len(ops))
+    waits = [int(m.group(1), 16) for t in body if (m := _DEPBAR.search(t))]
+    integer = sum(op.startswith(_INTEGER) for op in ops)
+    return Loop(report.registers, counts, integer, len(ops), min(waits, default=0))
 
 
 def main(argv: Any = None) -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     ct.set_backend("sim", target="sm_90")
     print("f16 GEMM K loop (static, one copy of each instruction), sm_90a SASS")
-    print(f"| BMxBNxBK, stages | regs | {' | '.join(COLUMNS)} | integer | all |")
-    print("|---" * (len(COLUMNS) + 4) + "|")
+    print(f"| BMxBNxBK, stages | regs | {' | '.join(COLUMNS)} | integer | all | in flight |")
+    print("|---" * (len(COLUMNS) + 5) + "|")
     for bm, bn, bk, stages in CANDIDATES:
         try:
             r = measure(bm, bn, bk, stages)
@@ -100,7 +106,10 @@ def main(argv: Any = None) -> int:
             print(f"no SASS: {e}")
             return 1
         cells = " | ".join(str(r.counts[c]) for c in COLUMNS)
-        print(f"| {bm}x{bn}x{bk}, {stages} | {r.registers} | {cells} | {r.integer} | {r.total} |")
+        print(
+            f"| {bm}x{bn}x{bk}, {stages} | {r.registers} | {cells} | {r.integer} | {r.total} "
+            f"| {r.in_flight} |"
+        )
     return 0
 
 

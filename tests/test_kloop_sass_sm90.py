@@ -22,3 +22,4 @@ def test_wide_candidate_loop_is_wgmma_fed_by_tma_alone() -> None:
     assert loop.counts["LDGSTS"] == 0
     assert loop.counts["SYNCS"] >= 2  # the barrier wait and the expect_tx arrive
     assert loop.total > loop.integer > 0
+    assert loop.in_flight == 1  # one wgmma group runs on while the next stage is awaited

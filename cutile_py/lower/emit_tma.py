@@ -18,6 +18,15 @@ the barrier wait). Per stage s, barrier b[s]; thread 0 issues the boxes, every t
                 is done with the stage about to be refilled); issue i + S - 1
     after:      barrier; thread 0 invalidates the barriers (their memory is scratch again)
 
+With a wgmma group left in flight (`PipelinePlan.in_flight`; TMA tiles only, S >= 2), the
+stage iteration i - 1 read may still be read by its wgmma until iteration i's
+`wgmma.wait_group 1`, so the refill moves after the body:
+
+    iteration:  try_wait.parity(b[i % S], (i / S) & 1) until it holds; the body (wgmma of
+                stage i % S, commit, wait_group 1: the one of stage (i - 1) % S retired);
+                barrier (in every warp); issue i + S - 1 into stage (i - 1) % S
+    after:      wgmma.wait_group 0 (the accumulators are read after the loop); as above
+
 Only the loop's own iterations are issued, so each barrier phase is waited on exactly once
 and nothing is in flight after the loop. Boxes past the tensor's edge arrive as zeros.
 """
@@ -84,6 +93,7 @@ def start(em: EmitContext, plan: PipelinePlan) -> TmaPipeline:
     em.fb.shared_align = max(em.fb.shared_align, 1024)
     pipe = TmaPipeline(**{f.name: getattr(base, f.name) for f in fields(LoopPipeline)})
     pipe.descending = plan.loop.descending
+    pipe.in_flight = plan.in_flight
     return pipe
 
 
@@ -93,6 +103,7 @@ class TmaPipeline(LoopPipeline):
     mbarrier (the emission hooks `Emitter.op_for` calls are the same)."""
 
     descending: bool = False
+    in_flight: int = 0  # wgmma groups left running per iteration: the refill waits for them
     leader: Reg | None = None  # thread 0: inits, arrives and issues
     hi: Reg | None = None  # the loop's bound: iterations past it are not issued
     bars: int = 0  # byte offset of b[0]
@@ -144,6 +155,8 @@ class TmaPipeline(LoopPipeline):
             if copies:  # other threads' cp.async copies are seen after a barrier
                 fb.ins("cp.async.wait_group", 0)
                 self.em.barrier()
+        elif self.in_flight:
+            self._wait()  # the refill comes in `bottom`, once the wgmma reading it retired
         else:
             if copies:
                 fb.ins("cp.async.wait_group", self.stages - 2)
@@ -157,6 +170,12 @@ class TmaPipeline(LoopPipeline):
         if self.stages == 1:
             fb.ins("xor.b32", self.phase, self.phase, 1)
             return
+        if self.in_flight:
+            assert self.write is not None and self.bar_write is not None
+            # Every warp's wgmma of the previous iteration retired (its wait_group in the
+            # body): the stage it read can be refilled.
+            self.em.barrier()
+            self._issue_tma(self.stages - 1, self.write, self.bar_write)
         for stage, bar in ((self.read, self.bar_read), (self.write, self.bar_write)):
             assert stage is not None and bar is not None
             wrap = fb.reg("pred")
@@ -172,6 +191,8 @@ class TmaPipeline(LoopPipeline):
 
     def drain(self) -> None:
         em = self.em
+        if self.in_flight:
+            em.fb.ins("wgmma.wait_group.sync.aligned", 0)  # the accumulators are final
         if any(not sl.tma for sl in self.loads):
             em.fb.ins("cp.async.wait_all")  # cp.async copies issued past the end
         em.barrier()  # every thread has waited on its last phase

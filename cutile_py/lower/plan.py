@@ -110,6 +110,11 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
             pipes.append(f"    cp.async, not tma: {p.why}")
         if p.kind == "tma":
             pipes.append(f"    mbarriers at +{p.stages * p.stage_bytes} (one per stage)")
+        if p.in_flight:
+            pipes.append(
+                f"    wgmma: {p.in_flight} group in flight per iteration, accumulating in place; "
+                "a stage is refilled a barrier after the wgmma reading it retires"
+            )
         pipes += [
             f"    carried {names[p.loop.body.args[k + 1]]}: fragments of mma {names[m.result]}"
             for k, m in p.carried
