@@ -303,6 +303,29 @@ def test_the_plan_says_tma_or_why_not(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "cp.async, not tma: a: its base or row stride is not a multiple of 16 bytes" in text
 
 
+def test_mixed_pipeline_fences_cp_async_writes_before_wgmma(
+    sim90: SimBackend, rng: np.random.Generator
+) -> None:
+    """K = 260 f16: A's rows (520 bytes) are no multiple of 16, so A is copied by cp.async
+    beside B's boxes, and wgmma reads both: after its cp.async wait each thread orders its
+    generic-proxy writes before the async-proxy reads (fence.proxy.async, then the barrier),
+    as the cp.async-only wgmma pipeline does. Matches NumPy on sim."""
+    m, n, k = 100, 72, 260
+    a, b = _values(rng, (m, k), f16), _values(rng, (k, n), f16)
+    c = ct.full((m, n), float("nan"), f32).partition((64, 64))
+    src = ct.from_numpy(a), ct.from_numpy(b)
+    ptx = GEMMS[f16].ptx(c, *src, 32, target=90)
+    loop = re.search(r"\n(\$\w*loop\w*):\n(.*?)\tbra\.uni \1;\n", ptx, re.S)
+    assert loop is not None
+    body = loop.group(2)
+    assert "wgmma.mma_async" in body and "cp.async.bulk.tensor" in body and "cp.async.ca" in body
+    wait, fence = body.find("cp.async.wait_group"), body.find("fence.proxy.async.shared::cta")
+    assert -1 < wait < fence < body.find("bar.sync") < body.find("wgmma.mma_async")
+    out, *_ = GEMMS[f16](c, *src, 32).sync()
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(out.unpartition().to_numpy(), want, rtol=1e-5, atol=1e-4)
+
+
 def test_tf32_pipeline_computes(sim90: SimBackend, rng: np.random.Generator) -> None:
     """f32 (tf32): A by TMA, B (K rows, swizzle stepping by 2) by cp.async; matches NumPy."""
     m, n, k = 40, 40, 40

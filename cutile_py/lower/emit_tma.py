@@ -5,8 +5,9 @@ The plan (`plan_pipelines`, kind "tma") is the cp.async one with staged loads th
 of a tensor map (a kernel parameter made on the host by `Backend.tensor_map`) whose swizzle
 puts the box where the mma's fragment reads expect the tile (`plan_tma`); tiles no box can
 fill (mma.sync tiles with rows of 256 bytes, say) are copied by cp.async beside them, in the
-same stages, as `emit_pipeline` copies them (a commit group per issue, `wait_group` before
-the barrier wait). Per stage s, barrier b[s]; thread 0 issues the boxes, every thread waits:
+same stages, as `emit_pipeline` copies them (a commit group per issue, `wait_group` and,
+where a wgmma reads the stage, `fence.proxy.async` before the barrier wait). Per stage s,
+barrier b[s]; thread 0 issues the boxes, every thread waits:
 
     before:     thread 0 inits b[0..S-1] (count 1); fence.proxy.async (earlier generic
                 writes to this memory precede the copy engine's); barrier; issue 0 .. S-2
@@ -154,12 +155,15 @@ class TmaPipeline(LoopPipeline):
             self._wait()
             if copies:  # other threads' cp.async copies are seen after a barrier
                 fb.ins("cp.async.wait_group", 0)
+                self._proxy_fence()
                 self.em.barrier()
         elif self.in_flight:
             self._wait()  # the refill comes in `bottom`, once the wgmma reading it retired
         else:
             if copies:
                 fb.ins("cp.async.wait_group", self.stages - 2)
+                # cp.async wrote through the generic proxy; a wgmma reads through the async one.
+                self._proxy_fence()
             self._wait()
             self.em.barrier()
             self._issue_tma(self.stages - 1, self.write, self.bar_write)
