@@ -114,3 +114,21 @@ def test_gemm_and_bmm_take_the_wgmma_path(rng: np.random.Generator) -> None:
     out3 = ct.empty((p, m, n), f32).partition((1, cfg.bm, cfg.bn))
     assert "wgmma.mma_async" in bmm_kernel.ptx(out3, ta3, tb3, cfg.bk)
     _close(ck.bmm(ta3, tb3, out_dtype=f32).to_numpy(), a3 @ b3)
+
+
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_bmm_boxes_per_panel_of_rank_3_tiles(trans_b: bool, rng: np.random.Generator) -> None:
+    """bmm's (1, rows, cols) tiles as 3-D boxes, one per 128-byte panel: B (1, 64, 128)
+    MN-major in 2 panels, or with trans_b BK = 128 (A and B K-major in 2 panels each);
+    ragged M, N, K and a batch of 2, on sim sm_90 against NumPy."""
+    ct.set_backend("sim", target="sm_90")
+    p, m, n, k = 2, 100, 200, 136
+    bk = 128 if trans_b else 64
+    a, ta = _operands(rng, "f16", p, m, k)
+    b, tb = _operands(rng, "f16", *((p, n, k) if trans_b else (p, k, n)))
+    kernel = _gemm_kernel(ct.f16, f32, trans_b, True, 3)
+    out = ct.full((p, m, n), np.nan).partition((1, 64, 128))
+    ptx = kernel.ptx(out, ta, tb, bk)
+    assert "cp.async.bulk.tensor.3d" in ptx and "cp.async.cg" not in ptx
+    res, *_ = kernel(out, ta, tb, bk).sync()
+    _close(res.unpartition().to_numpy(), a @ (np.swapaxes(b, 1, 2) if trans_b else b))
