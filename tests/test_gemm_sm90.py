@@ -1,6 +1,7 @@
 """`cutile_py_kernels.gemm` / `bmm` on sm_90: the tuner's candidates are wgmma configs, and
 every one of them computes correctly on the simulator as an sm_90 device at ragged M, N, K
-(f16 and bf16 into f32), assembles for sm_90a with no spills, and its SASS runs HGMMA."""
+(f16 and bf16 into f32), fed by TMA alone, assembles for sm_90a with no spills, and its SASS
+runs HGMMA and UTMALDG (no cp.async: LDGSTS)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,10 @@ def test_every_candidate_on_sim_sm90(cfg: GemmConfig, name: str, rng: np.random.
     a, ta = _operands(rng, name, M, K)
     b, tb = _operands(rng, name, K, N)
     out = ct.full((M, N), np.nan).partition((cfg.bm, cfg.bn))
-    assert "wgmma.mma_async" in kernel.ptx(out, ta, tb, cfg.bk)
+    ptx = kernel.ptx(out, ta, tb, cfg.bk)
+    assert "wgmma.mma_async" in ptx
+    # Fully TMA-fed: tiles with rows wider than 128 bytes are a box per 128-byte panel.
+    assert "cp.async.bulk.tensor" in ptx and "cp.async.cg" not in ptx
     res, *_ = kernel(out, ta, tb, cfg.bk).sync()
     _close(res.unpartition().to_numpy(), a @ b)
 
@@ -84,6 +88,8 @@ def test_every_candidate_assembles_for_sm90a(cfg: GemmConfig, trans_b: bool) -> 
         pytest.skip(str(e))
     assert any(op.startswith("HGMMA") for op in ops)
     assert not any(op.startswith("HMMA") for op in ops)
+    assert any(op.startswith("UTMALDG") for op in ops)
+    assert not any(op.startswith("LDGSTS") for op in ops)
 
 
 def test_gemm_and_bmm_take_the_wgmma_path(rng: np.random.Generator) -> None:
@@ -108,3 +114,21 @@ def test_gemm_and_bmm_take_the_wgmma_path(rng: np.random.Generator) -> None:
     out3 = ct.empty((p, m, n), f32).partition((1, cfg.bm, cfg.bn))
     assert "wgmma.mma_async" in bmm_kernel.ptx(out3, ta3, tb3, cfg.bk)
     _close(ck.bmm(ta3, tb3, out_dtype=f32).to_numpy(), a3 @ b3)
+
+
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_bmm_boxes_per_panel_of_rank_3_tiles(trans_b: bool, rng: np.random.Generator) -> None:
+    """bmm's (1, rows, cols) tiles as 3-D boxes, one per 128-byte panel: B (1, 64, 128)
+    MN-major in 2 panels, or with trans_b BK = 128 (A and B K-major in 2 panels each);
+    ragged M, N, K and a batch of 2, on sim sm_90 against NumPy."""
+    ct.set_backend("sim", target="sm_90")
+    p, m, n, k = 2, 100, 200, 136
+    bk = 128 if trans_b else 64
+    a, ta = _operands(rng, "f16", p, m, k)
+    b, tb = _operands(rng, "f16", *((p, n, k) if trans_b else (p, k, n)))
+    kernel = _gemm_kernel(ct.f16, f32, trans_b, True, 3)
+    out = ct.full((p, m, n), np.nan).partition((1, 64, 128))
+    ptx = kernel.ptx(out, ta, tb, bk)
+    assert "cp.async.bulk.tensor.3d" in ptx and "cp.async.cg" not in ptx
+    res, *_ = kernel(out, ta, tb, bk).sync()
+    _close(res.unpartition().to_numpy(), a @ (np.swapaxes(b, 1, 2) if trans_b else b))

@@ -98,7 +98,9 @@ COPY_TILES = [
     (f16, (32, 32, 32)),  # 64, 64
     (bf16, (32, 16, 16)),  # 32, 32
     (f16, (16, 8, 64)),  # 128, 16
-    (f16, (16, 128, 16)),  # A 32 by TMA; B 256: by cp.async beside it
+    (f16, (16, 128, 16)),  # mma.sync: A 32 by TMA; B 256: by cp.async beside it
+    (f16, (64, 128, 32)),  # wgmma: B MN-major in 2 panels of 128 B, a box each
+    (f16, (64, 64, 128)),  # wgmma: A K-major in 2 panels of 128 B, a box each
 ]
 
 
@@ -108,12 +110,17 @@ def test_tma_tile_copy_is_exact(
 ) -> None:
     """A @ I with I an identity: each output element is one element of A times 1.0, so every
     element a box put in the wrong place (a swizzle, an offset, a coordinate) shows, exactly.
-    Ragged M and K: the boxes past the edges arrive as zeros."""
+    Ragged M and K (K a multiple of 8: rows of 16 bytes, as a tensor map needs): the boxes
+    past the edges arrive as zeros. K > BN: every column of a B tile (each of its panels)
+    is an identity column somewhere."""
     bm, bn, bk = tiles
-    m, k = int(rng.integers(1, 3 * bm)), int(rng.integers(bk + 1, 4 * bk))
+    low = max(bk, bn) // 8 + 1
+    m, k = int(rng.integers(1, 3 * bm)), 8 * int(rng.integers(low, low + 3 * bk // 8))
     n = min(k, 3 * bn)
     a = _values(rng, (m, k), dt)
     eye = np.eye(k, n, dtype=NP[dt])
+    spec = ct.PartitionSpec((m, n), (bm, bn), f32), ct.TensorSpec((m, k), dt)
+    assert "cp.async.bulk.tensor" in GEMMS[dt].ptx(*spec, ct.TensorSpec((k, n), dt), bk, target=90)
     got = _run(dt, a, eye, tiles)
     np.testing.assert_array_equal(got, a[:, :n].astype(np.float32))
 
@@ -124,7 +131,8 @@ def test_tma_tile_copy_is_exact(
         (f16, (64, 64, 32), (200, 136, 104)),
         (bf16, (32, 64, 64), (70, 130, 150)),
         (f16, (64, 32, 16), (64, 96, 16)),  # one K step: the ring never wraps
-        (f16, (64, 128, 32), (130, 260, 200)),  # A by TMA, B (256-byte rows) by cp.async
+        (f16, (64, 128, 32), (130, 260, 200)),  # B's 256-byte rows: a box per panel
+        (f16, (16, 128, 32), (40, 260, 72)),  # mma.sync: B (256-byte rows) by cp.async
     ],
 )
 def test_tma_gemm_matches_numpy_at_ragged_shapes(
@@ -226,6 +234,41 @@ def test_sm90_ptx_is_tma_and_assembles_to_utmaldg() -> None:
     assert re.search(r"\bHGMMA\.", sass) and not re.search(r"\bHMMA\.", sass)
 
 
+def test_wide_wgmma_tiles_are_a_box_per_panel() -> None:
+    """128 x 256 x 64 f16: A's 128-byte rows are one box; B's rows of 512 bytes are 4 panels
+    of 64 x 128 bytes, each filled by a box of 64 x 64 (inner coordinate a panel further,
+    destination 8 KiB further), from one tensor map; no cp.async is left."""
+    lowered = GEMMS[f16].compile(*_spec(f16, (128, 256, 64)), target=ct.Target(90)).lowered
+    assert [(p.what, p.box, p.swizzle) for p in lowered.params[-2:]] == [
+        ("tmap", (64, 128), 3),
+        ("tmap", (64, 64), 3),
+    ]
+    ptx = lowered.ptx
+    assert "cp.async.cg" not in ptx and "cp.async.ca" not in ptx
+    issues = re.findall(
+        r"cp\.async\.bulk\.tensor\.2d\S+ \[%r\d+(?:\+(\d+))?\], \[(%rd\d+), \{(%r\d+), (%r\d+)\}\]",
+        ptx,
+    )
+    assert len(issues) % 5 == 0 and issues  # 5 boxes per issue
+    first = issues[:5]
+    assert [int(x[0] or 0) for x in first] == [0, 16384, 24576, 32768, 40960]
+    assert len({x[1] for x in first[1:]}) == 1 and first[0][1] != first[1][1]
+    assert len({x[3] for x in first[1:]}) == 1  # B's K coordinate, shared by its panels
+    inner = [x[2] for x in first[1:]]
+    for k, reg in enumerate(inner[1:], start=1):  # panel k: the first panel's column + 64 k
+        assert re.search(rf"add\.s32 {reg}, {inner[0]}, {64 * k};", ptx)
+    if not nvjitlink_available():
+        pytest.skip("the nvJitLink library cannot be loaded")
+    asm = assemble(ptx, Target(90))
+    assert asm.spill_loads == asm.spill_stores == 0
+    try:
+        sass = disassemble(asm.cubin)
+    except SassUnavailable as e:
+        pytest.skip(str(e))
+    assert re.search(r"\bUTMALDG\.2D\b", sass) and re.search(r"\bHGMMA\.", sass)
+    assert not re.search(r"\bLDGSTS\b", sass)
+
+
 def _plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *spec: Any) -> str:
     monkeypatch.setenv("CUTILE_PY_DUMP", str(tmp_path))
     monkeypatch.setenv("CUTILE_PY_CACHE_DIR", str(tmp_path / "cache"))  # compiled, not read
@@ -239,19 +282,48 @@ def test_the_plan_says_tma_or_why_not(tmp_path: Path, monkeypatch: pytest.Monkey
     text = _plan(tmp_path / "a", monkeypatch, *_spec(f16, (64, 64, 32)))
     assert re.search(r"for %\d+: tma stages=3 stage_bytes=8192\n", text)
     assert "tma %" in text and "box 64x32 swizzle=2" in text and "box 32x64 swizzle=3" in text
-    # B's rows of 128 f16 are 256 bytes: wgmma cuts them into 128-byte panels, one box per
-    # panel is not built; A is still TMA.
+    # B's rows of 128 f16 are 256 bytes: wgmma cuts them into 128-byte panels, a box each.
     text = _plan(tmp_path / "b", monkeypatch, *_spec(f16, (64, 128, 32)))
     assert re.search(r"for %\d+: tma stages=3 stage_bytes=12288\n", text)
-    assert "cp.async, not tma: b: its tile rows of 256 bytes are cut into 128-byte" in text
+    assert "cp.async, not tma" not in text
     assert re.search(r"tma %\d+ \(load\): tile 64x32x2B at \+0 .*box 64x32 swizzle=2", text)
-    assert re.search(r"cp.async %\d+ \(load\): tile 32x128x2B at \+4096 .*advanced", text)
+    assert re.search(
+        r"tma %\d+ \(load\): tile 32x128x2B at \+4096 .*box 32x64 swizzle=3 per panel, "
+        r"2 boxes, index ops %\d+, 2 panels of 64 columns",
+        text,
+    )
+    # mma.sync reads 256-byte rows swizzled across the whole row: no box fills that.
+    text = _plan(tmp_path / "e", monkeypatch, *_spec(f16, (16, 128, 32)))
+    assert "cp.async, not tma: b: tile rows of 256 bytes; a TMA swizzle matches" in text
     # tf32 B tiles with K rows step their swizzle by 2: no TMA swizzle does that.
     text = _plan(tmp_path / "c", monkeypatch, *_spec(f32, (32, 32, 16)))
     assert "cp.async, not tma: b: its tile's swizzle steps by 2" in text
     # A row stride that is not a multiple of 16 bytes (K = 260 f16: 520 bytes).
     text = _plan(tmp_path / "d", monkeypatch, *_spec(f16, (64, 64, 32), k=260))
     assert "cp.async, not tma: a: its base or row stride is not a multiple of 16 bytes" in text
+
+
+def test_mixed_pipeline_fences_cp_async_writes_before_wgmma(
+    sim90: SimBackend, rng: np.random.Generator
+) -> None:
+    """K = 260 f16: A's rows (520 bytes) are no multiple of 16, so A is copied by cp.async
+    beside B's boxes, and wgmma reads both: after its cp.async wait each thread orders its
+    generic-proxy writes before the async-proxy reads (fence.proxy.async, then the barrier),
+    as the cp.async-only wgmma pipeline does. Matches NumPy on sim."""
+    m, n, k = 100, 72, 260
+    a, b = _values(rng, (m, k), f16), _values(rng, (k, n), f16)
+    c = ct.full((m, n), float("nan"), f32).partition((64, 64))
+    src = ct.from_numpy(a), ct.from_numpy(b)
+    ptx = GEMMS[f16].ptx(c, *src, 32, target=90)
+    loop = re.search(r"\n(\$\w*loop\w*):\n(.*?)\tbra\.uni \1;\n", ptx, re.S)
+    assert loop is not None
+    body = loop.group(2)
+    assert "wgmma.mma_async" in body and "cp.async.bulk.tensor" in body and "cp.async.ca" in body
+    wait, fence = body.find("cp.async.wait_group"), body.find("fence.proxy.async.shared::cta")
+    assert -1 < wait < fence < body.find("bar.sync") < body.find("wgmma.mma_async")
+    out, *_ = GEMMS[f16](c, *src, 32).sync()
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(out.unpartition().to_numpy(), want, rtol=1e-5, atol=1e-4)
 
 
 def test_tf32_pipeline_computes(sim90: SimBackend, rng: np.random.Generator) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, f16, f32
+from cutile_py.host import kernel as kmod
 from cutile_py.ir.dtypes import round_to
 from cutile_py.lower.fragments import WarpGrid
 from cutile_py.lower.plan import format_plan
@@ -79,7 +80,10 @@ def test_gemm_on_sim_sm90_matches_numpy(case: tuple[Any, ...], rng: np.random.Ge
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
 
 
-def test_plan_shows_the_wgmma_decision() -> None:
+def test_plan_shows_the_wgmma_decision(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Compiled here, not read from the caches (an entry read from disk carries no plan).
+    monkeypatch.setenv("CUTILE_PY_CACHE_DIR", str(tmp_path / "cache"))
+    kmod._CACHE.clear()
     kernel = _gemm_kernel(f16, f32, False, False, 3)
     compiled = kernel.compile(*spec(512, 512, 512, (128, 256), "f16", False), 64, target=SM90)
     assert compiled.ir is not None and compiled.lowered is not None

@@ -502,7 +502,11 @@ class Emitter(EmitContext):
         return [self.fb.reg(r.ptype) for r in regs]
 
     def copy_into(self, dst: list[list[Reg]], src: list[list[Reg]]) -> None:
-        """Parallel copy: through temporaries, since a source may be another destination."""
+        """Parallel copy: through temporaries, since a source may be another destination.
+        A value that is its own destination (a wgmma's accumulators, yielded in place while
+        the wgmma may still run) is not copied."""
+        pairs = [(d, s) for d, s in zip(dst, src) if d != s]
+        dst, src = [d for d, _ in pairs], [s for _, s in pairs]
         temps = []
         for d, s in zip(dst, src):
             t = self.fresh_like(d)

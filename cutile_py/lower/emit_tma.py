@@ -4,19 +4,29 @@ of shared stages, each guarded by an mbarrier.
 The plan (`plan_pipelines`, kind "tma") is the cp.async one with staged loads that are boxes
 of a tensor map (a kernel parameter made on the host by `Backend.tensor_map`) whose swizzle
 puts the box where the mma's fragment reads expect the tile (`plan_tma`); tiles no box can
-fill (rows wider than 128 bytes, say) are copied by cp.async beside them, in the same stages,
-as `emit_pipeline` copies them (a commit group per issue, `wait_group` before the barrier
-wait). Per stage s, barrier b[s]; thread 0 issues the boxes, every thread waits:
+fill (mma.sync tiles with rows of 256 bytes, say) are copied by cp.async beside them, in the
+same stages, as `emit_pipeline` copies them (a commit group per issue, `wait_group` and,
+where a wgmma reads the stage, `fence.proxy.async` before the barrier wait). Per stage s,
+barrier b[s]; thread 0 issues the boxes, every thread waits:
 
     before:     thread 0 inits b[0..S-1] (count 1); fence.proxy.async (earlier generic
                 writes to this memory precede the copy engine's); barrier; issue 0 .. S-2
     issue j:    every thread: its cp.async chunks of the other tiles, one commit group;
                 thread 0, if j is an iteration of the loop (the others branch past):
                 arrive.expect_tx(b[j % S], the boxes' bytes), then one cp.async.bulk.tensor
-                per box, completing on b[j % S]
+                per box (per 128-byte panel of a wide wgmma tile), completing on b[j % S]
     iteration:  try_wait.parity(b[i % S], (i / S) & 1) until it holds; barrier (every warp
                 is done with the stage about to be refilled); issue i + S - 1
     after:      barrier; thread 0 invalidates the barriers (their memory is scratch again)
+
+With a wgmma group left in flight (`PipelinePlan.in_flight`; TMA tiles only, S >= 2), the
+stage iteration i - 1 read may still be read by its wgmma until iteration i's
+`wgmma.wait_group 1`, so the refill moves after the body:
+
+    iteration:  try_wait.parity(b[i % S], (i / S) & 1) until it holds; the body (wgmma of
+                stage i % S, commit, wait_group 1: the one of stage (i - 1) % S retired);
+                barrier (in every warp); issue i + S - 1 into stage (i - 1) % S
+    after:      wgmma.wait_group 0 (the accumulators are read after the loop); as above
 
 Only the loop's own iterations are issued, so each barrier phase is waited on exactly once
 and nothing is in flight after the loop. Boxes past the tensor's edge arrive as zeros.
@@ -31,7 +41,7 @@ from cutile_py.lower import emit_pipeline
 from cutile_py.lower.context import EmitContext
 from cutile_py.lower.emit_pipeline import LoopPipeline
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad
-from cutile_py.lower.plan_tma import MAP_DTYPE
+from cutile_py.lower.plan_tma import MAP_DTYPE, box
 from cutile_py.ptx.builder import Addr, Reg
 
 #: Bytes per mbarrier.
@@ -60,9 +70,8 @@ def map_params(em: EmitContext) -> list[MapParam]:
             if not sl.tma:
                 continue
             load = sl.load
-            box = tuple(reversed(load.shape))
             code = MAP_DTYPE[load.result.type.dtype.name]
-            out.append(MapParam(load, load.param, box, sl.swizzle, code))
+            out.append(MapParam(load, load.param, box(load.shape, sl.tile), sl.swizzle, code))
     return out
 
 
@@ -85,6 +94,7 @@ def start(em: EmitContext, plan: PipelinePlan) -> TmaPipeline:
     em.fb.shared_align = max(em.fb.shared_align, 1024)
     pipe = TmaPipeline(**{f.name: getattr(base, f.name) for f in fields(LoopPipeline)})
     pipe.descending = plan.loop.descending
+    pipe.in_flight = plan.in_flight
     return pipe
 
 
@@ -94,6 +104,7 @@ class TmaPipeline(LoopPipeline):
     mbarrier (the emission hooks `Emitter.op_for` calls are the same)."""
 
     descending: bool = False
+    in_flight: int = 0  # wgmma groups left running per iteration: the refill waits for them
     leader: Reg | None = None  # thread 0: inits, arrives and issues
     hi: Reg | None = None  # the loop's bound: iterations past it are not issued
     bars: int = 0  # byte offset of b[0]
@@ -144,10 +155,15 @@ class TmaPipeline(LoopPipeline):
             self._wait()
             if copies:  # other threads' cp.async copies are seen after a barrier
                 fb.ins("cp.async.wait_group", 0)
+                self._proxy_fence()
                 self.em.barrier()
+        elif self.in_flight:
+            self._wait()  # the refill comes in `bottom`, once the wgmma reading it retired
         else:
             if copies:
                 fb.ins("cp.async.wait_group", self.stages - 2)
+                # cp.async wrote through the generic proxy; a wgmma reads through the async one.
+                self._proxy_fence()
             self._wait()
             self.em.barrier()
             self._issue_tma(self.stages - 1, self.write, self.bar_write)
@@ -158,6 +174,12 @@ class TmaPipeline(LoopPipeline):
         if self.stages == 1:
             fb.ins("xor.b32", self.phase, self.phase, 1)
             return
+        if self.in_flight:
+            assert self.write is not None and self.bar_write is not None
+            # Every warp's wgmma of the previous iteration retired (its wait_group in the
+            # body): the stage it read can be refilled.
+            self.em.barrier()
+            self._issue_tma(self.stages - 1, self.write, self.bar_write)
         for stage, bar in ((self.read, self.bar_read), (self.write, self.bar_write)):
             assert stage is not None and bar is not None
             wrap = fb.reg("pred")
@@ -173,6 +195,8 @@ class TmaPipeline(LoopPipeline):
 
     def drain(self) -> None:
         em = self.em
+        if self.in_flight:
+            em.fb.ins("wgmma.wait_group.sync.aligned", 0)  # the accumulators are final
         if any(not sl.tma for sl in self.loads):
             em.fb.ins("cp.async.wait_all")  # cp.async copies issued past the end
         em.barrier()  # every thread has waited on its last phase
@@ -238,14 +262,20 @@ class TmaPipeline(LoopPipeline):
         fb.ins("add.u32", base, em.smem, stage)
         for sl in boxes:
             coords = self._coords(sl, it)
-            tensor = f"[{em.tensor_maps[sl.load]}, {{{', '.join(map(str, coords))}}}]"
-            fb.ins(
-                f"cp.async.bulk.tensor.{len(coords)}d.shared::cluster.global"
-                ".mbarrier::complete_tx::bytes",
-                Addr(base, sl.tile.offset),
-                tensor,
-                Addr(bar),
-            )
+            tile = sl.tile
+            for p in range(tile.panels):  # one box per 128-byte panel of a wgmma tile
+                inner = coords[0]
+                if p:
+                    inner = fb.reg("b32")
+                    fb.ins("add.s32", inner, coords[0], p * tile.panel)
+                where = ", ".join(map(str, [inner, *coords[1:]]))
+                fb.ins(
+                    f"cp.async.bulk.tensor.{len(coords)}d.shared::cluster.global"
+                    ".mbarrier::complete_tx::bytes",
+                    Addr(base, tile.offset + p * tile.rows * tile.row_bytes),
+                    f"[{em.tensor_maps[sl.load]}, {{{where}}}]",
+                    Addr(bar),
+                )
         fb.place(skip)
 
     def _coords(self, sl: StagedLoad, it: Reg) -> list[Reg]:

@@ -4,9 +4,15 @@ pipeline filled, the accumulator in registers in the fragment layout of `plan_wg
 
 Per iteration: `wgmma.fence`; for each 16 (8) of K, each 64-row block of the warpgroup and each
 256 columns of N, one `mma_async` with descriptors advanced by constants; `commit_group`;
-`wait_group 0` (the stage is refilled after the next barrier, so every read of it must be
-done). The pipeline puts `fence.proxy.async` between its cp.async wait and its barrier:
-cp.async writes through the generic proxy, wgmma reads through the async one.
+`wait_group N`, N the plan's groups in flight (`PipelinePlan.in_flight`). With N = 0 every
+read of the stage is done (it is refilled after the next barrier), and the accumulator is
+copied first, so that `acc` keeps its registers. With N = 1 the wgmma accumulates in place
+into the loop's carried registers, which nothing else touches while it runs (the yield's
+copy of them to themselves is skipped), and keeps running while the next stage is awaited;
+`emit_tma` refills its stage only after the next iteration's `wait_group 1` and a barrier,
+and waits for group 0 after the loop. The pipeline puts `fence.proxy.async` between its
+cp.async wait and its barrier: cp.async writes through the generic proxy, wgmma reads
+through the async one.
 """
 
 from __future__ import annotations
@@ -24,6 +30,11 @@ def planned(em: EmitContext, op: o.MmaOp) -> bool:
     return any(op in p.wgmma for p in em.pipelines.values())
 
 
+def in_flight(em: EmitContext, op: o.MmaOp) -> int:
+    """The wgmma groups the loop of `op` leaves in flight (0: `op` is waited for at once)."""
+    return next(p.in_flight for p in em.pipelines.values() if op in p.wgmma)
+
+
 def mma(em: EmitContext, op: o.MmaOp) -> None:
     """`acc + a @ b`: with wgmma where the plan says so, else with mma.sync (`emit_mma`)."""
     if not planned(em, op):
@@ -37,10 +48,10 @@ def mma(em: EmitContext, op: o.MmaOp) -> None:
     em.features.add("wgmma")
     fb.shared_align = max(fb.shared_align, plan_wgmma.ALIGN)
     fb.comment(f"wgmma {a.type} @ {b.type} + {acc.type}: {groups} warpgroup(s)")
-    # wgmma accumulates in place: into copies, so that `acc` keeps its own registers.
-    frags = [
-        [[_copy(em, x) for x in c] for c in row] for row in emit_mma.acc_fragments(em, op, acc)
-    ]
+    depth = in_flight(em, op)
+    frags = emit_mma.acc_fragments(em, op, acc)
+    if not depth:  # wgmma accumulates in place: into copies, so that `acc` keeps its own
+        frags = [[[_copy(em, x) for x in c] for c in row] for row in frags]
     (tile_a, fa, desc_a), (tile_b, fb_, desc_b) = (
         _descriptor(em, a, M_BLOCK),
         _descriptor(em, b, MAX_N),
@@ -78,7 +89,7 @@ def mma(em: EmitContext, op: o.MmaOp) -> None:
                     *trans,
                 )
     fb.ins("wgmma.commit_group.sync.aligned")
-    fb.ins("wgmma.wait_group.sync.aligned", 0)
+    fb.ins("wgmma.wait_group.sync.aligned", depth)
     assert op.result in em.fragment_values
     em.define(op.result, [x for row in frags for c in row for x in c])
 

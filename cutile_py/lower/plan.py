@@ -15,7 +15,7 @@ from types import MappingProxyType
 from cutile_py.ir import ops as o
 from cutile_py.ir.printer import value_names
 from cutile_py.ir.uses import DefUse, walk
-from cutile_py.lower import plan_wgmma
+from cutile_py.lower import plan_tma, plan_wgmma
 from cutile_py.lower.allocate_shared import SharedPlan, allocate_shared
 from cutile_py.lower.assign_fragments import (
     FragmentPlan,
@@ -110,6 +110,11 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
             pipes.append(f"    cp.async, not tma: {p.why}")
         if p.kind == "tma":
             pipes.append(f"    mbarriers at +{p.stages * p.stage_bytes} (one per stage)")
+        if p.in_flight:
+            pipes.append(
+                f"    wgmma: {p.in_flight} group in flight per iteration, accumulating in place; "
+                "a stage is refilled a barrier after the wgmma reading it retires"
+            )
         pipes += [
             f"    carried {names[p.loop.body.args[k + 1]]}: fragments of mma {names[m.result]}"
             for k, m in p.carried
@@ -157,7 +162,9 @@ def _staged(sl: StagedLoad, names: Mapping[o.Value, str], lay: Callable[[Layout]
     chain = " -> ".join(op.opname for op in sl.chain)
     index = ", ".join(names[op.result] for op in sl.index_ops) or "none"
     if sl.tma:
-        how = f"box {'x'.join(map(str, sl.load.shape))} swizzle={sl.swizzle}"
+        dims = plan_tma.box(sl.load.shape, t)[::-1]
+        per = f" per panel, {t.panels} boxes" if t.panels > 1 else ""
+        how = f"box {'x'.join(map(str, dims))} swizzle={sl.swizzle}{per}"
     else:
         how = f"copy {lay(sl.copy)}"
     return (

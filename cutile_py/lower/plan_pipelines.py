@@ -85,6 +85,9 @@ class PipelinePlan:
     kind: str = "cp.async"
     #: On a target with TMA, why tiles of this pipeline are copied by cp.async ("" if none).
     why: str = ""
+    #: wgmma commit groups left in flight at the end of an iteration (`plan_wgmma.in_flight`):
+    #: 1 lets the tensor cores run while the next stage is awaited.
+    in_flight: int = 0
 
     @property
     def ring_bytes(self) -> int:
@@ -171,7 +174,10 @@ def plan_loop(cx: _Planning, loop: o.ForOp, outer: int) -> PipelinePlan | None:
             replace(sl, tile=plan_wgmma.operand_tile(sl.tile)) if sl.operand in ops else sl
             for sl in loads
         ]
-    return _place(cx, loop, pairs, loads, mmas, outer, wgmma)
+    plan = _place(cx, loop, pairs, loads, mmas, outer, wgmma)
+    tma_only = plan.kind == "tma" and all(sl.tma for sl in plan.loads)
+    depth = plan_wgmma.in_flight(loop, mmas, wgmma, pairs, uses, tma_only, plan.stages)
+    return replace(plan, in_flight=depth)
 
 
 def _staged_load(

@@ -7,8 +7,10 @@ A box lands in shared memory densely, innermost dimension fastest, swizzled by a
 exactly `SharedTile`'s swizzle (chunk `c ^ (r // R) % S`) when the tile's rows are `span`
 bytes (16: no swizzle, 32, 64 or 128) and its base is aligned to the pattern's repeat (at most
 8 rows of 128 bytes: `TMA_ALIGN`), so the mma reads a TMA-filled stage as it reads a
-cp.async-filled one. Wider rows would need a box per 128-byte column band, a layout the
-fragment reads do not know: those tiles stay cp.async.
+cp.async-filled one. A wgmma operand with wider rows is cut into panels of rows x 128 bytes
+(`SharedTile.panel`), each a 128-byte-swizzled tile of its own: one box per panel fills it
+(`box`: the inner dimension is one panel's columns; each box's inner coordinate and
+destination are a panel further).
 """
 
 from __future__ import annotations
@@ -43,15 +45,11 @@ def tma_swizzle(param: o.TensorParam, load: o.LoadOp, tile: SharedTile) -> int |
             f"{param.name}: its base or row stride is not a multiple of 16 bytes "
             f"(aligned to {param.align * eb} bytes)"
         )
-    if any(s > MAX_BOX for s in load.shape):
-        return f"{param.name}: a tile dim of {max(load.shape)} exceeds a box's {MAX_BOX}"
+    dims = box(load.shape, tile)
+    if any(s > MAX_BOX for s in dims):
+        return f"{param.name}: a box dim of {max(dims)} exceeds a box's {MAX_BOX}"
     if tile.xor_step != 1 or tile.pad:
         return f"{param.name}: its tile's swizzle steps by 2 (tf32 rows along K)"
-    if tile.panels > 1:
-        return (
-            f"{param.name}: its tile rows of {tile.cols * eb} bytes are cut into 128-byte "
-            "wgmma panels, and one box per panel is not built"
-        )
     swizzle = SWIZZLE_OF_ROW.get(tile.row_bytes)
     if swizzle is None:
         return (
@@ -59,6 +57,12 @@ def tma_swizzle(param: o.TensorParam, load: o.LoadOp, tile: SharedTile) -> int |
             "tile's only for rows of 16, 32, 64 or 128 bytes"
         )
     return swizzle
+
+
+def box(shape: tuple[int, ...], tile: SharedTile) -> tuple[int, ...]:
+    """The box that fills `tile` (one panel of it, where it has panels) from a load of
+    `shape`: its dimensions innermost first, as a tensor map takes them."""
+    return (tile.panel or shape[-1], *reversed(shape[:-1]))
 
 
 def align_tma(nbytes: int) -> int:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, f16, f32
+from cutile_py.ir.uses import DefUse
 from cutile_py.lower.fragments import SharedTile, WarpGrid
 from cutile_py.ptx.target import Target
 
@@ -105,6 +106,35 @@ def choose(
             continue
         out.append(mma)
     return tuple(out)
+
+
+def in_flight(
+    loop: o.ForOp,
+    mmas: Sequence[o.MmaOp],
+    wgmma: Sequence[o.MmaOp],
+    carried: Sequence[tuple[int, o.MmaOp]],
+    uses: DefUse,
+    tma_only: bool,
+    stages: int,
+) -> int:
+    """How many wgmma commit groups a loop leaves in flight per iteration: 1 where every
+    mma of the body is a wgmma accumulating in place into a carried value no other op reads
+    (the in-flight accumulators are touched by nothing but the next wgmma), the stages are
+    all filled by TMA (the refill of the stage a running wgmma reads waits for it to retire
+    behind one barrier, `emit_tma`) and there are at least 2 of them; else 0."""
+    if not wgmma or len(wgmma) != len(mmas) or not tma_only or stages < 2:
+        return 0
+    owned = dict((m, k) for k, m in carried)
+    for mma in wgmma:
+        k = owned.get(mma)
+        if k is None:
+            return 0
+        arg = loop.body.args[k + 1]
+        if mma.operands[2] is not arg or len(uses.users(arg)) != 1:
+            return 0
+        if len(uses.users(mma.result)) != 1:  # the yield alone
+            return 0
+    return 1
 
 
 def operand_tile(tile: SharedTile) -> SharedTile:

@@ -220,6 +220,9 @@ def _make_load(
     mbar: Addr,
 ) -> Handler:  # fmt: skip
 
+    # Imported here: wgmma imports this module's swizzle.
+    from cutile_py.sim.wgmma import pending_reads
+
     def run(b: Batch) -> None:
         lanes, boxes = _issued(b, tmap, coords, rank)
         if not boxes:
@@ -239,6 +242,12 @@ def _make_load(
                     b.global_races.access(b.instr, who, at, m.esize, False)
             data = vals.view(np.uint8)
             flat = _smem_bytes(b, lane, int(dsts[i]), m)
+            # The copy engine may write at once: a wgmma still reading these bytes races.
+            running = b.wgmma is not None and b.wgmma.pending
+            if running and np.isin(flat, pending_reads(b, int(b.slot[lane]))).any():
+                raise MemoryFault(lane, f"bulk tensor copy to shared {int(dsts[i]):#x} "
+                                  "overwrites an operand of a wgmma still in flight "
+                                  "(not yet retired by wgmma.wait_group)")  # fmt: skip
             bar = int(b.slot[lane]) * b.shared.stride + int(bars[i])
             pending.append(Delivery(bar, data.size, _lander(b, flat, data)))
         b.writes += 1

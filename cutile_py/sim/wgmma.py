@@ -225,6 +225,30 @@ def _wait(b: Batch, ins: Instruction, keep: int) -> None:
     st.pending = still
 
 
+def pending_reads(b: Batch, slot: int) -> np.ndarray:
+    """Flat byte indices of the batch's shared memory that the wgmma operations of block
+    slot `slot` still in flight (issued, not yet retired by a `wait_group`) read: bytes that
+    nothing may write before they retire."""
+    st = b.wgmma
+    out = [np.zeros(0, dtype=np.int64)]
+    for op in st.pending if st is not None else ():
+        esize = _INPUTS[op.kind][0]
+        for w, first in enumerate(op.groups.tolist()):
+            if int(b.slot[first]) != slot:
+                continue
+            reads = [(int(op.b_desc[w]), op.n, op.trans_b)]
+            if op.a_desc is not None:
+                reads.append((int(op.a_desc[w]), 64, op.trans_a))
+            for desc, rows, mn_major in reads:
+                try:
+                    offs = _offsets(rows, op.k, esize, desc, mn_major).ravel().astype(np.int64)
+                except ValueError:
+                    continue  # a bad descriptor: reported when the operation is carried out
+                starts = slot * b.shared.stride + offs
+                out.append((starts[:, None] + np.arange(esize)).ravel())
+    return np.concatenate(out)
+
+
 def _decode(desc: int) -> tuple[int, int, int, int]:
     """(start, LBO, SBO, swizzle span) of a descriptor, all in bytes."""
     if (desc >> 49) & 7:
