@@ -10,10 +10,10 @@ import asyncio
 import sys
 from abc import abstractmethod
 from collections.abc import Callable, Coroutine, Generator, Sequence
-from functools import partial
 from types import CodeType
 from typing import TYPE_CHECKING, Any
 
+from cutile_py.frontend.errors import CompileError
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
 from cutile_py.host.launch import LaunchPlan
 from cutile_py.host.streams import (
@@ -34,6 +34,7 @@ from cutile_py.host.tensor import (
     release_holds,
     take_holds,
 )
+from cutile_py.runtime import select as _select
 from cutile_py.runtime.backend import (
     HOST_EXECUTION,
     Backend,
@@ -42,6 +43,7 @@ from cutile_py.runtime.backend import (
     Finished,
     LaunchFailure,
     RuntimeFailure,
+    Touch,
 )
 from cutile_py.runtime.select import active_backend
 
@@ -227,54 +229,6 @@ class DeviceOp(OpLike):
         self._finish()
         return self.args
 
-    @classmethod
-    def for_kernel(cls, kernel: Kernel, args: tuple[Any, ...]) -> DeviceOp:
-        """Check `args` against `kernel`, compile on first use, and take ownership.
-
-        With a plan made for arguments like these (the common case), the checks are the
-        plan's: moves, holds and the backend of each tensor argument, then the overlap of
-        each pair of them where one is Mut or Atomic; `plan.admit` runs them and takes the
-        holds in straight-line code, and what it declines is checked one argument at a time
-        (`_check_planned`), for the error naming the parameter or the allowed rare case."""
-        backend = active_backend()
-        plan = kernel.plan(backend, args)
-        if plan is None:
-            names = kernel.param_names
-            kernel.specialize(args)  # TypeError / ValueError naming the parameter, first
-            _check_ownership(kernel.name, names, args, backend, kernel.atomic_params)
-            plan = kernel.make_plan(backend, args, _grid(kernel.name, names, args))
-            checked = True
-        else:
-            checked = False
-        op = cls.__new__(cls)
-        op.backend = backend
-        op.name = kernel.name
-        op.args = args
-        op.grid = plan.grid
-        op.kernel = kernel
-        op._plan = plan
-        frame = sys._getframe(1)  # (`_user_frame`, inline, with each code object's answer kept)
-        code = frame.f_code
-        while code not in _USER_CODE and frame.f_back is not None:
-            if code not in _PACKAGE_CODE:
-                if not code.co_filename.startswith(PACKAGE_DIR):
-                    _USER_CODE.add(code)
-                    break
-                _PACKAGE_CODE.add(code)
-            frame = frame.f_back
-            code = frame.f_code
-        op._made_where = (code.co_filename, frame.f_lineno)
-        # The common case in straight-line code; anything unusual, one argument at a time.
-        if checked or not plan.admit(op, args, backend):
-            if not checked:
-                try:
-                    _check_planned(kernel, plan, args, backend)
-                except BaseException:
-                    op._finished = True  # held nothing: nothing for its finalizer to do
-                    raise
-            op._held = take_holds(op, _wanted(plan, args))
-        return op
-
     def _release(self) -> None:
         release_holds(self, self._held)
         self._held = []
@@ -330,15 +284,13 @@ class DeviceOp(OpLike):
             if plan is None:
                 self._run(stream, wait)
             elif not plan.empty:
-                # (`plan.run`, inline: the memory touched is read only where needed.)
+                # (The memory touched is read only where the backend needs it.)
                 launch = plan.launch or plan.prepare()
-                read, touches = plan.read, plan.touches
-                args = self.args
-                go = launch.launch_and_wait if wait else launch.queue
-                if read is None or touches is None:
-                    go(args, stream, None)
+                read = plan.read
+                if read is None:
+                    launch.run(self.args, stream, None, wait)
                 else:
-                    go(read(args), stream, partial(touches, args))
+                    launch.run(read(self.args), stream, self._touched, wait)
         except LaunchFailure as e:
             raise LaunchError(f"kernel {self.name} failed on the device: {e}") from e
         except RuntimeFailure as e:
@@ -348,6 +300,12 @@ class DeviceOp(OpLike):
             release_holds(self, self._held)
             self._held = []
         return self.args
+
+    def _touched(self) -> list[Touch]:
+        """The memory the launch touches (read from its arguments when a backend asks)."""
+        touches = self.plan.touches
+        assert touches is not None, "a plan reads its touches with its parameters"
+        return touches(self.args)
 
     def _finish(self) -> None:
         self._finished = True
@@ -496,6 +454,62 @@ class DeviceOp(OpLike):
         return f"<{type(self).__name__} {self.name} grid={self.grid} {state}>"
 
 
+def launch_op(kernel: Kernel, *args: Any, **kwargs: Any) -> DeviceOp:
+    """`Kernel.__call__` (every launch's first call, so one frame, not two): check `args`
+    against `kernel`, compile on first use, and take ownership.
+
+    With a plan made for arguments like these (the common case), the checks are the
+    plan's: moves, holds and the backend of each tensor argument, then the overlap of each
+    pair of them where one is Mut or Atomic; `plan.admit` runs them and takes the holds in
+    straight-line code, and what it declines is checked one argument at a time
+    (`_check_planned`), for the error naming the parameter or the allowed rare case."""
+    try:
+        if kwargs or len(args) != kernel._arity:
+            args = kernel.bind_arguments(args, kwargs)
+        backend = _select._instances.get(_select._active)  # type: ignore[arg-type]
+        if backend is None:  # (`active_backend`, inline: the common case is one lookup)
+            backend = active_backend()
+        plan = kernel.plan(backend, args)
+        if plan is None:
+            names = kernel.param_names
+            kernel.specialize(args)  # TypeError / ValueError naming the parameter, first
+            _check_ownership(kernel.name, names, args, backend, kernel.atomic_params)
+            plan = kernel.make_plan(backend, args, _grid(kernel.name, names, args))
+            checked = True
+        else:
+            checked = False
+    except CompileError as err:
+        raise err.with_traceback(None) from None  # the kernel's source line is shown below
+    op = DeviceOp.__new__(DeviceOp)
+    op.backend = backend
+    op.name = kernel.name
+    op.args = args
+    op.grid = plan.grid
+    op.kernel = kernel
+    op._plan = plan
+    frame = sys._getframe(1)  # (`_user_frame`, inline, with each code object's answer kept)
+    code = frame.f_code
+    while code not in _USER_CODE and frame.f_back is not None:
+        if code not in _PACKAGE_CODE:
+            if not code.co_filename.startswith(PACKAGE_DIR):
+                _USER_CODE.add(code)
+                break
+            _PACKAGE_CODE.add(code)
+        frame = frame.f_back
+        code = frame.f_code
+    op._made_where = (code.co_filename, frame.f_lineno)
+    # The common case in straight-line code; anything unusual, one argument at a time.
+    if checked or not plan.admit(op, args, backend):
+        if not checked:
+            try:
+                _check_planned(kernel, plan, args, backend)
+            except BaseException:
+                op._finished = True  # held nothing: nothing for its finalizer to do
+                raise
+        op._held = take_holds(op, _wanted(plan, args))
+    return op
+
+
 def _check_planned(
     kernel: Kernel, plan: LaunchPlan, args: tuple[Any, ...], backend: Backend
 ) -> None:
@@ -588,7 +602,7 @@ def _alias_error(kernel: str, n1: str, n2: str, same: bool) -> None:
     )
 
 
-#: Code objects of cutile_py's own frames and of others, as `for_kernel` finds them (bounded
+#: Code objects of cutile_py's own frames and of others, as `launch_op` finds them (bounded
 #: by the program's code; a membership test is not a call, a `startswith` is).
 _PACKAGE_CODE: set[CodeType] = set()
 _USER_CODE: set[CodeType] = set()

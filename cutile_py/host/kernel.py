@@ -21,7 +21,7 @@ from cutile_py.frontend.capture import CapturedFunction, capture
 from cutile_py.frontend.errors import CompileError, SourceLocation
 from cutile_py.frontend.signature import ParamSpec, Specialization, TensorArg, bind, parse_signature
 from cutile_py.host import dump, jit_disk
-from cutile_py.host.device_op import DeviceOp
+from cutile_py.host.device_op import launch_op
 from cutile_py.host.errors import PerformanceWarning
 from cutile_py.host.launch import LaunchPlan, ParamReader, launch_keyer, prepare_lowered
 from cutile_py.host.report import KernelReport, build_report
@@ -551,14 +551,8 @@ class Kernel:
             info = self.__dict__["_param_kinds"] = (consts, ints, key)
         return info
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # As `user_boundary` does, spelled out: this is every launch's first call.
-        try:
-            if kwargs or len(args) != self._arity:
-                args = self.bind_arguments(args, kwargs)
-            return DeviceOp.for_kernel(self, args)
-        except CompileError as err:
-            raise err.with_traceback(None) from None  # the kernel's source line is shown below
+    #: Launch on these arguments: a `DeviceOp` (`cutile_py.host.device_op.launch_op`).
+    __call__ = launch_op
 
     def __repr__(self) -> str:
         return f"<cutile_py kernel {self.__qualname__}>"

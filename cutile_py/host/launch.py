@@ -286,7 +286,7 @@ def _admitter(
     """`admit(op, args, backend)`: if every tensor argument is usable (not moved, held by no
     one against this use, memory nobody else views, on `backend`), no exclusive one overlaps
     another and no shared tensor is passed twice, take `op`'s holds (its `_held`) and return
-    True; else return False having changed nothing (`DeviceOp.for_kernel` then checks one
+    True; else return False having changed nothing (`device_op.launch_op` then checks one
     by one, for the error naming the parameter, or for the uncommon cases that are allowed).
 
     Generated once per plan, as straight-line code: a launch's checks are then a handful of
