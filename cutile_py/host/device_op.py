@@ -164,7 +164,7 @@ class DeviceOp(OpLike):
         self.args = args
         self.grid = grid
         self._held = []
-        self._made_where = _user_frame()
+        self._made_where: tuple[CodeType, int] = _user_frame()
 
     @property
     def plan(self) -> LaunchPlan:
@@ -185,7 +185,8 @@ class DeviceOp(OpLike):
     @property
     def _made_at(self) -> str:
         """Where the user made the op (`file:line`, for messages)."""
-        return f"{self._made_where[0]}:{self._made_where[1]}"
+        code, offset = self._made_where
+        return f"{code.co_filename}:{_line_at(code, offset)}"
 
     def describe(self) -> str:
         return f"launch of kernel {self.name}"
@@ -497,7 +498,7 @@ def launch_op(kernel: Kernel, *args: Any, **kwargs: Any) -> DeviceOp:
             _PACKAGE_CODE.add(code)
         frame = frame.f_back
         code = frame.f_code
-    op._made_where = (code.co_filename, frame.f_lineno)
+    op._made_where = (code, frame.f_lasti)  # (the line is looked up for a message only)
     # The common case in straight-line code; anything unusual, one argument at a time.
     if checked or not plan.admit(op, args, backend):
         if not checked:
@@ -608,13 +609,22 @@ _PACKAGE_CODE: set[CodeType] = set()
 _USER_CODE: set[CodeType] = set()
 
 
-def _user_frame() -> tuple[str, int]:
-    """(file, line) of the innermost caller outside cutile_py (where the user made an op);
-    formatted only for a message."""
+def _user_frame() -> tuple[CodeType, int]:
+    """(code, bytecode offset) of the innermost caller outside cutile_py (where the user made
+    an op); its line is found (`_line_at`) only for a message."""
     frame = sys._getframe(2)
     while frame.f_back is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
         frame = frame.f_back
-    return frame.f_code.co_filename, frame.f_lineno
+    return frame.f_code, frame.f_lasti
+
+
+def _line_at(code: CodeType, offset: int) -> int:
+    """The source line of the instruction at bytecode `offset` in `code` (what a frame's
+    `f_lineno` gives, which costs a line-table walk on every launch if asked there)."""
+    for start, end, line in code.co_lines():
+        if start <= offset < end and line is not None:
+            return line
+    return code.co_firstlineno
 
 
 def _check_use(kernel: str, name: str, a: Tensor[Any] | Partition, exclusive: bool) -> None:
