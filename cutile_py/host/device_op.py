@@ -117,11 +117,18 @@ class OpLike(Coroutine[Any, Any, "tuple[Any, ...]"]):
     def then(self, fn: Callable[[tuple[Any, ...]], OpLike]) -> Chain:
         """An op that runs this one, passes its result to `fn` and runs the op `fn` returns."""
         global _chain
-        if _chain is None:  # (pipeline imports this module; kept once found: a chain's step)
+        chain = _chain
+        if chain is None:  # (pipeline imports this module; kept once found: a chain's step)
             from cutile_py.host.pipeline import Chain
 
-            _chain = Chain
-        return _chain(self, fn)
+            chain = _chain = Chain
+        if not callable(fn):
+            raise TypeError(f"then: expected a callable, got {type(fn).__name__}")
+        # (`Chain(self, fn)` without `__init__`'s frame: `self` is an op, `fn` was checked.)
+        link = chain.__new__(chain)
+        link.first = self
+        link.fn = fn
+        return link
 
 
 #: `cutile_py.host.pipeline.Chain`, once `then` has imported it.
@@ -232,7 +239,7 @@ class DeviceOp(OpLike):
 
     def _release(self) -> None:
         release_holds(self, self._held)
-        self._held = []
+        self._held = ()
 
     @property
     def empty(self) -> bool:
@@ -299,7 +306,7 @@ class DeviceOp(OpLike):
         finally:
             self._finished = True
             release_holds(self, self._held)
-            self._held = []
+            self._held = ()
         return self.args
 
     def _touched(self) -> list[Touch]:
@@ -337,7 +344,7 @@ class DeviceOp(OpLike):
         finally:
             self._finished = True
             release_holds(self, self._held)
-            self._held = []
+            self._held = ()
         return self.args
 
     def sync(self) -> tuple[Any, ...]:
@@ -470,7 +477,7 @@ def launch_op(kernel: Kernel, *args: Any, **kwargs: Any) -> DeviceOp:
         backend = _select._instances.get(_select._active)  # type: ignore[arg-type]
         if backend is None:  # (`active_backend`, inline: the common case is one lookup)
             backend = active_backend()
-        plan = kernel.plan(backend, args)
+        plan = kernel._find_plan(backend, args)  # (`kernel.plan`, one frame less)
         if plan is None:
             names = kernel.param_names
             kernel.specialize(args)  # TypeError / ValueError naming the parameter, first

@@ -357,6 +357,60 @@ def launch_keyer(
     return key
 
 
+def plan_finder(
+    arity: int,
+    constants: frozenset[int],
+    ints: tuple[int, ...],
+    plans: dict[Backend, dict[tuple[Any, ...], LaunchPlan]],
+    fingerprint: Callable[[], Hashable],
+    cache: Any,
+    stats: Any,
+) -> Callable[[Backend, tuple[Any, ...]], LaunchPlan | None]:
+    """`find(backend, args)`: the plan in `plans` for arguments like `args` (keyed as by
+    `launch_keyer`), if it is of the JIT cache's current generation (`cache.generation`),
+    what the kernel reads is unchanged (`fingerprint()` is the plan's `deps`) and the int
+    scalars at `ints` fit 32 bits; else None. A hit counts in `stats.hits`.
+
+    Generated once per kernel with the key's tuple display inline: every launch looks its
+    plan up here, so this is one frame (not a method, a key function and a loop)."""
+    items = []
+    for i in range(arity):
+        if i in constants:
+            items.append(f"(type(a{i}), const(a{i}))")
+        else:
+            items.append(f"a{i}._key if type(a{i}) in tensors else type(a{i})")
+    fits = "".join(
+        f"    if not -2147483648 <= a{i} < 2147483648:\n        return None\n" for i in ints
+    )
+    source = (
+        "def find(backend, args):\n"
+        "    by_key = plans.get(backend)\n"
+        "    if by_key is None:\n        return None\n"
+        f"    {_unpack(arity)} = args\n"
+        "    try:\n"
+        f"        plan = by_key.get(({''.join(e + ', ' for e in items)}))\n"
+        "    except TypeError:  # an unhashable argument: `make_plan` names it\n"
+        "        return None\n"
+        "    if plan is None or plan.generation != cache.generation:\n        return None\n"
+        "    deps = fingerprint()\n"
+        "    if plan.deps is not deps and plan.deps != deps:\n        return None\n"
+        f"{fits}"
+        "    stats.hits += 1\n"
+        "    return plan"
+    )
+    scope: dict[str, Any] = {
+        "tensors": (Partition, Tensor),
+        "const": _constant_key,
+        "plans": plans,
+        "fingerprint": fingerprint,
+        "cache": cache,
+        "stats": stats,
+    }
+    exec(compile(source, "<cutile_py launch plan lookup>", "exec"), scope)
+    find: Callable[[Backend, tuple[Any, ...]], LaunchPlan | None] = scope["find"]
+    return find
+
+
 def _constant_key(a: Any) -> Any:
     """A constant's value in a launch key (a float by its bits: -0.0 and 0.0 differ)."""
     return struct.pack("<d", a) if isinstance(a, float) else a
