@@ -371,29 +371,49 @@ def plan_finder(
     what the kernel reads is unchanged (`fingerprint()` is the plan's `deps`) and the int
     scalars at `ints` fit 32 bits; else None. A hit counts in `stats.hits`.
 
-    Generated once per kernel with the key's tuple display inline: every launch looks its
-    plan up here, so this is one frame (not a method, a key function and a loop)."""
-    items = []
-    for i in range(arity):
-        if i in constants:
-            items.append(f"(type(a{i}), const(a{i}))")
-        else:
-            items.append(f"a{i}._key if type(a{i}) in tensors else type(a{i})")
+    Generated once per kernel with the key's parts inline: every launch looks its plan up
+    here, so this is one frame (not a method, a key function and a loop), and a launch on
+    the same tensors as the kernel's last hit takes that plan without a dict lookup (its
+    validity is checked as any plan's)."""
+    keys = "".join(
+        f"    k{i} = (type(a{i}), const(a{i}))\n"
+        if i in constants
+        else f"    k{i} = a{i}._key if type(a{i}) in tensors else type(a{i})\n"
+        for i in range(arity)
+    )
+    ks = "".join(f"k{i}, " for i in range(arity))
+    # The last hit's key parts, compared by identity (a tensor's `_key` is one tuple for its
+    # life; scalar types are singletons) and constants by value: a launch on the same
+    # tensors as the last one skips building and hashing the key.
+    same = "".join(
+        f" and hit[{i + 1}] {'==' if i in constants else 'is'} k{i}" for i in range(arity)
+    )
     fits = "".join(
         f"    if not -2147483648 <= a{i} < 2147483648:\n        return None\n" for i in ints
     )
     source = (
         "def find(backend, args):\n"
-        "    by_key = plans.get(backend)\n"
-        "    if by_key is None:\n        return None\n"
         f"    {_unpack(arity)} = args\n"
-        "    try:\n"
-        f"        plan = by_key.get(({''.join(e + ', ' for e in items)}))\n"
-        "    except TypeError:  # an unhashable argument: `make_plan` names it\n"
+        f"{keys}"
+        "    hit = last[0]\n"
+        f"    if hit[0] is backend{same}:\n"
+        "        plan = hit[-1]\n"
+        "    else:\n"
+        "        by_key = plans.get(backend)\n"
+        "        if by_key is None:\n            return None\n"
+        "        try:\n"
+        f"            plan = by_key.get(({ks}))\n"
+        "        except TypeError:  # an unhashable argument: `make_plan` names it\n"
+        "            return None\n"
+        "        if plan is None:\n            return None\n"
+        f"        last[0] = (backend, {ks}plan)  # (one tuple: a thread reads all or none)\n"
+        "    if plan.generation != cache.generation:\n"
+        "        last[0] = (None,)  # (`make_plan` replaces it: the next launch looks again)\n"
         "        return None\n"
-        "    if plan is None or plan.generation != cache.generation:\n        return None\n"
         "    deps = fingerprint()\n"
-        "    if plan.deps is not deps and plan.deps != deps:\n        return None\n"
+        "    if plan.deps is not deps and plan.deps != deps:\n"
+        "        last[0] = (None,)\n"
+        "        return None\n"
         f"{fits}"
         "    stats.hits += 1\n"
         "    return plan"
@@ -405,6 +425,7 @@ def plan_finder(
         "fingerprint": fingerprint,
         "cache": cache,
         "stats": stats,
+        "last": [(None,)],
     }
     exec(compile(source, "<cutile_py launch plan lookup>", "exec"), scope)
     find: Callable[[Backend, tuple[Any, ...]], LaunchPlan | None] = scope["find"]

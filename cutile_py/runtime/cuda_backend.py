@@ -354,10 +354,13 @@ class CudaPreparedLaunch(PreparedLaunch):
         except IndexError:
             params = cu.ParamBlock(self._ptypes)
         try:
-            if params.plain:  # (`params.pack`, inline)
-                params.struct.pack_into(params.slots, 0, *values)
-            else:
+            if not params.plain:
                 params.pack(values)
+            elif values != params.packed:  # (`params.pack`, inline; else the slots hold them)
+                params.packed = None
+                params.struct.pack_into(params.slots, 0, *values)
+                if params.exact:
+                    params.packed = list(values)
         except (TypeError, ValueError, OverflowError, struct.error):
             try:
                 params.pack(values)  # raises the precise error
