@@ -62,8 +62,13 @@ class OpLike(Coroutine[Any, Any, "tuple[Any, ...]"]):
     cancellation waits for the device work (API.md rule 4).
     """
 
-    #: The run driven through the coroutine protocol (`send`/`throw`), once started.
-    _driver: Generator[Any, None, tuple[Any, ...]] | None = None
+    # (Slots: a chain link is made per `.then`, and a slot is set faster than a dict entry.
+    # A subclass without `__slots__` has a dict as usual.)
+    __slots__ = ("__weakref__", "_driver")
+
+    #: The run driven through the coroutine protocol (`send`/`throw`), once started (unset
+    #: before: see `_started`).
+    _driver: Generator[Any, None, tuple[Any, ...]]
 
     @abstractmethod
     def sync(self) -> tuple[Any, ...]:
@@ -92,22 +97,29 @@ class OpLike(Coroutine[Any, Any, "tuple[Any, ...]"]):
 
     # --- the coroutine protocol (what an asyncio task drives) -----------------------------
 
+    def _started(self) -> Generator[Any, None, tuple[Any, ...]] | None:
+        """The run the coroutine protocol drives, if it has started."""
+        return getattr(self, "_driver", None)
+
     def send(self, value: Any, /) -> Any:
-        if self._driver is None:
-            self._driver = self.__await__()
-        return self._driver.send(value)
+        driver = self._started()
+        if driver is None:
+            driver = self._driver = self.__await__()
+        return driver.send(value)
 
     def throw(self, typ: Any, val: Any = None, tb: Any = None, /) -> Any:
         exc = typ if isinstance(typ, BaseException) else typ() if val is None else val
-        if self._driver is None:
+        driver = self._started()
+        if driver is None:
             # Nothing ran and nothing will: the arguments go back to their owners now.
             self._abandon("its task was cancelled before it started")
             raise exc.with_traceback(tb) if tb is not None else exc
-        return self._driver.throw(exc)
+        return driver.throw(exc)
 
     def close(self) -> None:
-        if self._driver is not None:
-            self._driver.close()
+        driver = self._started()
+        if driver is not None:
+            driver.close()
 
     @abstractmethod
     def _abandon(self, why: str) -> None:
@@ -126,6 +138,7 @@ class OpLike(Coroutine[Any, Any, "tuple[Any, ...]"]):
             raise TypeError(f"then: expected a callable, got {type(fn).__name__}")
         # (`Chain(self, fn)` without `__init__`'s frame: `self` is an op, `fn` was checked.)
         link = chain.__new__(chain)
+        link._used = False
         link.first = self
         link.fn = fn
         return link
