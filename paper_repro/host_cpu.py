@@ -1,12 +1,12 @@
 """Host µs per op on the null device in **process CPU time**, with Python calls per op.
 
-`python -m paper_repro.host_cpu [--samples 7] [--calls]` prints one JSON object: for each mode
-of `paper_repro host` (sync, chained with `.then`, `ct.zip` of 100 ops, awaited, graph replay
-of a 100-op chain, `ct.zeros(2**28)`, the `rms_norm` host function on 4096x4096), the median
-over `--samples` samples of CPU µs per op, and with `--calls` the calls per op cProfile counts
-(builtins included). Process CPU time is what a loaded machine disturbs least; compare two
-trees by running this alternately under each (`PYTHONPATH=<tree>`) in the same minutes, as
-paper_repro/results/host-null-device.md does.
+`python -m paper_repro.host_cpu [--samples 7] [--warm 10] [--calls]` prints one JSON object:
+for each mode of `paper_repro host` (sync, chained with `.then`, `ct.zip` of 100 ops,
+awaited, graph replay of a 100-op chain, `ct.zeros(2**28)`, the `rms_norm` host function on
+4096x4096), the median over `--samples` samples of CPU µs per op, and with `--calls` the
+calls per op cProfile counts (builtins included). Process CPU time is what a loaded machine
+disturbs least; compare two trees by running this file alternately under each
+(`PYTHONPATH=<tree>`) in the same minutes, as paper_repro/results/host-null-device.md does.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from paper_repro.kernels import add_f32
 #: Ops per sample of the launch modes.
 N = 100
 #: Unmeasured runs of each mode first.
-WARM = int(__import__("os").environ.get("WARM", "3"))
 
 
 def modes() -> dict[str, tuple[Callable[[], Any], int]]:
@@ -90,11 +89,12 @@ def modes() -> dict[str, tuple[Callable[[], Any], int]]:
     return out
 
 
-def measure(samples: int, calls: bool) -> dict[str, dict[str, float]]:
-    """CPU µs per op (median of `samples`) and, with `calls`, cProfile calls per op."""
+def measure(samples: int, calls: bool, warm: int = 10) -> dict[str, dict[str, float]]:
+    """CPU µs per op (median of `samples`, after `warm` unmeasured runs) and, with `calls`,
+    cProfile calls per op."""
     result: dict[str, dict[str, float]] = {}
     for name, (body, ops) in modes().items():
-        for _ in range(WARM):
+        for _ in range(warm):
             body()  # warm: plans made, kernels loaded
         times = []
         for _ in range(samples):
@@ -115,10 +115,11 @@ def measure(samples: int, calls: bool) -> dict[str, dict[str, float]]:
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m paper_repro.host_cpu", description=__doc__)
     p.add_argument("--samples", type=int, default=7)
+    p.add_argument("--warm", type=int, default=10, help="unmeasured runs of each mode first")
     p.add_argument("--calls", action="store_true", help="also count calls per op (cProfile)")
     args = p.parse_args()
     with null_cuda():
-        print(json.dumps(measure(args.samples, args.calls)))
+        print(json.dumps(measure(args.samples, args.calls, args.warm)))
 
 
 if __name__ == "__main__":
