@@ -30,7 +30,6 @@ from paper_repro.kernels import add_f32
 
 #: Ops per sample of the launch modes.
 N = 100
-#: Unmeasured runs of each mode first.
 
 
 def modes() -> dict[str, tuple[Callable[[], Any], int]]:
