@@ -167,8 +167,9 @@ class DeviceOp(OpLike):
     _graph_holds: Sequence[tuple[Owned, bool]] = ()
     #: The kernel's launch plan (None: a raw kernel's op, which launches on its own).
     _plan: LaunchPlan | None = None
-    #: What the op holds (set as it takes its holds).
-    _held: Sequence[tuple[Owned, bool]] = ()
+    #: What the op holds (set as it takes its holds; None: what its plan's `admit` took,
+    #: listed by `_holds()`).
+    _held: Sequence[tuple[Owned, bool]] | None = ()
 
     def __init__(self, backend: Backend, kernel: Kernel, args: tuple[Any, ...], plan: LaunchPlan):
         self._setup(backend, kernel.name, args, plan.grid)
@@ -245,13 +246,22 @@ class DeviceOp(OpLike):
         if capture is not None:
             capture.record(self.name, self.args)
         # Its arguments go on to the chain's next step now, and to the graph at the end.
-        self._graph_holds = list(self._held)
+        self._graph_holds = list(self._holds())
         self._graphed = True
         self._finish()
         return self.args
 
+    def _holds(self) -> Sequence[tuple[Owned, bool]]:
+        """What the op holds now: (object, exclusively) each."""
+        held = self._held
+        return self.plan.held(self.args) if held is None else held
+
     def _release(self) -> None:
-        release_holds(self, self._held)
+        held = self._held
+        if held is None:
+            self.plan.release(self, self.args)
+        else:
+            release_holds(self, held)
         self._held = ()
 
     @property
@@ -300,8 +310,8 @@ class DeviceOp(OpLike):
         synchronous launch's path, with no completion object. Without `wait` (a `.then` step
         that a later step follows on the same stream), the launch is only queued: what uses
         the arguments next is ordered after it by the stream (`PreparedLaunch.queue`)."""
+        plan = self._plan
         try:
-            plan = self._plan
             if plan is None:
                 self._run(stream, wait)
             elif not plan.empty:
@@ -318,7 +328,12 @@ class DeviceOp(OpLike):
             raise LaunchError(f"kernel {self.name} failed to launch: {e}") from e
         finally:
             self._finished = True
-            release_holds(self, self._held)
+            held = self._held
+            if held is None:  # (`_release`, inline: every launch ends here)
+                assert plan is not None  # (only a plan's `admit` leaves None)
+                plan.release(self, self.args)
+            else:
+                release_holds(self, held)
             self._held = ()
         return self.args
 
@@ -356,7 +371,11 @@ class DeviceOp(OpLike):
             raise LaunchError(f"kernel {self.name} failed on the device: {e}") from e
         finally:
             self._finished = True
-            release_holds(self, self._held)
+            held = self._held
+            if held is None:  # (`_release`, inline: every launch ends here)
+                self.plan.release(self, self.args)
+            else:
+                release_holds(self, held)
             self._held = ()
         return self.args
 

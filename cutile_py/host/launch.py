@@ -11,7 +11,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from cutile_py.host.interpret_run import run_interpreted
-from cutile_py.host.tensor import Partition, Tensor
+from cutile_py.host.tensor import Partition, Tensor, release_spans, span_holds
 from cutile_py.lower.pipeline import LoweredKernel
 from cutile_py.runtime.backend import (
     Backend,
@@ -108,6 +108,7 @@ class LaunchPlan:
         "launch",
         "pairs",
         "read",
+        "release",
         "spec",
         "tensors",
         "touches",
@@ -161,6 +162,16 @@ class LaunchPlan:
         self.admit: Callable[[object, Sequence[Any], Backend], bool] = _admitter(
             len(args), self.tensors, atomic
         )
+        #: `release(op, args)`: let go of what `admit` took (see `_releaser`).
+        self.release: Callable[[object, Sequence[Any]], None] = _releaser(
+            len(args), self.tensors, atomic, self.held
+        )
+
+    def held(self, args: Sequence[Any]) -> list[tuple[Any, bool]]:
+        """What a launch of this plan on `args` that `admit` accepted holds, as
+        `take_holds` lists it: each tensor argument, exclusively where Mut or Atomic."""
+        atomic = self.atomic
+        return [(args[i], mut or i in atomic) for i, mut in self.tensors]
 
     def prepare(self) -> PreparedLaunch:
         """The backend's launch of this kernel over this grid, made on first use (loading the
@@ -285,8 +296,9 @@ def _admitter(
 ) -> Callable[[object, Sequence[Any], Backend], bool]:
     """`admit(op, args, backend)`: if every tensor argument is usable (not moved, held by no
     one against this use, memory nobody else views, on `backend`), no exclusive one overlaps
-    another and no shared tensor is passed twice, take `op`'s holds (its `_held`) and return
-    True; else return False having changed nothing (`device_op.launch_op` then checks one
+    another and no shared tensor is passed twice, take `op`'s holds and return True (its
+    `_held` is then None: the plan's `held(args)`, built only where asked; `release` lets go
+    of them); else return False having changed nothing (`device_op.launch_op` then checks one
     by one, for the error naming the parameter, or for the uncommon cases that are allowed).
 
     Generated once per plan, as straight-line code: a launch's checks are then a handful of
@@ -321,13 +333,41 @@ def _admitter(
         lines.append(
             f"    a{i}._exclusive = me" if exclusive[i] else f"    a{i}._shared.append(me)"
         )
-    held = ", ".join(f"(a{i}, {exclusive[i]})" for i, _ in tensors)
-    lines.append(f"    op._held = [{held}]")
+    lines.append("    op._held = None")
     lines.append("    return True")
     scope: dict[str, Any] = {"ref": weakref.ref}
     exec(compile("\n".join(lines), "<cutile_py launch plan>", "exec"), scope)
     admit: Callable[[object, Sequence[Any], Backend], bool] = scope["admit"]
     return admit
+
+
+def _releaser(
+    arity: int,
+    tensors: tuple[tuple[int, bool], ...],
+    atomic: frozenset[int],
+    held: Callable[[Sequence[Any]], list[tuple[Any, bool]]],
+) -> Callable[[object, Sequence[Any]], None]:
+    """`release(op, args)`: `release_holds(op, held(args))` for a launch `admit` accepted,
+    as straight-line code (generated once per plan, as `_admitter` is): each Mut or Atomic
+    argument's exclusive hold, each other tensor's shared one; holds on escaped memory (none,
+    the common case) through `release_spans`."""
+    lines = ["def release(op, args):", f"    {_unpack(arity)} = args"]
+    for i, mut in tensors:
+        if mut or i in atomic:
+            lines.append(f"    a{i}._exclusive = None")
+        else:
+            lines += [
+                f"    s = a{i}._shared",
+                "    if len(s) == 1 and s[0]() is op:",
+                f"        a{i}._shared = []",
+                "    else:",
+                f"        a{i}._shared = [r for r in s if r() is not op and r() is not None]",
+            ]
+    lines += ["    if spans:", "        release_spans(op, held(args))"]
+    scope: dict[str, Any] = {"spans": span_holds, "release_spans": release_spans, "held": held}
+    exec(compile("\n".join(lines), "<cutile_py launch plan>", "exec"), scope)
+    release: Callable[[object, Sequence[Any]], None] = scope["release"]
+    return release
 
 
 def _unpack(arity: int) -> str:

@@ -322,7 +322,7 @@ def _check_disjoint(ops: tuple[OpLike, ...]) -> None:
                     f"zip: arguments {seen[id(d)]} and {i} are the same {d.describe()}"
                 )
             seen[id(d)] = i
-            holds.extend((i, obj, exclusive) for obj, exclusive in d._held)
+            holds.extend((i, obj, exclusive) for obj, exclusive in d._holds())
     spans: list[_Span] = []
     for i, obj, exclusive in holds:
         t = obj._storage()
