@@ -322,7 +322,13 @@ def _check_disjoint(ops: tuple[OpLike, ...]) -> None:
                     f"zip: arguments {seen[id(d)]} and {i} are the same {d.describe()}"
                 )
             seen[id(d)] = i
-            holds.extend((i, obj, exclusive) for obj, exclusive in d._holds())
+            held = d._held
+            if held is None:  # (what its plan's `admit` took: `d._holds()`, inline)
+                plan, args = d.plan, d.args
+                atomic = plan.atomic
+                holds.extend((i, args[j], mut or j in atomic) for j, mut in plan.tensors)
+            else:
+                holds.extend((i, obj, exclusive) for obj, exclusive in held)
     spans: list[_Span] = []
     for i, obj, exclusive in holds:
         t = obj._storage()
