@@ -189,3 +189,38 @@ def test_chain_steps_on_a_queueing_backend_still_refuse_each_misuse() -> None:
         assert _plans_hit() > hits  # the steps' launches found their plans
         p, x, _ = K.add(p, x, x).then(lambda r: K.add(*r)).sync()  # all usable again
         assert p._exclusive is None and not x._shared
+
+
+class _CountingList(list[Any]):
+    """A tensor's shared-holds list that counts the entries passes over it visit."""
+
+    visited = 0
+
+    def __iter__(self) -> Any:
+        for r in super().__iter__():
+            _CountingList.visited += 1
+            yield r
+
+
+def test_a_zip_of_many_readers_of_one_tensor_lets_go_in_linear_time() -> None:
+    """Each of n ops reading `x` holds it shared; as they complete in order, each hold ends
+    where it is (the oldest entry), not by a pass over the other holders: O(n) in all."""
+    pytest.importorskip("cuda.bindings")
+    from paper_repro.experiments.host import null_cuda
+
+    n = 300
+    rng = np.random.default_rng()
+    with null_cuda():
+        x = ct.from_numpy(rng.standard_normal(N).astype(np.float32))
+        outs = [ct.zeros(N).partition(TILE) for _ in range(n)]
+        K.add(outs[0], x, x).sync()  # planned
+        x._shared = _CountingList()
+        _CountingList.visited = 0
+        ops = [K.add(z, x, x) for z in outs]
+        keep = K.add(ct.zeros(N).partition(TILE), x, x)  # holds x past the zip
+        results = ct.zip(*ops).sync()
+        assert len(results) == n and len(x._shared) == 1
+        # The holds ended in place, with no pass (one per release was ~n²/2 = 45,000 visits).
+        assert type(x._shared) is _CountingList and _CountingList.visited <= 2 * n
+        keep.sync()
+        assert not x._shared

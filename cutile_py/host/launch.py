@@ -11,7 +11,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from cutile_py.host.interpret_run import run_interpreted
-from cutile_py.host.tensor import Partition, Tensor, release_spans, span_holds
+from cutile_py.host.tensor import Partition, Tensor, drop_shared, release_spans, span_holds
 from cutile_py.lower.pipeline import LoweredKernel
 from cutile_py.runtime.backend import (
     Backend,
@@ -361,10 +361,15 @@ def _releaser(
                 "    if len(s) == 1 and s[0]() is op:",
                 f"        a{i}._shared = []",
                 "    else:",
-                f"        a{i}._shared = [r for r in s if r() is not op and r() is not None]",
+                f"        drop_shared(a{i}, op)",
             ]
     lines += ["    if spans:", "        release_spans(op, held(args))"]
-    scope: dict[str, Any] = {"spans": span_holds, "release_spans": release_spans, "held": held}
+    scope: dict[str, Any] = {
+        "spans": span_holds,
+        "release_spans": release_spans,
+        "held": held,
+        "drop_shared": drop_shared,
+    }
     exec(compile("\n".join(lines), "<cutile_py launch plan>", "exec"), scope)
     release: Callable[[object, Sequence[Any]], None] = scope["release"]
     return release
