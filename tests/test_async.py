@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -167,6 +168,31 @@ def test_cancelling_an_executing_launch_waits_for_it(rng: np.random.Generator) -
 
     asyncio.run(main())
     np.testing.assert_allclose(z.unpartition().to_numpy(), ref, rtol=1e-6)
+
+
+def test_a_pending_op_names_the_line_that_made_it(rng: np.random.Generator) -> None:
+    # The line is looked up from the bytecode offset only for the message: it must be the
+    # call's own line, also where the op is made in a chain step's function.
+    a, b = _vec(rng), _vec(rng)
+    z, x, y = ct.zeros(N).partition(TILE), ct.from_numpy(a), ct.from_numpy(b)
+    here = sys._getframe().f_lineno
+    op = K.add(z, x, y)
+    with pytest.raises(ct.BorrowError, match=rf"made at .*test_async.py:{here + 1}, not"):
+        x.to_numpy()
+    z, x, y = op.sync()
+    seen: list[str] = []
+
+    def step(r: tuple[Any, ...]) -> Any:
+        first = sys._getframe().f_lineno
+        nxt = K.add(r[0], r[1], r[2])
+        with pytest.raises(ct.BorrowError) as e:
+            r[1].to_numpy()
+        seen.append(f"{first + 1}" if f"test_async.py:{first + 1}, not" in str(e.value) else "")
+        return nxt
+
+    z, x, y = K.add(z, x, y).then(step).sync()
+    assert len(seen) == 1 and seen[0]
+    np.testing.assert_allclose(z.unpartition().to_numpy(), a + b, rtol=1e-6)
 
 
 @pytest.mark.parametrize("how", ["create_task", "ensure_future", "gather", "wait_for"])

@@ -32,7 +32,7 @@ class Spy:
         for cls, name in (
             (rb._PreparedThroughLaunch, "launch"),  # sim
             (rb._HostLaunch, "launch"),  # interpret
-            (cb.CudaPreparedLaunch, "_queue"),  # cuda: every launch, waited for or not
+            (cb.CudaPreparedLaunch, "run"),  # cuda: every launch, waited for or not
             (cb.CudaPreparedLaunch, "capture"),  # cuda: a launch a graph records
         ):
             monkeypatch.setattr(cls, name, self._counting(getattr(cls, name), name))
@@ -143,7 +143,7 @@ def test_on_cuda_every_launcher_goes_through_the_prepared_launch(
     asyncio.run(_awaited(K.add(_out(), x, y)))
     K.add(_out(), x, y).then(lambda r: K.add(r[0], r[1], r[2])).sync()
     ct.zip(K.add(_out(), x, y), K.add(_out(), y, x)).sync()
-    assert spy.calls == ["_queue"] * 6
+    assert spy.calls == ["run"] * 6
     g = ct.graph(K.add(_out(), x, y).then(lambda r: K.add(r[0], r[1], r[2])))
     assert spy.calls[6:] == ["capture"] * 2  # the capture records both through their plans
     g.replay()
@@ -152,7 +152,7 @@ def test_on_cuda_every_launcher_goes_through_the_prepared_launch(
     w = ct.empty((N,), ct.f32)
     vadd(x, y, w, N, grid=N // TILE, block=TILE).sync()
     ct.graph(vadd(x, y, w, N, grid=N // TILE, block=TILE)).release()
-    assert spy.calls[8:] == ["_queue", "capture"]
+    assert spy.calls[8:] == ["run", "capture"]
 
 
 def _calls_per_launch(body: Callable[[], None], launches: int) -> float:
@@ -237,7 +237,7 @@ def test_every_launcher_on_cuda_over_a_stand_in_driver(monkeypatch: pytest.Monke
     ).sync()
     np.testing.assert_array_equal(z.to_numpy(), 2 * a)
     np.testing.assert_array_equal(w.to_numpy(), 2 * b)
-    assert spy.calls == ["_queue"] * 6
+    assert spy.calls == ["run"] * 6
     g = ct.graph(vadd(y, y, z, N, grid=grid, block=TILE))
     g.update(y, 3 * b)
     g.replay()

@@ -10,10 +10,10 @@ import asyncio
 import sys
 from abc import abstractmethod
 from collections.abc import Callable, Coroutine, Generator, Sequence
-from functools import partial
 from types import CodeType
 from typing import TYPE_CHECKING, Any
 
+from cutile_py.frontend.errors import CompileError
 from cutile_py.host.errors import AliasError, BorrowError, LaunchError, MovedError
 from cutile_py.host.launch import LaunchPlan
 from cutile_py.host.streams import (
@@ -34,6 +34,7 @@ from cutile_py.host.tensor import (
     release_holds,
     take_holds,
 )
+from cutile_py.runtime import select as _select
 from cutile_py.runtime.backend import (
     HOST_EXECUTION,
     Backend,
@@ -42,6 +43,7 @@ from cutile_py.runtime.backend import (
     Finished,
     LaunchFailure,
     RuntimeFailure,
+    Touch,
 )
 from cutile_py.runtime.select import active_backend
 
@@ -60,8 +62,13 @@ class OpLike(Coroutine[Any, Any, "tuple[Any, ...]"]):
     cancellation waits for the device work (API.md rule 4).
     """
 
-    #: The run driven through the coroutine protocol (`send`/`throw`), once started.
-    _driver: Generator[Any, None, tuple[Any, ...]] | None = None
+    # (Slots: a chain link is made per `.then`, and a slot is set faster than a dict entry.
+    # A subclass without `__slots__` has a dict as usual.)
+    __slots__ = ("__weakref__", "_driver")
+
+    #: The run driven through the coroutine protocol (`send`/`throw`), once started (unset
+    #: before: see `_started`).
+    _driver: Generator[Any, None, tuple[Any, ...]]
 
     @abstractmethod
     def sync(self) -> tuple[Any, ...]:
@@ -90,22 +97,29 @@ class OpLike(Coroutine[Any, Any, "tuple[Any, ...]"]):
 
     # --- the coroutine protocol (what an asyncio task drives) -----------------------------
 
+    def _started(self) -> Generator[Any, None, tuple[Any, ...]] | None:
+        """The run the coroutine protocol drives, if it has started."""
+        return getattr(self, "_driver", None)
+
     def send(self, value: Any, /) -> Any:
-        if self._driver is None:
-            self._driver = self.__await__()
-        return self._driver.send(value)
+        driver = self._started()
+        if driver is None:
+            driver = self._driver = self.__await__()
+        return driver.send(value)
 
     def throw(self, typ: Any, val: Any = None, tb: Any = None, /) -> Any:
         exc = typ if isinstance(typ, BaseException) else typ() if val is None else val
-        if self._driver is None:
+        driver = self._started()
+        if driver is None:
             # Nothing ran and nothing will: the arguments go back to their owners now.
             self._abandon("its task was cancelled before it started")
             raise exc.with_traceback(tb) if tb is not None else exc
-        return self._driver.throw(exc)
+        return driver.throw(exc)
 
     def close(self) -> None:
-        if self._driver is not None:
-            self._driver.close()
+        driver = self._started()
+        if driver is not None:
+            driver.close()
 
     @abstractmethod
     def _abandon(self, why: str) -> None:
@@ -115,11 +129,19 @@ class OpLike(Coroutine[Any, Any, "tuple[Any, ...]"]):
     def then(self, fn: Callable[[tuple[Any, ...]], OpLike]) -> Chain:
         """An op that runs this one, passes its result to `fn` and runs the op `fn` returns."""
         global _chain
-        if _chain is None:  # (pipeline imports this module; kept once found: a chain's step)
+        chain = _chain
+        if chain is None:  # (pipeline imports this module; kept once found: a chain's step)
             from cutile_py.host.pipeline import Chain
 
-            _chain = Chain
-        return _chain(self, fn)
+            chain = _chain = Chain
+        if not callable(fn):
+            raise TypeError(f"then: expected a callable, got {type(fn).__name__}")
+        # (`Chain(self, fn)` without `__init__`'s frame: `self` is an op, `fn` was checked.)
+        link = chain.__new__(chain)
+        link._used = False
+        link.first = self
+        link.fn = fn
+        return link
 
 
 #: `cutile_py.host.pipeline.Chain`, once `then` has imported it.
@@ -145,8 +167,9 @@ class DeviceOp(OpLike):
     _graph_holds: Sequence[tuple[Owned, bool]] = ()
     #: The kernel's launch plan (None: a raw kernel's op, which launches on its own).
     _plan: LaunchPlan | None = None
-    #: What the op holds (set as it takes its holds).
-    _held: Sequence[tuple[Owned, bool]] = ()
+    #: What the op holds (set as it takes its holds; None: what its plan's `admit` took,
+    #: listed by `_holds()`).
+    _held: Sequence[tuple[Owned, bool]] | None = ()
 
     def __init__(self, backend: Backend, kernel: Kernel, args: tuple[Any, ...], plan: LaunchPlan):
         self._setup(backend, kernel.name, args, plan.grid)
@@ -162,7 +185,7 @@ class DeviceOp(OpLike):
         self.args = args
         self.grid = grid
         self._held = []
-        self._made_where = _user_frame()
+        self._made_where: tuple[CodeType, int] = _user_frame()
 
     @property
     def plan(self) -> LaunchPlan:
@@ -183,7 +206,8 @@ class DeviceOp(OpLike):
     @property
     def _made_at(self) -> str:
         """Where the user made the op (`file:line`, for messages)."""
-        return f"{self._made_where[0]}:{self._made_where[1]}"
+        code, offset = self._made_where
+        return f"{code.co_filename}:{_line_at(code, offset)}"
 
     def describe(self) -> str:
         return f"launch of kernel {self.name}"
@@ -222,62 +246,23 @@ class DeviceOp(OpLike):
         if capture is not None:
             capture.record(self.name, self.args)
         # Its arguments go on to the chain's next step now, and to the graph at the end.
-        self._graph_holds = list(self._held)
+        self._graph_holds = list(self._holds())
         self._graphed = True
         self._finish()
         return self.args
 
-    @classmethod
-    def for_kernel(cls, kernel: Kernel, args: tuple[Any, ...]) -> DeviceOp:
-        """Check `args` against `kernel`, compile on first use, and take ownership.
-
-        With a plan made for arguments like these (the common case), the checks are the
-        plan's: moves, holds and the backend of each tensor argument, then the overlap of
-        each pair of them where one is Mut or Atomic; `plan.admit` runs them and takes the
-        holds in straight-line code, and what it declines is checked one argument at a time
-        (`_check_planned`), for the error naming the parameter or the allowed rare case."""
-        backend = active_backend()
-        plan = kernel.plan(backend, args)
-        if plan is None:
-            names = kernel.param_names
-            kernel.specialize(args)  # TypeError / ValueError naming the parameter, first
-            _check_ownership(kernel.name, names, args, backend, kernel.atomic_params)
-            plan = kernel.make_plan(backend, args, _grid(kernel.name, names, args))
-            checked = True
-        else:
-            checked = False
-        op = cls.__new__(cls)
-        op.backend = backend
-        op.name = kernel.name
-        op.args = args
-        op.grid = plan.grid
-        op.kernel = kernel
-        op._plan = plan
-        frame = sys._getframe(1)  # (`_user_frame`, inline, with each code object's answer kept)
-        code = frame.f_code
-        while code not in _USER_CODE and frame.f_back is not None:
-            if code not in _PACKAGE_CODE:
-                if not code.co_filename.startswith(PACKAGE_DIR):
-                    _USER_CODE.add(code)
-                    break
-                _PACKAGE_CODE.add(code)
-            frame = frame.f_back
-            code = frame.f_code
-        op._made_where = (code.co_filename, frame.f_lineno)
-        # The common case in straight-line code; anything unusual, one argument at a time.
-        if checked or not plan.admit(op, args, backend):
-            if not checked:
-                try:
-                    _check_planned(kernel, plan, args, backend)
-                except BaseException:
-                    op._finished = True  # held nothing: nothing for its finalizer to do
-                    raise
-            op._held = take_holds(op, _wanted(plan, args))
-        return op
+    def _holds(self) -> Sequence[tuple[Owned, bool]]:
+        """What the op holds now: (object, exclusively) each."""
+        held = self._held
+        return self.plan.held(self.args) if held is None else held
 
     def _release(self) -> None:
-        release_holds(self, self._held)
-        self._held = []
+        held = self._held
+        if held is None:
+            self.plan.release(self, self.args)
+        else:
+            release_holds(self, held)
+        self._held = ()
 
     @property
     def empty(self) -> bool:
@@ -325,29 +310,38 @@ class DeviceOp(OpLike):
         synchronous launch's path, with no completion object. Without `wait` (a `.then` step
         that a later step follows on the same stream), the launch is only queued: what uses
         the arguments next is ordered after it by the stream (`PreparedLaunch.queue`)."""
+        plan = self._plan
         try:
-            plan = self._plan
             if plan is None:
                 self._run(stream, wait)
             elif not plan.empty:
-                # (`plan.run`, inline: the memory touched is read only where needed.)
+                # (The memory touched is read only where the backend needs it.)
                 launch = plan.launch or plan.prepare()
-                read, touches = plan.read, plan.touches
-                args = self.args
-                go = launch.launch_and_wait if wait else launch.queue
-                if read is None or touches is None:
-                    go(args, stream, None)
+                read = plan.read
+                if read is None:
+                    launch.run(self.args, stream, None, wait)
                 else:
-                    go(read(args), stream, partial(touches, args))
+                    launch.run(read(self.args), stream, self._touched, wait)
         except LaunchFailure as e:
             raise LaunchError(f"kernel {self.name} failed on the device: {e}") from e
         except RuntimeFailure as e:
             raise LaunchError(f"kernel {self.name} failed to launch: {e}") from e
         finally:
             self._finished = True
-            release_holds(self, self._held)
-            self._held = []
+            held = self._held
+            if held is None:  # (`_release`, inline: every launch ends here)
+                assert plan is not None  # (only a plan's `admit` leaves None)
+                plan.release(self, self.args)
+            else:
+                release_holds(self, held)
+            self._held = ()
         return self.args
+
+    def _touched(self) -> list[Touch]:
+        """The memory the launch touches (read from its arguments when a backend asks)."""
+        touches = self.plan.touches
+        assert touches is not None, "a plan reads its touches with its parameters"
+        return touches(self.args)
 
     def _finish(self) -> None:
         self._finished = True
@@ -377,8 +371,12 @@ class DeviceOp(OpLike):
             raise LaunchError(f"kernel {self.name} failed on the device: {e}") from e
         finally:
             self._finished = True
-            release_holds(self, self._held)
-            self._held = []
+            held = self._held
+            if held is None:  # (`_release`, inline: every launch ends here)
+                self.plan.release(self, self.args)
+            else:
+                release_holds(self, held)
+            self._held = ()
         return self.args
 
     def sync(self) -> tuple[Any, ...]:
@@ -496,6 +494,62 @@ class DeviceOp(OpLike):
         return f"<{type(self).__name__} {self.name} grid={self.grid} {state}>"
 
 
+def launch_op(kernel: Kernel, *args: Any, **kwargs: Any) -> DeviceOp:
+    """`Kernel.__call__` (every launch's first call, so one frame, not two): check `args`
+    against `kernel`, compile on first use, and take ownership.
+
+    With a plan made for arguments like these (the common case), the checks are the
+    plan's: moves, holds and the backend of each tensor argument, then the overlap of each
+    pair of them where one is Mut or Atomic; `plan.admit` runs them and takes the holds in
+    straight-line code, and what it declines is checked one argument at a time
+    (`_check_planned`), for the error naming the parameter or the allowed rare case."""
+    try:
+        if kwargs or len(args) != kernel._arity:
+            args = kernel.bind_arguments(args, kwargs)
+        backend = _select._instances.get(_select._active)  # type: ignore[arg-type]
+        if backend is None:  # (`active_backend`, inline: the common case is one lookup)
+            backend = active_backend()
+        plan = kernel._find_plan(backend, args)  # (`kernel.plan`, one frame less)
+        if plan is None:
+            names = kernel.param_names
+            kernel.specialize(args)  # TypeError / ValueError naming the parameter, first
+            _check_ownership(kernel.name, names, args, backend, kernel.atomic_params)
+            plan = kernel.make_plan(backend, args, _grid(kernel.name, names, args))
+            checked = True
+        else:
+            checked = False
+    except CompileError as err:
+        raise err.with_traceback(None) from None  # the kernel's source line is shown below
+    op = DeviceOp.__new__(DeviceOp)
+    op.backend = backend
+    op.name = kernel.name
+    op.args = args
+    op.grid = plan.grid
+    op.kernel = kernel
+    op._plan = plan
+    frame = sys._getframe(1)  # (`_user_frame`, inline, with each code object's answer kept)
+    code = frame.f_code
+    while code not in _USER_CODE and frame.f_back is not None:
+        if code not in _PACKAGE_CODE:
+            if not code.co_filename.startswith(PACKAGE_DIR):
+                _USER_CODE.add(code)
+                break
+            _PACKAGE_CODE.add(code)
+        frame = frame.f_back
+        code = frame.f_code
+    op._made_where = (code, frame.f_lasti)  # (the line is looked up for a message only)
+    # The common case in straight-line code; anything unusual, one argument at a time.
+    if checked or not plan.admit(op, args, backend):
+        if not checked:
+            try:
+                _check_planned(kernel, plan, args, backend)
+            except BaseException:
+                op._finished = True  # held nothing: nothing for its finalizer to do
+                raise
+        op._held = take_holds(op, _wanted(plan, args))
+    return op
+
+
 def _check_planned(
     kernel: Kernel, plan: LaunchPlan, args: tuple[Any, ...], backend: Backend
 ) -> None:
@@ -588,19 +642,28 @@ def _alias_error(kernel: str, n1: str, n2: str, same: bool) -> None:
     )
 
 
-#: Code objects of cutile_py's own frames and of others, as `for_kernel` finds them (bounded
+#: Code objects of cutile_py's own frames and of others, as `launch_op` finds them (bounded
 #: by the program's code; a membership test is not a call, a `startswith` is).
 _PACKAGE_CODE: set[CodeType] = set()
 _USER_CODE: set[CodeType] = set()
 
 
-def _user_frame() -> tuple[str, int]:
-    """(file, line) of the innermost caller outside cutile_py (where the user made an op);
-    formatted only for a message."""
+def _user_frame() -> tuple[CodeType, int]:
+    """(code, bytecode offset) of the innermost caller outside cutile_py (where the user made
+    an op); its line is found (`_line_at`) only for a message."""
     frame = sys._getframe(2)
     while frame.f_back is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
         frame = frame.f_back
-    return frame.f_code.co_filename, frame.f_lineno
+    return frame.f_code, frame.f_lasti
+
+
+def _line_at(code: CodeType, offset: int) -> int:
+    """The source line of the instruction at bytecode `offset` in `code` (what a frame's
+    `f_lineno` gives, which costs a line-table walk on every launch if asked there)."""
+    for start, end, line in code.co_lines():
+        if start <= offset < end and line is not None:
+            return line
+    return code.co_firstlineno
 
 
 def _check_use(kernel: str, name: str, a: Tensor[Any] | Partition, exclusive: bool) -> None:

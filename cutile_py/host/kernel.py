@@ -21,9 +21,15 @@ from cutile_py.frontend.capture import CapturedFunction, capture
 from cutile_py.frontend.errors import CompileError, SourceLocation
 from cutile_py.frontend.signature import ParamSpec, Specialization, TensorArg, bind, parse_signature
 from cutile_py.host import dump, jit_disk
-from cutile_py.host.device_op import DeviceOp
+from cutile_py.host.device_op import launch_op
 from cutile_py.host.errors import PerformanceWarning
-from cutile_py.host.launch import LaunchPlan, ParamReader, launch_keyer, prepare_lowered
+from cutile_py.host.launch import (
+    LaunchPlan,
+    ParamReader,
+    launch_keyer,
+    plan_finder,
+    prepare_lowered,
+)
 from cutile_py.host.report import KernelReport, build_report
 from cutile_py.host.specs import PartitionSpec, TensorSpec
 from cutile_py.host.tensor import Partition, Tensor
@@ -288,6 +294,8 @@ class Kernel:
         self._atomic: frozenset[int] | None = None
         #: Launch plans by backend and key of the arguments (`launch_keyer`): see `plan`.
         self._plans: dict[Backend, dict[tuple[Any, ...], LaunchPlan]] = {}
+        #: `plan`'s lookup, generated with the kernel's first plan (`plan_finder`).
+        self._find_plan: Callable[[Backend, tuple[Any, ...]], LaunchPlan | None] = _no_plan
         self.__doc__ = fn.__doc__
         self.__name__ = self.name
         self.__qualname__ = getattr(fn, "__qualname__", self.name)
@@ -497,25 +505,9 @@ class Kernel:
     def plan(self, backend: Backend, args: tuple[Any, ...]) -> LaunchPlan | None:
         """The launch plan made earlier for arguments like `args` on `backend` (same dtypes,
         shapes, tiles, alignment, scalar types and constant values), if what the kernel reads
-        is unchanged and its int scalars still fit; else None (then `make_plan`)."""
-        plans = self._plans.get(backend)
-        if plans is None:
-            return None
-        _, ints, key = self.__dict__["_param_kinds"]  # set by the `make_plan` of `plans`
-        try:
-            plan = plans.get(key(args))
-        except TypeError:  # an unhashable argument: `make_plan` says what is wrong with it
-            return None
-        if plan is None or plan.generation != _MemoryCache.generation:
-            return None
-        deps = self.captured.fingerprint()
-        if plan.deps is not deps and plan.deps != deps:
-            return None
-        for i in ints:
-            if not -(2**31) <= args[i] < 2**31:
-                return None  # `make_plan` raises the error naming the parameter
-        STATS.hits += 1  # an in-memory hit, found without rebuilding the cache key
-        return plan
+        is unchanged and its int scalars still fit; else None (then `make_plan`). A launch
+        calls `_find_plan` itself (`plan_finder`, generated at the kernel's first plan)."""
+        return self._find_plan(backend, args)
 
     def make_plan(
         self, backend: Backend, args: tuple[Any, ...], grid: tuple[int, ...]
@@ -549,19 +541,22 @@ class Kernel:
             )
             key = launch_keyer(len(self.params), consts)
             info = self.__dict__["_param_kinds"] = (consts, ints, key)
+            self._find_plan = plan_finder(
+                len(self.params), consts, ints, self._plans, self.captured.fingerprint,
+                _MemoryCache, STATS,
+            )  # fmt: skip
         return info
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # As `user_boundary` does, spelled out: this is every launch's first call.
-        try:
-            if kwargs or len(args) != self._arity:
-                args = self.bind_arguments(args, kwargs)
-            return DeviceOp.for_kernel(self, args)
-        except CompileError as err:
-            raise err.with_traceback(None) from None  # the kernel's source line is shown below
+    #: Launch on these arguments: a `DeviceOp` (`cutile_py.host.device_op.launch_op`).
+    __call__ = launch_op
 
     def __repr__(self) -> str:
         return f"<cutile_py kernel {self.__qualname__}>"
+
+
+def _no_plan(backend: Backend, args: tuple[Any, ...]) -> None:
+    """`Kernel._find_plan` before the kernel has any plan."""
+    return None
 
 
 #: Plans one kernel keeps (one per distinct argument signature and backend).

@@ -11,7 +11,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from cutile_py.host.interpret_run import run_interpreted
-from cutile_py.host.tensor import Partition, Tensor
+from cutile_py.host.tensor import Partition, Tensor, drop_shared, release_spans, span_holds
 from cutile_py.lower.pipeline import LoweredKernel
 from cutile_py.runtime.backend import (
     Backend,
@@ -108,6 +108,7 @@ class LaunchPlan:
         "launch",
         "pairs",
         "read",
+        "release",
         "spec",
         "tensors",
         "touches",
@@ -161,6 +162,16 @@ class LaunchPlan:
         self.admit: Callable[[object, Sequence[Any], Backend], bool] = _admitter(
             len(args), self.tensors, atomic
         )
+        #: `release(op, args)`: let go of what `admit` took (see `_releaser`).
+        self.release: Callable[[object, Sequence[Any]], None] = _releaser(
+            len(args), self.tensors, atomic, self.held
+        )
+
+    def held(self, args: Sequence[Any]) -> list[tuple[Any, bool]]:
+        """What a launch of this plan on `args` that `admit` accepted holds, as
+        `take_holds` lists it: each tensor argument, exclusively where Mut or Atomic."""
+        atomic = self.atomic
+        return [(args[i], mut or i in atomic) for i, mut in self.tensors]
 
     def prepare(self) -> PreparedLaunch:
         """The backend's launch of this kernel over this grid, made on first use (loading the
@@ -285,8 +296,9 @@ def _admitter(
 ) -> Callable[[object, Sequence[Any], Backend], bool]:
     """`admit(op, args, backend)`: if every tensor argument is usable (not moved, held by no
     one against this use, memory nobody else views, on `backend`), no exclusive one overlaps
-    another and no shared tensor is passed twice, take `op`'s holds (its `_held`) and return
-    True; else return False having changed nothing (`DeviceOp.for_kernel` then checks one
+    another and no shared tensor is passed twice, take `op`'s holds and return True (its
+    `_held` is then None: the plan's `held(args)`, built only where asked; `release` lets go
+    of them); else return False having changed nothing (`device_op.launch_op` then checks one
     by one, for the error naming the parameter, or for the uncommon cases that are allowed).
 
     Generated once per plan, as straight-line code: a launch's checks are then a handful of
@@ -321,13 +333,46 @@ def _admitter(
         lines.append(
             f"    a{i}._exclusive = me" if exclusive[i] else f"    a{i}._shared.append(me)"
         )
-    held = ", ".join(f"(a{i}, {exclusive[i]})" for i, _ in tensors)
-    lines.append(f"    op._held = [{held}]")
+    lines.append("    op._held = None")
     lines.append("    return True")
     scope: dict[str, Any] = {"ref": weakref.ref}
     exec(compile("\n".join(lines), "<cutile_py launch plan>", "exec"), scope)
     admit: Callable[[object, Sequence[Any], Backend], bool] = scope["admit"]
     return admit
+
+
+def _releaser(
+    arity: int,
+    tensors: tuple[tuple[int, bool], ...],
+    atomic: frozenset[int],
+    held: Callable[[Sequence[Any]], list[tuple[Any, bool]]],
+) -> Callable[[object, Sequence[Any]], None]:
+    """`release(op, args)`: `release_holds(op, held(args))` for a launch `admit` accepted,
+    as straight-line code (generated once per plan, as `_admitter` is): each Mut or Atomic
+    argument's exclusive hold, each other tensor's shared one; holds on escaped memory (none,
+    the common case) through `release_spans`."""
+    lines = ["def release(op, args):", f"    {_unpack(arity)} = args"]
+    for i, mut in tensors:
+        if mut or i in atomic:
+            lines.append(f"    a{i}._exclusive = None")
+        else:
+            lines += [
+                f"    s = a{i}._shared",
+                "    if len(s) == 1 and s[0]() is op:",
+                f"        a{i}._shared = []",
+                "    else:",
+                f"        drop_shared(a{i}, op)",
+            ]
+    lines += ["    if spans:", "        release_spans(op, held(args))"]
+    scope: dict[str, Any] = {
+        "spans": span_holds,
+        "release_spans": release_spans,
+        "held": held,
+        "drop_shared": drop_shared,
+    }
+    exec(compile("\n".join(lines), "<cutile_py launch plan>", "exec"), scope)
+    release: Callable[[object, Sequence[Any]], None] = scope["release"]
+    return release
 
 
 def _unpack(arity: int) -> str:
@@ -355,6 +400,81 @@ def launch_keyer(
     exec(compile(source, "<cutile_py launch key>", "exec"), scope)
     key: Callable[[tuple[Any, ...]], tuple[Any, ...]] = scope["key"]
     return key
+
+
+def plan_finder(
+    arity: int,
+    constants: frozenset[int],
+    ints: tuple[int, ...],
+    plans: dict[Backend, dict[tuple[Any, ...], LaunchPlan]],
+    fingerprint: Callable[[], Hashable],
+    cache: Any,
+    stats: Any,
+) -> Callable[[Backend, tuple[Any, ...]], LaunchPlan | None]:
+    """`find(backend, args)`: the plan in `plans` for arguments like `args` (keyed as by
+    `launch_keyer`), if it is of the JIT cache's current generation (`cache.generation`),
+    what the kernel reads is unchanged (`fingerprint()` is the plan's `deps`) and the int
+    scalars at `ints` fit 32 bits; else None. A hit counts in `stats.hits`.
+
+    Generated once per kernel with the key's parts inline: every launch looks its plan up
+    here, so this is one frame (not a method, a key function and a loop), and a launch on
+    the same tensors as the kernel's last hit takes that plan without a dict lookup (its
+    validity is checked as any plan's)."""
+    keys = "".join(
+        f"    k{i} = (type(a{i}), const(a{i}))\n"
+        if i in constants
+        else f"    k{i} = a{i}._key if type(a{i}) in tensors else type(a{i})\n"
+        for i in range(arity)
+    )
+    ks = "".join(f"k{i}, " for i in range(arity))
+    # The last hit's key parts, compared by identity (a tensor's `_key` is one tuple for its
+    # life; scalar types are singletons) and constants by value: a launch on the same
+    # tensors as the last one skips building and hashing the key.
+    same = "".join(
+        f" and hit[{i + 1}] {'==' if i in constants else 'is'} k{i}" for i in range(arity)
+    )
+    fits = "".join(
+        f"    if not -2147483648 <= a{i} < 2147483648:\n        return None\n" for i in ints
+    )
+    source = (
+        "def find(backend, args):\n"
+        f"    {_unpack(arity)} = args\n"
+        f"{keys}"
+        "    hit = last[0]\n"
+        f"    if hit[0] is backend{same}:\n"
+        "        plan = hit[-1]\n"
+        "    else:\n"
+        "        by_key = plans.get(backend)\n"
+        "        if by_key is None:\n            return None\n"
+        "        try:\n"
+        f"            plan = by_key.get(({ks}))\n"
+        "        except TypeError:  # an unhashable argument: `make_plan` names it\n"
+        "            return None\n"
+        "        if plan is None:\n            return None\n"
+        f"        last[0] = (backend, {ks}plan)  # (one tuple: a thread reads all or none)\n"
+        "    if plan.generation != cache.generation:\n"
+        "        last[0] = (None,)  # (`make_plan` replaces it: the next launch looks again)\n"
+        "        return None\n"
+        "    deps = fingerprint()\n"
+        "    if plan.deps is not deps and plan.deps != deps:\n"
+        "        last[0] = (None,)\n"
+        "        return None\n"
+        f"{fits}"
+        "    stats.hits += 1\n"
+        "    return plan"
+    )
+    scope: dict[str, Any] = {
+        "tensors": (Partition, Tensor),
+        "const": _constant_key,
+        "plans": plans,
+        "fingerprint": fingerprint,
+        "cache": cache,
+        "stats": stats,
+        "last": [(None,)],
+    }
+    exec(compile(source, "<cutile_py launch plan lookup>", "exec"), scope)
+    find: Callable[[Backend, tuple[Any, ...]], LaunchPlan | None] = scope["find"]
+    return find
 
 
 def _constant_key(a: Any) -> Any:

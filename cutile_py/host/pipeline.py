@@ -25,7 +25,10 @@ from cutile_py.runtime.backend import Backend, RuntimeFailure
 class _Once(OpLike):
     """An op-like that may be run (synced or awaited) only once."""
 
-    _used = False
+    __slots__ = ("_used",)
+
+    #: Whether it has run (or started to); set False by each constructor.
+    _used: bool
 
     def _use(self) -> None:
         if self._used:
@@ -53,11 +56,14 @@ class Chain(_Once):
     function that returns a new chain at every step, runs in constant Python stack depth.
     """
 
+    __slots__ = ("first", "fn")
+
     def __init__(self, first: OpLike, fn: Callable[[tuple[Any, ...]], OpLike]) -> None:
         if type(first) not in _OPS and not isinstance(first, OpLike):
             raise TypeError(f"then: expected an op to chain from, got {type(first).__name__}")
         if not callable(fn):
             raise TypeError(f"then: expected a callable, got {type(fn).__name__}")
+        self._used = False
         self.first = first
         self.fn = fn
 
@@ -184,7 +190,10 @@ class Chain(_Once):
 class Zip(_Once):
     """`ct.zip(op1, op2, ...)`: the ops run together; the result is the tuple of their results."""
 
+    __slots__ = ("ops",)
+
     def __init__(self, ops: tuple[OpLike, ...]) -> None:
+        self._used = False
         for i, op in enumerate(ops):
             if type(op) not in _OPS and not isinstance(op, OpLike):
                 raise TypeError(f"zip: argument {i} is a {type(op).__name__}, not an op")
@@ -313,7 +322,13 @@ def _check_disjoint(ops: tuple[OpLike, ...]) -> None:
                     f"zip: arguments {seen[id(d)]} and {i} are the same {d.describe()}"
                 )
             seen[id(d)] = i
-            holds.extend((i, obj, exclusive) for obj, exclusive in d._held)
+            held = d._held
+            if held is None:  # (what its plan's `admit` took: `d._holds()`, inline)
+                plan, args = d.plan, d.args
+                atomic = plan.atomic
+                holds.extend((i, args[j], mut or j in atomic) for j, mut in plan.tensors)
+            else:
+                holds.extend((i, obj, exclusive) for obj, exclusive in held)
     spans: list[_Span] = []
     for i, obj, exclusive in holds:
         t = obj._storage()

@@ -167,8 +167,8 @@ class RawKernelOp(DeviceOp):
 
     def _acquire(self) -> None:
         for a in self.args:
-            if isinstance(a, Tensor) and not any(h is a for h, _ in self._held):
-                self._held = [*self._held, take_hold(self, a, exclusive=True)]
+            if isinstance(a, Tensor) and not any(h is a for h, _ in self._holds()):
+                self._held = [*self._holds(), take_hold(self, a, exclusive=True)]
 
     def _launch_now(self) -> tuple[PreparedLaunch, list[int | float | bytes], list[Touch]]:
         """The prepared launch, the parameter values and the memory it touches (hand-written

@@ -135,6 +135,20 @@ class PreparedLaunch(ABC):
         `LaunchFailure`); on a device a fault surfaces at a later launch or wait there."""
         self.launch_and_wait(values, stream, touches)
 
+    def run(
+        self,
+        values: Sequence[Any],
+        stream: object | None = None,
+        touches: LazyTouches = None,
+        wait: bool = True,
+    ) -> None:
+        """`launch_and_wait` (with `wait`) or `queue`: the call of a synchronous launch and of
+        a `.then` step (a backend may make it its one body of both, for a frame less)."""
+        if wait:
+            self.launch_and_wait(values, stream, touches)
+        else:
+            self.queue(values, stream, touches)
+
     def start(
         self,
         values: Sequence[Any],

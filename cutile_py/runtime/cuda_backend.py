@@ -325,17 +325,23 @@ class CudaPreparedLaunch(PreparedLaunch):
     def name(self) -> str:
         return self._kernel.name
 
-    def _queue(
+    def run(
         self,
-        dev: _Device,
         values: Sequence[int | float | bytes],
-        stream: object | None,
-        touches: LazyTouches,
-        synchronize: bool = False,
-    ) -> cu.Stream:
+        stream: object | None = None,
+        touches: LazyTouches = None,
+        wait: bool = True,
+        unrecorded: bool = True,
+    ) -> None:
         """Pack `values`, order the launch after the work it depends on, and queue it on
-        `stream` (None: the backend's); with `synchronize`, wait for that stream too (a fault
-        then raises `LaunchFailure`). The stream it went to."""
+        `stream` (None: the backend's); with `wait`, wait for that stream too (a fault then
+        raises `LaunchFailure`). Without it, and with `unrecorded`, note that `stream` has
+        work no event marks (`queue`; `launch` records an event instead). The one body of
+        every launch (a frame per launch saved: `launch_and_wait` and `queue` are this)."""
+        backend = self._backend
+        dev = backend._device  # (`activate`, inline)
+        if dev is None or backend._thread.ctx is not dev.ctx:
+            dev = backend.activate()
         on = dev.stream
         if stream is not None and stream is not on:
             if not isinstance(stream, cu.Stream):
@@ -348,10 +354,13 @@ class CudaPreparedLaunch(PreparedLaunch):
         except IndexError:
             params = cu.ParamBlock(self._ptypes)
         try:
-            if params.plain:  # (`params.pack`, inline)
-                params.struct.pack_into(params.slots, 0, *values)
-            else:
+            if not params.plain:
                 params.pack(values)
+            elif values != params.packed:  # (`params.pack`, inline; else the slots hold them)
+                params.packed = None
+                params.struct.pack_into(params.slots, 0, *values)
+                if params.exact:
+                    params.packed = list(values)
         except (TypeError, ValueError, OverflowError, struct.error):
             try:
                 params.pack(values)  # raises the precise error
@@ -359,7 +368,6 @@ class CudaPreparedLaunch(PreparedLaunch):
                 raise type(e)(f"kernel {self._kernel.name!r}: {e}") from e
             raise
         kernel = self._kernel
-        backend = self._backend
         try:
             if self._shared_mem > kernel.max_dynamic_shared:
                 cu.set_max_dynamic_shared(kernel.function, self._shared_mem)
@@ -367,19 +375,18 @@ class CudaPreparedLaunch(PreparedLaunch):
             ordering = backend._ordering
             # (Its state read directly: this is every launch's path. Allocations leave the
             # backend stream unrecorded, which matters only to launches on other streams.)
-            unrecorded = ordering._unrecorded
+            waits = ordering._unrecorded
             if (
                 ordering._pending
-                or (unrecorded and on not in ordering.clean)
+                or (waits and on not in ordering.clean)
                 or (touches is None and on is not dev.stream)
             ):
                 backend._order(dev, on, touches() if callable(touches) else touches)
             timer = backend._thread.timer
             if timer is None:
                 cu.launch_kernel_packed(
-                    kernel.function, self._grid, self._block, self._shared_mem, on, params,
-                    synchronize,
-                )  # fmt: skip
+                    kernel.function, self._grid, self._block, self._shared_mem, on, params, wait
+                )
                 self._spares.append(params)
             else:
                 timer.begin(on)
@@ -387,18 +394,25 @@ class CudaPreparedLaunch(PreparedLaunch):
                     kernel.function, self._grid, self._block, self._shared_mem, on, params
                 )
                 timer.end(on)
-                if synchronize:
+                if wait:
                     cu.stream_synchronize(on)
         except cu.CudaDriverError as e:
-            if synchronize and e.call == "cuStreamSynchronize":
+            if wait and e.call == "cuStreamSynchronize":
                 backend._ordering.stream_idle(on)
                 raise LaunchFailure(
                     f"kernel {kernel.name!r} (or work queued before it) failed on the device: {e}"
                 ) from e
             raise backend._failure(self._what, e) from e
-        if synchronize and (ordering._pending or unrecorded):
-            ordering.stream_idle(on)
-        return on
+        if wait:
+            if ordering._pending or waits:
+                ordering.stream_idle(on)
+        elif unrecorded:
+            # No event marks its end: other streams' launches wait for `on` (a fence)
+            # instead. (Already so, with no stream having waited since: nothing to note;
+            # read unlocked, as a fence taken meanwhile is recorded after this launch anyway.)
+            waited = waits.get(on)
+            if waited is None or waited:
+                ordering.unrecorded(on)
 
     def capture(self, values: Sequence[int | float | bytes], stream: cu.Stream) -> None:
         """Queue the launch on `stream`, which is capturing a graph: no ordering and no
@@ -440,10 +454,12 @@ class CudaPreparedLaunch(PreparedLaunch):
             except cu.CudaDriverError as e:
                 raise backend._failure(self._what, e) from e
         try:
-            on = self._queue(dev, values, stream, touches)
+            self.run(values, stream, touches, False, False)
         except BaseException:
             backend._events.append(event)
             raise
+        on = dev.stream if stream is None else stream  # (`run` checked it)
+        assert isinstance(on, cu.Stream)
         try:
             cu.event_record(event, on)
         except cu.CudaDriverError as e:
@@ -465,11 +481,7 @@ class CudaPreparedLaunch(PreparedLaunch):
         stream: object | None = None,
         touches: LazyTouches = None,
     ) -> None:
-        backend = self._backend
-        dev = backend._device
-        if dev is None or backend._thread.ctx is not dev.ctx:
-            dev = backend.activate()
-        self._queue(dev, values, stream, touches, synchronize=True)
+        self.run(values, stream, touches)
 
     def queue(
         self,
@@ -477,18 +489,7 @@ class CudaPreparedLaunch(PreparedLaunch):
         stream: object | None = None,
         touches: LazyTouches = None,
     ) -> None:
-        backend = self._backend
-        dev = backend._device
-        if dev is None or backend._thread.ctx is not dev.ctx:
-            dev = backend.activate()
-        on = self._queue(dev, values, stream, touches)
-        # No event marks its end: other streams' launches wait for `on` (a fence) instead.
-        # (Already so, with no stream having waited since: nothing to note; read unlocked,
-        # as a fence taken meanwhile is recorded after this launch anyway.)
-        ordering = backend._ordering
-        waited = ordering._unrecorded.get(on)
-        if waited is None or waited:
-            ordering.unrecorded(on)
+        self.run(values, stream, touches, False)
 
 
 class CudaGraph(GraphExec):

@@ -549,6 +549,11 @@ class ParamBlock:
         #: No half-precision or tensor-map parameter: `struct.pack_into(slots, 0, *values)` is
         #: all of `pack`.
         self.plain = not self._halves and not self._maps
+        #: Integer parameters only: equal values are equal bytes (a float's -0.0 == 0.0 is
+        #: not), so values equal to `packed` need no packing.
+        self.exact = self.plain and not any(t.startswith("f") for t in self.ptypes)
+        #: The values the slots hold now, where `exact` (None: unknown).
+        self.packed: list[int | float | bytes] | None = None
         fmt = "".join(_SLOT_FORMAT[t] for t in self.ptypes)
         self.struct = self._struct = struct.Struct("<" + fmt)
         n = len(self.ptypes)
@@ -564,6 +569,7 @@ class ParamBlock:
 
     def pack(self, values: Sequence[int | float | bytes]) -> None:
         """Write `values`; TypeError / ValueError name the parameter that does not fit."""
+        self.packed = None
         if self._halves:
             values = list(values)
             for i, brain in self._halves:
