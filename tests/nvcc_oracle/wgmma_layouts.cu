@@ -1,32 +1,21 @@
 // One warpgroup (128 threads) computes D[64][32] = A[64][32] @ B[32][32] (f32 accumulate)
-// with two wgmma.mma_async m64n32k16 (K = 32), compiled to PTX for sm_90a by nvcc
-// (generate_wgmma.py) and run on the simulator by tests/test_nvcc_wgmma_layouts.py against
-// NumPy. Each kernel stores its operands into shared memory in one of the PTX ISA's canonical
-// layouts (K-major or MN-major; no swizzle, 32-byte or 64-byte swizzle), builds the matrix
-// descriptors in C, or passes A in registers, and stores the accumulator fragments to D by
-// the ISA's m64nNk16 f32 D-fragment layout. Inputs are raw 16-bit patterns (f16 or bf16),
-// row-major in global memory: A is M x K, B is K x N, D is M x N floats.
+// with wgmma.mma_async m64n32k16 (f16, bf16; two steps of K) or m64n32k8 (tf32; four),
+// compiled to PTX for sm_90a by nvcc (generate_wgmma.py) and run on the simulator by
+// tests/test_nvcc_wgmma_layouts.py against NumPy. Each kernel stores its operands into
+// shared memory in one of the PTX ISA's canonical layouts (K-major or MN-major; no swizzle,
+// 32-byte or 64-byte swizzle), builds the matrix descriptors in C, or passes A in registers,
+// and stores the accumulator fragments to D by the ISA's m64nN f32 D-fragment layout.
+// Inputs are raw bit patterns (16-bit f16/bf16, 32-bit f32 for tf32), row-major in global
+// memory: A is M x K, B is K x N, D is M x N floats.
 #include <cstdint>
 
 #define M 64
 #define N 32
 #define K 32
+#define STEP 32  // bytes of K per instruction: k16 x 2 bytes, k8 x 4 bytes
 
 enum Swizzle { NONE = 0, SW64 = 2, SW32 = 3 };  // descriptor bits 62-63
-
-// Canonical-layout strides chosen for these tiles (bytes). No swizzle, K-major: core
-// matrices of 8 rows x 16 bytes, K-adjacent ones LBO apart, MN-adjacent ones SBO apart.
-#define KN_LBO 128
-#define KN_SBO 512  // 4 core matrices along K = 32
-// No swizzle, MN-major: core matrices of 8 K-rows x 16 bytes of MN; MN-adjacent ones SBO
-// apart, K-adjacent ones LBO apart (the ISA's ((T,1,m),(8,k)) : ((1,T,SBO),(1T,LBO))).
-#define MN_SBO 128
-#define MN_LBO 512
-// Swizzled MN-major: atoms of (span bytes of MN) x 8 K-rows; MN-adjacent atoms LBO apart,
-// groups of 8 K-rows SBO apart.
-#define MN32_LBO 256
-#define MN32_SBO 512
-#define MN64_SBO 512
+enum Kind { F16, BF16, TF32 };
 
 __device__ __forceinline__ uint32_t span(int sw) { return sw == SW64 ? 64 : sw == SW32 ? 32 : 0; }
 
@@ -38,26 +27,45 @@ __device__ __forceinline__ uint32_t swizzle(uint32_t o, int sw) {
     return o;
 }
 
-// Byte offset of element (mn, k) of a K-major operand (K contiguous).
-__device__ __forceinline__ uint32_t kmajor(int mn, int k, int sw, int rows) {
-    if (sw == NONE)
-        return (mn / 8) * KN_SBO + (k / 8) * KN_LBO + (mn % 8) * 16 + (k % 8) * 2;
-    // A K-major swizzled tile is one atom column per span of K: rows of `span` bytes; the
-    // K = 32 tile of the 32-byte layout is two such column blocks of M or N rows each.
-    uint32_t s = span(sw), per = s / 2;
-    return swizzle((k / per) * rows * s + mn * s + (k % per) * 2, sw);
+// K-major (K contiguous), `rows` rows of MN, K * E bytes each. No swizzle: core matrices of
+// 8 rows x 16 bytes, K-adjacent ones LBO = 128 apart, MN-adjacent ones SBO = 8 * K * E apart
+// (the ISA's ((8,m),(T,2k)) : ((1T,SBO),(1,LBO))). Swizzled: rows of `span` bytes, 8-row
+// groups SBO = 8 * span apart; K wider than the span continues in a next column block of
+// `rows` rows.
+__device__ __forceinline__ uint32_t kmajor(int mn, int k, int sw, int rows, int e) {
+    uint32_t byte = k * e;
+    if (sw == NONE) return (mn / 8) * (8 * K * e) + (byte / 16) * 128 + (mn % 8) * 16 + byte % 16;
+    uint32_t s = span(sw);
+    return swizzle((byte / s) * rows * s + mn * s + byte % s, sw);
 }
 
-// Byte offset of element (mn, k) of an MN-major operand (MN contiguous).
-__device__ __forceinline__ uint32_t mnmajor(int mn, int k, int sw) {
-    if (sw == NONE)
-        return (mn / 8) * MN_SBO + (k / 8) * MN_LBO + (k % 8) * 16 + (mn % 8) * 2;
-    uint32_t s = span(sw), per = s / 2;
-    uint32_t lbo = sw == SW32 ? MN32_LBO : 0, sbo = sw == SW32 ? MN32_SBO : MN64_SBO;
-    return swizzle((k / 8) * sbo + (mn / per) * lbo + (k % 8) * s + (mn % per) * 2, sw);
+__device__ __forceinline__ uint32_t kmajor_lbo(int sw) { return sw == NONE ? 128 : 16; }
+__device__ __forceinline__ uint32_t kmajor_sbo(int sw, int e) {
+    return sw == NONE ? 8 * K * e : 8 * span(sw);
 }
 
-__device__ __forceinline__ uint64_t desc(const void *p, uint32_t lbo, uint32_t sbo, int sw) {
+// MN-major (MN contiguous), `ext` elements of MN. No swizzle: core matrices of 8 K-rows x
+// 16 bytes of MN, MN-adjacent ones SBO = 128 apart, K-adjacent ones LBO = ext * 16 apart
+// (the ISA's ((T,1,m),(8,k)) : ((1,T,SBO),(1T,LBO))). Swizzled: atoms of span bytes of MN x
+// 8 K-rows, MN-adjacent atoms LBO = 8 * span apart, 8-K-row groups SBO = ext * e * 8 apart
+// (((T,s,m),(8,k)) : ((1,T,LBO),(sT,SBO))).
+__device__ __forceinline__ uint32_t mn_lbo(int sw, int ext) {
+    return sw == NONE ? ext * 16 : 8 * span(sw);
+}
+__device__ __forceinline__ uint32_t mn_sbo(int sw, int ext) { return sw == NONE ? 128 : ext * 16; }
+
+__device__ __forceinline__ uint32_t mnmajor(int mn, int k, int sw, int ext) {
+    const int e = 2;  // MN-major operands exist for 16-bit types only
+    if (sw == NONE)
+        return (mn / 8) * mn_sbo(sw, ext) + (k / 8) * mn_lbo(sw, ext) + (k % 8) * 16 +
+               (mn % 8) * e;
+    uint32_t s = span(sw), per = s / e;
+    return swizzle((k / 8) * mn_sbo(sw, ext) + (mn / per) * mn_lbo(sw, ext) + (k % 8) * s +
+                       (mn % per) * e,
+                   sw);
+}
+
+__device__ __forceinline__ uint64_t desc(const char *p, uint32_t lbo, uint32_t sbo, int sw) {
     uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
     return static_cast<uint64_t>((a & 0x3FFFF) >> 4) |
            (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
@@ -65,17 +73,22 @@ __device__ __forceinline__ uint64_t desc(const void *p, uint32_t lbo, uint32_t s
            (static_cast<uint64_t>(sw) << 62);
 }
 
-// Descriptor of K-step s (16 of K) of a K-major operand with `rows` rows.
-__device__ __forceinline__ uint64_t kdesc(const char *base, int s, int sw, int rows) {
-    if (sw == NONE) return desc(base + s * 2 * KN_LBO, KN_LBO, KN_SBO, sw);
-    if (sw == SW32) return desc(base + s * rows * 32, 1, 8 * 32, sw);  // next column block
-    return desc(base + s * 32, 1, 8 * 64, sw);  // 32 bytes further along the 64-byte rows
+// Descriptor of K-step s (STEP bytes of K) of a K-major operand with `rows` rows: two core
+// matrices further without swizzle; in the swizzled layouts the step starts STEP bytes
+// further along the row, or at the next column block.
+__device__ __forceinline__ uint64_t kdesc(const char *base, int s, int sw, int rows, int e) {
+    uint32_t byte = s * STEP, start;
+    if (sw == NONE)
+        start = (byte / 16) * 128;
+    else
+        start = (byte / span(sw)) * rows * span(sw) + byte % span(sw);
+    return desc(base + start, kmajor_lbo(sw), kmajor_sbo(sw, e), sw);
 }
 
-__device__ __forceinline__ uint64_t mndesc(const char *base, int s, int sw) {
-    if (sw == NONE) return desc(base + s * 2 * MN_LBO, MN_LBO, MN_SBO, sw);
-    if (sw == SW32) return desc(base + s * 2 * MN32_SBO, MN32_LBO, MN32_SBO, sw);
-    return desc(base + s * 2 * MN64_SBO, 1, MN64_SBO, sw);
+// Descriptor of K-step s (16 K-rows) of an MN-major operand of `ext` MN elements.
+__device__ __forceinline__ uint64_t mndesc(const char *base, int s, int sw, int ext) {
+    uint32_t start = sw == NONE ? 2 * s * mn_lbo(sw, ext) : 2 * s * mn_sbo(sw, ext);
+    return desc(base + start, mn_lbo(sw, ext), mn_sbo(sw, ext), sw);
 }
 
 #define DREGS                                                                             \
@@ -84,54 +97,59 @@ __device__ __forceinline__ uint64_t mndesc(const char *base, int s, int sw) {
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),  \
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),       \
         "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define SCALE_D(i) "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %" #i ", 0;\n\t"
 
-template <bool BF16, int TB>
+template <int KIND, int TA, int TB>
 __device__ __forceinline__ void mma_ss(float *d, uint64_t a, uint64_t b, int acc) {
-    if (BF16)
-        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %18, 0;\n\t"
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " DREGS
-                     ", %16, %17, p, 1, 1, 0, %19;\n\t}"
+    if (KIND == BF16)
+        asm volatile(SCALE_D(18) "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " DREGS
+                                 ", %16, %17, p, 1, 1, %19, %20;\n\t}"
                      : DOUT(d)
-                     : "l"(a), "l"(b), "r"(acc), "n"(TB));
-    else
-        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %18, 0;\n\t"
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " DREGS
-                     ", %16, %17, p, 1, 1, 0, %19;\n\t}"
+                     : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
+    else if (KIND == F16)
+        asm volatile(SCALE_D(18) "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " DREGS
+                                 ", %16, %17, p, 1, 1, %19, %20;\n\t}"
                      : DOUT(d)
-                     : "l"(a), "l"(b), "r"(acc), "n"(TB));
+                     : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
+    else  // tf32: K-major operands only, no imm-trans operands
+        asm volatile(SCALE_D(18) "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 " DREGS
+                                 ", %16, %17, p, 1, 1;\n\t}"
+                     : DOUT(d)
+                     : "l"(a), "l"(b), "r"(acc));
 }
 
-template <bool BF16, int TB>
+template <int KIND, int TB>
 __device__ __forceinline__ void mma_rs(float *d, const uint32_t *a, uint64_t b, int acc) {
-    if (BF16)
-        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %21, 0;\n\t"
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " DREGS
-                     ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n\t}"
+    if (KIND == BF16)
+        asm volatile(SCALE_D(21) "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " DREGS
+                                 ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n\t}"
                      : DOUT(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
     else
-        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %21, 0;\n\t"
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " DREGS
-                     ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n\t}"
+        asm volatile(SCALE_D(21) "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " DREGS
+                                 ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n\t}"
                      : DOUT(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
 }
 
-// SWA: A's layout (K-major), or -1 for A in registers. SWB, BMN: B's layout and whether B
-// is MN-major (imm-trans-b = 1) rather than K-major.
-template <int SWA, int SWB, bool BMN, bool BF16>
-__device__ void body(const uint16_t *__restrict__ a, const uint16_t *__restrict__ b,
-                     float *__restrict__ d) {
-    __shared__ alignas(1024) uint16_t sa[M * K];
-    __shared__ alignas(1024) uint16_t sb[K * N];
+// T: the element's storage type (its size is e). SWA, AMN: A's layout and whether it is
+// MN-major (imm-trans-a = 1); SWA = -1 puts A in registers. SWB, BMN: the same for B.
+template <typename T, int KIND, int SWA, bool AMN, int SWB, bool BMN>
+__device__ void body(const T *__restrict__ a, const T *__restrict__ b, float *__restrict__ d) {
+    const int e = sizeof(T);
+    __shared__ alignas(1024) T sa[M * K];
+    __shared__ alignas(1024) T sb[K * N];
     char *pa = reinterpret_cast<char *>(sa), *pb = reinterpret_cast<char *>(sb);
     int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     if (SWA >= 0)
-        for (int i = tid; i < M * K; i += 128)
-            *reinterpret_cast<uint16_t *>(pa + kmajor(i / K, i % K, SWA, M)) = a[i];
+        for (int i = tid; i < M * K; i += 128) {  // element (m, k) of A
+            int m = i / K, k = i % K;
+            *reinterpret_cast<T *>(pa + (AMN ? mnmajor(m, k, SWA, M) : kmajor(m, k, SWA, M, e))) =
+                a[i];
+        }
     for (int i = tid; i < K * N; i += 128) {  // element (k, n) of B
         int k = i / N, n = i % N;
-        *reinterpret_cast<uint16_t *>(pb + (BMN ? mnmajor(n, k, SWB) : kmajor(n, k, SWB, N))) =
+        *reinterpret_cast<T *>(pb + (BMN ? mnmajor(n, k, SWB, N) : kmajor(n, k, SWB, N, e))) =
             b[i];
     }
     // The generic-proxy stores must be visible to wgmma's async-proxy reads.
@@ -141,10 +159,11 @@ __device__ void body(const uint16_t *__restrict__ a, const uint16_t *__restrict_
     float acc[16];
     for (int j = 0; j < 16; ++j) acc[j] = 0.0f;
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-    for (int s = 0; s < K / 16; ++s) {
-        uint64_t db = BMN ? mndesc(pb, s, SWB) : kdesc(pb, s, SWB, N);
+    for (int s = 0; s < K * e / STEP; ++s) {
+        uint64_t db = BMN ? mndesc(pb, s, SWB, N) : kdesc(pb, s, SWB, N, e);
         if (SWA >= 0) {
-            mma_ss<BF16, BMN ? 1 : 0>(acc, kdesc(pa, s, SWA, M), db, s);
+            uint64_t da = AMN ? mndesc(pa, s, SWA, M) : kdesc(pa, s, SWA, M, e);
+            mma_ss<KIND, AMN ? 1 : 0, BMN ? 1 : 0>(acc, da, db, s);
         } else {
             // A fragment (ISA, m64nNk16 A in registers): a_i of lane l in warp w is element
             // (16w + l/4 + 8*((i/2)%2), 2*(l%4) + i%2 + 8*(i/4)) of this K-step; register j
@@ -156,7 +175,7 @@ __device__ void body(const uint16_t *__restrict__ a, const uint16_t *__restrict_
                 frag[j] = static_cast<uint32_t>(a[row * K + col]) |
                           (static_cast<uint32_t>(a[row * K + col + 1]) << 16);
             }
-            mma_rs<BF16, BMN ? 1 : 0>(acc, frag, db, s);
+            mma_rs<KIND, BMN ? 1 : 0>(acc, frag, db, s);
         }
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -170,20 +189,30 @@ __device__ void body(const uint16_t *__restrict__ a, const uint16_t *__restrict_
     }
 }
 
-#define KERNEL(name, swa, swb, bmn, bf16)                                                 \
+#define KERNEL(name, t, kind, swa, amn, swb, bmn)                                         \
     extern "C" __global__ void __launch_bounds__(128)                                     \
-        name(const uint16_t *a, const uint16_t *b, float *d) {                            \
-        body<swa, swb, bmn, bf16>(a, b, d);                                               \
+        name(const t *a, const t *b, float *d) {                                          \
+        body<t, kind, swa, amn, swb, bmn>(a, b, d);                                       \
     }
 
-KERNEL(wg_k_none_f16, NONE, NONE, false, false)
-KERNEL(wg_k_sw32_f16, SW32, SW32, false, false)
-KERNEL(wg_k_sw64_f16, SW64, SW64, false, false)
-KERNEL(wg_k_sw64_bf16, SW64, SW64, false, true)
-KERNEL(wg_mn_none_f16, NONE, NONE, true, false)
-KERNEL(wg_mn_sw32_f16, SW32, SW32, true, false)
-KERNEL(wg_mn_sw64_f16, SW64, SW64, true, false)
-KERNEL(wg_mn_sw64_bf16, SW64, SW64, true, true)
-KERNEL(wg_reg_k_sw32_f16, -1, SW32, false, false)
-KERNEL(wg_reg_mn_sw64_bf16, -1, SW64, true, true)
-KERNEL(wg_reg_mn_none_f16, -1, NONE, true, false)
+// Both operands K-major.
+KERNEL(wg_k_none_f16, uint16_t, F16, NONE, false, NONE, false)
+KERNEL(wg_k_sw32_f16, uint16_t, F16, SW32, false, SW32, false)
+KERNEL(wg_k_sw64_f16, uint16_t, F16, SW64, false, SW64, false)
+KERNEL(wg_k_sw64_bf16, uint16_t, BF16, SW64, false, SW64, false)
+KERNEL(wg_k_none_tf32, uint32_t, TF32, NONE, false, NONE, false)
+KERNEL(wg_k_sw32_tf32, uint32_t, TF32, SW32, false, SW32, false)
+KERNEL(wg_k_sw64_tf32, uint32_t, TF32, SW64, false, SW64, false)
+// B MN-major.
+KERNEL(wg_mn_none_f16, uint16_t, F16, NONE, false, NONE, true)
+KERNEL(wg_mn_sw32_f16, uint16_t, F16, SW32, false, SW32, true)
+KERNEL(wg_mn_sw64_f16, uint16_t, F16, SW64, false, SW64, true)
+KERNEL(wg_mn_sw64_bf16, uint16_t, BF16, SW64, false, SW64, true)
+// A MN-major (and B of another layout).
+KERNEL(wg_amn_none_f16, uint16_t, F16, NONE, true, SW32, false)
+KERNEL(wg_amn_sw32_f16, uint16_t, F16, SW32, true, SW64, true)
+KERNEL(wg_amn_sw64_bf16, uint16_t, BF16, SW64, true, NONE, true)
+// A in registers.
+KERNEL(wg_reg_k_sw32_f16, uint16_t, F16, -1, false, SW32, false)
+KERNEL(wg_reg_mn_sw64_bf16, uint16_t, BF16, -1, false, SW64, true)
+KERNEL(wg_reg_mn_none_f16, uint16_t, F16, -1, false, NONE, true)
