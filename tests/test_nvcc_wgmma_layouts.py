@@ -3,8 +3,9 @@
 descriptors and fragment indexing written from the PTX ISA text) for sm_90a. Each kernel
 computes a 64 x 32 x 32 product through m64n32k16 (f16, bf16) or m64n32k8 (tf32) wgmmas
 with the operands in one of the ISA's canonical layouts (K- or MN-major A and B; no swizzle,
-32- or 64-byte swizzle; A in shared memory or registers); the simulator runs it against
-NumPy's float64 product."""
+32- or 64-byte swizzle; A in shared memory or registers); the wg2_neg_ kernels run two
+warpgroups of a block with imm-scale-a = -1. The accumulators start at 1000, which the first
+wgmma's scale-d = 0 discards. The simulator runs each against NumPy's float64 product."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ KERNELS = [
     "wg_reg_k_sw32_f16",
     "wg_reg_mn_sw64_bf16",
     "wg_reg_mn_none_f16",
+    "wg2_neg_k_sw64_f16",
+    "wg2_neg_k_sw32_tf32",
+    "wg2_neg_reg_mn_sw32_bf16",
 ]
 
 
@@ -69,16 +73,18 @@ def _bits(x: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
 def _launch(ptx: Module, kernel: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     kind = kernel.rsplit("_", 1)[1]
-    a_bits, a = _bits(rng.standard_normal((M, K)), kind)
+    groups = 2 if kernel.startswith("wg2_") else 1  # warpgroups, 64 rows of D each
+    a_bits, a = _bits(rng.standard_normal((groups * M, K)), kind)
     b_bits, b = _bits(rng.standard_normal((K, N)), kind)
     sim = Sim()
     aa, _ = sim.buffer(a_bits)
     ba, _ = sim.buffer(b_bits)
-    da, d = sim.buffer(np.full((M, N), np.nan, np.float32))
+    da, d = sim.buffer(np.full((groups * M, N), np.nan, np.float32))
     program = Program(ptx, kernel, sim.memory)
     params: list[tuple[str, int | float]] = [("u64", aa), ("u64", ba), ("u64", da)]
-    run(program, sim.memory, (1, 1, 1), (128, 1, 1), 0, params, Options())
-    return d.copy(), a @ b
+    run(program, sim.memory, (1, 1, 1), (128 * groups, 1, 1), 0, params, Options())
+    sign = -1.0 if "_neg_" in kernel else 1.0  # imm-scale-a = -1
+    return d.copy(), sign * (a @ b)
 
 
 def test_the_ptx_is_nvccs() -> None:
@@ -144,3 +150,28 @@ def test_a_wrong_descriptor_gives_a_wrong_product(kernel: str, operand: str, mas
         assert f"kernel {kernel}" in str(e)
     else:
         assert np.abs(got - want).max() > 1.0
+
+
+def _with_kernel_text(kernel: str, old: str, new: str) -> Module:
+    """The PTX with `old` replaced by `new` in `kernel`'s body only."""
+    text = PTX.read_text()
+    start = text.index(f".entry {kernel}(")
+    end = text.index("\n}\n", start)
+    assert old in text[start:end]
+    return parse(text[:start] + text[start:end].replace(old, new) + text[end:])
+
+
+def test_scale_d_true_keeps_the_initial_accumulator() -> None:
+    """Planted bug: scale-d forced to true (step >= 0 unsigned), so the accumulators' initial
+    1000 is added in."""
+    kernel = "wg_k_sw32_f16"
+    ptx = _with_kernel_text(kernel, "setp.ne.b32 p,", "setp.ge.u32 p,")
+    got, want = _launch(ptx, kernel, seed=3)
+    np.testing.assert_allclose(got, want + 1000.0, rtol=1e-5, atol=1e-3)
+
+
+def test_imm_scale_a_one_does_not_negate() -> None:
+    """Planted bug: imm-scale-a 1 in a kernel written for -1."""
+    kernel = "wg2_neg_k_sw64_f16"
+    got, want = _launch(_with_kernel_text(kernel, "p, -1, 1,", "p, 1, 1,"), kernel, seed=4)
+    np.testing.assert_allclose(got, -want, rtol=1e-5, atol=1e-4)

@@ -1,4 +1,5 @@
-// One warpgroup (128 threads) computes D[64][32] = A[64][32] @ B[32][32] (f32 accumulate)
+// One warpgroup (128 threads) computes D[64][32] = A[64][32] @ B[32][32] (f32 accumulate;
+// the wg2_neg_ kernels: two warpgroups, D[128][32] = -(A[128][32] @ B))
 // with wgmma.mma_async m64n32k16 (f16, bf16; two steps of K) or m64n32k8 (tf32; four),
 // compiled to PTX for sm_90a by nvcc (generate_wgmma.py) and run on the simulator by
 // tests/test_nvcc_wgmma_layouts.py against NumPy. Each kernel stores its operands into
@@ -99,55 +100,62 @@ __device__ __forceinline__ uint64_t mndesc(const char *base, int s, int sw, int 
         "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
 #define SCALE_D(i) "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %" #i ", 0;\n\t"
 
-template <int KIND, int TA, int TB>
+template <int KIND, int SA, int TA, int TB>
 __device__ __forceinline__ void mma_ss(float *d, uint64_t a, uint64_t b, int acc) {
     if (KIND == BF16)
         asm volatile(SCALE_D(18) "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " DREGS
-                                 ", %16, %17, p, 1, 1, %19, %20;\n\t}"
+                                 ", %16, %17, p, %21, 1, %19, %20;\n\t}"
                      : DOUT(d)
-                     : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
+                     : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB), "n"(SA));
     else if (KIND == F16)
         asm volatile(SCALE_D(18) "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " DREGS
-                                 ", %16, %17, p, 1, 1, %19, %20;\n\t}"
+                                 ", %16, %17, p, %21, 1, %19, %20;\n\t}"
                      : DOUT(d)
-                     : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
+                     : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB), "n"(SA));
     else  // tf32: K-major operands only, no imm-trans operands
         asm volatile(SCALE_D(18) "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 " DREGS
-                                 ", %16, %17, p, 1, 1;\n\t}"
+                                 ", %16, %17, p, %19, 1;\n\t}"
                      : DOUT(d)
-                     : "l"(a), "l"(b), "r"(acc));
+                     : "l"(a), "l"(b), "r"(acc), "n"(SA));
 }
 
-template <int KIND, int TB>
+template <int KIND, int SA, int TB>
 __device__ __forceinline__ void mma_rs(float *d, const uint32_t *a, uint64_t b, int acc) {
     if (KIND == BF16)
         asm volatile(SCALE_D(21) "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " DREGS
-                                 ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n\t}"
+                                 ", {%16, %17, %18, %19}, %20, p, %23, 1, %22;\n\t}"
                      : DOUT(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB),
+                       "n"(SA));
     else
         asm volatile(SCALE_D(21) "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " DREGS
-                                 ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n\t}"
+                                 ", {%16, %17, %18, %19}, %20, p, %23, 1, %22;\n\t}"
                      : DOUT(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB),
+                       "n"(SA));
 }
 
 // T: the element's storage type (its size is e). SWA, AMN: A's layout and whether it is
 // MN-major (imm-trans-a = 1); SWA = -1 puts A in registers. SWB, BMN: the same for B.
-template <typename T, int KIND, int SWA, bool AMN, int SWB, bool BMN>
+// WG warpgroups (128 * WG threads): warpgroup g computes rows 64g.. of D from its own A tile
+// and the shared B. SA: imm-scale-a (1, or -1 to negate A).
+template <typename T, int KIND, int SWA, bool AMN, int SWB, bool BMN, int WG = 1, int SA = 1>
 __device__ void body(const T *__restrict__ a, const T *__restrict__ b, float *__restrict__ d) {
     const int e = sizeof(T);
-    __shared__ alignas(1024) T sa[M * K];
+    __shared__ alignas(1024) T sa[WG][M * K];
     __shared__ alignas(1024) T sb[K * N];
-    char *pa = reinterpret_cast<char *>(sa), *pb = reinterpret_cast<char *>(sb);
-    int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    int tid = threadIdx.x, g = tid / 128, warp = tid / 32 % 4, lane = tid % 32;
+    char *pa = reinterpret_cast<char *>(sa[g]), *pb = reinterpret_cast<char *>(sb);
     if (SWA >= 0)
-        for (int i = tid; i < M * K; i += 128) {  // element (m, k) of A
-            int m = i / K, k = i % K;
-            *reinterpret_cast<T *>(pa + (AMN ? mnmajor(m, k, SWA, M) : kmajor(m, k, SWA, M, e))) =
+        for (int i = tid; i < WG * M * K; i += 128 * WG) {  // element (m, k) of A's tile t
+            int t = i / (M * K), m = i / K % M, k = i % K;
+            char *at = reinterpret_cast<char *>(sa[t]);
+            *reinterpret_cast<T *>(at + (AMN ? mnmajor(m, k, SWA, M) : kmajor(m, k, SWA, M, e))) =
                 a[i];
         }
-    for (int i = tid; i < K * N; i += 128) {  // element (k, n) of B
+    a += g * M * K;
+    d += g * M * N;
+    for (int i = tid; i < K * N; i += 128 * WG) {  // element (k, n) of B
         int k = i / N, n = i % N;
         *reinterpret_cast<T *>(pb + (BMN ? mnmajor(n, k, SWB, N) : kmajor(n, k, SWB, N, e))) =
             b[i];
@@ -156,14 +164,15 @@ __device__ void body(const T *__restrict__ a, const T *__restrict__ b, float *__
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
 
+    // Not zero: the first wgmma's scale-d = 0 must discard it.
     float acc[16];
-    for (int j = 0; j < 16; ++j) acc[j] = 0.0f;
+    for (int j = 0; j < 16; ++j) acc[j] = 1000.0f;
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
     for (int s = 0; s < K * e / STEP; ++s) {
         uint64_t db = BMN ? mndesc(pb, s, SWB, N) : kdesc(pb, s, SWB, N, e);
         if (SWA >= 0) {
             uint64_t da = AMN ? mndesc(pa, s, SWA, M) : kdesc(pa, s, SWA, M, e);
-            mma_ss<KIND, AMN ? 1 : 0, BMN ? 1 : 0>(acc, da, db, s);
+            mma_ss<KIND, SA, AMN ? 1 : 0, BMN ? 1 : 0>(acc, da, db, s);
         } else {
             // A fragment (ISA, m64nNk16 A in registers): a_i of lane l in warp w is element
             // (16w + l/4 + 8*((i/2)%2), 2*(l%4) + i%2 + 8*(i/4)) of this K-step; register j
@@ -175,7 +184,7 @@ __device__ void body(const T *__restrict__ a, const T *__restrict__ b, float *__
                 frag[j] = static_cast<uint32_t>(a[row * K + col]) |
                           (static_cast<uint32_t>(a[row * K + col + 1]) << 16);
             }
-            mma_rs<KIND, BMN ? 1 : 0>(acc, frag, db, s);
+            mma_rs<KIND, SA, BMN ? 1 : 0>(acc, frag, db, s);
         }
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -189,10 +198,9 @@ __device__ void body(const T *__restrict__ a, const T *__restrict__ b, float *__
     }
 }
 
-#define KERNEL(name, t, kind, swa, amn, swb, bmn)                                         \
-    extern "C" __global__ void __launch_bounds__(128)                                     \
-        name(const t *a, const t *b, float *d) {                                          \
-        body<t, kind, swa, amn, swb, bmn>(a, b, d);                                       \
+#define KERNEL(name, t, kind, swa, amn, swb, bmn, ...)                                    \
+    extern "C" __global__ void name(const t *a, const t *b, float *d) {                   \
+        body<t, kind, swa, amn, swb, bmn, ##__VA_ARGS__>(a, b, d);                        \
     }
 
 // Both operands K-major.
@@ -216,3 +224,7 @@ KERNEL(wg_amn_sw64_bf16, uint16_t, BF16, SW64, true, NONE, true)
 KERNEL(wg_reg_k_sw32_f16, uint16_t, F16, -1, false, SW32, false)
 KERNEL(wg_reg_mn_sw64_bf16, uint16_t, BF16, -1, false, SW64, true)
 KERNEL(wg_reg_mn_none_f16, uint16_t, F16, -1, false, NONE, true)
+// Two warpgroups, A negated by imm-scale-a = -1: D = -(A @ B) for 128 rows.
+KERNEL(wg2_neg_k_sw64_f16, uint16_t, F16, SW64, false, SW64, false, 2, -1)
+KERNEL(wg2_neg_k_sw32_tf32, uint32_t, TF32, SW32, false, SW32, false, 2, -1)
+KERNEL(wg2_neg_reg_mn_sw32_bf16, uint16_t, BF16, -1, false, SW32, true, 2, -1)
