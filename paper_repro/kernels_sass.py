@@ -139,11 +139,9 @@ def _argmax(dt: type[ct.DType], r: int, n: int) -> Callable[[], tuple[Any, tuple
     """The argmax kernel the library's host function launches for (r, n), and its arguments."""
 
     def build() -> tuple[Any, tuple[Any, ...]]:
-        tile_k, loop_k = softmax_mod._argmax_kernels(dt)
-        plan = row_plan(r, n, dt)
-        rows = 1 if plan.loop else plan.rows
+        kernel, rows, width = softmax_mod.argmax_launch(dt, r, n)
         out = PartitionSpec((r, 1), (rows, 1), ct.i32)
-        return (loop_k if plan.loop else tile_k), (out, TensorSpec((r, n), dt), plan.width)
+        return kernel, (out, TensorSpec((r, n), dt), width)
 
     return build
 

@@ -358,6 +358,34 @@ def test_argmax_chunked(backend: str, rng: np.random.Generator, small_cap: None,
     np.testing.assert_array_equal(ck.argmax(at).to_numpy(), np.argmax(a, axis=-1))
 
 
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("n", [300, 1000, 1024])
+@pytest.mark.parametrize("chunked", [False, True], ids=["tile", "chunked"])
+def test_argmax_nan_and_signed_zeros(
+    backend: str, rng: np.random.Generator, request: pytest.FixtureRequest, dt: Any, n: int,
+    chunked: bool,
+) -> None:  # fmt: skip
+    """As NumPy's: the first NaN wins wherever it is (a later chunk, a sign-bit NaN, after
+    +inf), zeros of both signs are equal (the first wins), all -inf gives 0; ragged widths
+    (the last chunk partly past the row's end)."""
+    if chunked:
+        request.getfixturevalue("small_cap")
+    a, _ = ties(rng, (9, n), dt)
+    neg_nan = np.array([0xFFC00000], np.uint32).view(np.float32)[0]
+    a[0, [n - 2, 5]] = [np.nan, 9.0]  # NaN in the last chunk, after a larger value
+    a[1, [3, n - 1]] = [np.inf, neg_nan]
+    a[2] = -np.inf
+    a[3] = -1.0
+    a[3, [n // 2, n - 3, 7]] = [-0.0, 0.0, -5.0]
+    a[4, [260, 10]] = [np.nan, np.nan]  # the first NaN, not the later chunk's
+    a[5, :] = -0.0
+    a[5, n - 1] = 0.0
+    a[6, int(rng.integers(0, n))] = 50.0
+    a[7, [n - 1, int(rng.integers(0, n - 1))]] = 60.0  # a tie, the last one at the end
+    at = ct.from_numpy(a, dt)
+    np.testing.assert_array_equal(ck.argmax(at).to_numpy(), np.argmax(a, axis=-1))
+
+
 # -- rope -------------------------------------------------------------------------------------
 def rope_ref(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
     half = x.shape[-1] // 2

@@ -46,7 +46,7 @@ from cutile_py_kernels.models.qwen3_kernels import (
     qwen3_kernels,
 )
 from cutile_py_kernels.norms import _rms_kernels
-from cutile_py_kernels.softmax import _argmax_kernels
+from cutile_py_kernels.softmax import argmax_launch
 
 AnyTensor = Tensor[Any, Any]
 
@@ -491,14 +491,9 @@ class Qwen3:
         v = self.config.vocab_size
         # Kept in env: the tensor a captured step's logits can be read back through.
         rows = s.env["logit_rows"] = view(s.env["logits"], (t, v))
-        plan = row_plan(t, v, f32)
-        tile_k, loop_k = _argmax_kernels(f32)
-        if plan.loop:
-            y = s.out("next", (t, 1), (1, 1), i32)
-            op: ct.OpLike = loop_k(y, rows, plan.width)
-            return op
-        y = s.out("next", (t, 1), (plan.rows, 1), i32)
-        op = tile_k(y, rows, plan.width)
+        kernel, rows_per_block, width = argmax_launch(f32, t, v)
+        y = s.out("next", (t, 1), (rows_per_block, 1), i32)
+        op: ct.OpLike = kernel(y, rows, width)
         return op
 
 
