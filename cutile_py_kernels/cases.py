@@ -67,7 +67,7 @@ def cases() -> Iterator[Case]:
                 yield (
                     f"layer_norm {label}",
                     ln_loop if loop else ln_tile,
-                    (out, x, w, w, n, 1e-5, *tail),
+                    (out, x, w, w, n, 1.0 / n, 1e-5, *tail),
                 )
                 yield _softmax_case(dt, r, n, False)
                 am_kernel, am_rows, am_width = argmax_launch(dt, r, n)

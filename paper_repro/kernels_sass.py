@@ -173,7 +173,7 @@ def cases() -> list[Case]:
                          outs=2)  # fmt: skip
             out.append(Case(f"add_rms_norm {dt.name} {ROWS}x{h}", build, 4 * size))
             ln = norms._layer_norm_kernels(dt, warps)
-            build = _row(ln, dt, ROWS, h, w, w, h, 1e-5)
+            build = _row(ln, dt, ROWS, h, w, w, h, 1.0 / h, 1e-5)
             out.append(Case(f"layer_norm {dt.name} {ROWS}x{h}", build, 2 * size))
         square = (ROWS, ROWS)
         tr = layout._transpose_kernel(dt)

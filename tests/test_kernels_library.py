@@ -13,7 +13,7 @@ import pytest
 import cutile_py as ct
 import cutile_py_kernels as ck
 from cutile_py.ir.dtypes import round_to
-from cutile_py_kernels import _common
+from cutile_py_kernels import _common, norms
 
 softmax_module = importlib.import_module("cutile_py_kernels.softmax")
 
@@ -218,6 +218,21 @@ def test_norms_beyond_the_real_cap(backend: str, rng: np.random.Generator) -> No
     check(ck.rms_norm(xt, wt), rms_ref(x, w, 1e-6), ct.f32, 4)
     b, bt = rand(rng, (n,), ct.f32)
     check(ck.layer_norm(xt, wt, bt), ln_ref(x, w, b, 1e-5), ct.f32, 4)
+
+
+@pytest.mark.parametrize("n", [1000, _common.ROW_CAP[ct.f32] + 100])
+def test_layer_norm_divides_on_the_host(n: int) -> None:
+    """1/n comes from the host, as rms_norm's: neither layer_norm kernel divides (a div.rn.f32
+    is a slow-path call in SASS)."""
+    rows = ct.TensorSpec((8, n), ct.f32)
+    launch = _common.row_launch(norms._layer_norm_kernels, 0, rows)  # type: ignore[arg-type]
+    out = ct.PartitionSpec((8, n), launch.tile, ct.f32)
+    w = ct.TensorSpec((n,), ct.f32)
+    ptx = launch.kernel.ptx(out, rows, w, w, n, 1.0 / n, 1e-5, *launch.extra)
+    f32_divisions = [
+        ln for ln in ptx.splitlines() if ("div." in ln or "rcp." in ln) and "f32" in ln
+    ]
+    assert "ld.global" in ptx and f32_divisions == []
 
 
 def test_norms_keep_leading_axes(rng: np.random.Generator) -> None:
