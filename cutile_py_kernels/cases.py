@@ -15,7 +15,7 @@ from cutile_py_kernels.attention import _attention_kernels, attention_tile
 from cutile_py_kernels.autotune import candidates, default_config
 from cutile_py_kernels.gemm import _gemm_kernel
 from cutile_py_kernels.gemv import _gemv_kernel
-from cutile_py_kernels.layout import _embedding_kernel, _transpose_kernel, transpose_tile
+from cutile_py_kernels.layout import _transpose_kernel, embedding_launch, transpose_tile
 from cutile_py_kernels.norms import _layer_norm_kernels, _rms_kernels
 from cutile_py_kernels.rope import rope_kernel
 from cutile_py_kernels.softmax import argmax_launch, softmax_launch
@@ -97,7 +97,7 @@ def cases() -> Iterator[Case]:
         )
         yield (
             f"embedding {dt.name}",
-            _embedding_kernel(dt),
+            embedding_launch(dt, 512, 4096)[0],
             (PS((512, 4096), (1, 4096), dt), TS((32_000, 4096), dt), TS((512,), ct.i32)),
         )
         bk = 256 if dt is ct.f32 else 512

@@ -180,8 +180,8 @@ def cases() -> list[Case]:
         t_tile = (layout.transpose_tile(dt), layout.transpose_tile(dt))
         build = _flat(tr, PartitionSpec(square, t_tile, dt), TensorSpec(square, dt))
         out.append(Case(f"transpose {dt.name} {ROWS}x{ROWS}", build, 2 * size))
-        emb = layout._embedding_kernel(dt)
-        e_tile = (1, row_plan(ROWS, ROWS, dt).width)
+        emb, e_width = layout.embedding_launch(dt, ROWS, ROWS)
+        e_tile = (1, e_width)
         build = _flat(emb, PartitionSpec(square, e_tile, dt), TensorSpec(square, dt),
                       TensorSpec((ROWS,), ct.i32))  # fmt: skip
         # Each output row read once from the table and written once, plus its id.

@@ -462,6 +462,20 @@ def test_embedding_wide_rows_split_over_blocks(
     np.testing.assert_array_equal(out.to_numpy(), table[ids])
 
 
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("d", [33, 1000, 4096])
+def test_embedding_out_of_range_ids_give_zeros(
+    backend: str, rng: np.random.Generator, dt: Any, d: int
+) -> None:
+    """As documented: ids outside [0, V) give rows of zeros (the padding of the masked
+    load), beside in-range rows; ragged widths."""
+    table = rng.integers(1, 100, (7, d)).astype(np.float32)
+    ids = np.array([3, -1, 7, 0, 2**31 - 1, 6, -(2**31)], np.int32)
+    out = ck.embedding(ct.from_numpy(table, dt), ct.from_numpy(ids)).to_numpy()
+    want = np.where(((ids >= 0) & (ids < 7))[:, None], table[np.clip(ids, 0, 6)], 0.0)
+    np.testing.assert_array_equal(out.astype(np.float32), want)
+
+
 # -- gemv -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dt", DT_PARAMS)
 @pytest.mark.parametrize("m,k", [(1, 1), (7, 33), (65, 1000), (3, 1536)])

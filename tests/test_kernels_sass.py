@@ -35,6 +35,8 @@ BUDGET = {
     "layer_norm f32 4096x4096": 14.0,  # 15.8
     "add_rms_norm bf16 4096x4096": 16.0,  # 15.1
     "transpose f32 4096x4096": 9.5,  # 8.1
+    "embedding f32 4096x4096": 3.9,  # 3.4
+    "embedding bf16 4096x4096": 2.5,  # 2.6
     "argmax f32 4096x1024": 15.5,  # 15.8
     "argmax f32 4096x32768": 9.5,  # 8.9
     "argmax bf16 4096x1024": 16.5,  # 15.4

@@ -38,7 +38,7 @@ from cutile_py_kernels import autotune
 from cutile_py_kernels._common import next_pow2, prev_pow2, row_plan, row_warps, view
 from cutile_py_kernels.attention import AttentionPlan
 from cutile_py_kernels.gemm import _gemm_kernel
-from cutile_py_kernels.layout import _embedding_kernel
+from cutile_py_kernels.layout import embedding_launch
 from cutile_py_kernels.models.checkpoint import Qwen3Config, read_config, read_weights
 from cutile_py_kernels.models.qwen3_kernels import (
     decode_gemv_kernels,
@@ -384,9 +384,9 @@ class Qwen3:
     # --- one launch each ---------------------------------------------------------------------
     def _embed(self, s: _Steps, t: int) -> ct.OpLike:
         hid = self.config.hidden_size
-        plan = row_plan(t, hid, self.dtype)
-        y = s.out("x", (t, hid), (1, plan.width), self.dtype)
-        op: ct.OpLike = _embedding_kernel(self.dtype)(y, self.embed, s.env["ids"])
+        kernel, width = embedding_launch(self.dtype, t, hid)
+        y = s.out("x", (t, hid), (1, width), self.dtype)
+        op: ct.OpLike = kernel(y, self.embed, s.env["ids"])
         return op
 
     def _attend(
