@@ -2,8 +2,8 @@
 
 Softmax reads rows of up to `ONE_PASS_CAP` elements once, held in registers (one row per
 block for long rows, about 32 elements per thread, 64 at the cap); longer rows are read in
-chunks: a running maximum and a rescaled running sum per lane (two passes). argmax keeps a
-running (value, index).
+chunks: a running maximum and a rescaled running sum per lane (two passes). argmax of a long
+row keeps a running (value, chunk) per lane and reduces once at the end.
 """
 
 from __future__ import annotations
