@@ -15,10 +15,10 @@ from cutile_py_kernels.attention import _attention_kernels, attention_tile
 from cutile_py_kernels.autotune import candidates, default_config
 from cutile_py_kernels.gemm import _gemm_kernel
 from cutile_py_kernels.gemv import _gemv_kernel
-from cutile_py_kernels.layout import _embedding_kernel, _transpose_kernel, transpose_tile
+from cutile_py_kernels.layout import _transpose_kernel, embedding_launch, transpose_tile
 from cutile_py_kernels.norms import _layer_norm_kernels, _rms_kernels
 from cutile_py_kernels.rope import rope_kernel
-from cutile_py_kernels.softmax import _argmax_kernels, softmax_launch
+from cutile_py_kernels.softmax import argmax_launch, softmax_launch
 
 Case = tuple[str, ct.Kernel, tuple[Any, ...]]
 
@@ -67,15 +67,14 @@ def cases() -> Iterator[Case]:
                 yield (
                     f"layer_norm {label}",
                     ln_loop if loop else ln_tile,
-                    (out, x, w, w, n, 1e-5, *tail),
+                    (out, x, w, w, n, 1.0 / n, 1e-5, *tail),
                 )
                 yield _softmax_case(dt, r, n, False)
-                am_tile, am_loop = _argmax_kernels(dt)
-                rows = 1 if loop else out.tile[0]
+                am_kernel, am_rows, am_width = argmax_launch(dt, r, n)
                 yield (
                     f"argmax {label}",
-                    am_loop if loop else am_tile,
-                    (PS((r, 1), (rows, 1), ct.i32), x, width),
+                    am_kernel,
+                    (PS((r, 1), (am_rows, 1), ct.i32), x, am_width),
                 )
         yield (
             f"rope {dt.name}",
@@ -98,7 +97,7 @@ def cases() -> Iterator[Case]:
         )
         yield (
             f"embedding {dt.name}",
-            _embedding_kernel(dt),
+            embedding_launch(dt, 512, 4096)[0],
             (PS((512, 4096), (1, 4096), dt), TS((32_000, 4096), dt), TS((512,), ct.i32)),
         )
         bk = 256 if dt is ct.f32 else 512

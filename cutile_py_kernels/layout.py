@@ -6,7 +6,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, i32
-from cutile_py_kernels._common import FLOATS, Elem, per_dtype, row_plan, view
+from cutile_py_kernels._common import (
+    FLOATS,
+    Elem,
+    RowPlan,
+    per_dtype,
+    per_dtype_warps,
+    row_plan,
+    row_warps,
+    view,
+)
 
 R = TypeVar("R")
 C = TypeVar("C")
@@ -42,12 +51,12 @@ def _transpose_kernel(dt: type[ct.DType]) -> Any:
     return transpose_kernel
 
 
-@per_dtype
-def _embedding_kernel(dt: type[ct.DType]) -> Any:
+@per_dtype_warps
+def _embedding_kernel(dt: type[ct.DType], warps: int) -> Any:
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841 (named by the annotations below)
 
-    @ct.kernel
+    @ct.kernel(num_warps=warps)
     def embedding_kernel(
         y: Mut[Tensor[Elem, R, C]], table: Tensor[Elem, Dyn, Dyn], ids: Tensor[i32, Dyn]
     ) -> None:
@@ -56,6 +65,14 @@ def _embedding_kernel(dt: type[ct.DType]) -> Any:
         y.store(ct.load(table, (row, ct.bid(1)), y.shape))
 
     return embedding_kernel
+
+
+def embedding_launch(dt: type[ct.DType], n: int, d: int) -> tuple[Any, int]:
+    """The embedding kernel for `n` ids into a table of `d` columns, and the width of its
+    (1, width) output tile: PER_THREAD elements per thread (a block's fixed cost, reading its
+    id and forming its addresses, spread over more elements)."""
+    plan = row_plan(n, d, dt if dt is not i32 else ct.f32)
+    return _embedding_kernel(dt, row_warps(RowPlan(1, plan.width, False))), plan.width
 
 
 def transpose(x: Tensor[Any, Any]) -> Tensor[Any, Any]:
@@ -83,8 +100,8 @@ def embedding(table: Tensor[Any, Any], ids: Tensor[Any, Any]) -> Tensor[Any, Any
     n, d = ids.size, table.shape[1]
     if n * d == 0:
         return ct.zeros((*ids.shape, d), dt)
-    plan = row_plan(n, d, dt if dt is not i32 else ct.f32)
-    out = ct.empty((n, d), dt).partition((1, plan.width))
-    y, _, _ = _embedding_kernel(dt)(out, table, view(ids, (n,))).sync()
+    kernel, width = embedding_launch(dt, n, d)
+    out = ct.empty((n, d), dt).partition((1, width))
+    y, _, _ = kernel(out, table, view(ids, (n,))).sync()
     result: Tensor[Any, Any] = y.unpartition().reshape((*ids.shape, d))
     return result

@@ -133,11 +133,12 @@ def _layer_norm_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any]:
         w: Tensor[Elem, Dyn],
         b: Tensor[Elem, Dyn],
         n: int,
+        inv_n: float,
         eps: float,
     ) -> None:
-        """mean, then the variance of the centered row (columns >= n masked out)."""
+        """mean, then the variance of the centered row (columns >= n masked out); inv_n = 1/n
+        from the host (no division in the kernel)."""
         xt = ct.load_tile_like(x, y).astype(f32)
-        inv_n = 1.0 / n
         mean = ct.sum(xt, axis=1, keepdims=True) * inv_n
         d = xt - mean
         if n < y.shape[1]:  # padding columns (x = 0 there): keep -mean out of the variance
@@ -154,6 +155,7 @@ def _layer_norm_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any]:
         w: Tensor[Elem, Dyn],
         b: Tensor[Elem, Dyn],
         n: int,
+        inv_n: float,
         eps: float,
         C: ConstInt,
     ) -> None:
@@ -161,7 +163,6 @@ def _layer_norm_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any]:
         centered values, and the output."""
         row = ct.bid(0)
         chunks = ct.cdiv(n, C)
-        inv_n = 1.0 / n
         acc: ct.Tile = ct.zeros((1, C), f32)
         for j in range(chunks):
             acc = acc + ct.load(x, (row, j), (1, C)).astype(f32)
@@ -237,5 +238,5 @@ def layer_norm(
     check_shape("layer_norm", "bias", bias, (n,))
     if rows.size == 0:
         return ct.zeros(x.shape, dt)
-    (y,) = _launch_rows(_layer_norm_kernels, 0, 1, rows, weight, bias, n, float(eps))
+    (y,) = _launch_rows(_layer_norm_kernels, 0, 1, rows, weight, bias, n, 1.0 / n, float(eps))
     return as_shape(y, x.shape)

@@ -2,8 +2,8 @@
 
 Softmax reads rows of up to `ONE_PASS_CAP` elements once, held in registers (one row per
 block for long rows, about 32 elements per thread, 64 at the cap); longer rows are read in
-chunks: a running maximum and a rescaled running sum per lane (two passes). argmax keeps a
-running (value, index).
+chunks: a running maximum and a rescaled running sum per lane (two passes). argmax of a long
+row keeps a running (value, chunk) per lane and reduces once at the end.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from cutile_py_kernels._common import (
     check_float,
     empty_partition,
     next_pow2,
-    per_dtype,
+    per_dtype_warps,
     prev_pow2,
     row_plan,
 )
@@ -33,6 +33,7 @@ W = TypeVar("W")  # the row length (one-row-per-block kernels)
 ONE = TypeVar("ONE")  # 1: argmax writes one index per row
 
 NEG_INF = -math.inf
+INT32_MAX = 2**31 - 1
 #: The longest row softmax holds in registers (64 f32 per thread of 512 at 32768: 92
 #: registers on sm_90, no spills); longer rows take the chunked kernel.
 ONE_PASS_CAP = 32768
@@ -175,32 +176,55 @@ def _visible(
     return t
 
 
-@per_dtype
-def _argmax_kernels(dt: type[ct.DType]) -> tuple[Any, Any]:
+#: Elements of a chunk each thread of the chunked argmax holds: its warps are chunk / (32 * this).
+ARGMAX_CHUNK_PER_THREAD = 16
+
+
+@per_dtype_warps
+def _argmax_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any]:
+    """The one-tile and the chunked argmax kernels for `dt`, in blocks of `warps` warps."""
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841 (named by the annotations below)
 
-    @ct.kernel
+    @ct.kernel(num_warps=warps)
     def argmax_tile(y: Mut[Tensor[i32, BR, ONE]], x: Tensor[Elem, Dyn, Dyn], TW: ConstInt) -> None:
         """y[r] = the first index of the row's maximum (padding reads -inf)."""
         t = ct.load(x, (ct.bid(0), 0), (y.shape[0], TW), padding=NEG_INF)
         y.store(ct.argmax(t, axis=1, keepdims=True))
 
-    @ct.kernel
+    @ct.kernel(num_warps=warps)
     def argmax_loop(y: Mut[Tensor[i32, BR, ONE]], x: Tensor[Elem, Dyn, Dyn], C: ConstInt) -> None:
-        """argmax of one long row in chunks of C; a later chunk wins only if strictly
-        greater, so the first maximum is kept."""
-        row = ct.bid(0)
-        best: ct.Tile = ct.full((1, 1), NEG_INF, f32)
-        best_i: ct.Tile = ct.zeros((1, 1), i32)
+        """argmax of one long row in chunks of C. Each position p of the chunk keeps the best
+        value at p, p + C, p + 2C, ... and the chunk it came from, element-wise (no reduction
+        per chunk): a later chunk takes it only if strictly greater, or a NaN over a number,
+        so the first maximum (the first NaN) is kept. One reduction at the end picks the
+        lowest index among the positions holding the row's maximum (its NaNs, if any)."""
+        best: ct.Tile = ct.full((1, C), NEG_INF, f32)
+        best_j: ct.Tile = ct.zeros((1, C), i32)
         for j in range(ct.cdiv(x.shape[1], C)):
-            t = ct.load(x, (row, j), (1, C), padding=NEG_INF).astype(f32)
-            cm = ct.max(t, axis=1, keepdims=True)
-            best_i = ct.where(cm > best, ct.argmax(t, axis=1, keepdims=True) + j * C, best_i)
-            best = ct.maximum(best, cm)
-        y.store(best_i)
+            t = ct.load(x, (ct.bid(0), j), (1, C), padding=NEG_INF).astype(f32)
+            take = ~(t <= best) & (best == best)  # t > best, or t NaN and best not
+            best = ct.where(take, t, best)
+            best_j = ct.where(take, j, best_j)
+        m = ct.max(best, axis=1, keepdims=True)  # NaN if the row has one
+        hit = (best == m) | (best != best)
+        index = best_j * C + ct.expand_dims(ct.arange(C), 0)
+        y.store(ct.min(ct.where(hit, index, INT32_MAX), axis=1, keepdims=True))
 
     return argmax_tile, argmax_loop
+
+
+def argmax_launch(dt: type[ct.DType], r: int, n: int) -> tuple[Any, int, int]:
+    """The argmax kernel for (r, n) rows, its rows per block, and its width argument: rows
+    that fit one tile take argmax_tile with PER_THREAD elements per thread (fewer threads per
+    row: fewer cross-thread steps per element), longer rows argmax_loop with
+    ARGMAX_CHUNK_PER_THREAD elements of each chunk per thread."""
+    plan = row_plan(r, n, dt)
+    if plan.loop:
+        warps = min(MAX_WARPS, prev_pow2(max(1, plan.width // (32 * ARGMAX_CHUNK_PER_THREAD))))
+        return _argmax_kernels(dt, warps)[1], 1, plan.width
+    warps = min(MAX_WARPS, prev_pow2(max(1, plan.rows * plan.width // (32 * PER_THREAD))))
+    return _argmax_kernels(dt, warps)[0], plan.rows, plan.width
 
 
 def softmax_launch(
@@ -246,8 +270,8 @@ def softmax(x: Tensor[Any, Any], causal: bool = False) -> Tensor[Any, Any]:
 
 
 def argmax(x: Tensor[Any, Any]) -> Tensor[Any, Any]:
-    """`argmax(x, axis=-1)` as int32, shape `x.shape[:-1]` (the first index of the maximum;
-    NaN is not handled)."""
+    """`argmax(x, axis=-1)` as int32, shape `x.shape[:-1]`: as NumPy's, the first index of
+    the maximum, or of the first NaN in a row that has one (zeros of either sign are equal)."""
     dt = check_float("argmax", x)
     rows = as_rows("argmax", x)
     r, n = rows.shape
@@ -255,13 +279,8 @@ def argmax(x: Tensor[Any, Any]) -> Tensor[Any, Any]:
         return ct.zeros(x.shape[:-1], i32)
     if n == 0:  # as NumPy
         raise ValueError(f"argmax: rows of x {x.shape} are empty; an empty row has no argmax")
-    tile_k, loop_k = _argmax_kernels(dt)
-    plan = row_plan(r, n, dt)
-    if plan.loop:
-        out = ct.empty((r, 1), i32).partition((1, 1))
-        y, *_ = loop_k(out, rows, plan.width).sync()
-    else:
-        out = ct.empty((r, 1), i32).partition((plan.rows, 1))
-        y, *_ = tile_k(out, rows, plan.width).sync()
+    kernel, rows_per_block, width = argmax_launch(dt, r, n)
+    out = ct.empty((r, 1), i32).partition((rows_per_block, 1))
+    y, *_ = kernel(out, rows, width).sync()
     result: Tensor[Any, Any] = y.unpartition().reshape(x.shape[:-1])
     return result

@@ -139,11 +139,9 @@ def _argmax(dt: type[ct.DType], r: int, n: int) -> Callable[[], tuple[Any, tuple
     """The argmax kernel the library's host function launches for (r, n), and its arguments."""
 
     def build() -> tuple[Any, tuple[Any, ...]]:
-        tile_k, loop_k = softmax_mod._argmax_kernels(dt)
-        plan = row_plan(r, n, dt)
-        rows = 1 if plan.loop else plan.rows
+        kernel, rows, width = softmax_mod.argmax_launch(dt, r, n)
         out = PartitionSpec((r, 1), (rows, 1), ct.i32)
-        return (loop_k if plan.loop else tile_k), (out, TensorSpec((r, n), dt), plan.width)
+        return kernel, (out, TensorSpec((r, n), dt), width)
 
     return build
 
@@ -175,15 +173,15 @@ def cases() -> list[Case]:
                          outs=2)  # fmt: skip
             out.append(Case(f"add_rms_norm {dt.name} {ROWS}x{h}", build, 4 * size))
             ln = norms._layer_norm_kernels(dt, warps)
-            build = _row(ln, dt, ROWS, h, w, w, h, 1e-5)
+            build = _row(ln, dt, ROWS, h, w, w, h, 1.0 / h, 1e-5)
             out.append(Case(f"layer_norm {dt.name} {ROWS}x{h}", build, 2 * size))
         square = (ROWS, ROWS)
         tr = layout._transpose_kernel(dt)
         t_tile = (layout.transpose_tile(dt), layout.transpose_tile(dt))
         build = _flat(tr, PartitionSpec(square, t_tile, dt), TensorSpec(square, dt))
         out.append(Case(f"transpose {dt.name} {ROWS}x{ROWS}", build, 2 * size))
-        emb = layout._embedding_kernel(dt)
-        e_tile = (1, row_plan(ROWS, ROWS, dt).width)
+        emb, e_width = layout.embedding_launch(dt, ROWS, ROWS)
+        e_tile = (1, e_width)
         build = _flat(emb, PartitionSpec(square, e_tile, dt), TensorSpec(square, dt),
                       TensorSpec((ROWS,), ct.i32))  # fmt: skip
         # Each output row read once from the table and written once, plus its id.

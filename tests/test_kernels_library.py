@@ -13,7 +13,7 @@ import pytest
 import cutile_py as ct
 import cutile_py_kernels as ck
 from cutile_py.ir.dtypes import round_to
-from cutile_py_kernels import _common
+from cutile_py_kernels import _common, norms
 
 softmax_module = importlib.import_module("cutile_py_kernels.softmax")
 
@@ -220,6 +220,21 @@ def test_norms_beyond_the_real_cap(backend: str, rng: np.random.Generator) -> No
     check(ck.layer_norm(xt, wt, bt), ln_ref(x, w, b, 1e-5), ct.f32, 4)
 
 
+@pytest.mark.parametrize("n", [1000, _common.ROW_CAP[ct.f32] + 100])
+def test_layer_norm_divides_on_the_host(n: int) -> None:
+    """1/n comes from the host, as rms_norm's: neither layer_norm kernel divides (a div.rn.f32
+    is a slow-path call in SASS)."""
+    rows = ct.TensorSpec((8, n), ct.f32)
+    launch = _common.row_launch(norms._layer_norm_kernels, 0, rows)  # type: ignore[arg-type]
+    out = ct.PartitionSpec((8, n), launch.tile, ct.f32)
+    w = ct.TensorSpec((n,), ct.f32)
+    ptx = launch.kernel.ptx(out, rows, w, w, n, 1.0 / n, 1e-5, *launch.extra)
+    f32_divisions = [
+        ln for ln in ptx.splitlines() if ("div." in ln or "rcp." in ln) and "f32" in ln
+    ]
+    assert "ld.global" in ptx and f32_divisions == []
+
+
 def test_norms_keep_leading_axes(rng: np.random.Generator) -> None:
     ct.set_backend("interpret")
     x, xt = rand(rng, (2, 3, 40), ct.f32)
@@ -358,6 +373,34 @@ def test_argmax_chunked(backend: str, rng: np.random.Generator, small_cap: None,
     np.testing.assert_array_equal(ck.argmax(at).to_numpy(), np.argmax(a, axis=-1))
 
 
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("n", [300, 1000, 1024])
+@pytest.mark.parametrize("chunked", [False, True], ids=["tile", "chunked"])
+def test_argmax_nan_and_signed_zeros(
+    backend: str, rng: np.random.Generator, request: pytest.FixtureRequest, dt: Any, n: int,
+    chunked: bool,
+) -> None:  # fmt: skip
+    """As NumPy's: the first NaN wins wherever it is (a later chunk, a sign-bit NaN, after
+    +inf), zeros of both signs are equal (the first wins), all -inf gives 0; ragged widths
+    (the last chunk partly past the row's end)."""
+    if chunked:
+        request.getfixturevalue("small_cap")
+    a, _ = ties(rng, (9, n), dt)
+    neg_nan = np.array([0xFFC00000], np.uint32).view(np.float32)[0]
+    a[0, [n - 2, 5]] = [np.nan, 9.0]  # NaN in the last chunk, after a larger value
+    a[1, [3, n - 1]] = [np.inf, neg_nan]
+    a[2] = -np.inf
+    a[3] = -1.0
+    a[3, [n // 2, n - 3, 7]] = [-0.0, 0.0, -5.0]
+    a[4, [260, 10]] = [np.nan, np.nan]  # the first NaN, not the later chunk's
+    a[5, :] = -0.0
+    a[5, n - 1] = 0.0
+    a[6, int(rng.integers(0, n))] = 50.0
+    a[7, [n - 1, int(rng.integers(0, n - 1))]] = 60.0  # a tie, the last one at the end
+    at = ct.from_numpy(a, dt)
+    np.testing.assert_array_equal(ck.argmax(at).to_numpy(), np.argmax(a, axis=-1))
+
+
 # -- rope -------------------------------------------------------------------------------------
 def rope_ref(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
     half = x.shape[-1] // 2
@@ -417,6 +460,20 @@ def test_embedding_wide_rows_split_over_blocks(
     ids = np.array([9, 0, 9, 3], np.int32)
     out = ck.embedding(ct.from_numpy(table), ct.from_numpy(ids))
     np.testing.assert_array_equal(out.to_numpy(), table[ids])
+
+
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("d", [33, 1000, 4096])
+def test_embedding_out_of_range_ids_give_zeros(
+    backend: str, rng: np.random.Generator, dt: Any, d: int
+) -> None:
+    """As documented: ids outside [0, V) give rows of zeros (the padding of the masked
+    load), beside in-range rows; ragged widths."""
+    table = rng.integers(1, 100, (7, d)).astype(np.float32)
+    ids = np.array([3, -1, 7, 0, 2**31 - 1, 6, -(2**31)], np.int32)
+    out = ck.embedding(ct.from_numpy(table, dt), ct.from_numpy(ids)).to_numpy()
+    want = np.where(((ids >= 0) & (ids < 7))[:, None], table[np.clip(ids, 0, 6)], 0.0)
+    np.testing.assert_array_equal(out.astype(np.float32), want)
 
 
 # -- gemv -------------------------------------------------------------------------------------

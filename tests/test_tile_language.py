@@ -24,6 +24,7 @@ from cutile_py.ir.dtypes import round_to
 SIM_READY: set[str] = {
     "test_reductions",
     "test_arg_reductions_along_long_rows",
+    "test_arg_reductions_across_warps_edge_values",
     "test_row_softmax_with_padding",
     "test_broadcasting",
     "test_arange_broadcast_to_a_grid",
@@ -176,6 +177,40 @@ def test_arg_reductions_along_long_rows(
     for k in (3, 4):
         want = NP_REDUCTIONS[k](x, axis=1).astype(np.float32)
         got = run(REDUCE_KERNELS[dt.name], (16,), (16,), f32, ct.from_numpy(x, dt), 16, c, k, 2, 0)
+        np.testing.assert_array_equal(got, want, err_msg=REDUCTIONS[k].__name__)
+
+
+@pytest.mark.parametrize("dt", [f32, f16, i32], ids=lambda d: d.name)
+def test_arg_reductions_across_warps_edge_values(backend: str, dt: type[ct.DType]) -> None:
+    """The extremes of 1024-wide rows sit in different warps, so the cross-thread combine
+    decides: zeros of both signs tie (the first wins), a NaN with its sign bit set is a NaN
+    (first NaN wins, over +inf), integers at both ends of int32. As NumPy's."""
+    c = 1024
+    if dt is i32:
+        x = np.zeros((4, c), np.int32)
+        x[0, [900, 1000]] = np.iinfo(np.int32).max
+        x[0, 5] = np.iinfo(np.int32).min
+        x[1, [40, 990]] = np.iinfo(np.int32).min
+        x[2, [1023, 600]] = -7
+        x[3] = np.iinfo(np.int32).min
+    else:
+        x = np.full((6, c), 0.5, np.float32)
+        x[0] = -1.0
+        x[0, [600, 900]] = [-0.0, 0.0]  # argmax: tie at 600
+        x[1] = 1.0
+        x[1, [300, 800]] = [0.0, -0.0]  # argmin: tie at 300
+        neg_nan = np.array([0xFFC00000], np.uint32).view(np.float32)[0]
+        x[2, [100, 700, 950]] = [np.inf, neg_nan, np.nan]
+        x[3, [20, 999]] = [-np.inf, neg_nan]
+        x[4, [1, 1000]] = [-0.0, -0.0]  # two -0.0 below 0.5: argmin at 1
+        x[5] = -0.0
+        x[5, 1023] = 0.0
+        x = round_to(x, dt)
+    rows = x.shape[0]
+    for k in (3, 4):
+        want = NP_REDUCTIONS[k](x, axis=1).astype(np.float32)
+        got = run(REDUCE_KERNELS[dt.name], (rows,), (rows,), f32, ct.from_numpy(x, dt), rows, c,
+                  k, 2, 0)  # fmt: skip
         np.testing.assert_array_equal(got, want, err_msg=REDUCTIONS[k].__name__)
 
 

@@ -10,7 +10,7 @@ over the reduced dim for free.
 from __future__ import annotations
 
 from cutile_py.ir import ops as o
-from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32
+from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
 from cutile_py.ir.types import TileType
 from cutile_py.lower.context import EmitContext
 from cutile_py.lower.isel import MOV
@@ -372,11 +372,56 @@ def reduce(em: EmitContext, op: o.ReduceOp) -> None:
         values.append(acc_v)
         if acc_i is not None:
             indices.append(acc_i)
-    if d is not None:
+    if d is not None and cb.arg and cb.acc in (f32, i32):
+        keys = [_arg_key(em, cb, v, i) for v, i in zip(values, indices)]
+        keys, _ = _across_threads(em, Combiner(em, "max", i64), xl, d, keys, [])
+        indices = [_key_index(em, k) for k in keys]
+    elif d is not None:
         values, indices = _across_threads(em, cb, xl, d, values, indices)
     out = indices if cb.arg else [finish(em, v, x.type.dtype, cb) for v in values]
     rl = em.layout(res)
     em.define(res, out if rl == want else convert(em, out, want, rl, res.type, res.type))
+
+
+def _arg_key(em: EmitContext, cb: Combiner, v: Reg, i: Reg) -> Reg:
+    """A (value, index) pair of a 32-bit argmax/argmin as one s64 whose signed maximum is the
+    better pair: the high word orders the values (argmin's negated; f32 as an ordered integer,
+    -0 as +0, every NaN above +inf: NaN first), the low word is ~index (lower index wins a tie,
+    compared unsigned). Across threads one max.s64 then replaces a dozen compares and selects."""
+    fb = em.fb
+    hi = fb.reg("b32")
+    if cb.acc is f32:
+        x = v
+        if cb.kind == "argmin":
+            x = fb.reg("f32")
+            fb.ins("neg.f32", x, v)
+        z, m, nan = fb.reg("f32"), fb.reg("b32"), fb.reg("pred")
+        fb.ins("add.rn.f32", z, x, f32_imm(0.0))  # -0 + 0 = +0: zeros of both signs tie
+        fb.ins("mov.b32", hi, z)
+        fb.ins("shr.s32", m, hi, 31)
+        fb.ins("and.b32", m, m, 0x7FFFFFFF)
+        key = fb.reg("b32")
+        fb.ins("xor.b32", key, hi, m)  # negative floats: flip the magnitude bits
+        fb.ins("setp.nan.f32", nan, v, v)
+        hi = fb.reg("b32")
+        fb.ins("selp.b32", hi, 0x7FFFFFFF, key, nan)
+    elif cb.kind == "argmin":  # ~x reverses the signed order without overflow
+        fb.ins("not.b32", hi, v)
+    else:
+        fb.ins("mov.b32", hi, v)
+    lo, r = fb.reg("b32"), fb.reg("b64")
+    fb.ins("not.b32", lo, i)
+    fb.ins("mov.b64", r, Vec((lo, hi)))
+    return r
+
+
+def _key_index(em: EmitContext, key: Reg) -> Reg:
+    """The index an `_arg_key` carries."""
+    fb = em.fb
+    lo, hi, i = fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
+    fb.ins("mov.b64", Vec((lo, hi)), key)
+    fb.ins("not.b32", i, lo)
+    return i
 
 
 def _pred_select(em: EmitContext, dst: Reg, a: Reg, b: Reg, c: Reg) -> None:

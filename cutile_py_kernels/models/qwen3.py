@@ -38,7 +38,7 @@ from cutile_py_kernels import autotune
 from cutile_py_kernels._common import next_pow2, prev_pow2, row_plan, row_warps, view
 from cutile_py_kernels.attention import AttentionPlan
 from cutile_py_kernels.gemm import _gemm_kernel
-from cutile_py_kernels.layout import _embedding_kernel
+from cutile_py_kernels.layout import embedding_launch
 from cutile_py_kernels.models.checkpoint import Qwen3Config, read_config, read_weights
 from cutile_py_kernels.models.qwen3_kernels import (
     decode_gemv_kernels,
@@ -46,7 +46,7 @@ from cutile_py_kernels.models.qwen3_kernels import (
     qwen3_kernels,
 )
 from cutile_py_kernels.norms import _rms_kernels
-from cutile_py_kernels.softmax import _argmax_kernels
+from cutile_py_kernels.softmax import argmax_launch
 
 AnyTensor = Tensor[Any, Any]
 
@@ -386,9 +386,9 @@ class Qwen3:
     # --- one launch each ---------------------------------------------------------------------
     def _embed(self, s: _Steps, t: int) -> ct.OpLike:
         hid = self.config.hidden_size
-        plan = row_plan(t, hid, self.dtype)
-        y = s.out("x", (t, hid), (1, plan.width), self.dtype)
-        op: ct.OpLike = _embedding_kernel(self.dtype)(y, self.embed, s.env["ids"])
+        kernel, width = embedding_launch(self.dtype, t, hid)
+        y = s.out("x", (t, hid), (1, width), self.dtype)
+        op: ct.OpLike = kernel(y, self.embed, s.env["ids"])
         return op
 
     def _attend(
@@ -493,14 +493,9 @@ class Qwen3:
         v = self.config.vocab_size
         # Kept in env: the tensor a captured step's logits can be read back through.
         rows = s.env["logit_rows"] = view(s.env["logits"], (t, v))
-        plan = row_plan(t, v, f32)
-        tile_k, loop_k = _argmax_kernels(f32)
-        if plan.loop:
-            y = s.out("next", (t, 1), (1, 1), i32)
-            op: ct.OpLike = loop_k(y, rows, plan.width)
-            return op
-        y = s.out("next", (t, 1), (plan.rows, 1), i32)
-        op = tile_k(y, rows, plan.width)
+        kernel, rows_per_block, width = argmax_launch(f32, t, v)
+        y = s.out("next", (t, 1), (rows_per_block, 1), i32)
+        op: ct.OpLike = kernel(y, rows, width)
         return op
 
 
