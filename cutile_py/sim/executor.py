@@ -302,7 +302,7 @@ def execute(
     watch = LoopWatch(b, steps)
     # Uniformly taken back-edges until the next loop check; never reaches 0 again when off.
     countdown = CHECK_EVERY if loop_check else 0
-    regs = b.regs
+    regs = b.file
     paths = [Path([[0, b.live, -1]])]
     budget = max_steps
     work = 0  # thread-instructions
@@ -361,7 +361,7 @@ def execute(
                     if g is None:
                         m, mc = mask, cnt
                     else:
-                        gv = regs.get(g)
+                        gv = regs[g]
                         if gv is None:
                             gv = np.zeros(b.n, dtype=bool)
                         m = mask & ~gv if st.negated else mask & gv

@@ -1,5 +1,6 @@
-"""The lanes of one batch of blocks: registers as immutable NumPy arrays, special registers,
-and the `ExecContext` that instruction semantics read and write through.
+"""The lanes of one batch of blocks: registers as immutable NumPy arrays in a list indexed by
+register slot (`cutile_py.sim.regfile`), special registers, and the `ExecContext` that
+instruction semantics read and write through.
 
 A register's array is never changed in place (a write rebinds it), so a read may return the
 stored array or a view of it, and one array may back several registers safely.
@@ -16,6 +17,7 @@ import numpy as np
 from cutile_py.ptx.ast import Imm, Instruction, Neg, Operand, Reg, Sink, Symbol, Vec
 from cutile_py.sim.context import PTYPE_DTYPE, WARP, ExecContext, SimError
 from cutile_py.sim.memory import SINT, UINT
+from cutile_py.sim.regfile import Slot
 
 BOOL = np.dtype(np.bool_)
 
@@ -66,7 +68,7 @@ class Lanes(ExecContext):
     def __init__(
         self,
         kernel: str,
-        reg_types: dict[str, str],
+        reg_types: tuple[str, ...],
         grid: tuple[int, int, int],
         block: tuple[int, int, int],
         first_block: int,
@@ -97,8 +99,9 @@ class Lanes(ExecContext):
         self.full = True  # mask covers every live lane
         self.dense = bool(self.exists.all())  # mask covers every lane of the batch
         self.instr = Instruction(0, "", "", (), ())
-        self.regs: dict[str, np.ndarray] = {}
-        self.widths = {name: reg_width(t) for name, t in reg_types.items()}
+        #: Each declared register's lanes by slot; None until first written.
+        self.file: list[np.ndarray | None] = [None] * len(reg_types)
+        self.widths = tuple(reg_width(t) for t in reg_types)
         self.shared_sizes = shared_sizes  # (dynamic, total) bytes
         self.symbol_value = symbol_value
         self.steps = 0
@@ -153,20 +156,28 @@ class Lanes(ExecContext):
     # -- operands -----------------------------------------------------------------------------
     def read(self, op: Operand, ptype: str) -> np.ndarray:
         t = type(op)
-        if t is Reg:
+        if t is Slot:
+            assert isinstance(op, Slot)
+            got = self.file[op.slot]
+            arr = self._unwritten(op.slot) if got is None else got
+        elif t is Reg:
             assert isinstance(op, Reg)
-            arr = self.regs.get(op.name)
-            if arr is None:
-                arr = self._unwritten(op.name)
-            want = PTYPE_DTYPE[ptype]
-            have = arr.dtype
-            if have is want or have == want:
-                return arr
-            if have.itemsize == want.itemsize and have.kind != "b" and want.kind != "b":
-                return arr.view(want)
-            if have == BOOL or want == BOOL:
-                self.fail(f"{op.name} is {'a predicate' if have == BOOL else 'not a predicate'}")
-            return resize(arr, want.itemsize, False).view(want)
+            arr = self.special(op.name)
+        else:
+            return self._value(op, ptype)
+        want = PTYPE_DTYPE[ptype]
+        have = arr.dtype
+        if have is want or have == want:
+            return arr
+        if have.itemsize == want.itemsize and have.kind != "b" and want.kind != "b":
+            return arr.view(want)
+        if have == BOOL or want == BOOL:
+            self.fail(f"{op.name} is {'a predicate' if have == BOOL else 'not a predicate'}")
+        return resize(arr, want.itemsize, False).view(want)
+
+    def _value(self, op: Operand, ptype: str) -> np.ndarray:
+        """`op`, not a register, read as `ptype`."""
+        t = type(op)
         if t is Imm:
             assert isinstance(op, Imm)
             # By identity, hashing an Imm costs more than reading it (and Imm(1) == Imm(1.0),
@@ -188,27 +199,25 @@ class Lanes(ExecContext):
             return self.symbol_value(op, ptype)
         self.fail(f"operand {op} cannot be read as a value")
 
-    def _unwritten(self, name: str) -> np.ndarray:
-        if name in self.widths:
-            # A register read before any write holds zeros (a GPU would hold garbage).
-            w = self.widths[name]
-            return np.zeros(self.n, dtype=BOOL if w == 0 else UINT[min(w, 8)])
-        return self.special(name)
+    def _unwritten(self, slot: int) -> np.ndarray:
+        # A register read before any write holds zeros (a GPU would hold garbage).
+        w = self.widths[slot]
+        return np.zeros(self.n, dtype=BOOL if w == 0 else UINT[min(w, 8)])
 
     def write(self, op: Operand, ptype: str, values: np.ndarray) -> None:
         t = type(op)
-        if t is Reg and self.full and type(values) is np.ndarray:
+        if t is Slot and self.full and type(values) is np.ndarray:
             # The common case, first: a whole register of its own width and type.
-            name = op.name  # type: ignore[union-attr]
+            slot = op.slot  # type: ignore[union-attr]
             want = PTYPE_DTYPE[ptype]
             if (
                 values.dtype is want
-                and self.widths.get(name) == want.itemsize
+                and self.widths[slot] == want.itemsize
                 and (values.shape == (self.n,))
             ):
                 if values.flags.writeable:
                     values.flags.writeable = False
-                self.regs[name] = values
+                self.file[slot] = values
                 return
         if t is Sink:
             return
@@ -217,13 +226,14 @@ class Lanes(ExecContext):
             for j, item in enumerate(op.items):
                 self.write(item, ptype, values[:, j])
             return
-        if t is not Reg:
+        if t is Reg:
+            assert isinstance(op, Reg)
+            self.fail(f"cannot write to {op.name}: not a declared register")
+        if t is not Slot:
             self.fail(f"cannot write to operand {op}")
-        assert isinstance(op, Reg)
-        name = op.name
-        width = self.widths.get(name)
-        if width is None:
-            self.fail(f"cannot write to {name}: not a declared register")
+        assert isinstance(op, Slot)
+        name, slot = op.name, op.slot
+        width = self.widths[slot]
         want = PTYPE_DTYPE[ptype]
         vals = np.asarray(values)
         if vals.dtype != want:
@@ -235,29 +245,29 @@ class Lanes(ExecContext):
         if vals.shape != (self.n,):
             vals = np.broadcast_to(vals, (self.n,))
         if not self.full:
-            old = self.regs.get(name)
+            old = self.file[slot]
             if old is None:
-                old = self._unwritten(name)
+                old = self._unwritten(slot)
             if old.dtype != vals.dtype:
                 old = old.view(vals.dtype)
             vals = np.where(self.mask, vals, old)
         if vals.flags.writeable:
             vals.flags.writeable = False
-        self.regs[name] = vals
+        self.file[slot] = vals
 
     def move(self, dst: Operand, src: Operand, width: int) -> bool:
-        if not (self.full and type(dst) is Reg and type(src) is Reg):
+        if not (self.full and type(dst) is Slot and type(src) is Slot):
             return False
-        arr = self.regs.get(src.name)
-        name = dst.name
+        arr = self.file[src.slot]
+        slot: int = dst.slot
         if (
             arr is None
             or arr.dtype.itemsize != width
-            or self.widths.get(name) != width
+            or self.widths[slot] != width
             or arr.dtype == BOOL
         ):
             return False
-        self.regs[name] = arr
+        self.file[slot] = arr
         return True
 
     # -- special registers --------------------------------------------------------------------

@@ -8,7 +8,7 @@ writes here). The executor calls `LoopWatch.check` at every `CHECK_EVERY`-th uni
 backward branch; each back-edge keeps one snapshot, moved forward at its 1st, 2nd, 4th, 8th...
 check (Brent's cycle finding, so loops whose state cycles with a period above 1 are found
 too) and retaken after any write or clock read. A snapshot holds references, not copies:
-register arrays are never changed in place, so taking one costs a dict copy. Lanes whose
+register arrays are never changed in place, so taking one costs a list copy. Lanes whose
 state repeats are stopped (the executor runs its other paths, which may set what they wait
 for); only where nothing else can run is the loop reported (`LoopWatch.report`).
 
@@ -36,7 +36,7 @@ Stack = list[list[object]]
 
 @dataclass
 class _Snapshot:
-    regs: dict[str, np.ndarray]
+    regs: list[np.ndarray | None]  # the register file by slot
     live: np.ndarray
     mask: np.ndarray
     # (pc, rpc, mask) of every stack entry; the top entry's pc is where it resumes, not
@@ -76,7 +76,7 @@ class LoopWatch:
     def _take(self, stack: Stack, mask: np.ndarray, step: int, checks: int) -> _Snapshot:
         b = self.b
         entries = [(e[0], e[2], e[1]) for e in stack]
-        return _Snapshot(dict(b.regs), b.live.copy(), mask.copy(), entries, b.writes,
+        return _Snapshot(list(b.file), b.live.copy(), mask.copy(), entries, b.writes,
                          b.clock_reads, step, checks)  # fmt: skip
 
     def _same(self, snap: _Snapshot, stack: Stack, mask: np.ndarray) -> bool:
@@ -90,17 +90,13 @@ class LoopWatch:
                 return False
             if i < len(stack) - 1 and (e[0] != pc or not _equal_masks(e[1], m)):
                 return False
-        regs = b.regs
-        if len(regs) != len(snap.regs):
-            return False  # a register first written since the snapshot
         live = b.live
         every = bool(live.all())
-        for name, now in regs.items():
-            then = snap.regs.get(name)
+        for then, now in zip(snap.regs, b.file):
             if then is now:
                 continue
-            if then is None or not _same_on(then, now, live, every):
-                return False
+            if then is None or now is None or not _same_on(then, now, live, every):
+                return False  # (None: a register first written since the snapshot)
         return True
 
     def report(self, pc: int, mask: np.ndarray, apart: int) -> SimError:

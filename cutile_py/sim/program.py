@@ -38,6 +38,7 @@ from cutile_py.sim.memops import (
     unsupported,
 )
 from cutile_py.sim.memory import GlobalMemory
+from cutile_py.sim.regfile import Slots
 from cutile_py.sim.wgmma import make_setmaxnreg, make_wgmma
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ class Step:
     kind: int
     instr: Instruction
     run: Handler | None  # NORMAL and WAIT steps only
-    guard: str | None
+    guard: int | None  # the guard predicate's register slot
     negated: bool
     own: bool = False  # run by the executor's own handler (not register semantics)
     target: int = -1  # BRANCH: the body index it jumps to
@@ -143,6 +144,7 @@ class Program:
         self.fn: Function = fn
         self.name = entry
         self.regs = dict(fn.regs)
+        self.slots = Slots(self.regs)
         self.directives = fn.directives
         self._layout_params(fn)
         shared = [v for v in (*module.variables, *fn.variables) if v.space == "shared"]
@@ -223,9 +225,13 @@ class Program:
         _check_labels(fn)
         cfg, block_of = build_cfg(fn.body, fn.labels)
         steps = []
-        for pc, ins in enumerate(fn.body):
-            guard = ins.guard.name if ins.guard is not None else None
+        slots = self.slots
+        for pc, src in enumerate(fn.body):
+            ins = slots.instruction(src)
             try:
+                guard = None if ins.guard is None else slots.index.get(ins.guard.name)
+                if ins.guard is not None and guard is None:
+                    raise unsupported(ins, f"guard {ins.guard.name} is not a declared predicate")
                 kind = control_kind(ins)
                 step = Step(kind, ins, None, guard, ins.guard_negated)
                 if kind == BRANCH:

@@ -68,7 +68,7 @@ class Batch(Lanes):
         shared_size = program.shared_size(dynamic_shared)
         super().__init__(
             program.name,
-            program.regs,
+            program.slots.types,
             grid,
             block,
             first_block,
