@@ -136,6 +136,8 @@ class Emitter(EmitContext):
         tid = fb.reg("b32")
         fb.ins("mov.u32", tid, "%tid.x")
         self.tid = tid
+        if self.kernel.group_m is not None:
+            self.block_ids = _grouped_block(self, self.kernel.group_m)
         layouts = [*self.plan.layouts.values(), *self.plan.memory.values()]
         for lay in layouts:
             self.base_regs(lay.base)
@@ -232,8 +234,10 @@ class Emitter(EmitContext):
 
     def op_grid(self, op: o.GridOp) -> None:
         r = self.fb.reg("b32")
-        special = "%ctaid" if op.which == "bid" else "%nctaid"
-        self.fb.ins("mov.u32", r, f"{special}.{'xyz'[op.axis]}")
+        if op.which == "bid":
+            self.fb.ins("mov.u32", r, self.block_index(op.axis))
+        else:
+            self.fb.ins("mov.u32", r, f"%nctaid.{'xyz'[op.axis]}")
         self.define(op.result, [r])
 
     def op_tensor_dim(self, op: o.TensorDimOp) -> None:
@@ -606,6 +610,30 @@ FRAGMENT_HANDLERS: dict[type[o.Op], Handler] = {
     o.ReshapeOp: emit_fragments.reshape,
     o.IotaOp: emit_fragments.iota,
 }
+
+
+def _grouped_block(em: EmitContext, group_m: int) -> list[Reg]:
+    """The block's tile index in the L2-grouped order (`ir.grid_order.grouped`, the same
+    arithmetic), once in the preamble: axes 0 and 1 remapped, axis 2 as launched."""
+    fb = em.fb
+    x, y, z, nx, ny = (fb.reg("b32") for _ in range(5))
+    for r, special in ((x, "%ctaid.x"), (y, "%ctaid.y"), (z, "%ctaid.z")):
+        fb.ins("mov.u32", r, special)
+    fb.ins("mov.u32", nx, "%nctaid.x")
+    fb.ins("mov.u32", ny, "%nctaid.y")
+    pid, width, band, first, rows, r, m, n = (fb.reg("b32") for _ in range(8))
+    fb.ins("mad.lo.u32", pid, y, nx, x)  # the launch order
+    fb.ins("mul.lo.u32", width, ny, group_m)  # blocks per band
+    fb.ins("div.u32", band, pid, width)
+    fb.ins("mul.lo.u32", first, band, group_m)
+    fb.ins("sub.u32", rows, nx, first)
+    fb.ins("min.u32", rows, rows, group_m)  # the last band may be narrower
+    fb.ins("mul.lo.u32", r, band, width)
+    fb.ins("sub.u32", r, pid, r)
+    fb.ins("rem.u32", m, r, rows)
+    fb.ins("add.u32", m, m, first)
+    fb.ins("div.u32", n, r, rows)
+    return [m, n, z]
 
 
 def entry_name(name: str) -> str:
