@@ -512,23 +512,26 @@ class Emitter(EmitContext):
         top, end = fb.new_label("loop"), fb.new_label("done")
         fb.place(top)
         done = fb.reg("pred")
-        fb.ins("setp.le.s32" if op.descending else "setp.ge.s32", done, iv, self.regs(hi)[0])
-        fb.ins("bra.uni", end, pred=done)
-        if pipe is not None:
-            pipe.top()
-        body_ops = op.body.ops
-        self.region(o.Region([], body_ops[:-1]))
-        yielded = body_ops[-1]
-        self.copy_into(
-            carried,
-            [
-                self.regs(v) if k in frag else self.regs_like(v, a)
-                for k, (v, a) in enumerate(zip(yielded.operands, args))
-            ],
-        )
-        if pipe is not None:
-            pipe.bottom()
-        fb.ins("add.s32", iv, iv, self.regs(step)[0])
+        # A pipeline may ask for several copies of the body per trip (each tests the exit).
+        for u in range(pipe.unroll if pipe is not None else 1):
+            fb.ins("setp.le.s32" if op.descending else "setp.ge.s32", done, iv, self.regs(hi)[0])
+            fb.ins("bra.uni", end, pred=done)
+            if pipe is not None:
+                pipe.copy(u)
+                pipe.top()
+            body_ops = op.body.ops
+            self.region(o.Region([], body_ops[:-1]))
+            yielded = body_ops[-1]
+            self.copy_into(
+                carried,
+                [
+                    self.regs(v) if k in frag else self.regs_like(v, a)
+                    for k, (v, a) in enumerate(zip(yielded.operands, args))
+                ],
+            )
+            if pipe is not None:
+                pipe.bottom()
+            fb.ins("add.s32", iv, iv, self.regs(step)[0])
         fb.ins("bra.uni", top)
         fb.place(end)
         if pipe is not None:

@@ -85,6 +85,10 @@ class PipelinePlan:
     kind: str = "cp.async"
     #: On a target with TMA, why tiles of this pipeline are copied by cp.async ("" if none).
     why: str = ""
+    #: Copies of the body per trip around the loop: one per stage for an mma.sync cp.async
+    #: ring, so that each copy reads and refills fixed stages (their offsets constants, the
+    #: addresses' immediates; nothing advances around the ring); 1 otherwise.
+    unroll: int = 1
 
     @property
     def ring_bytes(self) -> int:
@@ -245,8 +249,8 @@ def _staged_load(
 
 
 #: Bytes of a tile row one row of copying threads may cover, widest first: a whole 128-byte
-#: line, or half of one (still whole 32-byte sectors per instruction).
-COPY_ROW_BYTES = (128, 64)
+#: line, half of one or a 32-byte sector (each instruction still copies whole sectors).
+COPY_ROW_BYTES = (128, 64, 32)
 
 
 def _copy_blocked(rows: int, cols: int, eb: int, threads: int, width: int) -> Blocked:
@@ -268,7 +272,10 @@ def _copy_blocked(rows: int, cols: int, eb: int, threads: int, width: int) -> Bl
 def _copy_cost(b: Blocked, eb: int) -> int:
     """Integer instructions per iteration a thread spends on its copies' addresses: 2 per
     row (a 64-bit address) and 1 per shared address register (copies whose swizzle agrees
-    share one: rows 8 apart, columns a multiple of 8 chunks apart)."""
+    share one: rows 8 apart, columns a multiple of 8 chunks apart). The second term is an
+    add of the stage per iteration where the stage offset varies (wgmma rings); where the
+    loop is unrolled per stage (`PipelinePlan.unroll`) the stage is an immediate and the
+    register costs nothing per iteration, and the term only breaks ties."""
     chunks = b.shape[1] // b.vec
     xor = min(chunks & -chunks, 8)
     rows, cols = b.offsets(0), b.offsets(1)[:: b.vec]
@@ -407,6 +414,7 @@ def _place(
             if which == 1 and dt is f32:
                 rows, cols = cols, rows
             resident.append((v, which, SharedTile(0, rows, cols, dt.itemsize(), True)))
+    unroll = stages if placed and kind == "cp.async" and not wgmma and stages > 1 else 1
     return PipelinePlan(
         loop,
         tuple(mmas),
@@ -418,6 +426,7 @@ def _place(
         wgmma,
         kind,
         why,
+        unroll,
     )
 
 
