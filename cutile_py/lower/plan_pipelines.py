@@ -87,7 +87,8 @@ class PipelinePlan:
     why: str = ""
     #: Copies of the body per trip around the loop: one per stage for an mma.sync cp.async
     #: ring, so that each copy reads and refills fixed stages (their offsets constants, the
-    #: addresses' immediates; nothing advances around the ring); 1 otherwise.
+    #: addresses' immediates; nothing advances around the ring) in a loop that carries only
+    #: mma accumulators; 1 otherwise.
     unroll: int = 1
 
     @property
@@ -414,7 +415,12 @@ def _place(
             if which == 1 and dt is f32:
                 rows, cols = cols, rows
             resident.append((v, which, SharedTile(0, rows, cols, dt.itemsize(), True)))
+    # Only loops that carry nothing but mma accumulators (GEMM K loops): a body with more
+    # state (flash attention's row max and sum, its scores) copied S times runs out of
+    # registers (255 and spills at 64x64 tiles on sm_80, measured).
+    gemm_only = len(carried) == len(loop.body.args) - 1
     unroll = stages if placed and kind == "cp.async" and not wgmma and stages > 1 else 1
+    unroll = unroll if gemm_only else 1
     return PipelinePlan(
         loop,
         tuple(mmas),
