@@ -1,7 +1,8 @@
 """Tile-shape choice for `gemm` / `bmm`: a fixed default, or on `cuda` the fastest candidate.
 
 A config is the output tile (BM, BN) of one block, the K step BK, the number of cp.async
-pipeline stages and the warps per block. Valid configs obey the `ct.mma` shape rule (BM a
+pipeline stages, the warps per block and the block order (`group_m`: L2-grouped bands of
+`GROUP_M` tile rows, or the plain order). Valid configs obey the `ct.mma` shape rule (BM a
 multiple of 16, BN of 8, BK of 16 for f16/bf16 and of 8 for tf32), keep the f32 accumulator
 at most 128 registers per thread (a 64x64 tile per warp at most), and fit their operand
 stages in 96 KiB of shared memory (every supported GPU allows a block at least 99 KiB).
@@ -46,32 +47,42 @@ WGMMA_BM = 64
 MAX_ACC = 128 * 256
 #: Stages when a config does not say.
 STAGES = 3
-CACHE_VERSION = 4
+CACHE_VERSION = 5
 #: Accumulator elements one warp may own: 64 x 64, 128 f32 registers per thread.
 WARP_TILE = 64 * 64
 #: Warps per block a config may ask for (0: the compiler's choice, 8 for these tiles).
 WARPS = (0, 1, 2, 4, 8)
+#: Tile rows per band of the L2-grouped block order (`@ct.kernel(group_m=...)`): 8 bands of
+#: 128-row tiles read 1024 rows of A while they walk the columns of B.
+GROUP_M = 8
 
 
 @dataclass(frozen=True, order=True)
 class GemmConfig:
     """Output tile (bm, bn) per block; K advances by bk per step of the loop, whose operand
     tiles are loaded `stages` - 1 steps ahead; `warps` warps per block (0: the compiler's
-    choice), which split the tile into warp tiles of bm x bn / warps."""
+    choice), which split the tile into warp tiles of bm x bn / warps; blocks take their
+    tiles in L2-grouped bands of `group_m` tile rows (0: the plain order)."""
 
     bm: int
     bn: int
     bk: int
     stages: int = STAGES
     warps: int = 0
+    group_m: int = 0
 
     def astuple(self) -> list[int]:
-        return [self.bm, self.bn, self.bk, self.stages, self.warps]
+        return [self.bm, self.bn, self.bk, self.stages, self.warps, self.group_m]
 
     @property
     def num_warps(self) -> int | None:
         """The kernel's `num_warps` option."""
         return self.warps or None
+
+    @property
+    def group(self) -> int | None:
+        """The kernel's `group_m` option."""
+        return self.group_m or None
 
 
 def k_step(dtype: type[ct.DType]) -> int:
@@ -103,6 +114,7 @@ def is_valid(cfg: GemmConfig, dtype: type[ct.DType], wgmma: bool = False) -> boo
         and cfg.warps in WARPS
         and (cfg.warps == 0 or cfg.bm * cfg.bn <= cfg.warps * WARP_TILE)
         and cfg.warps <= _fragments(cfg)
+        and cfg.group_m >= 0
         and shared_bytes(cfg, dtype) <= (WGMMA_SHARED_LIMIT if wgmma else SHARED_LIMIT)
     )
 
@@ -117,7 +129,9 @@ def clamp(
 ) -> GemmConfig:
     """`cfg` shrunk to the problem (tiles no larger than M, N, K rounded up to the granules,
     BM to 64 rows on a `wgmma` target, and no more warps than the smaller tile has
-    fragments), so that tiny problems do not compute (and compile) mostly padding."""
+    fragments), so that tiny problems do not compute (and compile) mostly padding; grouping
+    dropped where the grid has no more tile rows than a band (the grouped order is then the
+    plain one, column by column: one kernel, not two)."""
     out = GemmConfig(
         min(cfg.bm, _up(m, WGMMA_BM if wgmma else 16)),
         min(cfg.bn, _up(n, 8)),
@@ -127,17 +141,20 @@ def clamp(
     warps = cfg.warps
     while warps > 1 and warps > _fragments(out):
         warps //= 2
-    return GemmConfig(out.bm, out.bn, out.bk, out.stages, warps)
+    group = cfg.group_m if -(-m // out.bm) > cfg.group_m else 0
+    return GemmConfig(out.bm, out.bn, out.bk, out.stages, warps, group)
 
 
 def default_config(
-    dtype: type[ct.DType], m: int, n: int, k: int, wgmma: bool = False
+    dtype: type[ct.DType], m: int, n: int, k: int, wgmma: bool = False, grouped: bool = True
 ) -> GemmConfig:
-    """64 x 64 output tiles, BK 32 (f16, bf16) or 16 (tf32), 3 stages, clamped to the
-    problem (what runs where nothing is timed); on a `wgmma` target BK 64 for f16 and bf16
-    (128-byte rows of A: wgmma's widest swizzle)."""
+    """64 x 64 output tiles, BK 32 (f16, bf16) or 16 (tf32), 3 stages, the L2-grouped
+    order where `grouped` (2-D problems) and M has more than `GROUP_M` tile rows, clamped to
+    the problem (what runs where nothing is timed); on a `wgmma` target BK 64 for f16 and
+    bf16 (128-byte rows of A: wgmma's widest swizzle)."""
     bk = 16 if dtype is ct.f32 else 64 if wgmma else 32
-    return clamp(GemmConfig(64, 64, bk), dtype, m, n, k, wgmma)
+    group = GROUP_M if grouped else 0
+    return clamp(GemmConfig(64, 64, bk, group_m=group), dtype, m, n, k, wgmma)
 
 
 #: Output tiles tried: the 128-row ones are what large problems want; 64-row ones keep
@@ -162,7 +179,13 @@ def stageable(dtype: type[ct.DType], rows: tuple[int, ...]) -> bool:
 
 
 def candidate_templates(
-    dtype: type[ct.DType], m: int, n: int, k: int, wgmma: bool = False, staged: bool = True
+    dtype: type[ct.DType],
+    m: int,
+    n: int,
+    k: int,
+    wgmma: bool = False,
+    staged: bool = True,
+    grouped: bool = True,
 ) -> dict[GemmConfig, GemmConfig]:
     """The configs tried, each as it is written in `TILES` (the template, what the cache
     stores) → as it runs on this problem (clamped). Templates are `TILES` with two K steps
@@ -170,7 +193,9 @@ def candidate_templates(
     compiler's choice where the operands are not `staged`), kept where the clamped config
     is valid; on a `wgmma` target (f16, bf16, staged operands) `WGMMA_TILES` with BK 64 and
     3 or 4 stages, or BK 32 and 4 stages, within sm_90's larger shared memory, with the
-    compiler's warps (one warpgroup per 64 rows)."""
+    compiler's warps (one warpgroup per 64 rows). Each in the plain and, where `grouped`
+    (2-D problems: grid axis 0 of `bmm` is the batch), the L2-grouped block order; the
+    grouped one clamps to the plain one where M has at most `GROUP_M` tile rows."""
     g = k_step(dtype)
     wgmma = wgmma and staged and dtype is not ct.f32
     steps = ((64, 3), (64, 4), (32, 4)) if wgmma else ((2 * g, 3), (2 * g, 4), (4 * g, 3))
@@ -178,18 +203,25 @@ def candidate_templates(
     for bm, bn in WGMMA_TILES if wgmma else TILES:
         for bk, stages in steps:
             for warps in tile_warps(bm, bn) if staged and not wgmma else (0,):
-                template = GemmConfig(bm, bn, bk, stages, warps)
-                fitted = clamp(template, dtype, m, n, k, wgmma)
-                if is_valid(fitted, dtype, wgmma):
-                    out[template] = fitted
+                for group in (0, GROUP_M) if grouped else (0,):
+                    template = GemmConfig(bm, bn, bk, stages, warps, group)
+                    fitted = clamp(template, dtype, m, n, k, wgmma)
+                    if is_valid(fitted, dtype, wgmma):
+                        out[template] = fitted
     return out
 
 
 def candidates(
-    dtype: type[ct.DType], m: int, n: int, k: int, wgmma: bool = False, staged: bool = True
+    dtype: type[ct.DType],
+    m: int,
+    n: int,
+    k: int,
+    wgmma: bool = False,
+    staged: bool = True,
+    grouped: bool = True,
 ) -> list[GemmConfig]:
     """The distinct configs tried on this problem (the clamped templates), sorted."""
-    return sorted(set(candidate_templates(dtype, m, n, k, wgmma, staged).values()))
+    return sorted(set(candidate_templates(dtype, m, n, k, wgmma, staged, grouped).values()))
 
 
 @dataclass(frozen=True)
@@ -312,7 +344,7 @@ class Autotuner:
             return {}
         out: dict[str, GemmConfig] = {}
         for name, v in dict(raw.get("entries", {})).items():
-            if isinstance(v, list) and len(v) == 5 and all(isinstance(x, int) for x in v):
+            if isinstance(v, list) and len(v) == 6 and all(isinstance(x, int) for x in v):
                 out[str(name)] = GemmConfig(*v)
         return out
 

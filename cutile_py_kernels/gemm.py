@@ -3,7 +3,8 @@
 f16 and bf16 operands multiply exactly into f32 sums; f32 operands are rounded to tf32
 (`cvt.rna`) first. The output dtype defaults to the inputs'. Each block owns one (BM, BN)
 output tile and walks K in steps of BK; tiles past the edges of A and B read 0, which adds
-nothing to the sums, and the partial output tiles at the edges are stored masked.
+nothing to the sums, and the partial output tiles at the edges are stored masked. Large 2-D
+problems take their tiles in the L2-grouped block order (`@ct.kernel(group_m=...)`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ One = TypeVar("One")
 #: The output dtype as the annotations name it: f32 for mypy; the factory rebinds it.
 Out = f32
 
-_made: dict[tuple[str, str, bool, bool, int, int | None], Any] = {}
+_made: dict[tuple[str, str, bool, bool, int, int | None, int | None], Any] = {}
 
 
 def _gemm_kernel(
@@ -31,13 +32,14 @@ def _gemm_kernel(
     batched: bool,
     stages: int = autotune.STAGES,
     num_warps: int | None = None,
+    group_m: int | None = None,
 ) -> Any:
     """The kernel for inputs `dt`, output `odt`, B as (K, N) or (N, K), 2-D or batched,
     its operand loads pipelined `stages` deep, `num_warps` warps per block (None: the
-    compiler's choice)."""
-    key = (dt.name, odt.name, trans_b, batched, stages, num_warps)
+    compiler's choice), blocks in L2-grouped bands of `group_m` tile rows (None: plain)."""
+    key = (dt.name, odt.name, trans_b, batched, stages, num_warps, group_m)
     if key not in _made:
-        _made[key] = _make(dt, odt, trans_b, batched, stages, num_warps)
+        _made[key] = _make(dt, odt, trans_b, batched, stages, num_warps, group_m)
     return _made[key]
 
 
@@ -48,6 +50,7 @@ def _make(
     batched: bool,
     stages: int,
     num_warps: int | None,
+    group_m: int | None,
 ) -> Any:
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841 (named by the annotations below)
@@ -65,7 +68,7 @@ def _make(
             t = ct.load(b, (kk, j), (bk, bn))
         return t
 
-    @ct.kernel(stages=stages, num_warps=num_warps)
+    @ct.kernel(stages=stages, num_warps=num_warps, group_m=group_m)
     def gemm_kernel(
         c: Mut[Tensor[Out, BM, BN]],
         a: Tensor[Elem, Dyn, Dyn],
@@ -89,7 +92,7 @@ def _make(
             t = ct.load(b, (ct.bid(0), kk, j), (1, bk, bn)).reshape((bk, bn))
         return t
 
-    @ct.kernel(stages=stages, num_warps=num_warps)
+    @ct.kernel(stages=stages, num_warps=num_warps, group_m=group_m)
     def bmm_kernel(
         c: Mut[Tensor[Out, One, BM, BN]],
         a: Tensor[Elem, Dyn, Dyn, Dyn],
@@ -128,7 +131,9 @@ def _config(
     m, n, k = mnk
 
     def make_launch(cfg: autotune.GemmConfig) -> autotune.Launch:
-        kernel = _gemm_kernel(dt, odt, trans_b, batch is not None, cfg.stages, cfg.num_warps)
+        kernel = _gemm_kernel(
+            dt, odt, trans_b, batch is not None, cfg.stages, cfg.num_warps, cfg.group
+        )
         if batch is None:
             scratch = ct.empty((m, n), odt).partition((cfg.bm, cfg.bn))
         else:
@@ -144,10 +149,11 @@ def _config(
     staged = autotune.stageable(dt, (k, k) if trans_b else (k, n))
     key = autotune.TuneKey.make(m, n, k, dt, trans_b, device, odt, batch, staged)
     wgmma = dt is not f32 and staged and ct.profiling.target().wgmma  # sm_90: wgmma configs
+    grouped = batch is None  # bmm's grid axis 0 is the batch: nothing to group
     return autotune.TUNER.choose(
         key,
-        autotune.candidate_templates(dt, m, n, k, wgmma, staged),
-        autotune.default_config(dt, m, n, k, wgmma),
+        autotune.candidate_templates(dt, m, n, k, wgmma, staged, grouped),
+        autotune.default_config(dt, m, n, k, wgmma, grouped),
         make_launch,
     )
 
@@ -174,7 +180,7 @@ def gemm(
         return ct.zeros((m, n), odt)
     cfg = _config(dt, odt, trans_b, (m, n, k), None, a, b)
     out = ct.empty((m, n), odt).partition((cfg.bm, cfg.bn))
-    kernel = _gemm_kernel(dt, odt, trans_b, False, cfg.stages, cfg.num_warps)
+    kernel = _gemm_kernel(dt, odt, trans_b, False, cfg.stages, cfg.num_warps, cfg.group)
     c, _, _, _ = kernel(out, a, b, cfg.bk).sync()
     result: Tensor[Any, Any] = c.unpartition()
     return result
@@ -201,7 +207,7 @@ def bmm(
         return ct.zeros((nb, m, n), odt)
     cfg = _config(dt, odt, trans_b, (m, n, k), nb, a, b)
     out = ct.empty((nb, m, n), odt).partition((1, cfg.bm, cfg.bn))
-    kernel = _gemm_kernel(dt, odt, trans_b, True, cfg.stages, cfg.num_warps)
+    kernel = _gemm_kernel(dt, odt, trans_b, True, cfg.stages, cfg.num_warps, cfg.group)
     c, _, _, _ = kernel(out, a, b, cfg.bk).sync()
     result: Tensor[Any, Any] = c.unpartition()
     return result

@@ -1,7 +1,8 @@
 """The cp.async pipeline of an mma loop advances the addresses of loads whose index is affine
 in the induction variable (one 64-bit add per tile and iteration) instead of recomputing
-them; loads with other indices are recomputed. Both match NumPy on sim at ragged shapes,
-for ascending and descending loops."""
+them; loads with other indices are recomputed. The loop holds one copy of its body per
+stage, each reading and refilling fixed stages (constant offsets, no ring arithmetic). All
+match NumPy on sim at ragged shapes and every trip count, ascending and descending."""
 
 from __future__ import annotations
 
@@ -62,6 +63,25 @@ def test_k_order_matches_numpy_on_sim(
     np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), atol=2e-3)
 
 
+@pytest.mark.parametrize("order", [0, 1])
+@pytest.mark.parametrize("steps", [1, 2, 3, 4, 5, 7])
+def test_every_trip_count_matches_numpy_on_sim(
+    rng: np.random.Generator, order: int, steps: int
+) -> None:
+    """The loop's 3 copies of the body per trip (3 stages) exit after any of them: K steps
+    of 16 from 1 to 7 (the last ragged), each trip count modulo 3."""
+    ct.set_backend("sim")
+    m, n, k = 40, 24, 16 * steps - 5
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((k, n)).astype(np.float16)
+    c = ct.full((m, n), np.nan, f32)
+    (cp, *_) = gemm_order(
+        c.partition((32, 32)), ct.from_numpy(a), ct.from_numpy(b), 16, order
+    ).sync()
+    got = cp.unpartition().to_numpy()
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), atol=2e-3)
+
+
 def _loop_body(order: int) -> str:
     ct.set_backend("sim")
     a = ct.empty((256, 256), f16)
@@ -79,8 +99,10 @@ def test_affine_loads_advance_their_addresses(order: int) -> None:
     address arithmetic is recomputed from the index (cvt.u64, mad/mul.lo.u64), and the
     index ops are not emitted again."""
     body = _loop_body(order)
-    assert body.count("cp.async.cg.shared.global") == 2
-    assert body.count("add.s64") == 2  # one per tile
+    copies = body.count("cp.async.commit_group")  # one per copy of the body
+    assert copies == 3  # the default 3 stages
+    assert body.count("cp.async.cg.shared.global") == 2 * copies
+    assert body.count("add.s64") == 2 * copies  # one per tile
     assert not re.search(r"cvt\.u64\.u32|(mad|mul)\.lo\.u64", body), body
 
 
@@ -131,8 +153,25 @@ def test_fragment_addresses_are_computed_before_the_loop(order: int) -> None:
     """The ldmatrix addresses of the staged tiles are lane offsets computed before the loop
     plus the stage read: the loop body does no lane or swizzle arithmetic at all."""
     body = _loop_body(order)
-    assert body.count("ldmatrix") == 6
+    assert body.count("ldmatrix") == 6 * body.count("cp.async.commit_group")
     assert not re.search(r"\b(xor|shl|shr|and)\.b32|mad\.lo|mul\.lo", body), body
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_each_copy_of_the_body_has_constant_stages(order: int) -> None:
+    """Copy u of the body reads stage u and refills stage u - 1 (mod 3), both set as
+    constants: the loop does no arithmetic on the stage offsets (no add, compare and select
+    wrapping them around the ring)."""
+    body = _loop_body(order)
+    stages = [
+        (int(r), int(w))
+        for r, w in re.findall(r"mov\.u32 %r\d+, (\d+);\n\tmov\.u32 %r\d+, (\d+);", body)
+    ]
+    assert len(stages) == 3, stages
+    size = stages[1][0] - stages[0][0]
+    assert size > 0 and [(r - stages[0][0]) // size for r, _ in stages] == [0, 1, 2]
+    assert [(w - stages[0][0]) // size for _, w in stages] == [2, 0, 1]
+    assert not re.search(r"selp\.b32|setp\.eq\.u32", body), body
 
 
 def test_wide_tiles_copy_few_rows_per_thread() -> None:
@@ -163,3 +202,24 @@ def test_wide_tiles_match_numpy_on_sim(rng: np.random.Generator) -> None:
     (cp, *_) = gemm_order(c.partition((128, 256)), ct.from_numpy(a), ct.from_numpy(b), 64, 0).sync()
     got = cp.unpartition().to_numpy()
     np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), atol=2e-3)
+
+
+def test_narrow_rows_are_copied_a_sector_per_thread_row() -> None:
+    """A 128x32 f16 A tile (64-byte rows) over 128 threads (4 warps): two threads cover a
+    32-byte sector of a row, so a thread copies its 4 chunks from 2 rows (not 4), and B's
+    32x128 tile (256-byte rows) from 1: with the stage an immediate, one 64-bit add per row
+    past the first and per tile is all the copies' address arithmetic."""
+    from cutile_py_kernels.gemm import _gemm_kernel
+
+    ct.set_backend("sim")
+    kernel = _gemm_kernel(f16, f32, False, False, 4, 4)
+    a = ct.empty((512, 512), f16)
+    c = ct.empty((512, 512), f32).partition((128, 128))
+    ptx = kernel.ptx(c, a, a, 32, target=80)
+    top = re.search(r"^\$__loop_\d+:$", ptx, re.M)
+    assert top is not None
+    issue = _issue_section(ptx[top.end() :])
+    copies = re.findall(r"cp\.async\.cg\.shared\.global \[(%r\d+)\+?(\d*)\], \[(%rd\d+)", issue)
+    assert len(copies) == 4 + 4
+    assert len({src for _, _, src in copies[:4]}) == 2, copies
+    assert len({src for _, _, src in copies[4:]}) == 1, copies

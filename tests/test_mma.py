@@ -494,7 +494,8 @@ def test_k_loop_is_pipelined_with_fragment_accumulators(name: str, variant: str)
     ptx = kernel.ptx(*args, ct.TensorSpec((256, 256), dt), bk, target=ct.Target(80))
     start, end = ptx.index("$__loop_1:"), ptx.index("$__done_2:")
     loop = ptx[start:end]
-    assert loop.count("cp.async.cg.shared.global") == 2, loop  # A and B
+    # A and B, in each copy of the body (one per stage)
+    assert loop.count("cp.async.cg.shared.global") == 2 * loop.count("commit_group"), loop
     assert "cp.async.commit_group" in loop and "cp.async.wait_group" in loop
     assert "st.shared" not in loop and "ld.global" not in loop
     assert "cp.async.wait_all" in ptx[end:]

@@ -224,10 +224,12 @@ def test_kloop_sass_counts_the_gemm_k_loop() -> None:
     SASS: per warp and K step of 32, 8 warps split the 64x64 block 2 x 4 (32x16 each: 2 x 2
     fragments) over 2 k steps = 8 HMMA; one 16-byte chunk of A and one of B per thread of
     the 256, each copied unchecked or, past an edge, checked: ptxas if-converts the two
-    short paths, so 4 LDGSTS are issued, 2 of them predicated off."""
+    short paths, so 4 LDGSTS are issued, 2 of them predicated off. A trip around the loop
+    holds one copy of the body per stage: 3 K steps."""
     ct.set_backend("sim")
     r = measure(64, 64, 32, 3, ct.Target(80))
-    assert (r.hmma, r.ldgsts) == (8, 4)
+    assert r.steps == 3
+    assert (r.hmma, r.ldgsts) == (8 * 3, 4 * 3)
     assert r.ldsm > 0 and r.integer > 0 and r.total > r.hmma + r.ldsm + r.ldgsts
     assert 0 < r.mma_share < 1
 

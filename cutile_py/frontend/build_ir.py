@@ -121,9 +121,11 @@ class KernelBuilder:
         fast_math: bool,
         stages: int | None = None,
         num_warps: int | None = None,
+        group_m: int | None = None,
     ) -> None:
         self.cap = cap
         self.num_warps = num_warps
+        self.group_m = group_m
         self.spec = spec
         self.fast_math = fast_math
         self.stages = stages
@@ -187,6 +189,7 @@ class KernelBuilder:
             fast_math=self.fast_math,
             stages=self.stages,
             num_warps=self.num_warps,
+            group_m=self.group_m,
         )
         ir.verify(kernel)
         return kernel
@@ -915,10 +918,11 @@ def build_kernel(
     fast_math: bool = False,
     stages: int | None = None,
     num_warps: int | None = None,
+    group_m: int | None = None,
 ) -> ir.Kernel:
     """Tile IR for `cap` specialized to `spec`; CompileError for anything unsupported."""
     try:
-        return KernelBuilder(cap, spec, fast_math, stages, num_warps).build()
+        return KernelBuilder(cap, spec, fast_math, stages, num_warps, group_m).build()
     except CompileError:
         raise
     except RecursionError as e:

@@ -14,6 +14,7 @@ import numpy as np
 from cutile_py.frontend.signature import Specialization
 from cutile_py.host.tensor import Partition, Tensor
 from cutile_py.ir.dtypes import from_storage, to_storage
+from cutile_py.ir.grid_order import grouped
 from cutile_py.language.block import CURRENT_BLOCK, BlockContext
 from cutile_py.language.interpret import KernelFault, TensorView, TileView
 from cutile_py.language.tile import Tile
@@ -63,9 +64,14 @@ def _user_line(e: BaseException) -> str:
 
 
 def run_interpreted(
-    fn: Any, spec: Specialization, grid: tuple[int, ...], args: tuple[Any, ...]
+    fn: Any,
+    spec: Specialization,
+    grid: tuple[int, ...],
+    args: tuple[Any, ...],
+    group_m: int | None = None,
 ) -> Completion:
-    """Run the kernel's Python once per block, on NumPy tiles, in grid order."""
+    """Run the kernel's Python once per block, on NumPy tiles, in grid order; with `group_m`,
+    each block owns the tile the L2-grouped order gives it (`grid_order.grouped`)."""
     arrays: list[np.ndarray | None] = []
     for a in args:
         t = a.tensor if isinstance(a, Partition) else a
@@ -86,8 +92,11 @@ def run_interpreted(
     g = (*grid, 1, 1, 1)[:3]
     try:
         with np.errstate(all="ignore"):
-            for block in itertools.product(*(range(n) for n in grid)):
-                bid = (*block, 0, 0, 0)[:3]
+            for hw in itertools.product(*(range(n) for n in grid)):
+                bid = (*hw, 0, 0, 0)[:3]
+                if group_m is not None:
+                    bid = grouped((bid[0], bid[1], bid[2]), (g[0], g[1], g[2]), group_m)
+                block = bid[: len(grid)]
                 call_args: list[Any] = []
                 for bp, a, arr, value in zip(spec.params, args, arrays, values):
                     if isinstance(a, Partition):

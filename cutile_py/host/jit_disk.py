@@ -116,6 +116,7 @@ def disk_key(
     compiler: str,
     stages: int | None = None,
     num_warps: int | None = None,
+    group_m: int | None = None,
 ) -> str | None:
     """The hex key of a specialization's PTX on disk, or None if some part has no stable form."""
     try:
@@ -134,6 +135,8 @@ def disk_key(
         }
         if num_warps is not None:  # absent otherwise: earlier entries keep their keys
             parts["num_warps"] = num_warps
+        if group_m is not None:
+            parts["group_m"] = group_m
         if target.wgmma:  # whether the lowering may emit sm_90a's wgmma
             parts["wgmma"] = True
     except (Unstable, RecursionError):

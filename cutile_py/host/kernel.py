@@ -114,6 +114,7 @@ class CacheKey:
     deps: tuple[tuple[tuple[str, ...], Hashable], ...] = ()
     compiler: str = COMPILER_VERSION
     num_warps: int | None = None
+    group_m: int | None = None
 
 
 class CompiledKernel:
@@ -278,6 +279,7 @@ class Kernel:
         fast_math: bool = False,
         stages: int | None = None,
         num_warps: int | None = None,
+        group_m: int | None = None,
         scope: dict[str, Any] | None = None,
     ) -> None:
         self.fn = fn
@@ -285,8 +287,10 @@ class Kernel:
         self.captured: CapturedFunction = capture(fn, scope)
         _check_stages(stages, self.captured)
         _check_num_warps(num_warps, self.captured)
+        _check_group_m(group_m, self.captured)
         self.stages = stages
         self.num_warps = num_warps
+        self.group_m = group_m
         self.name = self.captured.name
         self._signature = inspect.signature(fn)
         self._arity = len(self._signature.parameters)
@@ -337,6 +341,7 @@ class Kernel:
             self.stages,
             deps,
             num_warps=self.num_warps,
+            group_m=self.group_m,
         )
         hit = _CACHE.get(key)
         if hit is not None:
@@ -354,6 +359,7 @@ class Kernel:
                 fast_math=self.fast_math,
                 stages=self.stages,
                 num_warps=self.num_warps,
+                group_m=self.group_m,
                 compiler=COMPILER_VERSION,
             )
             from_disk = self._from_disk(disk_key, spec, target)
@@ -377,11 +383,14 @@ class Kernel:
             self.stages,
             deps,
             num_warps=self.num_warps,
+            group_m=self.group_m,
         )
         base = _CACHE.get(ir_key)
         if base is None:
             STATS.compiles += 1
-            kir = build_kernel(self.captured, spec, self.fast_math, self.stages, self.num_warps)
+            kir = build_kernel(
+                self.captured, spec, self.fast_math, self.stages, self.num_warps, self.group_m
+            )
             base = _CACHE[ir_key] = CompiledKernel(kir, print_kernel(kir), None)
         return base
 
@@ -588,7 +597,11 @@ def kernel(fn: Callable[..., Any], /) -> Kernel: ...
 
 @overload
 def kernel(
-    *, fast_math: bool = False, stages: int | None = None, num_warps: int | None = None
+    *,
+    fast_math: bool = False,
+    stages: int | None = None,
+    num_warps: int | None = None,
+    group_m: int | None = None,
 ) -> Callable[[Callable[..., Any]], Kernel]: ...
 
 
@@ -599,15 +612,26 @@ def kernel(
     fast_math: bool = False,
     stages: int | None = None,
     num_warps: int | None = None,
+    group_m: int | None = None,
 ) -> Kernel | Callable[[Callable[..., Any]], Kernel]:
     """Capture a kernel function: `@ct.kernel`, or with options, `@ct.kernel(fast_math=True,
     stages=3)`. `stages`: how many K-loop iterations ahead the cp.async pipeline loads
     tensor-core operand tiles (1 to 8; None: the compiler chooses). `num_warps`: warps per
-    block (1, 2, 4, 8, 16 or 32; None: the compiler chooses from the tile sizes)."""
+    block (1, 2, 4, 8, 16 or 32; None: the compiler chooses from the tile sizes).
+    `group_m`: blocks take their tiles in L2-grouped order (a positive int; None: block i
+    owns tile i): in launch order, blocks cover `group_m` tiles along grid axis 0, then step
+    along axis 1, band after band; axis 2 is left as it is. The order is a permutation of the
+    grid, so every tile still has one owner, and `ct.bid` and each `Mut` tile of a block name
+    its remapped tile (`cutile_py.ir.grid_order.grouped`)."""
     if fn is not None:
         return Kernel(fn, fast_math=fast_math, stages=stages, scope=_defining_scope(fn))
     return lambda f: Kernel(
-        f, fast_math=fast_math, stages=stages, num_warps=num_warps, scope=_defining_scope(f)
+        f,
+        fast_math=fast_math,
+        stages=stages,
+        num_warps=num_warps,
+        group_m=group_m,
+        scope=_defining_scope(f),
     )
 
 
@@ -634,6 +658,18 @@ def _check_num_warps(num_warps: object, captured: CapturedFunction) -> None:
         raise TypeError(f"{where}: num_warps must be an int or None, got {num_warps!r}")
     if num_warps not in (1, 2, 4, 8, 16, 32):
         raise ValueError(f"{where}: num_warps must be 1, 2, 4, 8, 16 or 32, got {num_warps}")
+
+
+def _check_group_m(group_m: object, captured: CapturedFunction) -> None:
+    """TypeError / ValueError, located at the kernel's `def`, unless `group_m` is None or a
+    positive int (checked when decorating)."""
+    if group_m is None:
+        return
+    where = f"{captured.file}:{captured.first_line}: kernel {captured.name}"
+    if isinstance(group_m, bool) or not isinstance(group_m, int):
+        raise TypeError(f"{where}: group_m must be an int or None, got {group_m!r}")
+    if group_m < 1:
+        raise ValueError(f"{where}: group_m must be at least 1, got {group_m}")
 
 
 def _defining_scope(fn: Callable[..., Any]) -> dict[str, Any]:

@@ -190,8 +190,10 @@ class LaunchPlan:
         else:
             # The interpreter walks the partitions' own grid (of their rank), not the padded one.
             fn, spec, tiles = self._fn, self.spec, self.grid
+            group = compiled.ir.group_m
             kernel = HostKernel(
-                compiled.name, lambda _, args: run_interpreted(fn, spec, tiles, tuple(args))
+                compiled.name,
+                lambda _, args: run_interpreted(fn, spec, tiles, tuple(args), group),
             )
             launch = backend.prepare(kernel, grid, (1, 1, 1), 0, ())
         self.launch = launch

@@ -368,3 +368,6 @@ class Kernel:
     stages: int | None = None
     #: Warps per block (None: the compiler chooses from the tile sizes).
     num_warps: int | None = None
+    #: Blocks take their tiles in L2-grouped order, `group_m` tile rows per band
+    #: (`ir.grid_order`; None: block index = tile index).
+    group_m: int | None = None

@@ -66,6 +66,9 @@ class EmitContext:
     bases: dict[Blocked, BaseRegs] = field(default_factory=dict)
     tid: Reg | None = None
     smem: Reg | None = None  # shared address of `smem` (u32)
+    #: The block's tile index per grid axis where the kernel remaps it (`group_m`), computed
+    #: in the preamble; empty: the tile index is `%ctaid`.
+    block_ids: list[Reg] = field(default_factory=list)
     #: Instruction families used that need more than the target's base PTX version.
     features: set[str] = field(default_factory=set)
     #: Emits one IR op where it stands (the emitter's dispatch; a pipeline emits a load's
@@ -105,6 +108,10 @@ class EmitContext:
     def max_shared(self) -> int:
         """Shared memory per block the target allows (dynamic shared memory past 48 KiB)."""
         return self.target.max_shared_bytes
+
+    def block_index(self, axis: int) -> Reg | str:
+        """The index of the tile this block owns along grid `axis` (a `mov` source)."""
+        return self.block_ids[axis] if self.block_ids else f"%ctaid.{'xyz'[axis]}"
 
     # -- registers ------------------------------------------------------------------------
     def regs(self, v: o.Value) -> list[Reg]:

@@ -183,7 +183,7 @@ def scatter(em: EmitContext, op: o.ScatterOp) -> None:
     for i, tile in enumerate(p.dims):
         assert tile is not None
         g = fb.reg("b32")
-        fb.ins("mov.u32", g, f"%ctaid.{'xyz'[i]}")
+        fb.ins("mov.u32", g, em.block_index(i))
         fb.ins("mul.lo.u32", g, g, tile)
         origin.append(g)
     guards = _element_guards(em, lay)

@@ -52,7 +52,7 @@ class Access:
                 # A sub-tile of the block's own tile: its index must stay inside that tile.
                 fb.ins("setp.lt.u32", ok, index[i], within[i] // shape[i])
                 b = fb.reg("b32")
-                fb.ins("mov.u32", b, f"%ctaid.{'xyz'[i]}")
+                fb.ins("mov.u32", b, em.block_index(i))
                 fb.ins("mul.lo.u32", b, b, within[i])
                 fb.ins("mad.lo.u32", g, index[i], shape[i], b)
             else:

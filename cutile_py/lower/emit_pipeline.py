@@ -14,6 +14,11 @@ that the fragments are read from, issued `stages - 1` iterations ahead into a ri
                 i + S - 1 into that stage; commit; the mma reads stage i % S
     after:      wait for all groups (prefetches past the end) before shared memory is reused
 
+The loop holds one copy of its body per stage (`PipelinePlan.unroll`; each copy tests the
+exit): copy u reads stage u and refills stage u - 1 mod S, so both offsets are constants
+that ptxas folds into the shared addresses' immediates, and no offset is advanced around
+the ring.
+
 What is pipelined, how deep and where its ring lies is decided before emission
 (`plan_pipelines`); this module carries it out. A load whose index is affine in the
 induction variable is a stream: its shared addresses, the bounds along the dims that do not
@@ -67,6 +72,7 @@ def start(em: EmitContext, plan: PipelinePlan) -> LoopPipeline:
             em.shared.floor(plan.loop),
             [(r.value, r.which) for r in resident if r.value is not None],
             async_reads=bool(plan.wgmma),
+            unroll=plan.unroll,
         )
     return LoopPipeline(em, plan.loop, dict(plan.carried), [], 1, plan.stage_bytes)
 
@@ -118,6 +124,10 @@ class LoopPipeline:
     async_reads: bool = False
     #: Code of the loop placed after it: the copies of tiles crossing a tensor's edge.
     deferred: list[str] = field(default_factory=list)
+    #: Copies of the body per trip around the loop: with one per stage, each copy reads and
+    #: refills fixed stages, whose offsets are constants (immediates in the addresses) and
+    #: no stage offset is advanced around the ring.
+    unroll: int = 1
 
     # -- emission hooks (called by Emitter.op_for) ----------------------------------------
     def prologue(self, iv: Reg, step: Reg) -> None:
@@ -144,6 +154,15 @@ class LoopPipeline:
         em.scratch_floor, em.scratch = floor, fb.reg("b32")
         fb.ins("add.u32", em.scratch, em.smem, floor)
 
+    def copy(self, u: int) -> None:
+        """Before copy `u` of the body (of `unroll`): its stages, as constants."""
+        if self.unroll == 1:
+            return
+        assert self.read is not None and self.write is not None
+        fb, s = self.em.fb, self.stages
+        fb.ins("mov.u32", self.read, self.ring + u % s * self.stage_bytes)
+        fb.ins("mov.u32", self.write, self.ring + (u + s - 1) % s * self.stage_bytes)
+
     def top(self) -> None:
         """Wait for this iteration's tiles; refill the stage the previous one read."""
         if not self.loads:
@@ -164,7 +183,7 @@ class LoopPipeline:
 
     def bottom(self) -> None:
         """Advance both stage offsets around the ring."""
-        if not self.loads or self.stages == 1:
+        if not self.loads or self.stages == 1 or self.unroll > 1:
             return
         for r in (self.read, self.write):
             assert r is not None

@@ -137,6 +137,8 @@ class Emitter(EmitContext):
         tid = fb.reg("b32")
         fb.ins("mov.u32", tid, "%tid.x")
         self.tid = tid
+        if self.kernel.group_m is not None:
+            self.block_ids = _grouped_block(self, self.kernel.group_m)
         layouts = [*self.plan.layouts.values(), *self.plan.memory.values()]
         for lay in layouts:
             self.base_regs(lay.base)
@@ -233,8 +235,10 @@ class Emitter(EmitContext):
 
     def op_grid(self, op: o.GridOp) -> None:
         r = self.fb.reg("b32")
-        special = "%ctaid" if op.which == "bid" else "%nctaid"
-        self.fb.ins("mov.u32", r, f"{special}.{'xyz'[op.axis]}")
+        if op.which == "bid":
+            self.fb.ins("mov.u32", r, self.block_index(op.axis))
+        else:
+            self.fb.ins("mov.u32", r, f"%nctaid.{'xyz'[op.axis]}")
         self.define(op.result, [r])
 
     def op_tensor_dim(self, op: o.TensorDimOp) -> None:
@@ -550,23 +554,26 @@ class Emitter(EmitContext):
         top, end = fb.new_label("loop"), fb.new_label("done")
         fb.place(top)
         done = fb.reg("pred")
-        fb.ins("setp.le.s32" if op.descending else "setp.ge.s32", done, iv, self.regs(hi)[0])
-        fb.ins("bra.uni", end, pred=done)
-        if pipe is not None:
-            pipe.top()
-        body_ops = op.body.ops
-        self.region(o.Region([], body_ops[:-1]))
-        yielded = body_ops[-1]
-        self.copy_into(
-            carried,
-            [
-                self.regs(v) if k in frag else self.regs_like(v, a)
-                for k, (v, a) in enumerate(zip(yielded.operands, args))
-            ],
-        )
-        if pipe is not None:
-            pipe.bottom()
-        fb.ins("add.s32", iv, iv, self.regs(step)[0])
+        # A pipeline may ask for several copies of the body per trip (each tests the exit).
+        for u in range(pipe.unroll if pipe is not None else 1):
+            fb.ins("setp.le.s32" if op.descending else "setp.ge.s32", done, iv, self.regs(hi)[0])
+            fb.ins("bra.uni", end, pred=done)
+            if pipe is not None:
+                pipe.copy(u)
+                pipe.top()
+            body_ops = op.body.ops
+            self.region(o.Region([], body_ops[:-1]))
+            yielded = body_ops[-1]
+            self.copy_into(
+                carried,
+                [
+                    self.regs(v) if k in frag else self.regs_like(v, a)
+                    for k, (v, a) in enumerate(zip(yielded.operands, args))
+                ],
+            )
+            if pipe is not None:
+                pipe.bottom()
+            fb.ins("add.s32", iv, iv, self.regs(step)[0])
         fb.ins("bra.uni", top)
         fb.place(end)
         if pipe is not None:
@@ -648,6 +655,30 @@ FRAGMENT_HANDLERS: dict[type[o.Op], Handler] = {
     o.ReshapeOp: emit_fragments.reshape,
     o.IotaOp: emit_fragments.iota,
 }
+
+
+def _grouped_block(em: EmitContext, group_m: int) -> list[Reg]:
+    """The block's tile index in the L2-grouped order (`ir.grid_order.grouped`, the same
+    arithmetic), once in the preamble: axes 0 and 1 remapped, axis 2 as launched."""
+    fb = em.fb
+    x, y, z, nx, ny = (fb.reg("b32") for _ in range(5))
+    for r, special in ((x, "%ctaid.x"), (y, "%ctaid.y"), (z, "%ctaid.z")):
+        fb.ins("mov.u32", r, special)
+    fb.ins("mov.u32", nx, "%nctaid.x")
+    fb.ins("mov.u32", ny, "%nctaid.y")
+    pid, width, band, first, rows, r, m, n = (fb.reg("b32") for _ in range(8))
+    fb.ins("mad.lo.u32", pid, y, nx, x)  # the launch order
+    fb.ins("mul.lo.u32", width, ny, group_m)  # blocks per band
+    fb.ins("div.u32", band, pid, width)
+    fb.ins("mul.lo.u32", first, band, group_m)
+    fb.ins("sub.u32", rows, nx, first)
+    fb.ins("min.u32", rows, rows, group_m)  # the last band may be narrower
+    fb.ins("mul.lo.u32", r, band, width)
+    fb.ins("sub.u32", r, pid, r)
+    fb.ins("rem.u32", m, r, rows)
+    fb.ins("add.u32", m, m, first)
+    fb.ins("div.u32", n, r, rows)
+    return [m, n, z]
 
 
 def entry_name(name: str) -> str:

@@ -105,7 +105,8 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
     for p in plan.pipelines.values():
         loop = loop_name(p.loop)
         kind = " tma" if p.kind == "tma" else ""  # cp.async: as before
-        pipes.append(f"  for {loop}:{kind} stages={p.stages} stage_bytes={p.stage_bytes}")
+        unroll = f" unroll={p.unroll}" if p.unroll > 1 else ""
+        pipes.append(f"  for {loop}:{kind} stages={p.stages} stage_bytes={p.stage_bytes}{unroll}")
         if p.why:
             pipes.append(f"    cp.async, not tma: {p.why}")
         if p.kind == "tma":

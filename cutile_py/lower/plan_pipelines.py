@@ -88,6 +88,11 @@ class PipelinePlan:
     #: wgmma commit groups left in flight at the end of an iteration (`plan_wgmma.in_flight`):
     #: 1 lets the tensor cores run while the next stage is awaited.
     in_flight: int = 0
+    #: Copies of the body per trip around the loop: one per stage for an mma.sync cp.async
+    #: ring, so that each copy reads and refills fixed stages (their offsets constants, the
+    #: addresses' immediates; nothing advances around the ring) in a loop that carries only
+    #: mma accumulators; 1 otherwise.
+    unroll: int = 1
 
     @property
     def ring_bytes(self) -> int:
@@ -251,8 +256,8 @@ def _staged_load(
 
 
 #: Bytes of a tile row one row of copying threads may cover, widest first: a whole 128-byte
-#: line, or half of one (still whole 32-byte sectors per instruction).
-COPY_ROW_BYTES = (128, 64)
+#: line, half of one or a 32-byte sector (each instruction still copies whole sectors).
+COPY_ROW_BYTES = (128, 64, 32)
 
 
 def _copy_blocked(rows: int, cols: int, eb: int, threads: int, width: int) -> Blocked:
@@ -274,7 +279,10 @@ def _copy_blocked(rows: int, cols: int, eb: int, threads: int, width: int) -> Bl
 def _copy_cost(b: Blocked, eb: int) -> int:
     """Integer instructions per iteration a thread spends on its copies' addresses: 2 per
     row (a 64-bit address) and 1 per shared address register (copies whose swizzle agrees
-    share one: rows 8 apart, columns a multiple of 8 chunks apart)."""
+    share one: rows 8 apart, columns a multiple of 8 chunks apart). The second term is an
+    add of the stage per iteration where the stage offset varies (wgmma rings); where the
+    loop is unrolled per stage (`PipelinePlan.unroll`) the stage is an immediate and the
+    register costs nothing per iteration, and the term only breaks ties."""
     chunks = b.shape[1] // b.vec
     xor = min(chunks & -chunks, 8)
     rows, cols = b.offsets(0), b.offsets(1)[:: b.vec]
@@ -413,6 +421,12 @@ def _place(
             if which == 1 and dt is f32:
                 rows, cols = cols, rows
             resident.append((v, which, SharedTile(0, rows, cols, dt.itemsize(), True)))
+    # Only loops that carry nothing but mma accumulators (GEMM K loops): a body with more
+    # state (flash attention's row max and sum, its scores) copied S times runs out of
+    # registers (255 and spills at 64x64 tiles on sm_80, measured).
+    gemm_only = len(carried) == len(loop.body.args) - 1
+    unroll = stages if placed and kind == "cp.async" and not wgmma and stages > 1 else 1
+    unroll = unroll if gemm_only else 1
     return PipelinePlan(
         loop,
         tuple(mmas),
@@ -424,6 +438,7 @@ def _place(
         wgmma,
         kind,
         why,
+        unroll=unroll,
     )
 
 
