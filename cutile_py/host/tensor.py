@@ -136,6 +136,10 @@ def drop_shared(obj: Owned, holder: Holder) -> None:
     are tried first, in place: n holders letting go of one tensor cost O(n) in all, where
     rebuilding the list each time cost O(n²) (a 1,000-op zip reading one tensor)."""
     shared = obj._shared
+    if not shared:
+        # Dropped already: the cycle collector clears every weak reference to the ops it
+        # frees before their finalizers run, so the first one to release cleared them all.
+        return
     if shared[0]() is holder:
         del shared[0]
     elif shared[-1]() is holder:
