@@ -5,6 +5,8 @@ here is made twice or more, so that the second goes through the planned fast pat
 from __future__ import annotations
 
 import gc
+import struct
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any, TypeVar
@@ -217,4 +219,140 @@ def test_ops_collected_together_by_the_cycle_collector_release_everything(
     assert not raised, [r.exc_value for r in raised]
     assert x._shared == [] and y._shared == []
     z, _, _ = K.add(_out(), x, y).sync()
+    np.testing.assert_array_equal(z.unpartition().to_numpy(), a + b)
+
+
+@pytest.fixture
+def null_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, ...]]]:
+    """The real cuda backend, active, over a driver whose calls return at once; yields the
+    parameter values each launch handed the driver, decoded from its parameter block."""
+    pytest.importorskip("cuda.bindings")
+    from cutile_py.runtime import cuda_driver as cu
+    from paper_repro.experiments.host import null_cuda as make
+
+    seen: list[tuple[Any, ...]] = []
+    real = cu.launch_kernel_packed
+
+    def spy(
+        function: Any, grid: Any, block: Any, shared: Any, stream: Any, params: Any, *rest: Any
+    ) -> None:
+        fmt = "<" + "".join(cu._SLOT_FORMAT[t] for t in params.ptypes)
+        values = struct.unpack_from(fmt, params.slots.raw)
+        # The null driver's addresses start at 2**32; the dims and scalars here are smaller.
+        seen.append((tuple(v for v in values if isinstance(v, int) and v >= 1 << 32), values))
+        real(function, grid, block, shared, stream, params, *rest)
+
+    monkeypatch.setattr(cu, "launch_kernel_packed", spy)
+    with make():
+        yield seen  # type: ignore[misc]
+
+
+def _addresses(*tensors: Any) -> tuple[int, ...]:
+    return tuple((t._tensor if isinstance(t, ct.Partition) else t)._address for t in tensors)
+
+
+def test_reused_parameter_blocks_carry_each_launchs_values(null_cuda: list[Any]) -> None:
+    """The integer-only block of `K.add` is repacked only when its values change: every
+    launch still hands the driver its own tensors' addresses, in whatever order they come."""
+    rng = np.random.default_rng()
+    xs = [ct.from_numpy(rng.standard_normal(N).astype(np.float32)) for _ in range(3)]
+    outs = [_out() for _ in range(3)]
+    order = [(0, 1, 2), (0, 1, 2), (1, 2, 0), (0, 1, 2), (2, 2, 1), (0, 1, 2)]
+    expected = []
+    for i, j, k in order:
+        args = (outs[i], xs[j], xs[k])
+        expected.append(_addresses(*args))
+        K.add(*args).sync()
+    assert [s[0] for s in null_cuda] == expected
+    # Floats are always repacked: -0.0 after 0.0 is other bits, and an int then a float
+    # scalar in one slot each is written as its own type.
+    del null_cuda[:]
+    x = ct.from_numpy(rng.standard_normal((8, N)).astype(np.float32))
+    z = ct.empty((1, N), ct.f32).partition((1, TILE))
+    calls = [(3, 0.0), (3, -0.0), (5, -0.0), (5, 2.5), (3, 0.0)]
+    for rows, scale in calls:
+        z, x, _, _ = K.column_sum(z, x, rows, scale).sync()
+    got = [(s[1][-2], struct.pack("<f", s[1][-1])) for s in null_cuda]
+    assert got == [(r, struct.pack("<f", s)) for r, s in calls]
+
+
+def test_threads_launching_one_plan_on_cuda_get_their_own_values(
+    null_cuda: list[Any],
+) -> None:
+    rng = np.random.default_rng()
+    K.add(_out(), *(ct.from_numpy(rng.standard_normal(N).astype(np.float32)) for _ in range(2)))
+    per_thread = 6
+    made: dict[int, list[tuple[int, ...]]] = {}
+    tensors = [
+        [ct.from_numpy(rng.standard_normal(N).astype(np.float32)) for _ in range(2)]
+        for _ in range(4)
+    ]
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            x, y = tensors[k]
+            mine = []
+            for _ in range(per_thread):
+                out = _out()
+                mine.append(_addresses(out, x, y))
+                out, x, y = K.add(out, x, y).sync()
+            made[k] = mine
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # interleave the threads as finely as the interpreter can
+    try:
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors, errors
+    launched = sorted(s[0] for s in null_cuda[-4 * per_thread :])
+    assert launched == sorted(a for mine in made.values() for a in mine)
+
+
+def test_a_graph_holds_what_it_captured_against_planned_launches(cpu: str) -> None:
+    rng = np.random.default_rng()
+    _warm(rng)
+    a, x = _vec(rng)
+    b, y = _vec(rng)
+    p = _out()
+    g = ct.graph(K.add(p, x, y))
+    for _ in range(2):
+        with pytest.raises(ct.BorrowError, match="parameter 'z'"):
+            K.add(p, x, y)
+        with pytest.raises(ct.BorrowError, match="held by graph of add"):
+            x.partition(TILE)
+    g.replay()
+    np.testing.assert_array_equal(g.read(p), a + b)
+    z, x2, y2 = g.release()
+    assert z is p and x2 is x and y2 is y
+    z, _, _ = K.add(z, y, y).sync()
+    np.testing.assert_array_equal(z.unpartition().to_numpy(), b + b)
+
+
+def test_an_awaited_op_holds_its_output_until_it_is_done(cpu: str) -> None:
+    import asyncio
+
+    rng = np.random.default_rng()
+    _warm(rng)
+    a, x = _vec(rng)
+    b, y = _vec(rng)
+    p = _out()
+
+    async def main() -> tuple[Any, ...]:
+        task = asyncio.ensure_future(K.add(p, x, y))
+        await asyncio.sleep(0)  # the launch has started
+        for _ in range(2):
+            with pytest.raises(ct.BorrowError, match="parameter 'z'"):
+                K.add(p, y, y)
+        return await task
+
+    z, _, _ = asyncio.run(main())
+    assert z._exclusive is None and x._shared == [] and y._shared == []
     np.testing.assert_array_equal(z.unpartition().to_numpy(), a + b)
