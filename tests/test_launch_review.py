@@ -356,3 +356,57 @@ def test_an_awaited_op_holds_its_output_until_it_is_done(cpu: str) -> None:
     z, _, _ = asyncio.run(main())
     assert z._exclusive is None and x._shared == [] and y._shared == []
     np.testing.assert_array_equal(z.unpartition().to_numpy(), a + b)
+
+
+class _Interleaved(list):  # type: ignore[type-arg]
+    """A holder list that runs `hook` (another thread's launch, taking its hold) the first
+    time a release reads its length or iterates it: the interleaving a thread switch makes
+    between a release's check and its write."""
+
+    hook: Any = None
+
+    def _switch(self) -> None:
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+
+    def __len__(self) -> int:
+        n = super().__len__()
+        self._switch()
+        return n
+
+    def __iter__(self) -> Any:
+        self._switch()
+        return super().__iter__()
+
+
+@pytest.mark.parametrize("where", ["planned", "checked", "middle"])
+def test_a_release_keeps_a_shared_hold_taken_meanwhile_by_another_thread(
+    cpu: str, where: str
+) -> None:
+    """Releasing one op's shared hold while another thread's launch takes one on the same
+    tensor keeps the other's: it used to replace the holder list, losing that hold (and the
+    tensor could then be moved or written while the other op was pending)."""
+    rng = np.random.default_rng()
+    _warm(rng)
+    a, x = _vec(rng)
+    b, y = _vec(rng)
+    # "checked": `x` passed twice, which the plan's `admit` declines (`release_holds` lets go).
+    first = K.add(_out(), x, x if where == "checked" else y)
+    others = [K.add(_out(), y, x), K.add(_out(), x, y)] if where == "middle" else []
+    if where == "middle":  # `first`'s hold between two others: `drop_shared`'s last branch
+        others[0], first = first, others[0]
+    held = list(x._shared)
+    x._shared = shared = _Interleaved(held)
+    later: list[Any] = []
+    shared.hook = lambda: later.append(K.add(_out(), x, y))
+    first.sync()
+    assert later and shared.hook is None, "the release read the holder list"
+    assert any(r() is later[0] for r in x._shared), "the other launch's hold was lost"
+    with pytest.raises(ct.BorrowError):
+        x.partition(TILE)
+    z2, _, _ = later[0].sync()
+    np.testing.assert_array_equal(z2.unpartition().to_numpy(), a + b)
+    for op in others:
+        op.sync()
+    assert all(r() is None for r in x._shared)
