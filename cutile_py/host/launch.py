@@ -352,7 +352,8 @@ def _releaser(
     """`release(op, args)`: `release_holds(op, held(args))` for a launch `admit` accepted,
     as straight-line code (generated once per plan, as `_admitter` is): each Mut or Atomic
     argument's exclusive hold, each other tensor's shared one; holds on escaped memory (none,
-    the common case) through `release_spans`."""
+    the common case) through `release_spans`. Holder lists are changed in place, never
+    replaced: another thread may be appending its hold to one meanwhile."""
     lines = ["def release(op, args):", f"    {_unpack(arity)} = args"]
     for i, mut in tensors:
         if mut or i in atomic:
@@ -361,7 +362,7 @@ def _releaser(
             lines += [
                 f"    s = a{i}._shared",
                 "    if len(s) == 1 and s[0]() is op:",
-                f"        a{i}._shared = []",
+                "        del s[0]",
                 "    else:",
                 f"        drop_shared(a{i}, op)",
             ]

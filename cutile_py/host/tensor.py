@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import weakref
@@ -123,7 +124,9 @@ def release_holds(holder: Holder, held: Sequence[tuple[Owned, bool]]) -> None:
         else:
             shared = obj._shared
             if len(shared) == 1 and shared[0]() is holder:
-                obj._shared = []  # the common case, without a pass
+                # The common case, without a pass; in place (not `= []`): a hold another
+                # thread appends meanwhile stays.
+                del shared[0]
             else:
                 drop_shared(obj, holder)
     if _span_holds:  # (none at all, the common case: no pass over `held` for them)
@@ -134,14 +137,26 @@ def drop_shared(obj: Owned, holder: Holder) -> None:
     """End `holder`'s shared hold on `obj`, which others hold too. Holds mostly end in the
     order they were taken (a zip's ops, pending reads), so the oldest and the newest entry
     are tried first, in place: n holders letting go of one tensor cost O(n) in all, where
-    rebuilding the list each time cost O(n²) (a 1,000-op zip reading one tensor)."""
+    rebuilding the list each time cost O(n²) (a 1,000-op zip reading one tensor). The list
+    is changed in place, never replaced: another thread's launch may append to it meanwhile
+    (concurrent releases of one tensor by several threads are not made atomic)."""
     shared = obj._shared
+    if not shared:
+        # Dropped already: the cycle collector clears every weak reference to the ops it
+        # frees before their finalizers run, so the first one to release cleared them all.
+        return
+    last = len(shared) - 1  # (a hold appended meanwhile goes after it: the index stays)
     if shared[0]() is holder:
         del shared[0]
-    elif shared[-1]() is holder:
-        shared.pop()
+    elif shared[last]() is holder:
+        del shared[last]
     else:  # (anywhere else: one pass, dropping the holds of holders gone meanwhile too)
-        obj._shared = [r for r in shared if r() is not holder and r() is not None]
+        # Each removed in place: a rebuilt list would lose the holds that other threads'
+        # launches append to this one meanwhile.
+        for r in [r for r in shared if r() is holder or r() is None]:
+            # (A dead one may have gone meanwhile, removed by another thread's pass.)
+            with contextlib.suppress(ValueError):
+                shared.remove(r)
 
 
 def release_spans(holder: Holder, held: Sequence[tuple[Owned, bool]]) -> None:
