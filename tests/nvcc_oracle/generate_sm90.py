@@ -1,11 +1,11 @@
-"""Compile `warp_specialized.cu` to PTX for sm_90a with nvcc, into `warp_specialized.ptx`
-(committed).
+"""Compile the sm_90a CUDA C oracles (`warp_specialized.cu`, `wgmma_layouts.cu`) to PTX with
+nvcc, each into the `.ptx` of its name (committed).
 
 Dev-only: nvcc is no dependency of cutile_py; the simulator tests read the committed PTX.
 
     python tests/nvcc_oracle/generate_sm90.py [path/to/nvcc]
 
-The PTX starts with a comment naming the nvcc release and the command that made it.
+Each PTX starts with a comment naming the nvcc release and the command that made it.
 """
 
 from __future__ import annotations
@@ -15,21 +15,20 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-ARCH = "sm_90a"  # setmaxnreg needs the architecture-specific target
+ARCH = "sm_90a"  # setmaxnreg and wgmma need the architecture-specific target
+SOURCES = ("warp_specialized.cu", "wgmma_layouts.cu")
 
 
 def main() -> None:
     nvcc = sys.argv[1] if len(sys.argv) > 1 else "nvcc"
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True)
     release = next(line for line in version.stdout.splitlines() if "release" in line).strip()
-    out = HERE / "warp_specialized.ptx"
-    src = HERE / "warp_specialized.cu"
-    subprocess.run([nvcc, "-ptx", f"-arch={ARCH}", "-o", str(out), str(src)], check=True)
-    head = (
-        f"// nvcc: {release}\n"
-        f"// made by: nvcc -ptx -arch={ARCH} warp_specialized.cu (generate_sm90.py)\n"
-    )
-    out.write_text(head + out.read_text())
+    for name in SOURCES:
+        src = HERE / name
+        out = src.with_suffix(".ptx")
+        subprocess.run([nvcc, "-ptx", f"-arch={ARCH}", "-o", str(out), str(src)], check=True)
+        head = f"// nvcc: {release}\n// made by: nvcc -ptx -arch={ARCH} {name} (generate_sm90.py)\n"
+        out.write_text(head + out.read_text())
 
 
 if __name__ == "__main__":

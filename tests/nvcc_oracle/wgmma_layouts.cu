@@ -1,7 +1,7 @@
 // One warpgroup (128 threads) computes D[64][32] = A[64][32] @ B[32][32] (f32 accumulate;
 // the wg2_neg_ kernels: two warpgroups, D[128][32] = -(A[128][32] @ B))
 // with wgmma.mma_async m64n32k16 (f16, bf16; two steps of K) or m64n32k8 (tf32; four),
-// compiled to PTX for sm_90a by nvcc (generate_wgmma.py) and run on the simulator by
+// compiled to PTX for sm_90a by nvcc (generate_sm90.py) and run on the simulator by
 // tests/test_nvcc_wgmma_layouts.py against NumPy. Each kernel stores its operands into
 // shared memory in one of the PTX ISA's canonical layouts (K-major or MN-major; no swizzle,
 // 32-byte or 64-byte swizzle), builds the matrix descriptors in C, or passes A in registers,
