@@ -257,7 +257,7 @@ class LoopPipeline:
                 if base is None:
                     base = fb.reg("b32")
                     fb.ins("add.u32", base, em.smem, stage)
-                _copy(em, sl, _access(em, sl, _index_at(em, self.loop, sl, iv)), base)
+                copy_staged(em, sl, staged_access(em, sl, index_at(em, self.loop, sl, iv)), base)
         for (sl, st), ok in zip(streams, oks):
             st.copy(em, sl, stage, ok, checked=True)
             st.advance(em, sl.varying)
@@ -273,8 +273,8 @@ class LoopPipeline:
         for sl in self.loads:
             if not sl.affine:
                 continue
-            first = _index_at(em, self.loop, sl, self.iv)
-            second = _index_at(em, self.loop, sl, nxt)
+            first = index_at(em, self.loop, sl, self.iv)
+            second = index_at(em, self.loop, sl, nxt)
             index, steps = [], []
             for a, b in zip(first, second):
                 copy, d = fb.reg("b32"), fb.reg("b32")
@@ -282,7 +282,7 @@ class LoopPipeline:
                 fb.ins("sub.s32", d, b, a)
                 index.append(copy)
                 steps.append(d)
-            access = _access(em, sl, index)
+            access = staged_access(em, sl, index)
             deltas, step_bytes = [], fb.reg("b64")
             fb.ins("mov.u64", step_bytes, 0)
             for i, (d, size) in enumerate(zip(steps, sl.load.shape)):
@@ -301,7 +301,7 @@ class LoopPipeline:
             )
 
 
-def _index_at(em: EmitContext, loop: o.ForOp, sl: StagedLoad, iv: Reg) -> list[Reg]:
+def index_at(em: EmitContext, loop: o.ForOp, sl: StagedLoad, iv: Reg) -> list[Reg]:
     """The load's index registers with the induction variable at `iv`: its index ops
     emitted again in a scope of their own (the body's registers are untouched)."""
     with em.scope({loop.body.args[0]: [iv]}):
@@ -444,12 +444,12 @@ class _Stream:
         self.access.advance(self.deltas, self.step_bytes, varying)
 
 
-def _access(em: EmitContext, sl: StagedLoad, index: list[Reg]) -> Access:
+def staged_access(em: EmitContext, sl: StagedLoad, index: list[Reg]) -> Access:
     load = sl.load
     return Access(em, load.param, index, load.shape, sl.copy, load.result.type.dtype, None)
 
 
-def _copy(em: EmitContext, sl: StagedLoad, access: Access, base: Reg) -> None:
+def copy_staged(em: EmitContext, sl: StagedLoad, access: Access, base: Reg) -> None:
     """One tile: each thread copies its chunks, zero-filling those past the tensor's edge."""
     fb = em.fb
     load = sl.load

@@ -242,8 +242,10 @@ class TmaPipeline(LoopPipeline):
                     if base is None:
                         base = fb.reg("b32")
                         fb.ins("add.u32", base, em.smem, stage)
-                    index = emit_pipeline._index_at(em, self.loop, sl, it)
-                    emit_pipeline._copy(em, sl, emit_pipeline._access(em, sl, index), base)
+                    index = emit_pipeline.index_at(em, self.loop, sl, it)
+                    emit_pipeline.copy_staged(
+                        em, sl, emit_pipeline.staged_access(em, sl, index), base
+                    )
                 else:
                     stream.copy(em, sl, stage, stream.tile_ok_now(sl), checked=True)
                     stream.advance(em, sl.varying)
@@ -282,7 +284,7 @@ class TmaPipeline(LoopPipeline):
         """The box's first element, innermost dimension first: the load's index (its index
         ops emitted again with the induction variable at `it`) times the tile shape."""
         fb = self.em.fb
-        index = emit_pipeline._index_at(self.em, self.loop, sl, it)
+        index = emit_pipeline.index_at(self.em, self.loop, sl, it)
         out = []
         for r, size in zip(reversed(index), reversed(sl.load.shape)):
             if size == 1:
