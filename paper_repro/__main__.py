@@ -45,6 +45,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="tiny sizes on the CPU ('sim' backend unless --backend is given)",
     )
+    p.add_argument(
+        "--lean",
+        action="store_true",
+        help="GPU sizes, but only the largest few per experiment (for a bounded device lease)",
+    )
     p.add_argument("--backend", choices=["cuda", "sim", "interpret"])
     p.add_argument("--reps", type=int, help="timed samples per measurement")
     p.add_argument("--only", default="", help="bandwidth: comma-separated kernel names")
@@ -77,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     timer = Timer(backend, reps=reps, warmup=1 if quick else 2)
     l2 = device.get("l2_bytes")
     ctx = Context(backend, quick, timer, int(l2) if isinstance(l2, int) else 0, device)
+    ctx.lean = args.lean and not quick
     ctx.log(f"paper_repro: backend {backend}, experiments {', '.join(args.chosen)} -> {out}")
     (out / "machine.json").write_text(json.dumps(device, indent=1) + "\n")
     results: list[Result] = []

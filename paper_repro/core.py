@@ -42,6 +42,8 @@ class Context:
     l2_bytes: int
     device: dict[str, Value]
     seed: int = 0
+    #: GPU sizes, but only the largest few per experiment (`--lean`).
+    lean: bool = False
     #: Measured ceilings shared between experiments (copy GB/s, cuBLAS TFLOP/s, ...).
     ceilings: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)

@@ -5,9 +5,12 @@
 # ${OUT:-paper_repro/results/gpu-check-<date>}. Runs from the working tree (PYTHONPATH=.), so
 # it needs no package registry: numpy, cuda-python and pytest must already be installed.
 #
-#   gpu_check.sh                 tests, then every experiment
+#   gpu_check.sh [all [EXP...]]  tests, then the experiments (default every one)
 #   gpu_check.sh tests           the GPU tests and PTX validation only
 #   gpu_check.sh bench [EXP...]  experiments only (default all), e.g. `bench gemm`
+#
+# REPRO_FLAGS adds options to `python -m paper_repro` (e.g. "--lean": the largest sizes only);
+# PYTEST_ADDOPTS, pytest's own variable, adds options to the tests (e.g. "-n 8" with xdist).
 #
 # Each step is bounded (TESTS_TIMEOUT, default 240 s; REPRO_TIMEOUT, default 540 s) so that a
 # hang cannot eat a lent machine's time; a step cut short says so. Where one command may run
@@ -57,7 +60,7 @@ if [ "$step" != tests ]; then
   # Progress goes to stderr; the results (CSV, JSON, REPORT.md) to $out/repro[-EXP...].
   name=repro${*:+-$(echo "$*" | tr ' ' '-')}
   bounded "${REPRO_TIMEOUT:-540}" "$out/$name.txt" \
-    python3 -m paper_repro "${@:-all}" --out "$out/$name"
+    python3 -m paper_repro "${@:-all}" ${REPRO_FLAGS:-} --out "$out/$name"
   rc=$?
   [ "$rc" -eq 0 ] || { echo "paper_repro exited with status $rc" | tee -a "$out/$name.txt"; status=$rc; }
 fi

@@ -88,7 +88,7 @@ def measure(bm: int, bn: int, bk: int, stages: int) -> Loop:
     body = k_loop(disassemble(report.cubin))
     ops = [opcode(t) for t in body]
     counts = {name: sum(op.startswith(name) for op in ops) for name in COLUMNS}
-    waits = [int(m.group(1), 16) for t in body if (m := _DEPBAR.search(t))]
+    waits = [int(hit.group(1), 16) for t in body if (hit := _DEPBAR.search(t))]
     integer = sum(op.startswith(_INTEGER) for op in ops)
     return Loop(report.registers, counts, integer, len(ops), min(waits, default=0))
 

@@ -90,6 +90,9 @@ def run(ctx: Context) -> Result:
     res = Result("gemm", "GEMM f16/bf16, TFLOP/s and % of cuBLAS (paper §5.1)")
     res.columns = ["impl", "dtype", "n", "status", "time_us", "tflops", "pct_cublas", "note"]
     sizes = [64] if ctx.quick else [128, 256, 512, 1024, 2048, 4096, 8192]
+    dtypes: tuple[str, ...] = ("f16", "bf16")
+    if ctx.lean:
+        sizes, dtypes = [2048, 8192], ("bf16",)
     have_gemm = getattr(lib, "gemm", None) is not None
     if not have_gemm:
         res.rows.append(missing_row("cutile_py_kernels.gemm is not written yet", impl="cutile_py"))
@@ -102,7 +105,7 @@ def run(ctx: Context) -> Result:
             row = missing_row(f"{p} needs the cuda backend", impl=p)
         if row is not None:
             res.rows.append(row)
-    for dtype in ("f16", "bf16"):
+    for dtype in dtypes:
         for n in sizes:
             ctx.log(f"gemm: {dtype} {n}^3")
             for impl in impls:
