@@ -25,7 +25,7 @@ class NullDriver:
         self._next_address = 1 << 32
         self._handles = itertools.count(1)
         self.calls = 0
-        #: The arguments of each cuTensorMapEncodeTiled call, in order.
+        #: The arguments of each cuTensorMapEncodeTiled call, in order (sized integers as ints).
         self.tensor_maps: list[tuple[Any, ...]] = []
 
     def __getattr__(self, name: str) -> Any:
@@ -80,9 +80,29 @@ class NullDriver:
         return (self._ok, 0.0)
 
     def cuTensorMapEncodeTiled(self, *args: Any) -> tuple[Any, ...]:
-        """Recorded; the map is the bindings' own (zeroed) CUtensorMap, as a device has none."""
+        """Recorded, once the real bindings have taken the arguments: they convert them before
+        calling the driver and refuse a Python int where a sized integer type is due
+        (TypeError; a stand-in that took anything hid that until a GPU ran it). The map is the
+        bindings' own (zeroed) CUtensorMap, as a device has none."""
+        try:
+            self._real.cuTensorMapEncodeTiled(*args)
+        except TypeError:
+            raise
+        except Exception:  # no driver on this machine: raised after the arguments converted
+            pass
         self.calls += 1
-        self.tensor_maps.append(args)
+        sized = (self._real.cuuint32_t, self._real.cuuint64_t)
+
+        def plain(a: Any) -> Any:
+            return (
+                [int(x) for x in a]
+                if isinstance(a, list)
+                else int(a)
+                if isinstance(a, sized)
+                else a
+            )
+
+        self.tensor_maps.append(tuple(map(plain, args)))
         return (self._ok, self._real.CUtensorMap())
 
     def cuStreamIsCapturing(self, stream: Any) -> tuple[Any, ...]:

@@ -91,6 +91,14 @@ def _run(
     return result
 
 
+def test_an_empty_k_gives_the_initial_accumulator(sim90: SimBackend) -> None:
+    """K = 0: the driver refuses a tensor map with a zero extent, and the loop issues no TMA
+    copy, so the launch passes a blank map and the accumulator (zeros) is stored."""
+    for dt in (f16, f32):
+        a, b = np.zeros((40, 0), NP[dt]), np.zeros((0, 24), NP[dt])
+        np.testing.assert_array_equal(_run(dt, a, b, (64, 64, 64)), 0.0)
+
+
 #: Tile shapes covering every tensor-map swizzle: rows of 128 bytes (128B swizzle), 64
 #: (64B), 32 (32B) and 16 (none); B's rows are BN elements, A's BK.
 COPY_TILES = [

@@ -14,6 +14,7 @@ from cutile_py.host.interpret_run import run_interpreted
 from cutile_py.host.tensor import Partition, Tensor, drop_shared, release_spans, span_holds
 from cutile_py.lower.pipeline import LoweredKernel
 from cutile_py.runtime.backend import (
+    TENSOR_MAP_BYTES,
     Backend,
     BoundLaunch,
     Completion,
@@ -76,6 +77,10 @@ class ParamReader:
         at `address` (`Backend.tensor_map`: dims innermost first, byte strides of the outer
         dims, the box and swizzle the lowering chose)."""
         p = self.maps[number]
+        if 0 in shape:
+            # No element to copy, and the driver refuses a zero extent: the kernel issues its
+            # TMA copies only for iterations of the loop over this tensor, so none reads it.
+            return bytes(TENSOR_MAP_BYTES)
         eb = _MAP_ELEMENT_BYTES[p.map_dtype]
         dims = tuple(reversed(shape))
         strides, stride = [], eb

@@ -13,6 +13,9 @@ import numpy as np
 from cutile_py.ptx.target import Target
 from cutile_py.runtime.nvjitlink import AssemblyReport
 
+#: The size of a tensor map: cuda.h's CUtensorMap, CU_TENSOR_MAP_NUM_QWORDS (16) words of 8 bytes.
+TENSOR_MAP_BYTES = 128
+
 #: Held while a launch or replay executes on the host (sim, interpret), so that a worker
 #: thread's launch, one from the event loop's thread, and changes to the simulator's memory
 #: map never overlap.

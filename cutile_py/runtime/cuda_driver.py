@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from cutile_py.ptx.builder import TENSOR_MAP_PTYPE
+from cutile_py.runtime.backend import TENSOR_MAP_BYTES
 from cutile_py.sim.tensor_map import check_tiled
 
 #: Results that mean a kernel faulted on the device; they poison the context for good.
@@ -502,9 +503,6 @@ def pack_params(params: Sequence[tuple[str, int | float]]) -> KernelParams:
     return KernelParams(tuple(values))
 
 
-#: A tensor map parameter (what `Backend.tensor_map` makes) is its 128 bytes.
-TENSOR_MAP_BYTES = 128
-
 #: Each parameter's slot in a `ParamBlock`: 8 bytes (aligned for every scalar type; a tensor
 #: map's 128), packed little-endian by `struct`, whose range checks reject what does not fit
 #: the type.
@@ -652,16 +650,18 @@ def encode_tensor_map(
     check_tiled(dtype, address, dims, strides, box, swizzle)
     cu = _cu()
     rank = len(dims)
+    # The bindings take the sized integer types, not Python ints (TypeError otherwise).
+    u32, u64 = cu.cuuint32_t, cu.cuuint64_t
     tmap = _check(
         "cuTensorMapEncodeTiled",
         cu.cuTensorMapEncodeTiled(
             cu.CUtensorMapDataType(dtype),
-            rank,
+            u32(rank),
             address,
-            list(dims),
-            list(strides),
-            list(box),
-            [1] * rank,
+            [u64(d) for d in dims],
+            [u64(s) for s in strides],
+            [u32(b) for b in box],
+            [u32(1)] * rank,
             cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             cu.CUtensorMapSwizzle(swizzle),
             cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE,

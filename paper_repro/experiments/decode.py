@@ -70,7 +70,7 @@ def run(ctx: Context) -> Result:
         "context length). Time per token: a graph replay with the position written and the "
         "next token read back (wall clock, as `Qwen3.generate` runs it)."
     )
-    for name in ["quick"] if ctx.quick else list(SHAPES):
+    for name in ["quick"] if ctx.quick else list(SHAPES)[:1] if ctx.lean else list(SHAPES):
         attempt(ctx, res.rows, name, partial(measure, ctx, name, bw), model=name)
     for model, gpu, tps, frac in paper.GROUT_DECODE:
         share = f", {100 * frac:.1f}% of its roofline" if frac is not None else ""
