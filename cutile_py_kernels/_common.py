@@ -196,16 +196,18 @@ def row_launch(
     family: Callable[[type[ct.DType], int], tuple[Any, ...]],
     first: int,
     rows: Tensor[Any, Any],
+    cap: int | None = None,
 ) -> RowLaunch:
     """The `RowLaunch` of kernel family `family(dtype, warps)` (its one-tile kernel at index
-    `first`, the chunked one after it) over `rows`, remembered by shape and dtype: a host
-    call then skips choosing the tiles, warps and kernel."""
-    key = (family, first, rows.shape, rows.dtype)
+    `first`, the chunked one after it) over `rows`, rows of up to `cap` elements in one tile
+    (`row_plan`), remembered by shape, dtype and cap: a host call then skips choosing the
+    tiles, warps and kernel."""
+    key = (family, first, rows.shape, rows.dtype, cap)
     got = _ROW_LAUNCHES.get(key)
     if got is None:
         r, n = rows.shape
         dt = rows.dtype
-        plan = row_plan(r, n, dt)
+        plan = row_plan(r, n, dt, cap)
         tile_k, loop_k = family(dt, row_warps(plan))[first : first + 2]
         if plan.loop:
             # The block's tile: the row rounded up to whole chunks (the tail is masked).

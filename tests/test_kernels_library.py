@@ -49,6 +49,7 @@ def small_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     for dt in DTYPES:
         monkeypatch.setitem(_common.ROW_CAP, dt, 256)
     monkeypatch.setattr(softmax_module, "ONE_PASS_CAP", 256)
+    monkeypatch.setattr(norms, "ONE_PASS_CAP", 256)
 
 
 # -- element-wise -----------------------------------------------------------------------------
@@ -213,19 +214,24 @@ def test_norms_chunked(
 
 
 def test_norms_beyond_the_real_cap(backend: str, rng: np.random.Generator) -> None:
-    n = _common.ROW_CAP[ct.f32] + 100
+    n = norms.ONE_PASS_CAP + 100
     x, xt, w, wt = norm_cases(rng, ct.f32, 2, n, offset=1.0)
     check(ck.rms_norm(xt, wt), rms_ref(x, w, 1e-6), ct.f32, 4)
     b, bt = rand(rng, (n,), ct.f32)
     check(ck.layer_norm(xt, wt, bt), ln_ref(x, w, b, 1e-5), ct.f32, 4)
 
 
-@pytest.mark.parametrize("n", [1000, _common.ROW_CAP[ct.f32] + 100])
+@pytest.mark.parametrize("n", [1000, norms.ONE_PASS_CAP + 100])
 def test_layer_norm_divides_on_the_host(n: int) -> None:
     """1/n comes from the host, as rms_norm's: neither layer_norm kernel divides (a div.rn.f32
     is a slow-path call in SASS)."""
     rows = ct.TensorSpec((8, n), ct.f32)
-    launch = _common.row_launch(norms._layer_norm_kernels, 0, rows)  # type: ignore[arg-type]
+    launch = _common.row_launch(
+        norms._layer_norm_kernels,
+        0,
+        rows,  # type: ignore[arg-type]
+        norms.ONE_PASS_CAP,
+    )
     out = ct.PartitionSpec((8, n), launch.tile, ct.f32)
     w = ct.TensorSpec((n,), ct.f32)
     ptx = launch.kernel.ptx(out, rows, w, w, n, 1.0 / n, 1e-5, *launch.extra)
@@ -233,6 +239,34 @@ def test_layer_norm_divides_on_the_host(n: int) -> None:
         ln for ln in ptx.splitlines() if ("div." in ln or "rcp." in ln) and "f32" in ln
     ]
     assert "ld.global" in ptx and f32_divisions == []
+
+
+@pytest.mark.parametrize(
+    ("n", "width", "warps"), [(8192, 8192, 8), (20_000, 20_000, 16), (20_001, 32768, 16)]
+)
+def test_long_norm_rows_are_read_once(n: int, width: int, warps: int) -> None:
+    """Rows up to ONE_PASS_CAP are one tile (masked to the next power of two unless a
+    multiple of 32), PER_THREAD elements per thread up to 16 warps: the chunked kernels read
+    a row once per statistic."""
+    rows = ct.TensorSpec((4096, n), ct.bf16)
+    for family in (norms._rms_kernels, norms._layer_norm_kernels):
+        launch = _common.row_launch(family, 0, rows, norms.ONE_PASS_CAP)  # type: ignore[arg-type]
+        assert (launch.tile, launch.extra) == ((1, width), ())
+        assert launch.kernel is family(ct.bf16, warps)[0]
+
+
+@pytest.mark.parametrize("dt", DT_PARAMS)
+def test_norms_of_rows_past_the_old_cap(backend: str, rng: np.random.Generator, dt: Any) -> None:
+    """8200 elements: one tile of 16384 (masked) where the chunked kernels took it before."""
+    x, xt, w, wt = norm_cases(rng, dt, 2, 8200, offset=1.0)
+    b, bt = rand(rng, (8200,), dt)
+    check(ck.rms_norm(xt, wt), rms_ref(x, w, 1e-6), dt, 4)
+    check(ck.layer_norm(xt, wt, bt), ln_ref(x, w, b, 1e-5), dt, 4)
+    res, rt = rand(rng, (2, 8200), dt)
+    y, h = ck.add_rms_norm(xt, rt, wt)
+    h_ref = round_to((x + res).astype(np.float32), dt).astype(np.float64)
+    np.testing.assert_array_equal(h.to_numpy().astype(np.float64), h_ref)
+    check(y, rms_ref(h_ref, w, 1e-6), dt, 4)
 
 
 def test_norms_keep_leading_axes(rng: np.random.Generator) -> None:
