@@ -10,7 +10,8 @@ stages in 96 KiB of shared memory (every supported GPU allows a block at least 9
 - On `sim` and `interpret` nothing is timed (timings of a CPU simulation say nothing about a
   GPU): `Autotuner.choose` returns `default_config`, clamped to the problem.
 - On `cuda` each candidate runs on scratch buffers that the tuner's caller allocates for it
-  (never the caller's output), timed with CUDA events; the fastest wins. The choice (as its
+  (never the caller's output), timed with CUDA events (the best of 5 runs), and the
+  FINALISTS fastest again (the median of 20); the fastest of those wins. The choice (as its
   unclamped template) is cached per `TuneKey` (M, N, K and the batch count rounded up to
   powers of two, dtypes, trans_b, device name) in the JSON file
   `<cache dir>/autotune/gemm.json` (the cache dir of `cutile_py.runtime.disk_cache`:
@@ -285,16 +286,34 @@ def cuda_event_timer(cfg: GemmConfig, launch: Launch, repeats: int = 5) -> float
     return min(ct.profiling.time_ms(launch, repeats))
 
 
+#: Candidates timed again, longer, after the first round: the best of a few short runs ranks
+#: them, but a short burst can favour a config that is slower run after run.
+FINALISTS = 4
+
+
+def cuda_final_timer(cfg: GemmConfig, launch: Launch, repeats: int = 20) -> float:
+    """Median of `repeats` launches timed with CUDA events, for the finalists."""
+    times = sorted(ct.profiling.time_ms(launch, repeats))
+    return times[len(times) // 2]
+
+
 class Autotuner:
     """Picks a `GemmConfig` per problem; see the module docstring for when it times."""
 
-    def __init__(self, path: Path | None = None, timer: Timer | None = None) -> None:
+    def __init__(
+        self, path: Path | None = None, timer: Timer | None = None, final: Timer | None = None
+    ) -> None:
         self._path = path
         self.timer = timer
+        #: Times the FINALISTS fastest of the first round again (on cuda by default:
+        #: `cuda_final_timer`; where `timer` is injected, only if `final` is too).
+        self.final = final
         self._lock = threading.Lock()
         self._memo: dict[str, GemmConfig] = {}
         #: Number of candidate sweeps run (tests check that a cached choice is reused).
         self.sweeps = 0
+        #: The config the last `choose` returned (reports name it beside their timings).
+        self.last: GemmConfig | None = None
 
     @property
     def path(self) -> Path:
@@ -312,25 +331,33 @@ class Autotuner:
         distinct config is timed and the fastest runs (its template cached: another problem
         in the same bucket clamps it to its own sizes, not re-tuning). `default` where
         nothing is timed (no injected timer, not on cuda)."""
-        timer = self.timer
+        timer, final = self.timer, self.final
         if timer is None:
             if ct.backend() != "cuda":
+                self.last = default
                 return default
-            timer = cuda_event_timer
+            timer, final = cuda_event_timer, final or cuda_final_timer
         text = key.text()
         with self._lock:
             hit = self._memo.get(text) or self._load().get(text)
             if hit is not None and hit in options:
                 self._memo[text] = hit
-                return options[hit]
+                self.last = options[hit]
+                return self.last
         self.sweeps += 1
         configs = sorted(set(options.values()))
         times = {cfg: timer(cfg, make_launch(cfg)) for cfg in configs}
-        best = min(configs, key=lambda c: (times[c], c))
+        ranked = sorted(configs, key=lambda c: (times[c], c))
+        if final is not None and len(ranked) > 1:
+            finalists = ranked[:FINALISTS]
+            final_times = {cfg: final(cfg, make_launch(cfg)) for cfg in finalists}
+            ranked = sorted(finalists, key=lambda c: (final_times[c], c))
+        best = ranked[0]
         template = min(t for t, c in options.items() if c == best)
         with self._lock:
             self._memo[text] = template
             self._store(text, template)
+        self.last = best
         return best
 
     # -- the JSON file ----------------------------------------------------------------------

@@ -44,6 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["bf16", "f16"], default="bf16")
     p.add_argument("--budget", type=float, default=150.0, help="seconds before stopping")
     p.add_argument("--only", choices=["wgmma", "mma"], help="one of the two candidate lists")
+    p.add_argument("--configs", default="", help="'bm,bn,bk,stages,warps,group_m;...' only")
+    p.add_argument(
+        "--sustained",
+        type=int,
+        default=0,
+        help="then time the K fastest, the tuner's choice and cuBLAS run after run",
+    )
     args = p.parse_args(argv)
     torch: Any = importlib.import_module("torch")
     ct.set_backend("cuda")
@@ -67,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.only != "wgmma":
         lists.append(autotune.candidates(dt, n, n, n, wgmma=False))
     configs = [c for cs in lists for c in cs]
+    if args.configs:
+        configs = [
+            autotune.GemmConfig(*map(int, c.split(","))) for c in args.configs.split(";") if c
+        ]
     rows, t0, left = [], time.perf_counter(), 0
     for i, cfg in enumerate(configs):
         if time.perf_counter() - t0 > args.budget:
@@ -99,7 +110,51 @@ def main(argv: list[str] | None = None) -> int:
               f"{err:.2e} {note} |")  # fmt: skip
     if left:
         print(f"\n{left} of {len(configs)} configs not run: the {args.budget:.0f} s budget ran out")
+    if args.sustained:
+        _sustained(torch, args.sustained, rows, dt, n, a, b, a_t, b_t, flop)
     return 0
+
+
+#: Launches in a row for the sustained timing (each on its own output).
+RUNS = 30
+
+
+def _sustained(
+    torch: Any, top: int, rows: list[Any], dt: Any, n: int, a: Any, b: Any, a_t: Any, b_t: Any,
+    flop: float,
+) -> None:  # fmt: skip
+    """Wall-clock time of RUNS launches queued back to back (no wait between them) for the
+    `top` fastest configs of the sweep, the config the library's tuner picks, and cuBLAS: a
+    config that wins short bursts but slows run after run (clocks, power) shows here."""
+    import cutile_py_kernels as ck
+
+    ck.gemm(a, b)  # tunes this shape the way the library does
+    tuned = autotune.TUNER.last
+    picks = [cfg for _, cfg, _, _, note in sorted(rows, key=lambda r: r[0])[:top] if not note]
+    if tuned is not None and tuned not in picks:
+        picks.append(tuned)
+    print(f"\n## run after run ({RUNS} launches queued, wall clock); the tuner picks {tuned}")
+    print("| config | us per launch | TFLOP/s |\n|---|---|---|")
+    for cfg in picks:
+        kernel = _gemm_kernel(dt, dt, False, False, cfg.stages, cfg.num_warps, cfg.group)
+        outs = [ct.empty((n, n), dt).partition((cfg.bm, cfg.bn)) for _ in range(RUNS)]
+        kernel(outs[0], a, b, cfg.bk).sync()
+        t0 = time.perf_counter()
+        ops = [kernel(o, a, b, cfg.bk) for o in outs]
+        for op in ops:
+            op.sync()
+        us = (time.perf_counter() - t0) / RUNS * 1e6
+        tag = " (tuner)" if cfg == tuned else ""
+        print(f"| {' '.join(map(str, cfg.astuple()))}{tag} | {us:.1f} | {flop / us / 1e6:.1f} |")
+    cs = [torch.empty_like(a_t) for _ in range(RUNS)]
+    torch.matmul(a_t, b_t, out=cs[0])
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for c in cs:
+        torch.matmul(a_t, b_t, out=c)
+    torch.cuda.synchronize()
+    us = (time.perf_counter() - t0) / RUNS * 1e6
+    print(f"| cuBLAS (torch.matmul) | {us:.1f} | {flop / us / 1e6:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

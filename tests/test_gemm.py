@@ -182,6 +182,28 @@ def test_tuning_picks_the_fastest_and_never_touches_the_output(
     assert not [p for p in tuner.path.parent.iterdir() if p.name.startswith(".tmp-")]
 
 
+def test_finalists_are_timed_again_and_decide(tmp_path: Path) -> None:
+    """The first round ranks every candidate; the FINALISTS fastest are timed again and the
+    fastest of the second round wins, even where the first round put it last of them."""
+    m, n, k = 256, 256, 256
+    opts = autotune.candidate_templates(ct.f16, m, n, k)
+    configs = sorted(set(opts.values()), key=lambda c: (c.bm * c.bn * c.bk, c))
+    first = {c: float(i) for i, c in enumerate(configs)}  # a strict ranking
+    finalists = configs[: autotune.FINALISTS]
+    timed_again: list[GemmConfig] = []
+
+    def final(cfg: GemmConfig, launch: autotune.Launch) -> float:
+        timed_again.append(cfg)
+        return -first[cfg]  # the reverse order
+
+    t = Autotuner(path=tmp_path / "gemm.json", timer=lambda c, _: first[c], final=final)
+    key = TuneKey.make(m, n, k, ct.f16, False, "sim")
+    default = autotune.default_config(ct.f16, m, n, k)
+    chosen = t.choose(key, opts, default, lambda cfg: lambda: pytest.fail("launched"))
+    assert sorted(timed_again) == sorted(finalists)
+    assert chosen == finalists[-1] == t.last
+
+
 def test_choice_is_reused_from_memory_and_from_disk(
     tuner: Autotuner, rng: np.random.Generator
 ) -> None:

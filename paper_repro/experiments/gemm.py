@@ -55,10 +55,17 @@ def measure(ctx: Context, impl: str, dtype: str, n: int) -> list[Row]:
     a, b = _inputs(ctx, n)
     rotate = rotate_count(ctx, 2 * 3 * n * n)
     if impl == "cutile_py":
+        from cutile_py_kernels import autotune
+
         sets = [[to_ct(a, dtype), to_ct(b, dtype)] for _ in range(rotate)]
         replay = cutile_replay(sets)
         m = ctx.timer.device(replay.launch, rotate=rotate)
-        return [_row(m, n, impl=impl, dtype=dtype)]
+        row = _row(m, n, impl=impl, dtype=dtype)
+        cfg = autotune.TUNER.last  # the tuner's choice, named beside its time
+        if cfg is not None:
+            config = "config " + "x".join(map(str, cfg.astuple()))
+            row["note"] = f"{row['note']}; {config}" if row.get("note") else config
+        return [row]
     if impl == "cupy":
         cupy = peers.load("cupy")[0]
         xs = [cupy.asarray(a.astype(np.float16)) for _ in range(rotate)]
