@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One bounded call on a lent GPU (a lease of minutes, not hours): the GPU-marked tests with
+# xdist, the GEMM experiment (every size, f16 and bf16, the tuner's choice named), the sweep
+# of every sm_90 GEMM candidate at 8192 with run-after-run timing of the fastest, the row
+# kernels' bandwidth at every width, and the warps-per-block sweep of the short-row kernels.
+# Everything lands in $OUT/results.tgz (re-packed after each step, so a call cut short still
+# returns what finished) and a summary is printed last. Runs from the working tree
+# (PYTHONPATH=.): numpy, cuda-python, pytest, pytest-xdist, pytest-timeout, PyTorch and Triton
+# must be installed there.
+#
+#   OUT=DIR paper_repro/lease_check.sh            (about 4 minutes on an H200)
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+out=${OUT:?set OUT to the directory that receives results.tgz}
+base=$(mktemp -d)
+work=$base/results
+mkdir -p "$work" "$out"
+{
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  git rev-parse HEAD 2>/dev/null || echo "commit unknown"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,power.limit \
+    --format=csv 2>&1
+  python3 -c "import cuda.bindings, numpy; print('cuda-bindings', cuda.bindings.__version__,
+    'numpy', numpy.__version__)" 2>&1
+} > "$work/machine.txt"
+cat "$work/machine.txt"
+
+# step NAME LIMIT COMMAND...: output to NAME.txt, bounded; the archive is re-packed after it.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" "$@" > "$work/$name.txt" 2>&1
+  local rc=$?
+  [ "$rc" -eq 124 ] && echo "stopped after ${limit}s" >> "$work/$name.txt"
+  echo "== $name: exit $rc"
+  tar czf "$out/results.tgz" -C "$base" results
+  return "$rc"
+}
+
+step gpu-tests 90 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 --timeout 80 -rfE
+grep -E "^(FAILED|ERROR)| passed| failed" "$work/gpu-tests.txt" | cut -c1-200 | tail -15
+step gemm 100 python3 -m paper_repro gemm --out "$work/gemm"
+step sweep-bf16 60 python3 -m paper_repro.gemm_sweep --n 8192 --only wgmma --sustained 4
+step sweep-f16 45 python3 -m paper_repro.gemm_sweep --n 8192 --dtype f16 --only wgmma \
+  --sustained 2
+step bandwidth 90 python3 -m paper_repro bandwidth \
+  --only rms_norm,add_rms_norm,layer_norm,softmax,softmax_causal --out "$work/bandwidth"
+step rows 45 python3 -m paper_repro.row_sweep
+
+echo "== summary"
+grep -E "^\| (cutile_py|cuBLAS \(torch\)) \| (f16|bf16) \| (4096|8192)" "$work/gemm/REPORT.md" \
+  | cut -d'|' -f2-9
+head -8 "$work/sweep-bf16.txt"
+sed -n '/run after run/,$p' "$work/sweep-bf16.txt" "$work/sweep-f16.txt"
+grep -E "^\| (rms_norm|add_rms_norm|layer_norm|softmax)" "$work/bandwidth/REPORT.md" \
+  | grep -E "x(8192|16384|32768)|1x4096|16x1024" | cut -d'|' -f2-8
+exit 0
