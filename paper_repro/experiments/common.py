@@ -83,9 +83,18 @@ def copy_ceiling(ctx: Context) -> list[Row]:
     kernel) once; the best is the ceiling `ctx.ceilings["copy_gbps"]`."""
     if "copy_gbps" in ctx.ceilings:
         return []
+    rows = measure_copy(ctx, 1 << 10 if ctx.quick else 1 << 28)
+    best = max(float(r["gbps"] or 0) for r in rows if isinstance(r.get("gbps"), float))
+    ctx.ceilings["copy_gbps"] = best
+    ctx.log(f"copy ceiling: {best:.1f} GB/s")
+    return rows
+
+
+def measure_copy(ctx: Context, n: int) -> list[Row]:
+    """Device-to-device copies of `n` f32 (read once, written once): the PTX copy kernel and,
+    on cuda, cuMemcpyDtoDAsync; rotated over buffer sets past twice the L2 like the rest."""
     from paper_repro.ptx import COPY_F32
 
-    n = 1 << 10 if ctx.quick else 1 << 28
     rng = ctx.rng(7)
     src = to_ct(rng.standard_normal(n, dtype=np.float32), "f32")
     rows: list[Row] = []
@@ -124,7 +133,4 @@ def copy_ceiling(ctx: Context) -> list[Row]:
                 m2, impl="cuMemcpyDtoDAsync", n=n, bytes=8 * n, gbps=sig(gbps(8 * n, m2.median_us))
             )
         )
-    best = max(float(r["gbps"] or 0) for r in rows if isinstance(r.get("gbps"), float))
-    ctx.ceilings["copy_gbps"] = best
-    ctx.log(f"copy ceiling: {best:.1f} GB/s")
     return rows
