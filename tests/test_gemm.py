@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -192,7 +192,7 @@ def test_finalists_are_timed_again_and_decide(tmp_path: Path) -> None:
     finalists = configs[: autotune.FINALISTS]
     timed_again: list[GemmConfig] = []
 
-    def final(cfg: GemmConfig, launch: autotune.Launch) -> float:
+    def final(cfg: GemmConfig, make_launch: Callable[[GemmConfig], autotune.Launch]) -> float:
         timed_again.append(cfg)
         return -first[cfg]  # the reverse order
 
