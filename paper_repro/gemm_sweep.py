@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         if time.perf_counter() - t0 > args.budget:
             left = len(configs) - i
             break
-        kernel = _gemm_kernel(dt, dt, False, False, cfg.stages, cfg.num_warps, cfg.group)
+        kernel = _gemm_kernel(
+            dt, dt, False, False, cfg.stages, cfg.num_warps, cfg.group, cfg.specialized
+        )
         try:
             out_t = torch.full((n, n), float("nan"), device="cuda", dtype=tdt)
             out = ct.from_dlpack(out_t).partition((cfg.bm, cfg.bn))
@@ -136,7 +138,9 @@ def _sustained(
     print(f"\n## run after run ({RUNS} launches queued, wall clock); the tuner picks {tuned}")
     print("| config | us per launch | TFLOP/s |\n|---|---|---|")
     for cfg in picks:
-        kernel = _gemm_kernel(dt, dt, False, False, cfg.stages, cfg.num_warps, cfg.group)
+        kernel = _gemm_kernel(
+            dt, dt, False, False, cfg.stages, cfg.num_warps, cfg.group, cfg.specialized
+        )
         outs = [ct.empty((n, n), dt).partition((cfg.bm, cfg.bn)) for _ in range(RUNS)]
         kernel(outs[0], a, b, cfg.bk).sync()
         t0 = time.perf_counter()
