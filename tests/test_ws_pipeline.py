@@ -106,6 +106,36 @@ def test_ws_gemm_matches_numpy_under_several_schedules(
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@ct.kernel(stages=2, warp_specialize=True)
+def gemm_hoisted(
+    c: Mut[Tensor[f32, BM, BN]],
+    a: Tensor[bf16, Dyn, Dyn],
+    b: Tensor[bf16, Dyn, Dyn],
+    BK: ct.Constant[int],
+) -> None:
+    """The tile indices and the trip count computed before the loop: the producer computes
+    them again (its registers are not the consumers')."""
+    row, col = ct.bid(0), ct.bid(1)
+    steps = ct.num_tiles(a, 1, BK)
+    acc: ct.Tile = ct.zeros((c.shape[0], c.shape[1]), f32)
+    for kk in range(steps):
+        ta = ct.load(a, (row, kk), (c.shape[0], BK))
+        tb = ct.load(b, (kk, col), (BK, c.shape[1]))
+        acc = ct.mma(ta, tb, acc)
+    c.store(acc)
+
+
+def test_indices_made_before_the_loop(rng: np.random.Generator, restore_backends: Any) -> None:
+    _sim90(schedules=2)
+    m, n, k = 200, 136, 96
+    a, ta = _operand(rng, (m, k), bf16)
+    b, tb = _operand(rng, (k, n), bf16)
+    out = ct.full((m, n), np.nan).partition((128, 64))
+    assert "setmaxnreg" in gemm_hoisted.ptx(out, ta, tb, 32, target=SM90)
+    res, *_ = gemm_hoisted(out, ta, tb, 32).sync()
+    _check(res, a @ b)
+
+
 def test_an_empty_k_loop_gives_zeros(rng: np.random.Generator, restore_backends: Any) -> None:
     """K = 0: the producer issues nothing and the consumers wait on nothing."""
     _sim90()

@@ -120,6 +120,7 @@ def producer_slice(kernel: o.Kernel, plan: PipelinePlan, uses: DefUse) -> tuple[
     inner = {op for sl in plan.loads for op in sl.index_ops}
     todo = list(loop.operands[:3])
     todo += [v for sl in plan.loads for op in sl.index_ops for v in op.operands]
+    todo += [v for sl in plan.loads for v in sl.load.operands]  # an index made before it
     params = {v for v in kernel.param_values if v is not None}
     top = set(kernel.body.ops)
     need: set[o.Op] = set()
