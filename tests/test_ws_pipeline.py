@@ -136,6 +136,31 @@ def test_indices_made_before_the_loop(rng: np.random.Generator, restore_backends
     _check(res, a @ b)
 
 
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_library_gemm_and_bmm_warp_specialized(
+    trans_b: bool, rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """The library's kernels with the option: 2-D in L2-grouped order (the tile index the
+    preamble remaps, read by both sides), and batched (3-D boxes), B as (K, N) or (N, K)."""
+    _sim90(schedules=2)
+    m, n, k = 330, 72, 104
+    a, ta = _operand(rng, (m, k), bf16)
+    b, tb = _operand(rng, (n, k) if trans_b else (k, n), bf16)
+    kernel = _gemm_kernel(bf16, f32, trans_b, False, 3, None, 2, True)
+    out = ct.full((m, n), np.nan).partition((128, 64))
+    assert "setmaxnreg" in kernel.ptx(out, ta, tb, 32)
+    res, *_ = kernel(out, ta, tb, 32).sync()
+    _check(res, a @ (b.T if trans_b else b))
+    p = 2
+    a3, ta3 = _operand(rng, (p, 130, k), f16)
+    b3, tb3 = _operand(rng, (p, n, k) if trans_b else (p, k, n), f16)
+    bmm = _gemm_kernel(f16, f32, trans_b, True, 3, None, None, True)
+    out3 = ct.full((p, 130, n), np.nan).partition((1, 128, 64))
+    assert "setmaxnreg" in bmm.ptx(out3, ta3, tb3, 32)
+    res3, *_ = bmm(out3, ta3, tb3, 32).sync()
+    _check(res3, a3 @ (np.swapaxes(b3, 1, 2) if trans_b else b3))
+
+
 def test_an_empty_k_loop_gives_zeros(rng: np.random.Generator, restore_backends: Any) -> None:
     """K = 0: the producer issues nothing and the consumers wait on nothing."""
     _sim90()
