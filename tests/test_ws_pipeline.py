@@ -15,6 +15,8 @@ import pytest
 
 import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, bf16, f16, f32
+from cutile_py.host import jit_disk
+from cutile_py.host.kernel import COMPILER_VERSION
 from cutile_py.host.launch import ParamReader
 from cutile_py.ir.dtypes import round_to
 from cutile_py.lower.plan import format_plan
@@ -289,6 +291,14 @@ def test_the_option_is_part_of_the_jit_key() -> None:
 
     with pytest.raises(TypeError, match="nothing: warp_specialize must be a bool, got 1"):
         ct.kernel(warp_specialize=1)(nothing)  # type: ignore[arg-type]
+    k = GEMMS[f16]
+    keys = {
+        jit_disk.disk_key(captured=k.captured, qualname=k.__qualname__, spec=k.specialize(spec),
+                          target=SM90, fast_math=False, compiler=COMPILER_VERSION, stages=3,
+                          warp_specialize=ws)
+        for ws in (False, True)
+    }  # fmt: skip
+    assert None not in keys and len(keys) == 2
 
 
 def test_the_tuner_tries_ws_variants_of_the_best_wgmma_configs() -> None:
