@@ -24,8 +24,10 @@ from cutile_py.ptx.target import Target
 
 #: Threads per warp.
 WARP = 32
+#: The named barrier of the consumer warps of a warp-specialized kernel (`EmitContext.barrier`).
+CONSUMERS_BARRIER = 1
 
-__all__ = ["WARP", "BaseRegs", "EmitContext", "LoweringError", "TensorRegs"]
+__all__ = ["CONSUMERS_BARRIER", "WARP", "BaseRegs", "EmitContext", "LoweringError", "TensorRegs"]
 
 
 @dataclass
@@ -253,6 +255,6 @@ class EmitContext:
     def barrier(self) -> None:
         """Every thread of the block waits here (shared memory written before is visible)."""
         if self.consumers:
-            self.fb.ins("bar.sync", 1, self.consumers)
+            self.fb.ins("bar.sync", CONSUMERS_BARRIER, self.consumers)
         else:
             self.fb.ins("bar.sync", 0)

@@ -325,9 +325,8 @@ def _coords(em: EmitContext, loop: o.ForOp, sl: StagedLoad, it: Reg) -> list[Reg
     return out
 
 
-#: Named barriers of a warp-specialized kernel: the consumers' block barrier, and the one
-#: both sides meet at once the mbarriers are initialized.
-CONSUMERS_BARRIER = 1
+#: The named barrier both sides of a warp-specialized kernel meet at once the mbarriers are
+#: initialized (the consumers' block barrier is `context.CONSUMERS_BARRIER`).
 READY_BARRIER = 2
 
 

@@ -13,14 +13,11 @@ mbarrier instead of issuing copies, and the epilogue after it. `emit_tma` carrie
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.uses import DefUse
 from cutile_py.lower.plan_tma import BARRIER_BYTES
-
-if TYPE_CHECKING:
-    from cutile_py.lower.plan_pipelines import PipelinePlan
 
 #: Ops the producer may compute again: pure, scalar, no regions.
 PURE_SCALAR_OPS = (
@@ -42,6 +39,38 @@ PRODUCER_REGS = 40
 REGISTER_FILE = 65536
 #: Threads a block may have.
 MAX_THREADS = 1024
+
+
+class Staged(Protocol):
+    """What this pass reads of a `plan_pipelines.StagedLoad` (which imports this module)."""
+
+    @property
+    def load(self) -> o.LoadOp: ...
+    @property
+    def index_ops(self) -> tuple[o.Op, ...]: ...
+    @property
+    def tma(self) -> bool: ...
+
+
+class Pipeline(Protocol):
+    """What this pass reads of a `plan_pipelines.PipelinePlan`."""
+
+    @property
+    def loop(self) -> o.ForOp: ...
+    @property
+    def mmas(self) -> tuple[o.MmaOp, ...]: ...
+    @property
+    def wgmma(self) -> tuple[o.MmaOp, ...]: ...
+    @property
+    def loads(self) -> tuple[Staged, ...]: ...
+    @property
+    def resident(self) -> tuple[Any, ...]: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def stages(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -84,7 +113,7 @@ class WarpSpecialization:
 
 
 def specialize(
-    kernel: o.Kernel, plan: PipelinePlan, threads: int, uses: DefUse
+    kernel: o.Kernel, plan: Pipeline, threads: int, uses: DefUse
 ) -> WarpSpecialization | str:
     """How `plan`'s loop runs warp-specialized with `threads` consumer threads, or why it
     cannot (it then runs as planned)."""
@@ -112,7 +141,7 @@ def specialize(
     return WarpSpecialization(threads, ops)
 
 
-def producer_slice(kernel: o.Kernel, plan: PipelinePlan, uses: DefUse) -> tuple[o.Op, ...] | str:
+def producer_slice(kernel: o.Kernel, plan: Pipeline, uses: DefUse) -> tuple[o.Op, ...] | str:
     """The top-level ops before the loop its bounds and box coordinates depend on (the
     kernel's scalar parameters and the preamble's registers excepted), or why one of them
     cannot be computed again by the producer."""
