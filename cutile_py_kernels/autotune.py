@@ -64,7 +64,8 @@ class GemmConfig:
     """Output tile (bm, bn) per block; K advances by bk per step of the loop, whose operand
     tiles are loaded `stages` - 1 steps ahead; `warps` warps per block (0: the compiler's
     choice), which split the tile into warp tiles of bm x bn / warps; blocks take their
-    tiles in L2-grouped bands of `group_m` tile rows (0: the plain order)."""
+    tiles in L2-grouped bands of `group_m` tile rows (0: the plain order); `ws` 1 runs the K
+    loop warp-specialized (wgmma targets, the compiler's warps)."""
 
     bm: int
     bn: int
@@ -72,9 +73,19 @@ class GemmConfig:
     stages: int = STAGES
     warps: int = 0
     group_m: int = 0
+    #: 1: the K loop warp-specialized (`@ct.kernel(warp_specialize=True)`: a producer warp
+    #: group issues the TMA copies); 0: not.
+    ws: int = 0
 
     def astuple(self) -> list[int]:
-        return [self.bm, self.bn, self.bk, self.stages, self.warps, self.group_m]
+        """The fields as a list (`ws` only where set: earlier cache entries keep their form)."""
+        out = [self.bm, self.bn, self.bk, self.stages, self.warps, self.group_m]
+        return [*out, self.ws] if self.ws else out
+
+    @property
+    def specialized(self) -> bool:
+        """The kernel's `warp_specialize` option."""
+        return self.ws == 1
 
     @property
     def num_warps(self) -> int | None:
@@ -117,6 +128,8 @@ def is_valid(cfg: GemmConfig, dtype: type[ct.DType], wgmma: bool = False) -> boo
         and (cfg.warps == 0 or cfg.bm * cfg.bn <= cfg.warps * WARP_TILE)
         and cfg.warps <= _fragments(cfg)
         and cfg.group_m >= 0
+        and cfg.ws in (0, 1)
+        and (cfg.ws == 0 or (wgmma and cfg.warps == 0))
         and shared_bytes(cfg, dtype) <= (WGMMA_SHARED_LIMIT if wgmma else SHARED_LIMIT)
     )
 
@@ -144,7 +157,7 @@ def clamp(
     while warps > 1 and warps > _fragments(out):
         warps //= 2
     group = cfg.group_m if -(-m // out.bm) > cfg.group_m else 0
-    return GemmConfig(out.bm, out.bn, out.bk, out.stages, warps, group)
+    return GemmConfig(out.bm, out.bn, out.bk, out.stages, warps, group, cfg.ws)
 
 
 def default_config(
@@ -164,6 +177,9 @@ def default_config(
 TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256))
 #: On wgmma targets also 256 x 128 (two warpgroups of two m64 blocks each).
 WGMMA_TILES = (*TILES, (256, 128))
+#: Warp-specialized variants tried on wgmma targets (BK 64, 3 or 4 stages where they fit):
+#: the tiles of the fastest plain configs on an H200 (128 x 256 x 64, 4 stages, group 8).
+WS_TILES = ((128, 128), (128, 256), (256, 128))
 
 
 def tile_warps(bm: int, bn: int) -> tuple[int, ...]:
@@ -197,7 +213,9 @@ def candidate_templates(
     3 or 4 stages, or BK 32 and 4 stages, within sm_90's larger shared memory, with the
     compiler's warps (one warpgroup per 64 rows). Each in the plain and, where `grouped`
     (2-D problems: grid axis 0 of `bmm` is the batch), the L2-grouped block order; the
-    grouped one clamps to the plain one where M has at most `GROUP_M` tile rows."""
+    grouped one clamps to the plain one where M has at most `GROUP_M` tile rows. On a
+    `wgmma` target also warp-specialized variants (`ws` 1) of `WS_TILES`, BK 64, 3 and 4
+    stages, in the grouped order where `grouped`."""
     g = k_step(dtype)
     wgmma = wgmma and staged and dtype is not ct.f32
     steps = ((64, 3), (64, 4), (32, 4)) if wgmma else ((2 * g, 3), (2 * g, 4), (4 * g, 3))
@@ -210,6 +228,12 @@ def candidate_templates(
                     fitted = clamp(template, dtype, m, n, k, wgmma)
                     if is_valid(fitted, dtype, wgmma):
                         out[template] = fitted
+    for bm, bn in WS_TILES if wgmma else ():
+        for stages in (3, 4):
+            template = GemmConfig(bm, bn, 64, stages, 0, GROUP_M if grouped else 0, 1)
+            fitted = clamp(template, dtype, m, n, k, wgmma)
+            if is_valid(fitted, dtype, wgmma):
+                out[template] = fitted
     return out
 
 
@@ -380,7 +404,7 @@ class Autotuner:
             return {}
         out: dict[str, GemmConfig] = {}
         for name, v in dict(raw.get("entries", {})).items():
-            if isinstance(v, list) and len(v) == 6 and all(isinstance(x, int) for x in v):
+            if isinstance(v, list) and len(v) in (6, 7) and all(isinstance(x, int) for x in v):
                 out[str(name)] = GemmConfig(*v)
         return out
 

@@ -22,7 +22,7 @@ One = TypeVar("One")
 #: The output dtype as the annotations name it: f32 for mypy; the factory rebinds it.
 Out = f32
 
-_made: dict[tuple[str, str, bool, bool, int, int | None, int | None], Any] = {}
+_made: dict[tuple[str, str, bool, bool, int, int | None, int | None, bool], Any] = {}
 
 
 def _gemm_kernel(
@@ -33,13 +33,15 @@ def _gemm_kernel(
     stages: int = autotune.STAGES,
     num_warps: int | None = None,
     group_m: int | None = None,
+    warp_specialize: bool = False,
 ) -> Any:
     """The kernel for inputs `dt`, output `odt`, B as (K, N) or (N, K), 2-D or batched,
     its operand loads pipelined `stages` deep, `num_warps` warps per block (None: the
-    compiler's choice), blocks in L2-grouped bands of `group_m` tile rows (None: plain)."""
-    key = (dt.name, odt.name, trans_b, batched, stages, num_warps, group_m)
+    compiler's choice), blocks in L2-grouped bands of `group_m` tile rows (None: plain),
+    its K loop warp-specialized where `warp_specialize` (and the plan can)."""
+    key = (dt.name, odt.name, trans_b, batched, stages, num_warps, group_m, warp_specialize)
     if key not in _made:
-        _made[key] = _make(dt, odt, trans_b, batched, stages, num_warps, group_m)
+        _made[key] = _make(dt, odt, trans_b, batched, stages, num_warps, group_m, warp_specialize)
     return _made[key]
 
 
@@ -51,6 +53,7 @@ def _make(
     stages: int,
     num_warps: int | None,
     group_m: int | None,
+    warp_specialize: bool = False,
 ) -> Any:
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841 (named by the annotations below)
@@ -68,7 +71,7 @@ def _make(
             t = ct.load(b, (kk, j), (bk, bn))
         return t
 
-    @ct.kernel(stages=stages, num_warps=num_warps, group_m=group_m)
+    @ct.kernel(stages=stages, num_warps=num_warps, group_m=group_m, warp_specialize=warp_specialize)
     def gemm_kernel(
         c: Mut[Tensor[Out, BM, BN]],
         a: Tensor[Elem, Dyn, Dyn],
@@ -92,7 +95,7 @@ def _make(
             t = ct.load(b, (ct.bid(0), kk, j), (1, bk, bn)).reshape((bk, bn))
         return t
 
-    @ct.kernel(stages=stages, num_warps=num_warps, group_m=group_m)
+    @ct.kernel(stages=stages, num_warps=num_warps, group_m=group_m, warp_specialize=warp_specialize)
     def bmm_kernel(
         c: Mut[Tensor[Out, One, BM, BN]],
         a: Tensor[Elem, Dyn, Dyn, Dyn],
@@ -132,7 +135,14 @@ def _config(
 
     def make_launch(cfg: autotune.GemmConfig) -> autotune.Launch:
         kernel = _gemm_kernel(
-            dt, odt, trans_b, batch is not None, cfg.stages, cfg.num_warps, cfg.group
+            dt,
+            odt,
+            trans_b,
+            batch is not None,
+            cfg.stages,
+            cfg.num_warps,
+            cfg.group,
+            cfg.specialized,
         )
         if batch is None:
             scratch = ct.empty((m, n), odt).partition((cfg.bm, cfg.bn))
@@ -180,7 +190,9 @@ def gemm(
         return ct.zeros((m, n), odt)
     cfg = _config(dt, odt, trans_b, (m, n, k), None, a, b)
     out = ct.empty((m, n), odt).partition((cfg.bm, cfg.bn))
-    kernel = _gemm_kernel(dt, odt, trans_b, False, cfg.stages, cfg.num_warps, cfg.group)
+    kernel = _gemm_kernel(
+        dt, odt, trans_b, False, cfg.stages, cfg.num_warps, cfg.group, cfg.specialized
+    )
     c, _, _, _ = kernel(out, a, b, cfg.bk).sync()
     result: Tensor[Any, Any] = c.unpartition()
     return result
@@ -207,7 +219,9 @@ def bmm(
         return ct.zeros((nb, m, n), odt)
     cfg = _config(dt, odt, trans_b, (m, n, k), nb, a, b)
     out = ct.empty((nb, m, n), odt).partition((1, cfg.bm, cfg.bn))
-    kernel = _gemm_kernel(dt, odt, trans_b, True, cfg.stages, cfg.num_warps, cfg.group)
+    kernel = _gemm_kernel(
+        dt, odt, trans_b, True, cfg.stages, cfg.num_warps, cfg.group, cfg.specialized
+    )
     c, _, _, _ = kernel(out, a, b, cfg.bk).sync()
     result: Tensor[Any, Any] = c.unpartition()
     return result

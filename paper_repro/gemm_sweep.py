@@ -44,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["bf16", "f16"], default="bf16")
     p.add_argument("--budget", type=float, default=150.0, help="seconds before stopping")
     p.add_argument("--only", choices=["wgmma", "mma"], help="one of the two candidate lists")
-    p.add_argument("--configs", default="", help="'bm,bn,bk,stages,warps,group_m;...' only")
+    p.add_argument(
+        "--configs",
+        default="",
+        help="'bm,bn,bk,stages,warps,group_m[,ws];...' only (ws 1: warp-specialized)",
+    )
     p.add_argument(
         "--sustained",
         type=int,
@@ -83,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         if time.perf_counter() - t0 > args.budget:
             left = len(configs) - i
             break
-        kernel = _gemm_kernel(dt, dt, False, False, cfg.stages, cfg.num_warps, cfg.group)
+        kernel = _gemm_kernel(
+            dt, dt, False, False, cfg.stages, cfg.num_warps, cfg.group, cfg.specialized
+        )
         try:
             out_t = torch.full((n, n), float("nan"), device="cuda", dtype=tdt)
             out = ct.from_dlpack(out_t).partition((cfg.bm, cfg.bn))
@@ -91,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             form = ("wgmma" if "wgmma.mma_async" in ptx else "mma.sync") + (
                 "+tma" if "cp.async.bulk.tensor" in ptx else ""
             )
+            form += "+ws" if "setmaxnreg" in ptx else ""  # a producer warp group
             kernel(out, a, b, cfg.bk).sync()
             err = float((out_t.float() - ref).norm()) / ref_norm
             run = lambda k=kernel, o=out, bk=cfg.bk: k(o, a, b, bk)  # noqa: E731
@@ -101,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         ms, _, form, err, note = rows[-1]
         print(f"  [{time.perf_counter() - t0:6.1f}s] {cfg} {form} {ms:.3f} ms err {err:.2e} {note}",
               file=sys.stderr, flush=True)  # fmt: skip
-    print("\n| config (bm bn bk stages warps group_m) | form | us | TFLOP/s | % cuBLAS | rel err |")
+    head = "config (bm bn bk stages warps group_m [ws])"
+    print(f"\n| {head} | form | us | TFLOP/s | % cuBLAS | rel err |")
     print("|---|---|---|---|---|---|")
     for ms, cfg, form, err, note in sorted(rows, key=lambda r: r[0]):
         tf = flop / ms / 1e9 if ms != float("inf") else 0.0
@@ -136,7 +144,9 @@ def _sustained(
     print(f"\n## run after run ({RUNS} launches queued); the tuner picks {tuned}")
     print("| config | us per launch | TFLOP/s |\n|---|---|---|")
     for cfg in picks:
-        kernel = _gemm_kernel(dt, dt, False, False, cfg.stages, cfg.num_warps, cfg.group)
+        kernel = _gemm_kernel(
+            dt, dt, False, False, cfg.stages, cfg.num_warps, cfg.group, cfg.specialized
+        )
 
         def make(cfg: Any = cfg, kernel: Any = kernel) -> Any:
             out = ct.empty((n, n), dt).partition((cfg.bm, cfg.bn))

@@ -55,7 +55,9 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
 @pytest.mark.parametrize("cfg", CANDIDATES, ids=lambda c: "x".join(map(str, c.astuple())))
 def test_every_candidate_on_sim_sm90(cfg: GemmConfig, name: str, rng: np.random.Generator) -> None:
     ct.set_backend("sim", target="sm_90")
-    kernel = _gemm_kernel(DT[name], f32, False, False, cfg.stages)
+    kernel = _gemm_kernel(
+        DT[name], f32, False, False, cfg.stages, cfg.num_warps, cfg.group, cfg.specialized
+    )
     a, ta = _operands(rng, name, M, K)
     b, tb = _operands(rng, name, K, N)
     out = ct.full((M, N), np.nan).partition((cfg.bm, cfg.bn))
@@ -63,6 +65,7 @@ def test_every_candidate_on_sim_sm90(cfg: GemmConfig, name: str, rng: np.random.
     assert "wgmma.mma_async" in ptx
     # Fully TMA-fed: tiles with rows wider than 128 bytes are a box per 128-byte panel.
     assert "cp.async.bulk.tensor" in ptx and "cp.async.cg" not in ptx
+    assert ("setmaxnreg.dec" in ptx) == cfg.specialized  # a producer warp group
     res, *_ = kernel(out, ta, tb, cfg.bk).sync()
     _close(res.unpartition().to_numpy(), a @ b)
 
@@ -72,7 +75,9 @@ def test_every_candidate_on_sim_sm90(cfg: GemmConfig, name: str, rng: np.random.
 @pytest.mark.parametrize("cfg", CANDIDATES, ids=lambda c: "x".join(map(str, c.astuple())))
 def test_every_candidate_assembles_for_sm90a(cfg: GemmConfig, trans_b: bool) -> None:
     target = Target(90)
-    kernel = _gemm_kernel(ct.bf16, ct.bf16, trans_b, False, cfg.stages)
+    kernel = _gemm_kernel(
+        ct.bf16, ct.bf16, trans_b, False, cfg.stages, cfg.num_warps, cfg.group, cfg.specialized
+    )
     spec = (
         ct.PartitionSpec((4096, 4096), (cfg.bm, cfg.bn), ct.bf16),
         ct.TensorSpec((4096, 4096), ct.bf16),

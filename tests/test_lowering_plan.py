@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,11 @@ def gemm(bm: int = 64, bn: int = 64, bk: int = 32, stages: int | None = None) ->
         b.yield_([b.mma(ta, tb, acc)])
     b.store(2, [row, col], loop.results[0])
     return ir.Kernel("gemm", params, (None, None, None), b.region, grid_rank=2, stages=stages)
+
+
+def gemm_ws() -> ir.Kernel:
+    """`gemm` at 128 x 128 x 64 with `warp_specialize`: on sm_90 a producer warp group."""
+    return replace(gemm(128, 128, 64, stages=3), warp_specialize=True)
 
 
 def softmax_rows() -> ir.Kernel:
@@ -116,6 +122,7 @@ def _printed(kernel: ir.Kernel, target: Target) -> str:
     [
         ("gemm_sm80", gemm, 80),
         ("gemm_sm90", gemm, 90),
+        ("gemm_ws_sm90", gemm_ws, 90),
         ("softmax_rows_sm90", softmax_rows, 90),
         ("flash_sm80", flash, 80),
     ],

@@ -122,8 +122,10 @@ class KernelBuilder:
         stages: int | None = None,
         num_warps: int | None = None,
         group_m: int | None = None,
+        warp_specialize: bool = False,
     ) -> None:
         self.cap = cap
+        self.warp_specialize = warp_specialize
         self.num_warps = num_warps
         self.group_m = group_m
         self.spec = spec
@@ -190,6 +192,7 @@ class KernelBuilder:
             stages=self.stages,
             num_warps=self.num_warps,
             group_m=self.group_m,
+            warp_specialize=self.warp_specialize,
         )
         ir.verify(kernel)
         return kernel
@@ -919,10 +922,13 @@ def build_kernel(
     stages: int | None = None,
     num_warps: int | None = None,
     group_m: int | None = None,
+    warp_specialize: bool = False,
 ) -> ir.Kernel:
     """Tile IR for `cap` specialized to `spec`; CompileError for anything unsupported."""
     try:
-        return KernelBuilder(cap, spec, fast_math, stages, num_warps, group_m).build()
+        return KernelBuilder(
+            cap, spec, fast_math, stages, num_warps, group_m, warp_specialize
+        ).build()
     except CompileError:
         raise
     except RecursionError as e:

@@ -117,6 +117,7 @@ def disk_key(
     stages: int | None = None,
     num_warps: int | None = None,
     group_m: int | None = None,
+    warp_specialize: bool = False,
 ) -> str | None:
     """The hex key of a specialization's PTX on disk, or None if some part has no stable form."""
     try:
@@ -137,6 +138,8 @@ def disk_key(
             parts["num_warps"] = num_warps
         if group_m is not None:
             parts["group_m"] = group_m
+        if warp_specialize:
+            parts["warp_specialize"] = True
         if target.wgmma:  # whether the lowering may emit sm_90a's wgmma
             parts["wgmma"] = True
     except (Unstable, RecursionError):

@@ -115,6 +115,7 @@ class CacheKey:
     compiler: str = COMPILER_VERSION
     num_warps: int | None = None
     group_m: int | None = None
+    warp_specialize: bool = False
 
 
 class CompiledKernel:
@@ -280,6 +281,7 @@ class Kernel:
         stages: int | None = None,
         num_warps: int | None = None,
         group_m: int | None = None,
+        warp_specialize: bool = False,
         scope: dict[str, Any] | None = None,
     ) -> None:
         self.fn = fn
@@ -291,6 +293,10 @@ class Kernel:
         self.stages = stages
         self.num_warps = num_warps
         self.group_m = group_m
+        if not isinstance(warp_specialize, bool):
+            where = f"{self.captured.file}:{self.captured.first_line}: kernel {self.captured.name}"
+            raise TypeError(f"{where}: warp_specialize must be a bool, got {warp_specialize!r}")
+        self.warp_specialize = warp_specialize
         self.name = self.captured.name
         self._signature = inspect.signature(fn)
         self._arity = len(self._signature.parameters)
@@ -342,6 +348,7 @@ class Kernel:
             deps,
             num_warps=self.num_warps,
             group_m=self.group_m,
+            warp_specialize=self.warp_specialize,
         )
         hit = _CACHE.get(key)
         if hit is not None:
@@ -360,6 +367,7 @@ class Kernel:
                 stages=self.stages,
                 num_warps=self.num_warps,
                 group_m=self.group_m,
+                warp_specialize=self.warp_specialize,
                 compiler=COMPILER_VERSION,
             )
             from_disk = self._from_disk(disk_key, spec, target)
@@ -384,12 +392,19 @@ class Kernel:
             deps,
             num_warps=self.num_warps,
             group_m=self.group_m,
+            warp_specialize=self.warp_specialize,
         )
         base = _CACHE.get(ir_key)
         if base is None:
             STATS.compiles += 1
             kir = build_kernel(
-                self.captured, spec, self.fast_math, self.stages, self.num_warps, self.group_m
+                self.captured,
+                spec,
+                self.fast_math,
+                self.stages,
+                self.num_warps,
+                self.group_m,
+                self.warp_specialize,
             )
             base = _CACHE[ir_key] = CompiledKernel(kir, print_kernel(kir), None)
         return base
@@ -602,6 +617,7 @@ def kernel(
     stages: int | None = None,
     num_warps: int | None = None,
     group_m: int | None = None,
+    warp_specialize: bool = False,
 ) -> Callable[[Callable[..., Any]], Kernel]: ...
 
 
@@ -613,6 +629,7 @@ def kernel(
     stages: int | None = None,
     num_warps: int | None = None,
     group_m: int | None = None,
+    warp_specialize: bool = False,
 ) -> Kernel | Callable[[Callable[..., Any]], Kernel]:
     """Capture a kernel function: `@ct.kernel`, or with options, `@ct.kernel(fast_math=True,
     stages=3)`. `stages`: how many K-loop iterations ahead the cp.async pipeline loads
@@ -622,7 +639,12 @@ def kernel(
     owns tile i): in launch order, blocks cover `group_m` tiles along grid axis 0, then step
     along axis 1, band after band; axis 2 is left as it is. The order is a permutation of the
     grid, so every tile still has one owner, and `ct.bid` and each `Mut` tile of a block name
-    its remapped tile (`cutile_py.ir.grid_order.grouped`)."""
+    its remapped tile (`cutile_py.ir.grid_order.grouped`). `warp_specialize`: on sm_90, a
+    K loop whose operand tiles are all TMA boxes read by wgmma runs with one more warp group,
+    a producer that issues the copies stage by stage while the block's other warps wait,
+    run wgmma and hand each stage back (mbarriers "full" and "empty" per stage;
+    `setmaxnreg` moves registers to the consumers); the epilogue runs on the consumers.
+    Where the plan cannot specialize a loop it says why and the loop runs as without it."""
     if fn is not None:
         return Kernel(fn, fast_math=fast_math, stages=stages, scope=_defining_scope(fn))
     return lambda f: Kernel(
@@ -631,6 +653,7 @@ def kernel(
         stages=stages,
         num_warps=num_warps,
         group_m=group_m,
+        warp_specialize=warp_specialize,
         scope=_defining_scope(f),
     )
 

@@ -371,3 +371,6 @@ class Kernel:
     #: Blocks take their tiles in L2-grouped order, `group_m` tile rows per band
     #: (`ir.grid_order`; None: block index = tile index).
     group_m: int | None = None
+    #: A TMA-fed wgmma K loop runs with a producer warp group issuing its copies and the
+    #: block's other warps as consumers (`plan_ws`), where the plan can specialize it.
+    warp_specialize: bool = False

@@ -24,8 +24,10 @@ from cutile_py.ptx.target import Target
 
 #: Threads per warp.
 WARP = 32
+#: The named barrier of the consumer warps of a warp-specialized kernel (`EmitContext.barrier`).
+CONSUMERS_BARRIER = 1
 
-__all__ = ["WARP", "BaseRegs", "EmitContext", "LoweringError", "TensorRegs"]
+__all__ = ["CONSUMERS_BARRIER", "WARP", "BaseRegs", "EmitContext", "LoweringError", "TensorRegs"]
 
 
 @dataclass
@@ -98,6 +100,11 @@ class EmitContext:
     skipped: set[o.Op] = field(default_factory=set)
     #: A TMA pipeline's load → the generic address of its tensor map (a kernel parameter).
     tensor_maps: dict[o.LoadOp, Reg] = field(default_factory=dict)
+    #: Threads of the consumer warps of a warp-specialized kernel (0: not specialized): the
+    #: block's barrier is then named barrier 1 over them, the producer warps being elsewhere.
+    consumers: int = 0
+    #: Code placed after the body's `ret` (a warp-specialized loop's producer: `emit_tma`).
+    tails: list[Callable[[], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.fragment_values.update(
@@ -247,4 +254,7 @@ class EmitContext:
 
     def barrier(self) -> None:
         """Every thread of the block waits here (shared memory written before is visible)."""
-        self.fb.ins("bar.sync", 0)
+        if self.consumers:
+            self.fb.ins("bar.sync", CONSUMERS_BARRIER, self.consumers)
+        else:
+            self.fb.ins("bar.sync", 0)

@@ -151,6 +151,7 @@ class Emitter(EmitContext):
         self.smem = fb.reg("b32")
         fb.ins("mov.u32", self.smem, "smem")
         self.smem_line = len(fb.body) - 1
+        emit_tma.split_warps(self)  # a warp-specialized loop's producer branches away
 
     def finish(self) -> None:
         if not self.fb.shared_bytes and self.smem_line >= 0:

@@ -30,6 +30,22 @@ stage iteration i - 1 read may still be read by its wgmma until iteration i's
 
 Only the loop's own iterations are issued, so each barrier phase is waited on exactly once
 and nothing is in flight after the loop. Boxes past the tensor's edge arrive as zeros.
+
+Warp-specialized (`PipelinePlan.ws`, `plan_ws`): C consumer threads, the producer warp group
+after them; per stage s a full barrier f[s] (count 1) and an empty one e[s] (count C / 32);
+the consumers' block barrier is `bar.sync 1, C`, and `bar.sync 2, C + 128` meets both sides:
+
+    after the preamble: threads >= C branch to the producer (placed after the body's `ret`);
+                the consumers `setmaxnreg.inc`
+    consumers:  at the loop, thread 0 inits f and e; fence.proxy.async; bar.sync 2
+                iteration i: try_wait.parity(f[i % S], (i / S) & 1); the body (wgmma,
+                commit, wait_group 1: the wgmma of iteration i - 1 retired); if i > first,
+                lane 0 of each warp arrives on e[(i - 1) % S]
+                after: wait_group 0; bar.sync 1; thread 0 invalidates f and e; bar.sync 1
+    producer:   setmaxnreg.dec; its scalars again (`producer_ops`); bar.sync 2; all but
+                thread C exit; thread C, per iteration j: try_wait.parity(e[j % S],
+                ((j / S) & 1) ^ 1) (a fresh barrier passes parity 1: the first round does
+                not wait), arrive.expect_tx(f[j % S]), the boxes; then it exits
 """
 
 from __future__ import annotations
@@ -42,6 +58,7 @@ from cutile_py.lower.context import EmitContext
 from cutile_py.lower.emit_pipeline import LoopPipeline
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad
 from cutile_py.lower.plan_tma import MAP_DTYPE, box
+from cutile_py.lower.plan_ws import PRODUCER_REGS, PRODUCER_THREADS
 from cutile_py.ptx.builder import Addr, Reg
 
 #: Bytes per mbarrier.
@@ -92,7 +109,8 @@ def start(em: EmitContext, plan: PipelinePlan) -> TmaPipeline:
     aside, resident tiles stored), carried out by a `TmaPipeline`."""
     base = emit_pipeline.start(em, plan)
     em.fb.shared_align = max(em.fb.shared_align, 1024)
-    pipe = TmaPipeline(**{f.name: getattr(base, f.name) for f in fields(LoopPipeline)})
+    kind = TmaPipeline if plan.ws is None else WsPipeline
+    pipe = kind(**{f.name: getattr(base, f.name) for f in fields(LoopPipeline)})
     pipe.descending = plan.loop.descending
     pipe.in_flight = plan.in_flight
     return pipe
@@ -257,40 +275,194 @@ class TmaPipeline(LoopPipeline):
         # builds around a TMA instruction would otherwise run in every warp).
         skip = fb.new_label("tma_issued")
         fb.ins("bra", skip, pred=go, negate=True)
-        boxes = [sl for sl in self.loads if sl.tma]
-        total = sum(sl.tile.nbytes for sl in boxes)  # boxes count whole, zeros included
-        fb.ins("mbarrier.arrive.expect_tx.shared::cta.b64", "_", Addr(bar), total)
-        base = fb.reg("b32")
-        fb.ins("add.u32", base, em.smem, stage)
-        for sl in boxes:
-            coords = self._coords(sl, it)
-            tile = sl.tile
-            for p in range(tile.panels):  # one box per 128-byte panel of a wgmma tile
-                inner = coords[0]
-                if p:
-                    inner = fb.reg("b32")
-                    fb.ins("add.s32", inner, coords[0], p * tile.panel)
-                where = ", ".join(map(str, [inner, *coords[1:]]))
-                fb.ins(
-                    f"cp.async.bulk.tensor.{len(coords)}d.shared::cluster.global"
-                    ".mbarrier::complete_tx::bytes",
-                    Addr(base, tile.offset + p * tile.rows * tile.row_bytes),
-                    f"[{em.tensor_maps[sl.load]}, {{{where}}}]",
-                    Addr(bar),
-                )
+        issue_boxes(em, self.loop, self.loads, it, stage, bar)
         fb.place(skip)
 
-    def _coords(self, sl: StagedLoad, it: Reg) -> list[Reg]:
-        """The box's first element, innermost dimension first: the load's index (its index
-        ops emitted again with the induction variable at `it`) times the tile shape."""
+
+def issue_boxes(
+    em: EmitContext, loop: o.ForOp, loads: list[StagedLoad], it: Reg, stage: Reg, bar: Reg
+) -> None:
+    """(One thread:) expect the TMA tiles' bytes on the barrier at `bar` and copy them, at
+    iteration `it`, into the stage at byte `stage` of shared memory."""
+    fb = em.fb
+    assert em.smem is not None
+    boxes = [sl for sl in loads if sl.tma]
+    total = sum(sl.tile.nbytes for sl in boxes)  # boxes count whole, zeros included
+    fb.ins("mbarrier.arrive.expect_tx.shared::cta.b64", "_", Addr(bar), total)
+    base = fb.reg("b32")
+    fb.ins("add.u32", base, em.smem, stage)
+    for sl in boxes:
+        coords = _coords(em, loop, sl, it)
+        tile = sl.tile
+        for p in range(tile.panels):  # one box per 128-byte panel of a wgmma tile
+            inner = coords[0]
+            if p:
+                inner = fb.reg("b32")
+                fb.ins("add.s32", inner, coords[0], p * tile.panel)
+            where = ", ".join(map(str, [inner, *coords[1:]]))
+            fb.ins(
+                f"cp.async.bulk.tensor.{len(coords)}d.shared::cluster.global"
+                ".mbarrier::complete_tx::bytes",
+                Addr(base, tile.offset + p * tile.rows * tile.row_bytes),
+                f"[{em.tensor_maps[sl.load]}, {{{where}}}]",
+                Addr(bar),
+            )
+
+
+def _coords(em: EmitContext, loop: o.ForOp, sl: StagedLoad, it: Reg) -> list[Reg]:
+    """The box's first element, innermost dimension first: the load's index (its index ops
+    emitted again with the induction variable at `it`) times the tile shape."""
+    fb = em.fb
+    index = emit_pipeline.index_at(em, loop, sl, it)
+    out = []
+    for r, size in zip(reversed(index), reversed(sl.load.shape)):
+        if size == 1:
+            out.append(r)
+            continue
+        c = fb.reg("b32")
+        fb.ins("mul.lo.s32", c, r, size)
+        out.append(c)
+    return out
+
+
+#: The named barrier both sides of a warp-specialized kernel meet at once the mbarriers are
+#: initialized (the consumers' block barrier is `context.CONSUMERS_BARRIER`).
+READY_BARRIER = 2
+
+
+def split_warps(em: EmitContext) -> None:
+    """After the preamble of a kernel with a warp-specialized loop: send the producer warp
+    group to its code (emitted after the body) and give the consumers their registers."""
+    plans = [p for p in em.pipelines.values() if p.ws is not None]
+    if not plans:
+        return
+    (plan,) = plans
+    ws = plan.ws
+    assert ws is not None and em.tid is not None
+    fb = em.fb
+    fb.directives += [f".maxnreg {ws.maxnreg}", f".reqntid {ws.threads}, 1, 1"]
+    em.consumers = ws.consumers
+    producer, go = fb.new_label("producer"), fb.reg("pred")
+    fb.ins("setp.ge.u32", go, em.tid, ws.consumers)
+    fb.ins("bra", producer, pred=go)
+    fb.ins("setmaxnreg.inc.sync.aligned.u32", ws.consumer_regs)
+    em.tails.append(lambda: _producer(em, plan, producer))
+
+
+def _producer(em: EmitContext, plan: PipelinePlan, label: str) -> None:
+    """The producer warp group's code: its thread `consumers` issues every iteration's boxes
+    into the stage the consumers handed back."""
+    ws, fb, loop = plan.ws, em.fb, plan.loop
+    assert ws is not None and em.tid is not None and em.smem is not None
+    fb.place(label)
+    fb.ins("setmaxnreg.dec.sync.aligned.u32", PRODUCER_REGS)
+    ring = em.shared.ring(loop)
+    bars = ring + plan.stages * plan.stage_bytes
+    with em.scope({}):
+        for op in ws.producer_ops:  # the consumers' registers are not ours
+            em.emit_op(op)
+        lo, hi, step = (em.regs(v)[0] for v in loop.operands[:3])
+        fb.ins("bar.sync", READY_BARRIER, ws.threads)  # the mbarriers are initialized
+        idle = fb.reg("pred")
+        fb.ins("setp.ne.u32", idle, em.tid, ws.consumers)
+        fb.ins("ret", pred=idle)
+        it, stage, bar, phase = fb.reg("b32"), fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
+        fb.ins("mov.u32", it, lo)
+        fb.ins("mov.u32", stage, ring)
+        fb.ins("add.u32", bar, em.smem, bars)
+        fb.ins("mov.u32", phase, 1)  # a fresh barrier passes parity 1: round 0 goes on
+        top, end, done = fb.new_label("produce"), fb.new_label("produced"), fb.reg("pred")
+        fb.place(top)
+        fb.ins("setp.le.s32" if loop.descending else "setp.ge.s32", done, it, hi)
+        fb.ins("bra", end, pred=done)
+        free, again = fb.reg("pred"), fb.new_label("empty_wait")
+        fb.place(again)
+        empty = Addr(bar, plan.stages * BARRIER)
+        fb.ins("mbarrier.try_wait.parity.shared::cta.b64", free, empty, phase)
+        fb.ins("bra", again, pred=free, negate=True)
+        issue_boxes(em, loop, list(plan.loads), it, stage, bar)
+        wrap = fb.reg("pred")
+        fb.ins("add.u32", stage, stage, plan.stage_bytes)
+        fb.ins("add.u32", bar, bar, BARRIER)
+        fb.ins("setp.eq.u32", wrap, stage, bars)
+        fb.ins("selp.b32", stage, ring, stage, wrap)
+        first = fb.reg("b32")
+        fb.ins("add.u32", first, em.smem, bars)
+        fb.ins("selp.b32", bar, first, bar, wrap)
+        fb.ins("xor.b32", phase, phase, 1, pred=wrap)
+        fb.ins("add.s32", it, it, step)
+        fb.ins("bra", top)
+        fb.place(end)
+        fb.ins("ret")
+
+
+@dataclass
+class WsPipeline(TmaPipeline):
+    """The consumers' side of a warp-specialized TMA loop: wait on the stage's full
+    barrier, and once the wgmma reading it retired, arrive on its empty one."""
+
+    lane0: Reg | None = None  # lane 0 of its warp: arrives for the warp
+    started: Reg | None = None  # past the first iteration: a stage is to be handed back
+    bar_prev: Reg | None = None  # full barrier of the stage the previous iteration read
+
+    def prologue(self, iv: Reg, step: Reg) -> None:
+        em, fb = self.em, self.em.fb
+        assert em.smem is not None and em.tid is not None
+        self.iv, self.step = iv, step
+        self.leader, self.lane0, self.started = fb.reg("pred"), fb.reg("pred"), fb.reg("pred")
+        fb.ins("setp.eq.u32", self.leader, em.tid, 0)
+        lane = fb.reg("b32")
+        fb.ins("and.b32", lane, em.tid, 31)
+        fb.ins("setp.eq.u32", self.lane0, lane, 0)
+        fb.ins("setp.ne.u32", self.started, em.tid, em.tid)  # false
+        self.bars = self.ring + self.stages * self.stage_bytes
+        for s in range(2 * self.stages):
+            count = 1 if s < self.stages else em.consumers // 32
+            fb.ins("mbarrier.init.shared::cta.b64", self._bar(s), count, pred=self.leader)
+        fb.ins("fence.proxy.async.shared::cta")
+        fb.ins("bar.sync", READY_BARRIER, em.consumers + PRODUCER_THREADS)
+        self.read = fb.reg("b32")
+        fb.ins("mov.u32", self.read, self.ring)
+        self.bar_read, self.bar_prev, self.phase = fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
+        fb.ins("add.u32", self.bar_read, em.smem, self.bars)
+        fb.ins("mov.u32", self.bar_prev, self.bar_read)
+        fb.ins("mov.u32", self.phase, 0)
+        for sl in self.loads:
+            em.staged[sl.operand] = (sl.tile, sl.k_rows, self.read)
+        self.outer_scratch = (em.scratch_floor, em.scratch)
+        em.scratch_floor, em.scratch = self.floor, fb.reg("b32")
+        fb.ins("add.u32", em.scratch, em.smem, self.floor)
+
+    def top(self) -> None:
+        self._wait()
+
+    def bottom(self) -> None:
         fb = self.em.fb
-        index = emit_pipeline.index_at(self.em, self.loop, sl, it)
-        out = []
-        for r, size in zip(reversed(index), reversed(sl.load.shape)):
-            if size == 1:
-                out.append(r)
-                continue
-            c = fb.reg("b32")
-            fb.ins("mul.lo.s32", c, r, size)
-            out.append(c)
-        return out
+        assert self.lane0 is not None and self.started is not None
+        assert self.bar_prev is not None and self.bar_read is not None
+        assert self.read is not None and self.phase is not None and self.em.smem is not None
+        # The body's wait_group 1 retired the previous iteration's wgmma: its stage is free.
+        go = fb.reg("pred")
+        fb.ins("and.pred", go, self.started, self.lane0)
+        empty = Addr(self.bar_prev, self.stages * BARRIER)
+        fb.ins("mbarrier.arrive.shared::cta.b64", "_", empty, pred=go)
+        fb.ins("mov.u32", self.bar_prev, self.bar_read)
+        fb.ins("setp.eq.u32", self.started, self.bar_read, self.bar_read)  # true
+        wrap = fb.reg("pred")
+        fb.ins("add.u32", self.read, self.read, self.stage_bytes)
+        fb.ins("add.u32", self.bar_read, self.bar_read, BARRIER)
+        fb.ins("setp.eq.u32", wrap, self.read, self.bars)
+        fb.ins("selp.b32", self.read, self.ring, self.read, wrap)
+        first = fb.reg("b32")
+        fb.ins("add.u32", first, self.em.smem, self.bars)
+        fb.ins("selp.b32", self.bar_read, first, self.bar_read, wrap)
+        fb.ins("xor.b32", self.phase, self.phase, 1, pred=wrap)
+
+    def drain(self) -> None:
+        em = self.em
+        em.fb.ins("wgmma.wait_group.sync.aligned", 0)  # the accumulators are final
+        em.barrier()  # every consumer has waited on its last phase
+        for s in range(2 * self.stages):
+            em.fb.ins("mbarrier.inval.shared::cta.b64", self._bar(s), pred=self.leader)
+        em.barrier()
+        em.scratch_floor, em.scratch = self.outer_scratch

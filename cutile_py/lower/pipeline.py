@@ -45,12 +45,14 @@ def lower_kernel(kernel: Kernel, target: Target) -> LoweredKernel:
     em.region(kernel.body)
     em.finish()
     fb.ins("ret")
+    for tail in em.tails:  # code reached by a branch only (a producer warp group)
+        tail()
     module = ModuleBuilder(target, em.features)
     module.functions.append(fb)
     return LoweredKernel(
         module.render(),
         fb.name,
-        plan.layouts.threads,
+        plan.block_threads,
         tuple(em.params),
         target,
         fb.dynamic_shared,

@@ -40,6 +40,12 @@ class LoweringPlan:
     shared: SharedPlan
 
     @property
+    def block_threads(self) -> int:
+        """Threads per block: the layouts', and a warp-specialized loop's producer."""
+        ws = [p.ws for p in self.pipelines.values() if p.ws is not None]
+        return ws[0].threads if ws else self.layouts.threads
+
+    @property
     def fragments(self) -> frozenset[o.Value]:
         """Values held in mma fragments (accumulators, row and column vectors), not blocked."""
         return frozenset(self.fragment_plan.values)
@@ -110,8 +116,20 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
         if p.why:
             pipes.append(f"    cp.async, not tma: {p.why}")
         if p.kind == "tma":
-            pipes.append(f"    mbarriers at +{p.stages * p.stage_bytes} (one per stage)")
-        if p.in_flight:
+            per = "full and empty per stage" if p.ws else "one per stage"
+            pipes.append(f"    mbarriers at +{p.stages * p.stage_bytes} ({per})")
+        if p.ws is not None:
+            pipes.append(f"    {p.ws.describe()}")
+            again = ", ".join(op_name(op) for op in p.ws.producer_ops) or "none"
+            pipes.append(f"    producer computes again: {again}")
+        elif p.ws_why:
+            pipes.append(f"    not warp specialized: {p.ws_why}")
+        if p.in_flight and p.ws is not None:
+            pipes.append(
+                f"    wgmma: {p.in_flight} group in flight per iteration, accumulating in place; "
+                "a stage is handed back (empty) once the wgmma reading it retires"
+            )
+        elif p.in_flight:
             pipes.append(
                 f"    wgmma: {p.in_flight} group in flight per iteration, accumulating in place; "
                 "a stage is refilled a barrier after the wgmma reading it retires"

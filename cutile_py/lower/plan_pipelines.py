@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import bf16, f16, f32
 from cutile_py.ir.uses import DefUse
-from cutile_py.lower import plan_wgmma
+from cutile_py.lower import plan_wgmma, plan_ws
 from cutile_py.lower.assign_fragments import FragmentPlan, no_fragments
 from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import SHARED_LIMIT, SharedTile, round_region
@@ -23,17 +23,7 @@ from cutile_py.ptx.target import Target
 #: Stages when the kernel does not say: as many as fit in 48 KiB, at most this many.
 DEFAULT_STAGES = 3
 #: Ops an index may be computed with: pure, scalar, no regions.
-_INDEX_OPS = (
-    o.ConstantOp,
-    o.BinaryOp,
-    o.UnaryOp,
-    o.CastOp,
-    o.CompareOp,
-    o.SelectOp,
-    o.FmaOp,
-    o.GridOp,
-    o.TensorDimOp,
-)
+_INDEX_OPS = plan_ws.PURE_SCALAR_OPS
 
 
 @dataclass(frozen=True)
@@ -93,6 +83,10 @@ class PipelinePlan:
     #: addresses' immediates; nothing advances around the ring) in a loop that carries only
     #: mma accumulators; 1 otherwise.
     unroll: int = 1
+    #: With `@ct.kernel(warp_specialize=True)`: a producer warp group issues the boxes
+    #: (`plan_ws`); or why the loop is not specialized ("" where not asked).
+    ws: plan_ws.WarpSpecialization | None = None
+    ws_why: str = ""
 
     @property
     def ring_bytes(self) -> int:
@@ -133,6 +127,16 @@ def plan_pipelines(
                 visit(r, inner)
 
     visit(kernel.body, 0)
+    if kernel.warp_specialize:
+        ring = [p for p in out.values() if p.loads]
+        for p in ring:
+            got = plan_ws.specialize(kernel, p, layouts.threads, uses)
+            if len(ring) > 1:
+                got = "the kernel has more than one pipelined loop"
+            if isinstance(got, str):
+                out[p.loop] = replace(p, ws_why=got)
+            else:
+                out[p.loop] = replace(p, ws=got)
     return out
 
 

@@ -81,6 +81,8 @@ class FunctionBuilder:
     shared_bytes: int = 0
     #: Alignment of `smem` (wgmma's and TMA's swizzles read absolute address bits: 1024).
     shared_align: int = 16
+    #: Performance directives between the signature and the body (`.maxnreg 168`, say).
+    directives: list[str] = field(default_factory=list)
 
     def reg(self, ptype: str) -> Reg:
         self.counts[ptype] += 1
@@ -120,7 +122,9 @@ class FunctionBuilder:
         if self.shared_bytes and not self.dynamic_shared:
             decls.append(f"\t.shared .align {self.shared_align} .b8 smem[{self.shared_bytes}];")
         return (
-            f".visible .entry {self.name}(\n{params}\n)\n{{\n"
+            f".visible .entry {self.name}(\n{params}\n)\n"
+            + "".join(f"{d}\n" for d in self.directives)
+            + "{\n"
             + "\n".join(decls + self.body)
             + "\n}\n"
         )
