@@ -384,3 +384,30 @@ def test_the_plan_says_whether_fragments_are_loaded_ahead(
         "fragments loaded per k step: 512 accumulator and 2 x 64 fragment registers per "
         "thread leave fewer than 48 of 255 for addresses (it would spill)"
     ) in text
+
+
+@pytest.mark.parametrize("stages", [2, 5])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("name", ["f16", "f32"])
+def test_fragments_ahead_in_rings_of_other_depths_match_numpy_on_sim(
+    rng: np.random.Generator, stages: int, trans_b: bool, name: str
+) -> None:
+    """The library GEMM with fragments loaded ahead in rings of 2 (the next stage's wait is
+    for every copy in flight) and 5 stages, 16-bit and tf32 (read word by word from K-row
+    tiles where B is (K, N)), B either way, at a shape ragged in M, N and K whose trip
+    count is no multiple of the stages."""
+    from cutile_py_kernels.gemm import _gemm_kernel
+
+    ct.set_backend("sim")
+    dt = {"f16": f16, "f32": f32}[name]
+    bk = 32 if dt is f16 else 16
+    m, n, k = 64 + 5, 64 + 11, 7 * bk + 8
+    kernel = _gemm_kernel(dt, f32, trans_b, False, stages, 4)
+    a = rng.standard_normal((m, k)).astype(np.float16 if dt is f16 else np.float32)
+    b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(a.dtype)
+    c = ct.full((m, n), np.nan, f32).partition((64, 64))
+    (cp, *_) = kernel(c, ct.from_numpy(a), ct.from_numpy(b), bk).sync()
+    want = a.astype(np.float64) @ (b.T if trans_b else b).astype(np.float64)
+    # tf32 keeps 10 bits of mantissa: sums of k products of unit normals
+    atol = 2e-3 if dt is f16 else 2e-3 * np.sqrt(k) * 8
+    np.testing.assert_allclose(cp.unpartition().to_numpy(), want, atol=atol)
