@@ -411,3 +411,16 @@ def test_fragments_ahead_in_rings_of_other_depths_match_numpy_on_sim(
     # tf32 keeps 10 bits of mantissa: sums of k products of unit normals
     atol = 2e-3 if dt is f16 else 2e-3 * np.sqrt(k) * 8
     np.testing.assert_allclose(cp.unpartition().to_numpy(), want, atol=atol)
+
+
+def test_an_empty_k_loop_with_fragments_ahead_gives_zeros(sim80_races: SimBackend) -> None:
+    """K = 0: the loop makes no trip, yet its prologue waits, synchronizes and loads the
+    first k step's fragments (of zero-filled tiles) without a race; the result is zeros."""
+    ct.set_backend("sim")
+    a, b = ct.zeros((64, 0), f16), ct.zeros((0, 64), f16)
+    c = ct.full((64, 64), np.nan, f32)
+    ptx = gemm_order.ptx(ct.empty((64, 64), f32).partition((64, 64)), a, b, 32, 0)
+    prologue = ptx[: re.search(r"^\$__loop_\d+:$", ptx, re.M).start()]  # type: ignore[union-attr]
+    assert "cp.async.cg" in prologue and "ldmatrix" in prologue
+    (cp, *_) = gemm_order(c.partition((64, 64)), a, b, 32, 0).sync()
+    np.testing.assert_array_equal(cp.unpartition().to_numpy(), np.zeros((64, 64), np.float32))
