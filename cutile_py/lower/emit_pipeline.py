@@ -140,8 +140,8 @@ class LoopPipeline:
     #: refills fixed stages, whose offsets are constants (immediates in the addresses) and
     #: no stage offset is advanced around the ring.
     unroll: int = 1
-    #: The mma whose fragments are loaded a k step ahead (`PipelinePlan.ahead`): the top of
-    #: each iteration (wait, barrier, refill) is made before the previous one's last mmas.
+    #: The mma whose fragments are loaded a k step ahead (`PipelinePlan.ahead`): the wait
+    #: and the barrier of each iteration are made before the previous one's last mmas.
     ahead: o.MmaOp | None = None
     #: The copy of the body being emitted.
     u: int = 0
