@@ -66,6 +66,7 @@ class Loop:
     address: int  # integer instructions computing LDGSTS addresses
     bounds: int  # and their predicates
     steps: int = 1  # K steps per trip (the counts above are per trip)
+    ready: float = 0.0  # HMMA per barrier that need no fragment loaded after it
 
     @property
     def mma_share(self) -> float:
@@ -85,7 +86,39 @@ def count(ptx: str, target: Target, step_hmma: int = 0) -> Loop:
     return Loop(
         report.registers, n("HMMA"), n("LDSM"), n("LDGSTS"), n(*_INTEGER), len(body),
         address, bounds, max(1, round(n("HMMA") / step_hmma)) if step_hmma else 1,
+        ready_after_barrier(body),
     )  # fmt: skip
+
+
+_LDSM_COUNT = re.compile(r"^LDSM\.\S*?\.(\d)\b")
+
+
+def ready_after_barrier(body: list[str]) -> float:
+    """Per BAR of the loop (around it), the HMMA after it that the tensor cores can run
+    before one reads a fragment loaded (LDSM) after the barrier: the work that hides the
+    shared-memory latency of the first loads of a stage. 0 where every fragment is
+    loaded after the barrier that lets its stage be read."""
+    bars = [i for i, t in enumerate(body) if _opcode(t).startswith("BAR")]
+    counts = []
+    for i in bars:
+        fresh: set[int] = set()
+        ready = 0
+        for j in range(1, len(body)):
+            text = _strip(body[(i + j) % len(body)])
+            op = text.split()[0]
+            if op.startswith("BAR"):
+                break
+            regs = [int(r) for r in re.findall(r"\bR(\d+)\b", text)]
+            if op.startswith("LDSM") and regs:
+                m = _LDSM_COUNT.match(text)
+                fresh |= set(range(regs[0], regs[0] + (int(m.group(1)) if m else 1)))
+            elif op.startswith("HMMA"):
+                a, b = regs[1], regs[2]  # A: 4 registers, B: 2 (m16n8k16 and m16n8k8)
+                if fresh & {*range(a, a + 4), *range(b, b + 2)}:
+                    break
+                ready += 1
+        counts.append(ready)
+    return sum(counts) / len(counts) if counts else 0.0
 
 
 def copy_slices(body: list[str]) -> tuple[int, int]:
@@ -269,7 +302,7 @@ def _row(name: str, r: Loop) -> str:
     return (
         f"| {name} | {r.registers} | {step(r.hmma)} | {step(r.ldsm)} | {step(r.ldgsts)} | "
         f"{step(r.integer)} | {step(r.total)} | {100 * r.mma_share:.0f}% | "
-        f"{r.address / per:.2f} | {r.bounds / per:.2f} |"
+        f"{r.address / per:.2f} | {r.bounds / per:.2f} | {r.ready:.0f} |"
     )
 
 
@@ -286,8 +319,8 @@ def main(argv: Any = None) -> int:
         f"f16 GEMM K loop per warp, sm_{args.sm} SASS (one steady-state K step)",
         "",
         "| BMxBNxBK, stages, warps | regs | HMMA | LDSM | LDGSTS | integer | all | MMA share "
-        "| address int / LDGSTS | bounds int / LDGSTS |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| address int / LDGSTS | bounds int / LDGSTS | HMMA ready after BAR |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     try:
         for bm, bn, bk, stages, warps in CANDIDATES:
@@ -306,6 +339,12 @@ def main(argv: Any = None) -> int:
         " unchecked where the thread's farthest copy lies inside the tensor (one check per"
         " tile and iteration, for a branch to the checked copies: in the integer column,"
         " not here).",
+        "",
+        "HMMA ready after BAR: per barrier of the loop, the HMMA after it that read no"
+        " fragment loaded after it (what the tensor cores run while the first ldmatrix of"
+        " the stage the barrier released land). Ours load the fragments of k step ks + 1"
+        " before the mmas of step ks, and the next stage's first step after the barrier,"
+        " before the last step's mmas (`PipelinePlan.ahead`).",
         "",
         "Ours hold one copy of the loop body per stage (each reads and refills fixed stages:"
         " their offsets are immediates, nothing wraps around the ring); the counts are one"

@@ -7,13 +7,23 @@ match NumPy on sim at ragged shapes and every trip count, ascending and descendi
 from __future__ import annotations
 
 import re
-from typing import TypeVar
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 
 import cutile_py as ct
 from cutile_py import Constant, Dyn, Mut, Tensor, f16, f32
+from cutile_py.host import kernel as kmod
+from cutile_py.host.launch import ParamReader
+from cutile_py.lower import plan_pipelines
+from cutile_py.ptx.target import Target
+from cutile_py.runtime import select
+from cutile_py.runtime.backend import LaunchFailure, ParamValue
+from cutile_py.runtime.sim_backend import SimBackend
+from cutile_py.sim.executor import Options
 
 BM = TypeVar("BM")
 BN = TypeVar("BN")
@@ -65,13 +75,15 @@ def test_k_order_matches_numpy_on_sim(
 
 @pytest.mark.parametrize("order", [0, 1])
 @pytest.mark.parametrize("steps", [1, 2, 3, 4, 5, 7])
+@pytest.mark.parametrize("cut", [5, 8])
 def test_every_trip_count_matches_numpy_on_sim(
-    rng: np.random.Generator, order: int, steps: int
+    rng: np.random.Generator, order: int, steps: int, cut: int
 ) -> None:
     """The loop's 3 copies of the body per trip (3 stages) exit after any of them: K steps
-    of 16 from 1 to 7 (the last ragged), each trip count modulo 3."""
+    of 16 from 1 to 7 (the last ragged), each trip count modulo 3; K rows of 16-byte
+    multiples (`cut` 8) are staged by cp.async, fragments a k step ahead, odd ones not."""
     ct.set_backend("sim")
-    m, n, k = 40, 24, 16 * steps - 5
+    m, n, k = 40, 24, 16 * steps - cut
     a = rng.standard_normal((m, k)).astype(np.float16)
     b = rng.standard_normal((k, n)).astype(np.float16)
     c = ct.full((m, n), np.nan, f32)
@@ -117,8 +129,19 @@ def _issue_section(body: str) -> str:
     return body[: body.index("cp.async.commit_group")]
 
 
+@pytest.fixture
+def each_step_loaded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """Fragments loaded just before each k step's mmas (`PipelinePlan.ahead` off: as the
+    plan chooses where registers would not suffice), compiled afresh (neither cache)."""
+    monkeypatch.setattr(plan_pipelines, "MAX_REGISTERS", 0)
+    monkeypatch.setenv("CUTILE_PY_CACHE_DIR", str(tmp_path / "cache"))
+    kmod._CACHE.clear()
+    yield
+    kmod._CACHE.clear()  # no kernel compiled here is found by a later test
+
+
 @pytest.mark.parametrize("order", [0, 1])
-def test_affine_copies_compute_only_what_varies(order: int) -> None:
+def test_affine_copies_compute_only_what_varies(order: int, each_step_loaded: None) -> None:
     """Per iteration an affine tile's copies add the stage to a shared address computed
     before the loop (no swizzle arithmetic: xor, shifts, masks, multiplies) and check, per
     tile, its index and the farthest copy of the thread along the dim that varies (not the
@@ -131,7 +154,21 @@ def test_affine_copies_compute_only_what_varies(order: int) -> None:
 
 
 @pytest.mark.parametrize("order", [0, 1])
-def test_copies_at_an_edge_are_checked_out_of_line(order: int) -> None:
+def test_copies_ahead_of_fragments_are_checked_in_line(order: int) -> None:
+    """With fragments loaded ahead each copy of the body refills its stage first, each
+    cp.async checked in line (a zero-fill size operand), its shared address still computed
+    before the loop, no branch to checked copies."""
+    body = _loop_body(order)
+    issue = _issue_section(body)
+    copies = re.findall(r"cp\.async\.cg\.shared\.global [^;]*, 16, %r\d+;", issue)
+    assert len(copies) == 2, issue
+    assert "ldmatrix" not in issue and "mma" not in issue  # the refill comes first
+    assert not re.search(r"\b(xor|shl|shr|and)\.b32|mad\.lo\.u32|mul\.lo", issue), issue
+    assert "$__checked_" not in body
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_copies_at_an_edge_are_checked_out_of_line(order: int, each_step_loaded: None) -> None:
     """In the loop, a thread whose copies all lie inside the tensors makes them unchecked
     (no zero-fill size operand); the checked copies (zero-filling past an edge) are a block
     placed after the loop that branches back."""
@@ -223,3 +260,167 @@ def test_narrow_rows_are_copied_a_sector_per_thread_row() -> None:
     assert len(copies) == 4 + 4
     assert len({src for _, _, src in copies[:4]}) == 2, copies
     assert len({src for _, _, src in copies[4:]}) == 1, copies
+
+
+def _body_copies(ptx: str) -> list[str]:
+    """The loop body's copies (one per stage), each from its exit test to the next."""
+    top = re.search(r"^\$__loop_\d+:$", ptx, re.M)
+    end = re.search(r"^\$__done_\d+:$", ptx, re.M)
+    assert top is not None and end is not None
+    return re.split(r"\n\t@%p\d+ bra\.uni \$__done_\d+;", ptx[top.end() : end.start()])[1:]
+
+
+@pytest.mark.parametrize("bk", [16, 32, 64])
+def test_next_stage_fragments_are_loaded_before_the_last_mmas(bk: int) -> None:
+    """Fragments a k step ahead (1, 2 and 4 k steps per stage): in each copy of the body
+    every ldmatrix of its stage comes before the barrier, and after it the next stage's
+    first k step is loaded before the last step's mmas, which end the copy and read only
+    fragments loaded before the barrier: they run while the loads after it land."""
+    ct.set_backend("sim")
+    a = ct.empty((256, 256), f16)
+    c = ct.empty((256, 256), f32).partition((64, 64))
+    ptx = gemm_order.ptx(c, a, a, bk, 0, target=80)
+    copies = _body_copies(ptx)
+    assert len(copies) == 3
+    steps = bk // 16
+    for body in copies:
+        ops = re.findall(
+            r"^\t(?:@%p\d+ )?(ldmatrix|mma|bar\.sync|cp\.async\.wait_group)", body, re.M
+        )
+        bar = ops.index("bar.sync")
+        assert ops[bar - 1] == "cp.async.wait_group" and ops.count("bar.sync") == 1
+        per_step = ops.count("mma") // steps
+        loads = ops.count("ldmatrix") // steps
+        before, after = ops[:bar], ops[bar + 1 :]
+        assert before.count("ldmatrix") == (steps - 1) * loads
+        assert before.count("mma") == (steps - 1) * per_step
+        assert after == ["ldmatrix"] * loads + ["mma"] * per_step, ops
+        # The mmas after the barrier read none of the registers loaded after it.
+        tail = body[body.index("bar.sync") :]
+        loaded = set(re.findall(r"%r\d+", "".join(re.findall(r"ldmatrix[^{]*(\{[^}]*\})", tail))))
+        read = re.findall(r"^\tmma[^{]*\{[^}]*\}, (\{[^}]*\}, \{[^}]*\})", tail, re.M)
+        assert len(loaded) == 4 * loads and len(read) == per_step
+        assert not loaded & set(re.findall(r"%r\d+", "".join(read)))
+
+
+@pytest.fixture
+def sim80_races() -> Iterator[SimBackend]:
+    """The simulator as an sm_80 device with race checks on, active."""
+    backend = SimBackend(Target(80), Options(race_check=True))
+    saved = dict(select._instances), select._active
+    select._instances["sim"] = backend
+    select._active = "sim"
+    try:
+        yield backend
+    finally:
+        select._instances.clear()
+        select._instances.update(saved[0])
+        select._active = saved[1]
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_the_simulator_catches_a_refill_before_every_warp_read_its_stage(
+    sim80_races: SimBackend, rng: np.random.Generator, broken: bool
+) -> None:
+    """With fragments loaded ahead the barrier before a body copy's last mmas is what tells
+    that every warp has read the stage the copy then refills. Planted without it (the
+    wait kept) the refill's cp.async lands where a slower warp may still read: reported as
+    a race; intact, the same launch matches NumPy with race checks on."""
+    m, n, k = 64, 64, 16 * 7 - 8
+    an = rng.standard_normal((m, k)).astype(np.float16)
+    bn = rng.standard_normal((k, n)).astype(np.float16)
+    c = ct.full((m, n), np.nan, f32).partition((64, 64))
+    a, b = ct.from_numpy(an), ct.from_numpy(bn)
+    lowered = gemm_order.compile(c, a, b, 16, 0, target=80).lowered
+    ptx = lowered.ptx
+    if broken:
+        cut = re.sub(r"(cp\.async\.wait_group 1;\n)\tbar\.sync 0;\n", r"\1", ptx)
+        assert cut.count("bar.sync") < ptx.count("bar.sync")
+        ptx = cut
+    reader = ParamReader(lowered)
+    values = [
+        ParamValue(t, v) for t, v in zip(reader.ptypes, reader([c, a, b, 16, 0], sim80_races))
+    ]
+    kernel = sim80_races.load_kernel(ptx, lowered.entry)
+    launch = (kernel, (1, 1, 1), (lowered.block_threads, 1, 1), lowered.dynamic_shared, values)
+    if broken:
+        with pytest.raises(LaunchFailure, match="race"):
+            sim80_races.launch(*launch).wait()
+        return
+    sim80_races.launch(*launch).wait()
+    got = c.unpartition().to_numpy()
+    np.testing.assert_allclose(got, an.astype(np.float64) @ bn.astype(np.float64), atol=2e-3)
+
+
+def _plan_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: Any, *args: Any) -> str:
+    monkeypatch.setenv("CUTILE_PY_DUMP", str(tmp_path))
+    monkeypatch.setenv("CUTILE_PY_CACHE_DIR", str(tmp_path / "cache"))
+    kmod._CACHE.clear()  # compiled (and dumped) again, not found in memory
+    kernel.compile(*args, target=80)
+    (plan,) = tmp_path.glob("*.plan")
+    return plan.read_text()
+
+
+def test_the_plan_says_whether_fragments_are_loaded_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loaded ahead in a GEMM loop, its index affine or not; for one warp's 128x128 tile
+    (512 accumulator registers: two k steps of fragments would spill) the plan keeps each
+    step's loads just before its mmas and says why."""
+    from cutile_py_kernels.gemm import _gemm_kernel
+
+    a = ct.empty((256, 256), f16)
+
+    def c(tile: int) -> ct.Tensor:
+        return ct.empty((256, 256), f32).partition((tile, tile))
+
+    text = _plan_text(tmp_path / "a", monkeypatch, gemm_order, c(64), a, a, 32, 0)
+    assert "    fragments a k step ahead, across the barrier to the next stage\n" in text
+    text = _plan_text(tmp_path / "b", monkeypatch, gemm_order, c(64), a, a, 32, 2)
+    assert "    fragments a k step ahead, across the barrier to the next stage\n" in text
+    one_warp = _gemm_kernel(f16, f32, False, False, 3, 1)
+    text = _plan_text(tmp_path / "c", monkeypatch, one_warp, c(128), a, a, 32)
+    assert (
+        "fragments loaded per k step: 512 accumulator and 2 x 64 fragment registers per "
+        "thread leave fewer than 48 of 255 for addresses (it would spill)"
+    ) in text
+
+
+@pytest.mark.parametrize("stages", [2, 5])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("name", ["f16", "f32"])
+def test_fragments_ahead_in_rings_of_other_depths_match_numpy_on_sim(
+    rng: np.random.Generator, stages: int, trans_b: bool, name: str
+) -> None:
+    """The library GEMM with fragments loaded ahead in rings of 2 (the next stage's wait is
+    for every copy in flight) and 5 stages, 16-bit and tf32 (read word by word from K-row
+    tiles where B is (K, N)), B either way, at a shape ragged in M, N and K whose trip
+    count is no multiple of the stages."""
+    from cutile_py_kernels.gemm import _gemm_kernel
+
+    ct.set_backend("sim")
+    dt = {"f16": f16, "f32": f32}[name]
+    bk = 32 if dt is f16 else 16
+    m, n, k = 64 + 5, 64 + 11, 7 * bk + 8
+    kernel = _gemm_kernel(dt, f32, trans_b, False, stages, 4)
+    a = rng.standard_normal((m, k)).astype(np.float16 if dt is f16 else np.float32)
+    b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(a.dtype)
+    c = ct.full((m, n), np.nan, f32).partition((64, 64))
+    (cp, *_) = kernel(c, ct.from_numpy(a), ct.from_numpy(b), bk).sync()
+    want = a.astype(np.float64) @ (b.T if trans_b else b).astype(np.float64)
+    # tf32 keeps 10 bits of mantissa: sums of k products of unit normals
+    atol = 2e-3 if dt is f16 else 2e-3 * np.sqrt(k) * 8
+    np.testing.assert_allclose(cp.unpartition().to_numpy(), want, atol=atol)
+
+
+def test_an_empty_k_loop_with_fragments_ahead_gives_zeros(sim80_races: SimBackend) -> None:
+    """K = 0: the loop makes no trip, yet its prologue waits, synchronizes and loads the
+    first k step's fragments (of zero-filled tiles) without a race; the result is zeros."""
+    ct.set_backend("sim")
+    a, b = ct.zeros((64, 0), f16), ct.zeros((0, 64), f16)
+    c = ct.full((64, 64), np.nan, f32)
+    ptx = gemm_order.ptx(ct.empty((64, 64), f32).partition((64, 64)), a, b, 32, 0)
+    prologue = ptx[: re.search(r"^\$__loop_\d+:$", ptx, re.M).start()]  # type: ignore[union-attr]
+    assert "cp.async.cg" in prologue and "ldmatrix" in prologue
+    (cp, *_) = gemm_order(c.partition((64, 64)), a, b, 32, 0).sync()
+    np.testing.assert_array_equal(cp.unpartition().to_numpy(), np.zeros((64, 64), np.float32))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import cutile_py as ct
-from paper_repro.kloop_sass import copy_slices, k_loop, measure
+from paper_repro.kloop_sass import copy_slices, k_loop, measure, ready_after_barrier
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ["bandwidth", "race", "elementwise", "gemm", "jit", "launch", "workdist", "dispatch",
@@ -223,13 +223,14 @@ def test_kloop_sass_counts_the_gemm_k_loop() -> None:
     """`python -m paper_repro.kloop_sass` finds the K loop of a 64x64x32 f16 GEMM in sm_80
     SASS: per warp and K step of 32, 8 warps split the 64x64 block 2 x 4 (32x16 each: 2 x 2
     fragments) over 2 k steps = 8 HMMA; one 16-byte chunk of A and one of B per thread of
-    the 256, each copied unchecked or, past an edge, checked: ptxas if-converts the two
-    short paths, so 4 LDGSTS are issued, 2 of them predicated off. A trip around the loop
-    holds one copy of the body per stage: 3 K steps."""
+    the 256, checked in line: 2 LDGSTS. A trip around the loop holds one copy of the body
+    per stage: 3 K steps. Fragments are loaded a k step ahead: after each barrier the
+    warp's 4 HMMA of the last k step read none of the fragments loaded after it."""
     ct.set_backend("sim")
     r = measure(64, 64, 32, 3, ct.Target(80))
     assert r.steps == 3
-    assert (r.hmma, r.ldgsts) == (8 * 3, 4 * 3)
+    assert (r.hmma, r.ldgsts) == (8 * 3, 2 * 3)
+    assert r.ready >= 4
     assert r.ldsm > 0 and r.integer > 0 and r.total > r.hmma + r.ldsm + r.ldgsts
     assert 0 < r.mma_share < 1
 
@@ -250,6 +251,24 @@ def test_kloop_copy_slices_follow_the_values_the_copies_read() -> None:
         "BRA 0x0",
     ]
     assert copy_slices(body) == (3, 1)
+
+
+def test_kloop_counts_the_hmma_ready_after_a_barrier() -> None:
+    """Per barrier, the HMMA after it before one reads a register an LDSM after it wrote
+    (A 4 registers from its first, B 2): here 2 after the first barrier (the third reads
+    R12-R15), none after the second (the first HMMA reads R9 of the LDSM .2 at R8)."""
+    body = [
+        "BAR.SYNC.DEFER_BLOCKING 0x0",
+        "LDSM.16.M88.4 R12, [R3]",
+        "HMMA.16816.F32 R0, R4, R8, R0",
+        "HMMA.16816.F32 R20, R4, R10, R20",
+        "HMMA.16816.F32 R24, R14, R10, R24",
+        "BAR.SYNC.DEFER_BLOCKING 0x0",
+        "LDSM.16.MT88.2 R8, [R3]",
+        "HMMA.16816.F32 R0, R4, R9, R0",
+        "BRA 0x0",
+    ]
+    assert ready_after_barrier(body) == (2 + 0) / 2
 
 
 def test_kloop_counts_the_steady_state_path() -> None:

@@ -15,7 +15,7 @@ from cutile_py.ir.uses import DefUse
 from cutile_py.lower.allocate_shared import SharedPlan, no_shared
 from cutile_py.lower.assign_fragments import FragmentPlan, no_fragments
 from cutile_py.lower.errors import LoweringError
-from cutile_py.lower.fragments import Operand, Setup, SharedTile
+from cutile_py.lower.fragments import Ahead, Operand, Setup, SharedTile
 from cutile_py.lower.isel import FLOAT_NAME, REG_CLASS
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan
 from cutile_py.lower.plan_pipelines import PipelinePlan
@@ -86,10 +86,12 @@ class EmitContext:
     #: loads.
     staged: dict[o.Value, tuple[SharedTile, bool, Reg]] = field(default_factory=dict)
     #: (staged operand, 0 for A or 1 for B) → its fragment addressing, computed before the
-    #: loop, bound per iteration to the stage read (`emit_mma.Bindable`).
+    #: loop, bound per iteration to the stage read (`fragments.Bindable`).
     staged_readers: dict[
         tuple[o.Value, int], Callable[[Reg | None], Callable[[int], list[list[Reg]]]]
     ] = field(default_factory=dict)
+    #: mma → its first k step's fragments, loaded ahead across the pipeline's barrier.
+    ahead: dict[o.MmaOp, Ahead] = field(default_factory=dict)
     #: (mma operand, 0 for A or 1 for B) → its tile, stored once before the loop.
     resident: dict[tuple[o.Value, int], Operand] = field(default_factory=dict)
     #: Bytes at the start of shared memory a cp.async pipeline keeps in flight while its

@@ -16,7 +16,6 @@ can reuse the tiles, the pipeline and the accumulator conversions.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from math import lcm
 
@@ -28,8 +27,11 @@ from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import (
     CHUNK,
     SHARED_LIMIT,
+    Ahead,
+    Bindable,
     Lane,
     Operand,
+    Reader,
     Setup,
     SharedTile,
     Slot,
@@ -135,7 +137,7 @@ def mma(em: EmitContext, op: o.MmaOp) -> None:
                 tf32=dt is f32,
             )
         em.barrier()
-    frags = warp_mma(em, dt, k, ops[0], ops[1], s, frags)
+    frags = warp_mma(em, dt, k, ops[0], ops[1], s, frags, em.ahead.get(op))
     if op.result in em.fragment_values:
         if stores:
             # The next user of scratch (a reduction, a layout change, this op in the next
@@ -640,13 +642,6 @@ def _row_fragments(
     return out, chunks
 
 
-#: Reads one k step of an operand's fragments: per slot, its registers in mma order.
-Reader = Callable[[int], list[list[Reg]]]
-#: The addressing of an operand tile, computed once, as a reader of the copy at byte offset
-#: `stage` past it (a pipeline stage; None: the tile itself): one add per address register.
-Bindable = Callable[[Reg | None], Reader]
-
-
 class _Staged:
     """`reg + stage` per address register, made on first use in one bound reader."""
 
@@ -864,15 +859,31 @@ def warp_mma(
     b: Operand | Reader,
     s: Setup,
     frags: list[list[list[Reg]]],
+    ahead: Ahead | None = None,
 ) -> list[list[list[Reg]]]:
     """Each warp's K loop (unrolled): read its A and B fragments from shared memory, one
-    mma.sync per (M slot, N slot); returns the new accumulator fragments."""
+    mma.sync per (M slot, N slot); returns the new accumulator fragments. With `ahead`
+    the fragments of k step ks + 1 are read before the mmas of step ks (two sets of
+    registers), the first step's were read by the previous iteration, and before the last
+    step's mmas the pipeline turns to its next stage and its first step is read: the
+    tensor cores need not wait for shared memory after the barrier."""
     fb = em.fb
     read_a = reader(em, dt, a, s, 0, k)(None) if isinstance(a, Operand) else a
     read_b = reader(em, dt, b, s, 1, k)(None) if isinstance(b, Operand) else b
     opcode = MMA_OPCODE[dt]
-    for ks in range(k // MMA_K_STEP[dt]):
-        a_regs, b_regs = read_a(ks), read_b(ks)
+    steps = k // MMA_K_STEP[dt]
+    now = ahead.held if ahead is not None else None
+    for ks in range(steps):
+        if ahead is None:
+            a_regs, b_regs = read_a(ks), read_b(ks)
+        else:
+            assert now is not None
+            a_regs, b_regs = now
+            if ks + 1 < steps:
+                now = (read_a(ks + 1), read_b(ks + 1))
+            else:
+                stage = ahead.turn()  # every warp has read this stage: it is refilled
+                now = (ahead.readers[0](stage)(0), ahead.readers[1](stage)(0))
         new = []
         for i in range(len(s.slots_m)):
             row = []
@@ -888,4 +899,11 @@ def warp_mma(
                 row.append(d)
             new.append(row)
         frags = new
+    if ahead is not None:
+        assert now is not None
+        # The next iteration's first step reads them where the loop entered with them.
+        for held, got in zip(ahead.held, now):
+            for hs, gs in zip(held, got, strict=True):
+                for h, g in zip(hs, gs, strict=True):
+                    fb.ins("mov.b32", h, g)
     return frags

@@ -19,6 +19,17 @@ exit): copy u reads stage u and refills stage u - 1 mod S, so both offsets are c
 that ptxas folds into the shared addresses' immediates, and no offset is advanced around
 the ring.
 
+Where the plan loads fragments a k step ahead (`PipelinePlan.ahead`), the wait and the
+barrier of iteration i + 1 move into iteration i, before the mmas of its last k step (all
+of stage i's fragments are read by then), followed by the loads of stage i + 1's first k
+step; iteration i + 1 starts with the refill of stage i and the mmas of the fragments it
+was handed (`emit_mma.warp_mma`):
+
+    prologue:   issue iterations 0 .. S-2; wait for 0; barrier; load its first k step
+    iteration:  refill the stage the previous one read (S - 1 ahead); per k step ks, load
+                step ks + 1, then the mmas of step ks; before the last step's mmas: wait
+                for the next stage, barrier, load its first step
+
 What is pipelined, how deep and where its ring lies is decided before emission
 (`plan_pipelines`); this module carries it out. A load whose index is affine in the
 induction variable is a stream: its shared addresses, the bounds along the dims that do not
@@ -40,7 +51,7 @@ from cutile_py.lower import emit_mma
 from cutile_py.lower.allocate_shared import SharedRegion
 from cutile_py.lower.context import EmitContext
 from cutile_py.lower.emit_memory import Access
-from cutile_py.lower.fragments import CHUNK, Operand
+from cutile_py.lower.fragments import CHUNK, Ahead, Operand
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad
 from cutile_py.ptx.builder import Addr, Reg
 
@@ -73,6 +84,7 @@ def start(em: EmitContext, plan: PipelinePlan) -> LoopPipeline:
             [(r.value, r.which) for r in resident if r.value is not None],
             async_reads=bool(plan.wgmma),
             unroll=plan.unroll,
+            ahead=plan.mmas[0] if plan.ahead else None,
         )
     return LoopPipeline(em, plan.loop, dict(plan.carried), [], 1, plan.stage_bytes)
 
@@ -128,6 +140,11 @@ class LoopPipeline:
     #: refills fixed stages, whose offsets are constants (immediates in the addresses) and
     #: no stage offset is advanced around the ring.
     unroll: int = 1
+    #: The mma whose fragments are loaded a k step ahead (`PipelinePlan.ahead`): the wait
+    #: and the barrier of each iteration are made before the previous one's last mmas.
+    ahead: o.MmaOp | None = None
+    #: The copy of the body being emitted.
+    u: int = 0
 
     # -- emission hooks (called by Emitter.op_for) ----------------------------------------
     def prologue(self, iv: Reg, step: Reg) -> None:
@@ -153,9 +170,38 @@ class LoopPipeline:
         floor = self.floor
         em.scratch_floor, em.scratch = floor, fb.reg("b32")
         fb.ins("add.u32", em.scratch, em.smem, floor)
+        if self.ahead is not None:
+            self._enter_ahead(self.ahead)
+
+    def _enter_ahead(self, mma: o.MmaOp) -> None:
+        """Before the loop: the wait and the barrier of iteration 0 (its stage landed),
+        and the fragments of its first k step, which the body then carries."""
+        em, fb = self.em, self.em.fb
+        fb.ins("cp.async.wait_group", self.stages - 2)
+        em.barrier()
+        readers = (
+            em.staged_readers[(mma.operands[0], 0)],
+            em.staged_readers[(mma.operands[1], 1)],
+        )
+        first = fb.reg("b32")
+        fb.ins("mov.u32", first, self.ring)
+        held = (readers[0](first)(0), readers[1](first)(0))
+        em.ahead[mma] = Ahead(held, self._turn, readers)
+
+    def _turn(self) -> Reg:
+        """In copy u, before its last mmas (all of its stage's fragments read): wait for
+        the next stage, and make the barrier after which stage u may be refilled (by the
+        next copy's `top`); the next stage's offset."""
+        fb = self.em.fb
+        fb.ins("cp.async.wait_group", self.stages - 2)
+        self.em.barrier()  # every warp has read stage u, and stage u + 1 landed for all
+        nxt = fb.reg("b32")
+        fb.ins("mov.u32", nxt, self.ring + (self.u + 1) % self.stages * self.stage_bytes)
+        return nxt
 
     def copy(self, u: int) -> None:
         """Before copy `u` of the body (of `unroll`): its stages, as constants."""
+        self.u = u
         if self.unroll == 1:
             return
         assert self.read is not None and self.write is not None
@@ -164,8 +210,17 @@ class LoopPipeline:
         fb.ins("mov.u32", self.write, self.ring + (u + s - 1) % s * self.stage_bytes)
 
     def top(self) -> None:
-        """Wait for this iteration's tiles; refill the stage the previous one read."""
+        """Wait for this iteration's tiles; refill the stage the previous one read. Where
+        fragments are loaded ahead the wait and the barrier were made by the previous
+        iteration (`_turn`), before its last mmas, and only the refill is left: its copies
+        checked in line (with mmas on both sides ptxas turned the branch between the
+        unchecked and the checked copies into both, predicated: twice the LDGSTS in
+        sm_80 SASS, and it did so there wherever it was placed)."""
         if not self.loads:
+            return
+        if self.ahead is not None:
+            assert self.write is not None
+            self._issue(self.stages - 1, self.write)
             return
         fb = self.em.fb
         assert self.write is not None
@@ -203,6 +258,8 @@ class LoopPipeline:
         self.em.scratch_floor, self.em.scratch = self.outer_scratch
         for key in self.resident:
             del self.em.resident[key]
+        if self.ahead is not None:
+            del self.em.ahead[self.ahead]
 
     # -- internals ------------------------------------------------------------------------
     def _proxy_fence(self) -> None:

@@ -4,6 +4,7 @@ memory. `emit_mma` and `emit_pipeline` emit the instructions that use them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cutile_py.ptx.builder import Reg
@@ -144,6 +145,26 @@ class Setup:
     def count(self) -> int:
         """Registers of the accumulator in fragment form: 4 per (M slot, N slot)."""
         return 4 * len(self.slots_m) * len(self.slots_n)
+
+
+#: Reads one k step of an operand's fragments: per slot, its registers in mma order.
+Reader = Callable[[int], list[list[Reg]]]
+#: The addressing of an operand tile, computed once, as a reader of the copy at byte offset
+#: `stage` past it (a pipeline stage; None: the tile itself): one add per address register.
+Bindable = Callable[[Reg | None], Reader]
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """Register double buffering of an mma in a pipelined loop (`PipelinePlan.ahead`): the
+    fragments of the first k step (A's, then B's) are `held`, loaded by the previous
+    iteration; `turn` waits for the next stage and refills the one just read (the top of
+    the next iteration: its barrier) and returns the next stage's byte offset, which
+    `readers` (A, B) bind to load its first k step before this iteration's last mma."""
+
+    held: tuple[list[list[Reg]], list[list[Reg]]]
+    turn: Callable[[], Reg]
+    readers: tuple[Bindable, Bindable]
 
 
 def round_region(nbytes: int) -> int:

@@ -115,6 +115,10 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
         pipes.append(f"  for {loop}:{kind} stages={p.stages} stage_bytes={p.stage_bytes}{unroll}")
         if p.why:
             pipes.append(f"    cp.async, not tma: {p.why}")
+        if p.ahead:
+            pipes.append("    fragments a k step ahead, across the barrier to the next stage")
+        elif p.ahead_why:
+            pipes.append(f"    fragments loaded per k step: {p.ahead_why}")
         if p.kind == "tma":
             per = "full and empty per stage" if p.ws else "one per stage"
             pipes.append(f"    mbarriers at +{p.stages * p.stage_bytes} ({per})")

@@ -13,9 +13,9 @@ from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import bf16, f16, f32
 from cutile_py.ir.uses import DefUse
 from cutile_py.lower import plan_wgmma, plan_ws
-from cutile_py.lower.assign_fragments import FragmentPlan, no_fragments
+from cutile_py.lower.assign_fragments import WARP, FragmentPlan, no_fragments
 from cutile_py.lower.errors import LoweringError
-from cutile_py.lower.fragments import SHARED_LIMIT, SharedTile, round_region
+from cutile_py.lower.fragments import SHARED_LIMIT, SharedTile, round_region, warp_grid
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan, canonical_blocked
 from cutile_py.lower.plan_tma import BARRIER_BYTES, TMA_ALIGN, tma_swizzle
 from cutile_py.ptx.target import Target
@@ -87,6 +87,13 @@ class PipelinePlan:
     #: (`plan_ws`); or why the loop is not specialized ("" where not asked).
     ws: plan_ws.WarpSpecialization | None = None
     ws_why: str = ""
+    #: Fragments loaded a k step ahead (register double buffering, `emit_mma.warp_mma`):
+    #: those of step ks + 1 before the mmas of step ks, and the next stage's first step
+    #: after the barrier that lets it be read, before this stage's last mmas. `ahead_why`
+    #: says why a pipelined mma.sync loop keeps loading each step's fragments just before
+    #: its mmas ("" if it does not).
+    ahead: bool = False
+    ahead_why: str = ""
 
     @property
     def ring_bytes(self) -> int:
@@ -431,6 +438,9 @@ def _place(
     gemm_only = len(carried) == len(loop.body.args) - 1
     unroll = stages if placed and kind == "cp.async" and not wgmma and stages > 1 else 1
     unroll = unroll if gemm_only else 1
+    ahead_why = (
+        _why_not_ahead(cx, placed, mmas, unroll, kind, stages) if placed and not wgmma else ""
+    )
     return PipelinePlan(
         loop,
         tuple(mmas),
@@ -443,7 +453,57 @@ def _place(
         kind,
         why,
         unroll=unroll,
+        ahead=bool(placed) and not wgmma and not ahead_why,
+        ahead_why=ahead_why,
     )
+
+
+#: Registers a thread may hold (sm_80, sm_90), and those `_why_not_ahead` leaves for
+#: addresses, indices and loop control past the accumulators and two k steps of fragments.
+MAX_REGISTERS = 255
+ADDRESS_REGISTERS = 48
+
+
+def _why_not_ahead(
+    cx: _Planning,
+    loads: list[StagedLoad],
+    mmas: list[o.MmaOp],
+    unroll: int,
+    kind: str,
+    stages: int,
+) -> str:
+    """Why an mma.sync pipeline keeps loading each k step's fragments just before its
+    mmas, "" if they can be loaded a step ahead: one mma in the body, both operands staged,
+    the loop unrolled per stage (the turn to the next stage is made in
+    the body copy before it), and the accumulators and two k steps of fragments leaving
+    `ADDRESS_REGISTERS` of `MAX_REGISTERS`. A 64x64 warp tile holds 128 accumulator
+    registers and 32 per k step (m16n8k16 and m16n8k8 alike): every library candidate
+    fits, measured without spills (nvJitLink, sm_80 and sm_90, f16 and tf32, B as (K, N)
+    and (N, K)); a larger warp tile keeps today's order."""
+    if unroll == 1:
+        if kind == "tma":
+            return "a TMA ring (its loop is not unrolled per stage)"
+        if stages == 1:
+            return "one stage"
+        return "the loop carries more than mma accumulators (it is not unrolled per stage)"
+    if len(mmas) != 1:
+        return f"{len(mmas)} mmas in the loop body"
+    (mma,) = mmas
+    staged = {sl.operand: sl for sl in loads}
+    if any(v not in staged for v in mma.operands[:2]):
+        return "an mma operand is not staged"
+    a, b, _ = mma.operands
+    m, n = a.type.shape[0], b.type.shape[1]
+    threads = cx.layouts.threads
+    grid = cx.fragments.grids.get(mma) or warp_grid(threads // WARP, m // 16, n // 8)
+    acc = 4 * grid.sm * grid.sn
+    per_step = 4 * grid.sm + 2 * grid.sn
+    if acc + 2 * per_step + ADDRESS_REGISTERS > MAX_REGISTERS:
+        return (
+            f"{acc} accumulator and 2 x {per_step} fragment registers per thread leave fewer "
+            f"than {ADDRESS_REGISTERS} of {MAX_REGISTERS} for addresses (it would spill)"
+        )
+    return ""
 
 
 def _kind(cx: _Planning, loads: list[StagedLoad]) -> tuple[str, str, list[StagedLoad]]:
