@@ -649,6 +649,43 @@ def test_nvjitlink_failure_falls_back_to_the_driver_jit(
     assert "Unsupported .version 9.9" in message  # nvJitLink's log
 
 
+def test_a_kernel_that_moves_registers_is_compiled_whole_by_the_driver(
+    fake: FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ptxas ignores setmaxnreg when compiling for linking, as nvJitLink does: PTX that moves
+    registers (warp specialization) is loaded through the driver's JIT, nvJitLink's report
+    kept; where the driver refuses it, nvJitLink's cubin is loaded instead."""
+    from types import SimpleNamespace
+
+    assembled: list[str] = []
+
+    def report(ptx: str, target: Target) -> Any:
+        assembled.append(ptx)
+        return SimpleNamespace(cubin=b"\x7fELF", registers=168, spill_stores=0)
+
+    monkeypatch.setattr(cuda_backend, "nvjitlink_available", lambda: True)
+    monkeypatch.setattr(cuda_backend, "assemble", report)
+    backend = CudaBackend()
+    moving = vector_add_ptx(Target(90)).replace(
+        "    ld.param.u64 %rd1, [pa];",
+        "    setmaxnreg.inc.sync.aligned.u32 232;\n    ld.param.u64 %rd1, [pa];",
+    )
+    kernel = backend.load_kernel(moving, "vadd")
+    assert fake.calls.count("cuModuleLoadDataEx") == 1 and "cuModuleLoadData" not in fake.calls
+    assert kernel.report is not None and kernel.report.registers == 168
+    # The driver refuses it: nvJitLink's cubin (registers capped, the same kernel) runs.
+    refused = moving.replace(
+        "    ld.param.u64 %rd2, [pb];", "    frobnicate;\n    ld.param.u64 %rd2, [pb];"
+    )
+    kernel = backend.load_kernel(refused, "vadd")
+    assert fake.calls.count("cuModuleLoadDataEx") == 2 and "cuModuleLoadData" in fake.calls
+    assert kernel.report is not None
+    # A kernel that moves no registers takes nvJitLink's cubin at once.
+    calls = len(fake.calls)
+    backend.load_kernel(vector_add_ptx(Target(90)).replace("vadd", "plain"), "plain")
+    assert "cuModuleLoadDataEx" not in fake.calls[calls:] and len(assembled) == 3
+
+
 # --- targets ------------------------------------------------------------------------------------
 
 

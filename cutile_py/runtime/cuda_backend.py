@@ -253,6 +253,11 @@ class CudaCompletion(Completion):
         self._backend._events.append(self._event)
 
 
+#: The PTX instruction that moves registers between warp groups (warp specialization), which
+#: only a whole-program compile keeps (see `CudaBackend._load_module`).
+REGISTER_MOVES = "setmaxnreg."
+
+
 class LaunchTimes:
     """Device time of the launches queued meanwhile in one thread (`CudaBackend.time_launches`):
     a pair of timing events recorded around each launch on its stream, so the host's work
@@ -852,6 +857,16 @@ class CudaBackend(Backend):
             except PtxAssemblyError as e:
                 refused = f"nvJitLink failed for {dev.target.name}: {e}"
             else:
+                if REGISTER_MOVES in ptx:
+                    # ptxas ignores setmaxnreg when it compiles for linking, as nvJitLink
+                    # does (warning C7504): a warp-specialized kernel moves registers only
+                    # when the driver's JIT compiles it whole. nvJitLink's cubin (the same
+                    # kernel, registers capped by .maxnreg) is the fallback.
+                    try:
+                        return cu.module_load_ptx(ptx), report
+                    except cu.CudaDriverError as e:
+                        if e.is_device_fault:
+                            raise self._failure("loading a module", e) from e
                 try:
                     return cu.module_load_data(report.cubin), report
                 except cu.CudaDriverError as e:
