@@ -21,6 +21,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 C = TypeVar("C")
 DTYPES = [pytest.param(d, id=d.name) for d in (ct.f32, ct.f16, ct.bf16, ct.i32)]
+INTS = {ct.i32: np.int32, ct.i64: np.int64}
 
 
 @ct.kernel
@@ -39,12 +40,13 @@ def plus_transpose(y: Mut[Tensor[T, R, R]], x: Tensor[T, Dyn, Dyn]) -> None:
 
 def random(rng: np.random.Generator, shape: tuple[int, ...], dt: Any) -> np.ndarray:
     """Fresh values exactly representable in `dt` (as float32, or int32 for i32)."""
-    if dt is ct.i32:
-        return rng.integers(-(2**31), 2**31 - 1, shape, dtype=np.int32)
+    if dt in INTS:
+        info = np.iinfo(INTS[dt])
+        return rng.integers(info.min, info.max, shape, dtype=INTS[dt])
     return round_to(rng.standard_normal(shape).astype(np.float32), dt)
 
 
-@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("dt", [*DTYPES, pytest.param(ct.i64, id="i64")])
 @pytest.mark.parametrize(
     "shape,tile",
     [((37, 70), (16, 8)), ((70, 37), (8, 32)), ((130, 100), (32, 64)), ((45, 200), (64, 16)),
@@ -54,7 +56,8 @@ def random(rng: np.random.Generator, shape: tuple[int, ...], dt: Any) -> np.ndar
 def test_transpose_values(
     rng: np.random.Generator, dt: Any, shape: tuple[int, int], tile: tuple[int, int]
 ) -> None:
-    """x (m, n) into y (n, m) tile by tile, at shapes no tile divides, against NumPy."""
+    """x (m, n) into y (n, m) tile by tile, at shapes no tile divides, against NumPy (i64:
+    8-byte elements, vectors of 2)."""
     x = random(rng, shape, dt)
     y, _ = tile_transpose(ct.empty(shape[::-1], dt).partition(tile), ct.from_numpy(x, dt)).sync()
     np.testing.assert_array_equal(y.unpartition().to_numpy(), x.T)
