@@ -75,7 +75,7 @@ def convert(
     """Move a tile between layouts through shared memory (row-major element order, so a
     reshape is the same round trip). Rows are padded by one bank when the two layouts walk
     different dims, so that neither side's accesses conflict; a 2-D transpose whose source
-    holds vectors goes through a swizzled tile instead (`emit_transpose`)."""
+    holds vectors goes through a staggered tile instead (`emit_transpose`)."""
     if not src.present:
         return [regs[0]] * dst.count()  # a size-1 tile: every thread holds it
     if emit_transpose.applies(em, src, dst, src_t, dst_t):

@@ -88,7 +88,7 @@ class _Staggered:
 def convert_transposed(
     em: EmitContext, regs: list[Reg], src: Layout, dst: Layout, src_t: TileType
 ) -> list[Reg]:
-    """Move the tile from `src` to `dst` (where `applies`) through a swizzled shared tile."""
+    """Move the tile from `src` to `dst` (where `applies`) through a staggered shared tile."""
     fb = em.fb
     dt = src_t.dtype
     eb = dt.itemsize()
@@ -98,8 +98,9 @@ def convert_transposed(
     tile = _Staggered(em, src_t.shape, row, eb, vec * eb, dst.base.vec)
     owner = em.owner(src)
     # The source's registers run along its last base dim fastest, `vec` per vector.
+    placed = src.registers()
     for k in range(0, len(regs), vec):
-        offs = src.registers()[k]
+        offs = placed[k]
         pred = em.conj(em.valid(src, offs), owner)
         words = regs[k : k + vec]
         if eb == 2:  # 16-bit pairs packed into words
