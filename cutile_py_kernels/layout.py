@@ -21,8 +21,9 @@ R = TypeVar("R")
 C = TypeVar("C")
 #: The transpose tile's side per element size in bytes (square, so a block's load and store
 #: cover the same elements): 16 KiB or 32 KiB of shared memory for the layout change. sm_90
-#: SASS per element at 4096x4096: f32 17.5 at side 32, 8.8 at 64; bf16 10.0, 7.6, 5.2 at 128
-#: (each 16-bit element still goes through shared memory alone).
+#: SASS per element at 4096x4096 (each thread's 16-byte vector stored whole, read back one
+#: element at a time): f32 17.8 at side 32, 8.25 at 64; bf16 7.2 at 64, 4.44 at 128. (f32 at
+#: 128 would be 5.75, but needs 64 KiB of shared memory and 88 registers.)
 TRANSPOSE_TILE = {4: 64, 2: 128}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32, i32, i64
 from cutile_py.ir.types import TileType
+from cutile_py.lower import emit_transpose
 from cutile_py.lower.context import EmitContext
 from cutile_py.lower.isel import MOV
 from cutile_py.lower.layout import Layout
@@ -73,9 +74,12 @@ def convert(
 ) -> list[Reg]:
     """Move a tile between layouts through shared memory (row-major element order, so a
     reshape is the same round trip). Rows are padded by one bank when the two layouts walk
-    different dims, so that neither side's accesses conflict."""
+    different dims, so that neither side's accesses conflict; a 2-D transpose whose source
+    holds vectors goes through a staggered tile instead (`emit_transpose`)."""
     if not src.present:
         return [regs[0]] * dst.count()  # a size-1 tile: every thread holds it
+    if emit_transpose.applies(em, src, dst, src_t, dst_t):
+        return emit_transpose.convert_transposed(em, regs, src, dst, src_t)
     fb = em.fb
     dt = src_t.dtype
     eb, suffix = _elem(dt)
