@@ -11,8 +11,8 @@ stages in 96 KiB of shared memory (every supported GPU allows a block at least 9
   GPU): `Autotuner.choose` returns `default_config`, clamped to the problem.
 - On `cuda` each candidate runs on scratch buffers that the tuner's caller allocates for it
   (never the caller's output), timed with CUDA events (the best of 5 runs), and the
-  FINALISTS fastest again with launches queued back to back (`cuda_final_timer`); the
-  fastest of those wins. The choice (as its
+  FINALISTS fastest again with launches queued back to back (`cuda_final_timer`), in
+  FINAL_ROUNDS turns; the lowest median wins. The choice (as its
   unclamped template) is cached per `TuneKey` (M, N, K and the batch count rounded up to
   powers of two, dtypes, trans_b, device name) in the JSON file
   `<cache dir>/autotune/gemm.json` (the cache dir of `cutile_py.runtime.disk_cache`:
@@ -311,11 +311,13 @@ def cuda_event_timer(cfg: GemmConfig, launch: Launch, repeats: int = 5) -> float
     return min(ct.profiling.time_ms(launch, repeats))
 
 
-#: Candidates timed again after the first round, run after run: the best of a few short
-#: runs ranks them, but a short burst can favour a config that is slower in a stream of
-#: launches (on an H200, bf16 8192: the best of a burst, 99% of cuBLAS, ran at 82% of cuBLAS
-#: with 30 launches queued, while another config kept 97%).
+#: Candidates timed again after the first round, run after run and in turns: the best of a
+#: few short runs ranks them, but a GPU's clocks drift as it heats under a stream of launches
+#: (an H200 ran cuBLAS's bf16 8192 GEMM 13% slower run after run than in a burst), so a
+#: config timed first, on a cool GPU, can look better than one timed after it. Each finalist
+#: is timed in FINAL_ROUNDS turns, the order rotating, and its median decides.
 FINALISTS = 4
+FINAL_ROUNDS = 3
 #: Scratch outputs per finalist in the final round (the queued launches take them in turn).
 QUEUED = 3
 #: Times a finalist: `(config, make_launch) -> ms`, `make_launch` as `Autotuner.choose` has it.
@@ -323,7 +325,7 @@ FinalTimer = Callable[[GemmConfig, Callable[[GemmConfig], Launch]], float]
 
 
 def cuda_final_timer(
-    cfg: GemmConfig, make_launch: Callable[[GemmConfig], Launch], runs: int = 24
+    cfg: GemmConfig, make_launch: Callable[[GemmConfig], Launch], runs: int = 12
 ) -> float:
     """Device ms per launch of `cfg` with `runs` launches queued back to back over QUEUED
     scratch outputs (`ct.profiling.time_ms_queued`)."""
@@ -383,7 +385,11 @@ class Autotuner:
         ranked = sorted(configs, key=lambda c: (times[c], c))
         if final is not None and len(ranked) > 1:
             finalists = ranked[:FINALISTS]
-            final_times = {cfg: final(cfg, make_launch) for cfg in finalists}
+            turns: dict[GemmConfig, list[float]] = {cfg: [] for cfg in finalists}
+            for r in range(FINAL_ROUNDS):
+                for cfg in finalists[r % len(finalists) :] + finalists[: r % len(finalists)]:
+                    turns[cfg].append(final(cfg, make_launch))
+            final_times = {cfg: sorted(ts)[len(ts) // 2] for cfg, ts in turns.items()}
             ranked = sorted(finalists, key=lambda c: (final_times[c], c))
         best = ranked[0]
         template = min(t for t, c in options.items() if c == best)

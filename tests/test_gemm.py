@@ -200,8 +200,30 @@ def test_finalists_are_timed_again_and_decide(tmp_path: Path) -> None:
     key = TuneKey.make(m, n, k, ct.f16, False, "sim")
     default = autotune.default_config(ct.f16, m, n, k)
     chosen = t.choose(key, opts, default, lambda cfg: lambda: pytest.fail("launched"))
-    assert sorted(timed_again) == sorted(finalists)
+    assert sorted(timed_again) == sorted(finalists * autotune.FINAL_ROUNDS)
     assert chosen == finalists[-1] == t.last
+
+
+def test_finalists_take_turns_so_drift_does_not_pick(tmp_path: Path) -> None:
+    """A GPU heating up makes every later timing slower: timed in turns with the order
+    rotating, the truly fastest finalist wins although a slower one was timed first."""
+    m, n, k = 256, 256, 256
+    opts = autotune.candidate_templates(ct.f16, m, n, k)
+    configs = sorted(set(opts.values()), key=lambda c: (c.bm * c.bn * c.bk, c))
+    finalists = configs[: autotune.FINALISTS]
+    true = {c: 1.0 for c in finalists}
+    true[finalists[1]] = 0.97  # 3% faster, ranked second by the first round
+    clock = [0.0]
+
+    def drifting(cfg: GemmConfig, make_launch: Callable[[GemmConfig], autotune.Launch]) -> float:
+        clock[0] += 1
+        return true[cfg] * (1 + 0.05 * clock[0])  # each timing 5% slower than the first
+
+    first = {c: float(i) for i, c in enumerate(configs)}
+    t = Autotuner(path=tmp_path / "gemm.json", timer=lambda c, _: first[c], final=drifting)
+    key = TuneKey.make(m, n, k, ct.f16, False, "sim")
+    chosen = t.choose(key, opts, autotune.default_config(ct.f16, m, n, k), lambda c: lambda: 0)
+    assert chosen == finalists[1]
 
 
 def test_choice_is_reused_from_memory_and_from_disk(
