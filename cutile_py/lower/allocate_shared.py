@@ -61,6 +61,8 @@ class ScratchBuffer:
     what: str
     offset: int
     nbytes: int
+    #: Its lifetime: the step of `op` in program order (`SharedPlan.steps`).
+    step: int
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,15 @@ class SharedPlan:
     total: int = 0
     #: Where an accumulator's bands may reach (`size_scratch.band_tile`).
     band_limit: int = SHARED_LIMIT
+    #: Per loop: the steps of its enter and its leave in program order (every op, and a
+    #: loop's enter and leave, is one step); its ring and resident tiles live from its
+    #: enter up to, not including, its leave.
+    steps: Mapping[o.ForOp, tuple[int, int]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def live(self, region: SharedRegion) -> tuple[int, int]:
+        """The first and last step `region` is live at."""
+        enter, leave = self.steps[region.loop]
+        return enter, leave - 1
 
     def ring(self, loop: o.ForOp) -> int:
         """Byte offset of stage 0 of `loop`'s ring."""
@@ -112,11 +123,16 @@ def allocate_shared(
     sizer = Sizer(layouts, fragments, pipelines, uses, band_limit)
     scratch: dict[tuple[o.Op, str], ScratchBuffer] = {}
 
-    def place(op: o.Op, moment: str, floor: int, needs: list[tuple[str, int]]) -> None:
+    steps: dict[o.ForOp, tuple[int, int]] = {}
+    counter = iter(range(1 << 62))
+
+    def place(op: o.Op, moment: str, floor: int, needs: list[tuple[str, int]]) -> int:
+        step = next(counter)
         needs = sorted((n for n in needs if n[1]), key=lambda n: -n[1])
         if needs:
             what = ", ".join(dict.fromkeys(w for w, _ in needs))
-            scratch[(op, moment)] = ScratchBuffer(op, moment, what, floor, needs[0][1])
+            scratch[(op, moment)] = ScratchBuffer(op, moment, what, floor, needs[0][1], step)
+        return step
 
     def sized(op: o.Op, floor: int, moment: str = "") -> list[tuple[str, int]]:
         return [(n.what, n.nbytes) for n in replace(sizer, floor=floor).needs(op, moment)]
@@ -128,9 +144,9 @@ def allocate_shared(
                 place(op, "", floor, needs)
             elif isinstance(op, o.ForOp):
                 inner = rings.floors.get(op, floor)
-                place(op, ENTER, inner, sized(op, inner, ENTER))
+                enter = place(op, ENTER, inner, sized(op, inner, ENTER))
                 visit(op.body, inner, tuple(op.body.args[1:]))
-                place(op, LEAVE, floor, sized(op, floor, LEAVE))
+                steps[op] = (enter, place(op, LEAVE, floor, sized(op, floor, LEAVE)))
             elif isinstance(op, o.IfOp):
                 for r in op.regions():
                     visit(r, floor, op.results)
@@ -153,7 +169,13 @@ def allocate_shared(
             f"{target.max_shared_bytes} bytes a block may have on {target.name} (the biggest "
             f"buffers: {big}); use smaller tiles"
         )
-    return replace(rings, scratch=MappingProxyType(scratch), total=total, band_limit=band_limit)
+    return replace(
+        rings,
+        scratch=MappingProxyType(scratch),
+        total=total,
+        band_limit=band_limit,
+        steps=MappingProxyType(steps),
+    )
 
 
 def _at(op: o.Op) -> str:

@@ -100,6 +100,9 @@ class EmitContext:
     scratch: Reg | None = None
     #: The op (and moment of a loop) whose planned scratch buffer `shared_scratch` gives.
     scratch_user: tuple[o.Op, str] | None = None
+    #: The most bytes emission addressed in each planned scratch buffer (what tests compare
+    #: with the plan).
+    scratch_used: dict[tuple[o.Op, str], int] = field(default_factory=dict)
     #: Ops not emitted where they stand (loads a pipeline issues ahead instead).
     skipped: set[o.Op] = field(default_factory=set)
     #: A TMA pipeline's load → the generic address of its tensor map (a kernel parameter).
@@ -261,6 +264,8 @@ class EmitContext:
                 f"scratch, but allocate_shared planned {buf.nbytes if buf else 0} "
                 "(size_scratch disagrees with the emitter)"
             )
+        key = (buf.op, buf.moment)
+        self.scratch_used[key] = max(self.scratch_used.get(key, 0), nbytes)
         if buf.offset == self.scratch_floor:  # the address is at hand (in a pipelined body)
             return self.scratch if self.scratch is not None else self.smem
         at = self.fb.reg("b32")

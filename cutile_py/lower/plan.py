@@ -164,12 +164,12 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
     for r in plan.shared.regions:
         what = "ring" if r.value is None else f"{names[r.value]} ({'AB'[r.which]} operand)"
         span = f"[{r.offset}, {r.offset + r.nbytes})"
-        shared.append(f"  {what}: {span} while for {loop_name(r.loop)} runs")
+        first, last = plan.shared.live(r)
+        shared.append(f"  {what}: {span} while for {loop_name(r.loop)} runs (steps {first}-{last})")
     for b in plan.shared.scratch.values():
         span = f"[{b.offset}, {b.offset + b.nbytes})"
-        shared.append(
-            f"  {b.what} of {_scratch_user(b.op, b.moment, names, loop_name)}: {span} while it runs"
-        )
+        user = _scratch_user(b.op, b.moment, names, loop_name)
+        shared.append(f"  {b.what} of {user}: {span} at step {b.step} (while it runs)")
     if shared:
         lines += ["shared memory:", *shared, f"  total {plan.shared.total} bytes"]
     lines += ["bases:"] + [

@@ -317,7 +317,7 @@ class Sizer:
         )
         tiles = mma_operand_tiles(op, (skip[0], skip[1]))
         if tiles:
-            yield Need("mma operands", tiles[-1].offset + tiles[-1].nbytes, 128)
+            yield Need("mma operands", tiles[-1].offset + round_region(tiles[-1].nbytes))
         if op.result not in self._acc_values():
             yield self._bands(op, self.lay(op.result))
 
