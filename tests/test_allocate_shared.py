@@ -11,6 +11,7 @@ not fit is refused naming its biggest buffers.
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,9 +32,11 @@ from cutile_py.lower.pipeline import lower_kernel
 from cutile_py.lower.plan import LoweringPlan, plan_lowering
 from cutile_py.ptx.builder import FunctionBuilder
 from cutile_py.ptx.target import Target
+from cutile_py_kernels import _common, norms
 from tests.test_cumsum import cumsum_2d
 from tests.test_lowering_plan import flash, gemm
 
+softmax_module = importlib.import_module("cutile_py_kernels.softmax")
 SM80, SM90 = Target(80), Target(90)
 
 
@@ -202,7 +205,7 @@ def _tensor(rng: np.random.Generator, shape: tuple[int, ...], dt: Any) -> tuple[
 
 
 def test_library_kernels_never_overlap_live_buffers(
-    rng: np.random.Generator, compiled_irs: list[ir.Kernel]
+    rng: np.random.Generator, compiled_irs: list[ir.Kernel], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """gemm, attention, softmax, norms, cumsum, argmax and transpose, run on sim (shared
     accesses out of bounds are errors there) against NumPy; then every kernel they
@@ -230,6 +233,17 @@ def test_library_kernels_never_overlap_live_buffers(
     ln = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5) * w + w
     np.testing.assert_allclose(ck.layer_norm(tx, tw, tw).to_numpy(), ln, rtol=1e-3, atol=1e-4)
     np.testing.assert_array_equal(ck.argmax(tx).to_numpy().reshape(-1), x.argmax(1))
+    # Rows past a cap of 256 elements: the chunked (looping) kernels.
+    for dt in (ct.f32, ct.f16, ct.bf16):
+        monkeypatch.setitem(_common.ROW_CAP, dt, 256)
+    monkeypatch.setattr(softmax_module, "ONE_PASS_CAP", 256)
+    monkeypatch.setattr(norms, "ONE_PASS_CAP", 256)
+    np.testing.assert_allclose(
+        ck.softmax(tx).to_numpy(), e / e.sum(1, keepdims=True), rtol=1e-4, atol=1e-7
+    )
+    np.testing.assert_allclose(ck.rms_norm(tx, tw).to_numpy(), rms, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ck.layer_norm(tx, tw, tw).to_numpy(), ln, rtol=1e-3, atol=1e-4)
+    np.testing.assert_array_equal(ck.argmax(tx).to_numpy().reshape(-1), x.argmax(1))
     np.testing.assert_array_equal(ck.transpose(tx).to_numpy(), x.T)
 
     c, tc = _tensor(rng, (3, 2048), ct.f32)
@@ -237,7 +251,7 @@ def test_library_kernels_never_overlap_live_buffers(
     np.testing.assert_allclose(z.unpartition().to_numpy(), np.cumsum(c, 1), rtol=1e-4, atol=1e-3)
 
     kernels = {k.name: k for k in compiled_irs}
-    assert len(kernels) >= 8, sorted(kernels)
+    assert len(kernels) >= 12, sorted(kernels)
     for kernel in kernels.values():
         for target in (SM80, SM90):
             try:

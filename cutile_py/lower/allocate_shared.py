@@ -126,24 +126,25 @@ def allocate_shared(
     steps: dict[o.ForOp, tuple[int, int]] = {}
     counter = iter(range(1 << 62))
 
-    def place(op: o.Op, moment: str, floor: int, needs: list[tuple[str, int]]) -> int:
+    def place(op: o.Op, moment: str, at: int, needs: list[tuple[str, int]]) -> int:
         step = next(counter)
         needs = sorted((n for n in needs if n[1]), key=lambda n: -n[1])
         if needs:
             what = ", ".join(dict.fromkeys(w for w, _ in needs))
-            scratch[(op, moment)] = ScratchBuffer(op, moment, what, floor, needs[0][1], step)
+            scratch[(op, moment)] = ScratchBuffer(op, moment, what, at, needs[0][1], step)
         return step
 
     def sized(op: o.Op, floor: int, moment: str = "") -> list[tuple[str, int]]:
         return [(n.what, n.nbytes) for n in replace(sizer, floor=floor).needs(op, moment)]
 
     def visit(region: o.Region, floor: int, likes: tuple[o.Value, ...]) -> None:
+        floor = _up(floor, 16)  # scratch starts 16-byte aligned (`size_scratch.Need`)
         for op in region.ops:
             if isinstance(op, o.YieldOp):
                 needs = [(n.what, n.nbytes) for n in sizer.yielded(op, likes)]
                 place(op, "", floor, needs)
             elif isinstance(op, o.ForOp):
-                inner = rings.floors.get(op, floor)
+                inner = _up(rings.floors.get(op, floor), 16)
                 enter = place(op, ENTER, inner, sized(op, inner, ENTER))
                 visit(op.body, inner, tuple(op.body.args[1:]))
                 steps[op] = (enter, place(op, LEAVE, floor, sized(op, floor, LEAVE)))

@@ -24,26 +24,24 @@ from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bool_, f32, i32
 from cutile_py.ir.types import TileType
 from cutile_py.ir.uses import DefUse
-from cutile_py.lower.assign_fragments import FragmentPlan
+from cutile_py.lower.assign_fragments import WARP, FragmentPlan
 from cutile_py.lower.fragments import SharedTile, round_region, warp_grid
 from cutile_py.lower.layout import Layout, LayoutPlan
 from cutile_py.lower.plan_pipelines import PipelinePlan
 
 #: Bytes of one shared-memory bank (rows of a conversion tile are padded by one).
 BANK_BYTES = 4
-#: Threads per warp.
-WARP = 32
 #: The moments of a `ForOp`: carried values entering its layouts, results leaving them.
 ENTER, LEAVE = "enter", "leave"
 
 
 @dataclass(frozen=True)
 class Need:
-    """`nbytes` of scratch `what` needs, aligned to `align` bytes."""
+    """`nbytes` of scratch `what` needs (16-byte aligned, the widest shared access: every
+    scratch buffer starts on such a boundary, and the emitters' tiles keep it)."""
 
     what: str
     nbytes: int
-    align: int = 16
 
 
 # -- the sizes the emitters address ---------------------------------------------------------
