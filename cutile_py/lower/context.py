@@ -94,8 +94,9 @@ class EmitContext:
     ahead: dict[o.MmaOp, Ahead] = field(default_factory=dict)
     #: (mma operand, 0 for A or 1 for B) → its tile, stored once before the loop.
     resident: dict[tuple[o.Value, int], Operand] = field(default_factory=dict)
-    #: Bytes at the start of shared memory a cp.async pipeline keeps in flight while its
-    #: loop body is emitted, and the address past them (None: scratch starts at `smem`).
+    #: Bytes at the start of shared memory a pipeline keeps in flight while its loop body is
+    #: emitted, and the address past them (None: `smem`): a scratch buffer planned there is
+    #: addressed with no instruction (`shared_scratch`).
     scratch_floor: int = 0
     scratch: Reg | None = None
     #: The op (and moment of a loop) whose planned scratch buffer `shared_scratch` gives.
