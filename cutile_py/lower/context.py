@@ -94,10 +94,16 @@ class EmitContext:
     ahead: dict[o.MmaOp, Ahead] = field(default_factory=dict)
     #: (mma operand, 0 for A or 1 for B) → its tile, stored once before the loop.
     resident: dict[tuple[o.Value, int], Operand] = field(default_factory=dict)
-    #: Bytes at the start of shared memory a cp.async pipeline keeps in flight while its
-    #: loop body is emitted, and the address past them (None: scratch starts at `smem`).
+    #: Bytes at the start of shared memory a pipeline keeps in flight while its loop body is
+    #: emitted, and the address past them (None: `smem`): a scratch buffer planned there is
+    #: addressed with no instruction (`shared_scratch`).
     scratch_floor: int = 0
     scratch: Reg | None = None
+    #: The op (and moment of a loop) whose planned scratch buffer `shared_scratch` gives.
+    scratch_user: tuple[o.Op, str] | None = None
+    #: The most bytes emission addressed in each planned scratch buffer (what tests compare
+    #: with the plan).
+    scratch_used: dict[tuple[o.Op, str], int] = field(default_factory=dict)
     #: Ops not emitted where they stand (loads a pipeline issues ahead instead).
     skipped: set[o.Op] = field(default_factory=set)
     #: A TMA pipeline's load → the generic address of its tensor map (a kernel parameter).
@@ -247,12 +253,35 @@ class EmitContext:
 
     # -- shared memory --------------------------------------------------------------------
     def shared_scratch(self, nbytes: int) -> Reg:
-        """The address of the shared scratch space, growing it to at least `nbytes`. Scratch
-        starts past what an enclosing cp.async pipeline keeps in flight (`scratch_floor`)."""
+        """The address of the scratch buffer `allocate_shared` planned for the op being
+        emitted (`scratch_user`); `nbytes`, what the caller addresses, must fit it."""
         assert self.smem is not None
-        need = self.scratch_floor + nbytes
-        self.fb.shared_bytes = max(self.fb.shared_bytes, -(-need // 16) * 16)
-        return self.scratch if self.scratch is not None else self.smem
+        buf = self.shared.scratch.get(self.scratch_user) if self.scratch_user else None
+        if buf is None or nbytes > buf.nbytes:
+            op, moment = self.scratch_user or (None, "")
+            raise LoweringError(
+                f"kernel {self.kernel.name}: {op.opname if op else 'code outside any op'}"
+                f"{f' ({moment})' if moment else ''} addresses {nbytes} bytes of shared "
+                f"scratch, but allocate_shared planned {buf.nbytes if buf else 0} "
+                "(size_scratch disagrees with the emitter)"
+            )
+        key = (buf.op, buf.moment)
+        self.scratch_used[key] = max(self.scratch_used.get(key, 0), nbytes)
+        if buf.offset == self.scratch_floor:  # the address is at hand (in a pipelined body)
+            return self.scratch if self.scratch is not None else self.smem
+        at = self.fb.reg("b32")
+        self.fb.ins("add.u32", at, self.smem, buf.offset)
+        return at
+
+    @contextmanager
+    def scratch_for(self, op: o.Op, moment: str = "") -> Iterator[None]:
+        """Emit with `op`'s planned scratch buffer (at `moment` of a loop) at hand."""
+        outer = self.scratch_user
+        self.scratch_user = (op, moment)
+        try:
+            yield
+        finally:
+            self.scratch_user = outer
 
     def barrier(self) -> None:
         """Every thread of the block waits here (shared memory written before is visible)."""

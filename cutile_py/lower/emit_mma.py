@@ -17,7 +17,6 @@ can reuse the tiles, the pipeline and the accumulator conversions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import lcm
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.builder import MMA_K_STEP
@@ -26,7 +25,6 @@ from cutile_py.lower.context import WARP, EmitContext
 from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import (
     CHUNK,
-    SHARED_LIMIT,
     Ahead,
     Bindable,
     Lane,
@@ -41,6 +39,7 @@ from cutile_py.lower.fragments import (
     warp_grid,
 )
 from cutile_py.lower.layout import Layout
+from cutile_py.lower.size_scratch import band_tile
 from cutile_py.ptx.builder import Addr, Reg, Vec, f32_imm
 
 MMA_OPCODE: dict[type[DType], str] = {
@@ -114,12 +113,6 @@ def mma(em: EmitContext, op: o.MmaOp) -> None:
             rows, cols = cols, rows
         tile = SharedTile(at, rows, cols, dt.itemsize(), True)
         at += round_region(tile.nbytes)
-        if em.scratch_floor + at > em.max_shared:
-            raise LoweringError(
-                f"kernel {em.kernel.name}: mma of {a.type} @ {b.type} needs {at} bytes of "
-                f"shared memory for its operand tiles, more than the {em.max_shared} bytes "
-                "a block may have on this target; use smaller tiles"
-            )
         operand = Operand(tile, em.shared_scratch(0), k_rows=which == 1 and not transpose)
         stores.append((operand, v, transpose))
         ops.append(operand)
@@ -197,20 +190,11 @@ class _Bands:
 def _bands(em: EmitContext, s: Setup, lay: Layout, m: int, n: int) -> _Bands:
     row_dim = lay.dims[0]
     assert row_dim is not None
-    base = lay.base
-    unit = base.threads[row_dim] * base.unit(row_dim)
-    step = lcm(unit, 16 * s.grid.wm)
-    tile = SharedTile(0, step, n, 4, False, pad=8 if n % 16 == 0 else 0)
-    budget = max(SHARED_LIMIT, em.fb.shared_bytes) - em.scratch_floor
-    rows = step * max(1, min(-(-m // step), budget // tile.nbytes))
-    tile = SharedTile(0, rows, n, 4, False, pad=tile.pad)
-    if em.scratch_floor + tile.nbytes > em.max_shared:
-        raise LoweringError(
-            f"kernel {em.kernel.name}: the accumulator ({m}, {n}) f32 of an mma needs "
-            f"{em.scratch_floor + tile.nbytes} bytes of shared memory to change layout, "
-            f"more than the {em.max_shared} bytes a block may have on this target; use "
-            "smaller tiles"
-        )
+    # As many rows as fit between the planned buffer and the plan's band limit.
+    assert em.scratch_user is not None
+    buf = em.shared.scratch.get(em.scratch_user)
+    budget = em.shared.band_limit - (buf.offset if buf is not None else 0)
+    tile, rows = band_tile(lay, s.grid.wm, m, n, budget)
     return _Bands(tile, rows, -(-m // rows), row_dim)
 
 

@@ -63,8 +63,6 @@ def start(em: EmitContext, plan: PipelinePlan) -> LoopPipeline:
     for mma in plan.mmas:
         emit_mma.setup(em, mma)
     if plan.loads:
-        # The ring and the resident tiles; the body's scratch comes after them.
-        em.shared_scratch(em.shared.floor(plan.loop) - em.scratch_floor)
         for sl in plan.loads:
             em.skipped.update(sl.chain)
             em.base_regs(sl.copy.base)  # before the loop: the prologue and the body use it

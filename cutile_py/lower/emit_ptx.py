@@ -43,6 +43,7 @@ from cutile_py.lower.isel import (
     bits16,
 )
 from cutile_py.lower.layout import Layout
+from cutile_py.lower.size_scratch import ENTER, LEAVE
 from cutile_py.ptx.builder import TENSOR_MAP_PTYPE, Imm, Reg, f32_imm, int_imm
 
 __all__ = [
@@ -147,6 +148,8 @@ class Emitter(EmitContext):
             for mask in range(1 << lay.base.rank):
                 kept = tuple(d if not mask >> d & 1 else None for d in range(lay.base.rank))
                 self.owner(Layout(lay.base, kept))
+        # Every buffer is planned: the block's shared memory is the plan's total.
+        fb.shared_bytes = self.shared.total
         # Taken out again by `finish` if nothing used shared memory.
         self.smem = fb.reg("b32")
         fb.ins("mov.u32", self.smem, "smem")
@@ -197,7 +200,8 @@ class Emitter(EmitContext):
             return
         handler = self.handler(op)
         try:
-            handler(op)
+            with self.scratch_for(op):
+                handler(op)
         except LoweringError as e:
             if e.span is None:  # the innermost op that knows its source
                 e.span = op.span
@@ -541,10 +545,11 @@ class Emitter(EmitContext):
         frag = {k: f for k, a in enumerate(args) if (f := self.fragment_plan.of(a)) is not None}
         iv = fb.reg("b32")
         self.mov(iv, self.regs(lo)[0])
-        init_regs = [
-            emit_fragments.enter(self, frag[k], v) if k in frag else self.regs_like(v, a)
-            for k, (v, a) in enumerate(zip(inits, args))
-        ]
+        with self.scratch_for(op, ENTER):
+            init_regs = [
+                emit_fragments.enter(self, frag[k], v) if k in frag else self.regs_like(v, a)
+                for k, (v, a) in enumerate(zip(inits, args))
+            ]
         carried = [self.fresh_like(r) for r in init_regs]
         self.copy_into(carried, init_regs)
         self.define(op.body.args[0], [iv])
@@ -565,13 +570,14 @@ class Emitter(EmitContext):
             body_ops = op.body.ops
             self.region(o.Region([], body_ops[:-1]))
             yielded = body_ops[-1]
-            self.copy_into(
-                carried,
-                [
-                    self.regs(v) if k in frag else self.regs_like(v, a)
-                    for k, (v, a) in enumerate(zip(yielded.operands, args))
-                ],
-            )
+            with self.scratch_for(yielded):
+                self.copy_into(
+                    carried,
+                    [
+                        self.regs(v) if k in frag else self.regs_like(v, a)
+                        for k, (v, a) in enumerate(zip(yielded.operands, args))
+                    ],
+                )
             if pipe is not None:
                 pipe.bottom()
             fb.ins("add.s32", iv, iv, self.regs(step)[0])
@@ -579,11 +585,12 @@ class Emitter(EmitContext):
         fb.place(end)
         if pipe is not None:
             pipe.drain()
-        for k, (res, arg) in enumerate(zip(op.results, args)):
-            if k in frag:
-                self.define(res, emit_fragments.leave(self, frag[k], arg, res))
-            else:
-                self.define(res, self.regs_like(arg, res))
+        with self.scratch_for(op, LEAVE):
+            for k, (res, arg) in enumerate(zip(op.results, args)):
+                if k in frag:
+                    self.define(res, emit_fragments.leave(self, frag[k], arg, res))
+                else:
+                    self.define(res, self.regs_like(arg, res))
 
     def op_if(self, op: o.IfOp) -> None:
         fb = self.fb
@@ -598,8 +605,11 @@ class Emitter(EmitContext):
             if k:
                 fb.place(orelse)
             self.region(o.Region([], region.ops[:-1]))
-            yielded = region.ops[-1].operands
-            self.copy_into(results, [self.regs_like(v, r) for v, r in zip(yielded, op.results)])
+            yielded = region.ops[-1]
+            with self.scratch_for(yielded):
+                self.copy_into(
+                    results, [self.regs_like(v, r) for v, r in zip(yielded.operands, op.results)]
+                )
             if not k:
                 fb.ins("bra.uni", end)
         fb.place(end)

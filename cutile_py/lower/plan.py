@@ -3,7 +3,8 @@
 `plan_lowering` runs the planning passes in order: `assign_layouts` (which thread holds which
 element of each value: blocked layouts, then mma fragments) first, because `plan_pipelines`
 splits its cp.async copies over the block that layouts chose and leaves fragment operands out;
-then `allocate_shared` places the pipelines' buffers. Emission then carries the plan out.
+then `allocate_shared` places the pipelines' buffers and every op's scratch. Emission then
+carries the plan out.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def plan_lowering(kernel: o.Kernel, target: Target, uses: DefUse) -> LoweringPla
     """Run the planning passes over a verified kernel."""
     layouts, fragments = assign_layouts(kernel, target, uses)
     pipelines = plan_pipelines(kernel, layouts, target, uses, fragments)
-    shared = allocate_shared(kernel, pipelines)
+    shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target)
     return LoweringPlan(target, layouts, MappingProxyType(pipelines), fragments, shared)
 
 
@@ -163,17 +164,29 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
     for r in plan.shared.regions:
         what = "ring" if r.value is None else f"{names[r.value]} ({'AB'[r.which]} operand)"
         span = f"[{r.offset}, {r.offset + r.nbytes})"
-        shared.append(f"  {what}: {span} while for {loop_name(r.loop)} runs")
-    shared += [
-        f"  scratch in for {loop_name(loop)}: from {at} (one op at a time)"
-        for loop, at in plan.shared.floors.items()
-    ]
+        first, last = plan.shared.live(r)
+        shared.append(f"  {what}: {span} while for {loop_name(r.loop)} runs (steps {first}-{last})")
+    for b in plan.shared.scratch.values():
+        span = f"[{b.offset}, {b.offset + b.nbytes})"
+        user = _scratch_user(b.op, b.moment, names, loop_name)
+        shared.append(f"  {b.what} of {user}: {span} at step {b.step} (while it runs)")
     if shared:
-        lines += ["shared memory:", *shared]
+        lines += ["shared memory:", *shared, f"  total {plan.shared.total} bytes"]
     lines += ["bases:"] + [
         f"  {n} = blocked shape={b.shape} vec={b.vec} threads={b.threads}" for b, n in bases.items()
     ]
     return "\n".join(lines) + "\n"
+
+
+def _scratch_user(
+    op: o.Op, moment: str, names: Mapping[o.Value, str], loop_name: Callable[[o.ForOp], str]
+) -> str:
+    """The op a scratch buffer serves, named by its result (a loop by its moment)."""
+    if isinstance(op, o.ForOp):
+        return f"for {loop_name(op)} ({moment})"
+    if op.results:
+        return f"{op.opname} {names[op.results[0]]}"
+    return f"{op.opname} of {', '.join(names.get(v, '?') for v in op.operands)}"
 
 
 def _dims(dims: tuple[int | None, ...]) -> str:
