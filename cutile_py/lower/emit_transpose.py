@@ -14,37 +14,19 @@ one base register and an immediate per access.
 
 from __future__ import annotations
 
-from cutile_py.ir.dtypes import bool_
 from cutile_py.ir.types import TileType
 from cutile_py.lower.context import EmitContext
 from cutile_py.lower.isel import MOV
 from cutile_py.lower.layout import Layout
+from cutile_py.lower.size_scratch import transpose_bytes, transpose_tile, transposed
 from cutile_py.ptx.builder import Reg, Vec, f32_imm
 
 
-def _log2(n: int) -> int:
-    return n.bit_length() - 1
-
-
-def _fast(lay: Layout) -> int | None:
-    """The value dim that `lay`'s threads walk fastest (its base's last dim), if any."""
-    last = lay.base.rank - 1
-    return lay.dims.index(last) if last in lay.dims else None
-
-
 def applies(em: EmitContext, src: Layout, dst: Layout, src_t: TileType, dst_t: TileType) -> bool:
-    """Whether `convert` takes this path: a 2-D tile of 2-, 4- or 8-byte elements, the source
-    holding vectors of at least 2 elements along one dim and the destination walking the
-    other, with scratch aligned for the source's vectors."""
-    shape = src_t.shape
-    if shape != dst_t.shape or len(shape) != 2 or min(shape) < 2 or src_t.dtype is bool_:
-        return False
-    eb = src_t.dtype.itemsize()
-    if eb not in (2, 4, 8) or None in src.dims or None in dst.dims or src.base.vec < 2:
-        return False
-    a, b = _fast(src), _fast(dst)
-    return (
-        a is not None and b is not None and a != b and em.scratch_floor % (src.base.vec * eb) == 0
+    """Whether `convert` takes this path (`size_scratch.transposed`, the plan's own test),
+    with scratch aligned for the source's vectors."""
+    return transposed(src, dst, src_t, dst_t) and (
+        em.scratch_floor % (src.base.vec * src_t.dtype.itemsize()) == 0
     )
 
 
@@ -52,15 +34,11 @@ class _Staggered:
     """The shared tile's addressing: its rows run along value dim `row` and its columns along
     value dim `col`, row-major, with one `pad`-byte gap after every `group` rows."""
 
-    def __init__(self, em: EmitContext, shape: tuple[int, ...], row: int, eb: int, pad: int,
-                 group: int) -> None:  # fmt: skip
-        self.em, self.eb, self.pad = em, eb, pad
+    def __init__(self, em: EmitContext, src: Layout, dst: Layout, src_t: TileType) -> None:
+        row, self.row_bytes, self.pad, self.shift = transpose_tile(src, dst, src_t)
+        self.em, self.eb = em, src_t.dtype.itemsize()
         self.row, self.col = row, 1 - row
-        self.row_bytes = shape[self.col] * eb
-        self.shift = _log2(group)
-        self.smem = em.shared_scratch(
-            shape[row] * self.row_bytes + (shape[row] >> self.shift) * pad
-        )
+        self.smem = em.shared_scratch(transpose_bytes(src, dst, src_t))
         self._bases: dict[Layout, Reg] = {}
 
     def _offset(self, r: int, c: int) -> int:
@@ -93,9 +71,7 @@ def convert_transposed(
     dt = src_t.dtype
     eb = dt.itemsize()
     vec = src.base.vec
-    row = _fast(dst)
-    assert row is not None
-    tile = _Staggered(em, src_t.shape, row, eb, vec * eb, dst.base.vec)
+    tile = _Staggered(em, src, dst, src_t)
     owner = em.owner(src)
     # The source's registers run along its last base dim fastest, `vec` per vector.
     placed = src.registers()

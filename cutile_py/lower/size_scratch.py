@@ -64,10 +64,48 @@ def fast_last(lay: Layout) -> bool:
     return lay.dims[-1] is not None and lay.dims[-1] == lay.base.rank - 1
 
 
+def fast_dim(lay: Layout) -> int | None:
+    """The value dim that `lay`'s threads walk fastest (its base's last dim), if any."""
+    last = lay.base.rank - 1
+    return lay.dims.index(last) if last in lay.dims else None
+
+
+def transposed(src: Layout, dst: Layout, src_t: TileType, dst_t: TileType) -> bool:
+    """Whether a conversion is a 2-D transpose `emit_transpose` stages (given scratch aligned
+    for the source's vectors, which every planned buffer's 16-byte start is): 2-, 4- or
+    8-byte elements, the source holding vectors of at least 2 along one dim and the
+    destination walking the other."""
+    shape = src_t.shape
+    if shape != dst_t.shape or len(shape) != 2 or min(shape) < 2 or src_t.dtype is bool_:
+        return False
+    if src_t.dtype.itemsize() not in (2, 4, 8) or None in src.dims or None in dst.dims:
+        return False
+    a, b = fast_dim(src), fast_dim(dst)
+    return src.base.vec >= 2 and a is not None and b is not None and a != b
+
+
+def transpose_tile(src: Layout, dst: Layout, src_t: TileType) -> tuple[int, int, int, int]:
+    """`emit_transpose`'s staggered tile: (its row dim, bytes per row, the gap in bytes left
+    after every group of rows, log2 of the rows per group)."""
+    row = fast_dim(dst)
+    assert row is not None
+    eb = src_t.dtype.itemsize()
+    return row, src_t.shape[1 - row] * eb, src.base.vec * eb, dst.base.vec.bit_length() - 1
+
+
+def transpose_bytes(src: Layout, dst: Layout, src_t: TileType) -> int:
+    """Bytes of `emit_transpose`'s staggered tile: its rows, and a gap after each group."""
+    row, row_bytes, gap, shift = transpose_tile(src, dst, src_t)
+    rows = src_t.shape[row]
+    return rows * row_bytes + (rows >> shift) * gap
+
+
 def convert_bytes(src: Layout, dst: Layout, src_t: TileType, dst_t: TileType) -> int:
     """Bytes `emit_shared.convert` stages a tile in (0: a size-1 tile needs none)."""
     if not src.present:
         return 0
+    if transposed(src, dst, src_t, dst_t):
+        return transpose_bytes(src, dst, src_t)
     eb = elem_bytes(src_t.dtype)
     pad = 0
     if (
