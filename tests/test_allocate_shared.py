@@ -26,11 +26,10 @@ from cutile_py.host.kernel import Kernel
 from cutile_py.ir import ops as o
 from cutile_py.ir.uses import def_use
 from cutile_py.lower.allocate_shared import SharedPlan
-from cutile_py.lower.emit_ptx import Emitter, entry_name
+from cutile_py.lower.emit_ptx import Emitter
 from cutile_py.lower.errors import LoweringError
-from cutile_py.lower.pipeline import lower_kernel
+from cutile_py.lower.pipeline import lower_kernel, plan_and_emit
 from cutile_py.lower.plan import LoweringPlan, plan_lowering
-from cutile_py.ptx.builder import FunctionBuilder
 from cutile_py.ptx.target import Target
 from cutile_py_kernels import _common, norms
 from tests.test_cumsum import cumsum_2d
@@ -42,17 +41,7 @@ SM80, SM90 = Target(80), Target(90)
 
 def emitted(kernel: ir.Kernel, target: Target) -> tuple[LoweringPlan, Emitter]:
     """The plan of `kernel` and the emitter that carried it out (as `lower_kernel` does)."""
-    ir.verify(kernel)
-    uses = def_use(kernel)
-    plan = plan_lowering(kernel, target, uses)
-    fb = FunctionBuilder(entry_name(kernel.name), [])
-    em = Emitter(
-        kernel, plan.layouts, fb, target, uses, plan.pipelines, plan.fragment_plan, plan.shared
-    )
-    em.preamble()
-    em.region(kernel.body)
-    em.finish()
-    return plan, em
+    return plan_and_emit(kernel, target)
 
 
 def check_sizes(kernel: ir.Kernel, target: Target) -> SharedPlan:

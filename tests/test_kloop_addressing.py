@@ -20,10 +20,9 @@ from cutile_py.host import kernel as kmod
 from cutile_py.host.launch import ParamReader
 from cutile_py.lower import plan_pipelines
 from cutile_py.ptx.target import Target
-from cutile_py.runtime import select
 from cutile_py.runtime.backend import LaunchFailure, ParamValue
 from cutile_py.runtime.sim_backend import SimBackend
-from cutile_py.sim.executor import Options
+from tests.support.active_sim import active_sim
 
 BM = TypeVar("BM")
 BN = TypeVar("BN")
@@ -306,16 +305,8 @@ def test_next_stage_fragments_are_loaded_before_the_last_mmas(bk: int) -> None:
 @pytest.fixture
 def sim80_races() -> Iterator[SimBackend]:
     """The simulator as an sm_80 device with race checks on, active."""
-    backend = SimBackend(Target(80), Options(race_check=True))
-    saved = dict(select._instances), select._active
-    select._instances["sim"] = backend
-    select._active = "sim"
-    try:
+    with active_sim(Target(80)) as backend:
         yield backend
-    finally:
-        select._instances.clear()
-        select._instances.update(saved[0])
-        select._active = saved[1]
 
 
 @pytest.mark.parametrize("broken", [False, True])

@@ -19,12 +19,11 @@ from cutile_py.host import jit_disk
 from cutile_py.host import kernel as kmod
 from cutile_py.host.launch import ParamReader
 from cutile_py.ptx.target import Target
-from cutile_py.runtime import select
 from cutile_py.runtime.backend import LaunchFailure, ParamValue
 from cutile_py.runtime.nvjitlink import assemble, nvjitlink_available
 from cutile_py.runtime.sass import SassUnavailable, disassemble
 from cutile_py.runtime.sim_backend import SimBackend
-from cutile_py.sim.executor import Options
+from tests.support.active_sim import active_sim
 
 BM = TypeVar("BM")
 BN = TypeVar("BN")
@@ -59,16 +58,8 @@ GEMMS = {dt: make_gemm(dt) for dt in (f16, bf16, f32)}
 @pytest.fixture
 def sim90() -> Iterator[SimBackend]:
     """The simulator as an sm_90 device (TMA, mbarriers), race checks on, active."""
-    backend = SimBackend(Target(90), Options(race_check=True))
-    saved = dict(select._instances), select._active
-    select._instances["sim"] = backend
-    select._active = "sim"
-    try:
+    with active_sim(Target(90)) as backend:
         yield backend
-    finally:
-        select._instances.clear()
-        select._instances.update(saved[0])
-        select._active = saved[1]
 
 
 def _values(rng: np.random.Generator, shape: tuple[int, int], dt: type[ct.DType]) -> np.ndarray:

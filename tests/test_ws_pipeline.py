@@ -8,6 +8,7 @@ for sm_90a."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -21,14 +22,13 @@ from cutile_py.host.launch import ParamReader
 from cutile_py.ir.dtypes import round_to
 from cutile_py.lower.plan import format_plan
 from cutile_py.ptx.target import Target
-from cutile_py.runtime import select
 from cutile_py.runtime.backend import LaunchFailure, ParamValue
 from cutile_py.runtime.nvjitlink import assemble, nvjitlink_available
 from cutile_py.runtime.sass import SassUnavailable, disassemble, find_tool, instructions
 from cutile_py.runtime.sim_backend import SimBackend
-from cutile_py.sim.executor import Options
 from cutile_py_kernels import autotune
 from cutile_py_kernels.gemm import _gemm_kernel
+from tests.support.active_sim import activate_sim, backends_restored
 
 BM = TypeVar("BM")
 BN = TypeVar("BN")
@@ -67,19 +67,13 @@ def _operand(rng: np.random.Generator, shape: tuple[int, ...], dt: type[ct.DType
 
 def _sim90(**options: Any) -> SimBackend:
     """The simulator as an sm_90 device with race checks on, made the active backend."""
-    backend = SimBackend(SM90, Options(race_check=True, **options))
-    select._instances["sim"] = backend
-    select._active = "sim"
-    return backend
+    return activate_sim(SM90, **options)
 
 
 @pytest.fixture
-def restore_backends() -> Any:
-    saved = dict(select._instances), select._active
-    yield
-    select._instances.clear()
-    select._instances.update(saved[0])
-    select._active = saved[1]
+def restore_backends() -> Iterator[None]:
+    with backends_restored():
+        yield
 
 
 @pytest.mark.parametrize("dt", [f16, bf16], ids=lambda d: d.name)

@@ -157,11 +157,7 @@ class TmaPipeline(LoopPipeline):
             fb.ins("mov.u32", stage, self.ring + s * self.stage_bytes)
             fb.ins("add.u32", bar, em.smem, self.bars + s * BARRIER)
             self._issue_tma(s, stage, bar)
-        for sl in self.loads:
-            em.staged[sl.operand] = (sl.tile, sl.k_rows, self.read)
-        self.outer_scratch = (em.scratch_floor, em.scratch)
-        em.scratch_floor, em.scratch = self.floor, fb.reg("b32")
-        fb.ins("add.u32", em.scratch, em.smem, self.floor)
+        self._enter_body()
 
     def top(self) -> None:
         assert self.write is not None and self.bar_write is not None
@@ -226,6 +222,17 @@ class TmaPipeline(LoopPipeline):
             del em.resident[key]
 
     # -- internals ------------------------------------------------------------------------
+    def _enter_body(self) -> None:
+        """The body reads its staged operands at the read stage, and its scratch lies past
+        the ring (the outer floor comes back after the loop)."""
+        em, fb = self.em, self.em.fb
+        assert em.smem is not None and self.read is not None
+        for sl in self.loads:
+            em.staged[sl.operand] = (sl.tile, sl.k_rows, self.read)
+        self.outer_scratch = (em.scratch_floor, em.scratch)
+        em.scratch_floor, em.scratch = self.floor, fb.reg("b32")
+        fb.ins("add.u32", em.scratch, em.smem, self.floor)
+
     def _bar(self, s: int) -> Addr:
         assert self.em.smem is not None
         return Addr(self.em.smem, self.bars + s * BARRIER)
@@ -427,11 +434,7 @@ class WsPipeline(TmaPipeline):
         fb.ins("add.u32", self.bar_read, em.smem, self.bars)
         fb.ins("mov.u32", self.bar_prev, self.bar_read)
         fb.ins("mov.u32", self.phase, 0)
-        for sl in self.loads:
-            em.staged[sl.operand] = (sl.tile, sl.k_rows, self.read)
-        self.outer_scratch = (em.scratch_floor, em.scratch)
-        em.scratch_floor, em.scratch = self.floor, fb.reg("b32")
-        fb.ins("add.u32", em.scratch, em.smem, self.floor)
+        self._enter_body()
 
     def top(self) -> None:
         self._wait()

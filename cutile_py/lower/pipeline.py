@@ -33,7 +33,9 @@ class LoweredKernel:
     plan: LoweringPlan | None = field(default=None, compare=False, repr=False)
 
 
-def lower_kernel(kernel: Kernel, target: Target) -> LoweredKernel:
+def plan_and_emit(kernel: Kernel, target: Target) -> tuple[LoweringPlan, Emitter]:
+    """The plan of `kernel` for `target` and the emitter that carried it out, its body
+    emitted (the function's `ret` and branch-only tails not yet)."""
     verify(kernel)
     uses = def_use(kernel)
     plan = plan_lowering(kernel, target, uses)
@@ -44,6 +46,12 @@ def lower_kernel(kernel: Kernel, target: Target) -> LoweredKernel:
     em.preamble()
     em.region(kernel.body)
     em.finish()
+    return plan, em
+
+
+def lower_kernel(kernel: Kernel, target: Target) -> LoweredKernel:
+    plan, em = plan_and_emit(kernel, target)
+    fb = em.fb
     fb.ins("ret")
     for tail in em.tails:  # code reached by a branch only (a producer warp group)
         tail()
