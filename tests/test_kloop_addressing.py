@@ -375,6 +375,18 @@ def test_the_plan_says_whether_fragments_are_loaded_ahead(
         "fragments loaded per k step: 512 accumulator and 2 x 64 fragment registers per "
         "thread leave fewer than 48 of 255 for addresses (it would spill)"
     ) in text
+    # 16 warps share the register file: 128 registers a thread, too few for two k steps of
+    # a 32x64 warp tile's fragments beside its accumulators (the block would not launch).
+    sixteen = _gemm_kernel(f16, f32, False, False, 3, 16)
+    wide = ct.empty((256, 256), f32).partition((128, 256))
+    text = _plan_text(tmp_path / "d", monkeypatch, sixteen, wide, a, a, 32)
+    assert (
+        "fragments loaded per k step: 64 accumulator and 2 x 24 fragment registers per "
+        "thread leave fewer than 48 of 128 (a block of 512 threads) for addresses"
+    ) in text
+    eight = _gemm_kernel(f16, f32, False, False, 3, 8)
+    text = _plan_text(tmp_path / "e", monkeypatch, eight, wide, a, a, 32)
+    assert "    fragments a k step ahead, across the barrier to the next stage\n" in text
 
 
 @pytest.mark.parametrize("stages", [2, 5])

@@ -474,12 +474,13 @@ def _why_not_ahead(
 ) -> str:
     """Why an mma.sync pipeline keeps loading each k step's fragments just before its
     mmas, "" if they can be loaded a step ahead: one mma in the body, both operands staged,
-    the loop unrolled per stage (the turn to the next stage is made in
-    the body copy before it), and the accumulators and two k steps of fragments leaving
-    `ADDRESS_REGISTERS` of `MAX_REGISTERS`. A 64x64 warp tile holds 128 accumulator
-    registers and 32 per k step (m16n8k16 and m16n8k8 alike): every library candidate
-    fits, measured without spills (nvJitLink, sm_80 and sm_90, f16 and tf32, B as (K, N)
-    and (N, K)); a larger warp tile keeps today's order."""
+    the loop unrolled per stage (the turn to the next stage is made in the body copy before
+    it), and the accumulators and two k steps of fragments leaving `ADDRESS_REGISTERS` of
+    what a thread may hold (`MAX_REGISTERS`, fewer in blocks of more than 256 threads: the
+    target's register file over the block's threads). A 64x64 warp tile holds 128
+    accumulator registers and 32 per k step (m16n8k16 and m16n8k8 alike): every library
+    candidate fits, measured without spills (nvJitLink, sm_80 and sm_90, f16 and tf32, B as
+    (K, N) and (N, K)); a larger warp tile keeps today's order."""
     if unroll == 1:
         if kind == "tma":
             return "a TMA ring (its loop is not unrolled per stage)"
@@ -498,10 +499,14 @@ def _why_not_ahead(
     grid = cx.fragments.grids.get(mma) or warp_grid(threads // WARP, m // 16, n // 8)
     acc = 4 * grid.sm * grid.sn
     per_step = 4 * grid.sm + 2 * grid.sn
-    if acc + 2 * per_step + ADDRESS_REGISTERS > MAX_REGISTERS:
+    # A block's threads share the register file: past 256 threads a thread gets fewer than
+    # MAX_REGISTERS, or the block cannot launch at all.
+    budget = min(MAX_REGISTERS, cx.target.max_registers_per_block // threads)
+    if acc + 2 * per_step + ADDRESS_REGISTERS > budget:
+        limit = "" if budget == MAX_REGISTERS else f" (a block of {threads} threads)"
         return (
             f"{acc} accumulator and 2 x {per_step} fragment registers per thread leave fewer "
-            f"than {ADDRESS_REGISTERS} of {MAX_REGISTERS} for addresses (it would spill)"
+            f"than {ADDRESS_REGISTERS} of {budget}{limit} for addresses (it would spill)"
         )
     return ""
 
