@@ -30,7 +30,7 @@ import os
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -216,25 +216,29 @@ def candidate_templates(
     grouped one clamps to the plain one where M has at most `GROUP_M` tile rows. On a
     `wgmma` target also warp-specialized variants (`ws` 1) of `WS_TILES`, BK 64, 3 and 4
     stages, in the grouped order where `grouped`."""
-    g = k_step(dtype)
     wgmma = wgmma and staged and dtype is not ct.f32
-    steps = ((64, 3), (64, 4), (32, 4)) if wgmma else ((2 * g, 3), (2 * g, 4), (4 * g, 3))
     out = {}
+    for template in _templates(dtype, wgmma, staged, grouped):
+        fitted = clamp(template, dtype, m, n, k, wgmma)
+        if is_valid(fitted, dtype, wgmma):
+            out[template] = fitted
+    return out
+
+
+def _templates(
+    dtype: type[ct.DType], wgmma: bool, staged: bool, grouped: bool
+) -> Iterator[GemmConfig]:
+    """The templates `candidate_templates` fits to a problem, in its order."""
+    g = k_step(dtype)
+    steps = ((64, 3), (64, 4), (32, 4)) if wgmma else ((2 * g, 3), (2 * g, 4), (4 * g, 3))
     for bm, bn in WGMMA_TILES if wgmma else TILES:
         for bk, stages in steps:
             for warps in tile_warps(bm, bn) if staged and not wgmma else (0,):
                 for group in (0, GROUP_M) if grouped else (0,):
-                    template = GemmConfig(bm, bn, bk, stages, warps, group)
-                    fitted = clamp(template, dtype, m, n, k, wgmma)
-                    if is_valid(fitted, dtype, wgmma):
-                        out[template] = fitted
+                    yield GemmConfig(bm, bn, bk, stages, warps, group)
     for bm, bn in WS_TILES if wgmma else ():
         for stages in (3, 4):
-            template = GemmConfig(bm, bn, 64, stages, 0, GROUP_M if grouped else 0, 1)
-            fitted = clamp(template, dtype, m, n, k, wgmma)
-            if is_valid(fitted, dtype, wgmma):
-                out[template] = fitted
-    return out
+            yield GemmConfig(bm, bn, 64, stages, 0, GROUP_M if grouped else 0, 1)
 
 
 def candidates(

@@ -31,11 +31,11 @@ Elem = f16  # rebound per dtype by `make_gemm` (f16 for mypy)
 NP = {f16: np.float16, bf16: np.float32, f32: np.float32}
 
 
-def make_gemm(dt: type[ct.DType], stages: int | None = None) -> Any:
+def make_gemm(dt: type[ct.DType], stages: int | None = None, warp_specialize: bool = False) -> Any:
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841 (named by the annotations below)
 
-    @ct.kernel(stages=stages)
+    @ct.kernel(stages=stages, warp_specialize=warp_specialize)
     def gemm(
         c: Mut[Tensor[f32, BM, BN]],
         a: Tensor[Elem, Dyn, Dyn],

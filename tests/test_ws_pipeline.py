@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -29,32 +29,16 @@ from cutile_py.runtime.sim_backend import SimBackend
 from cutile_py_kernels import autotune
 from cutile_py_kernels.gemm import _gemm_kernel
 from tests.support.active_sim import activate_sim, backends_restored
+from tests.test_tma_pipeline import make_gemm as tma_gemm
 
 BM = TypeVar("BM")
 BN = TypeVar("BN")
-Elem = f16  # rebound per dtype by `make_gemm` (f16 for mypy)
 SM90 = Target(90)
 
 
 def make_gemm(dt: type[ct.DType], warp_specialize: bool = True) -> Any:
-    if not TYPE_CHECKING:
-        Elem = dt  # noqa: F841 (named by the annotations below)
-
-    @ct.kernel(stages=3, warp_specialize=warp_specialize)
-    def gemm(
-        c: Mut[Tensor[f32, BM, BN]],
-        a: Tensor[Elem, Dyn, Dyn],
-        b: Tensor[Elem, Dyn, Dyn],
-        BK: ct.Constant[int],
-    ) -> None:
-        acc: ct.Tile = ct.zeros((c.shape[0], c.shape[1]), f32)
-        for kk in range(ct.num_tiles(a, 1, BK)):
-            ta = ct.load(a, (ct.bid(0), kk), (c.shape[0], BK))
-            tb = ct.load(b, (kk, ct.bid(1)), (BK, c.shape[1]))
-            acc = ct.mma(ta, tb, acc)
-        c.store(acc)
-
-    return gemm
+    """test_tma_pipeline's GEMM (a TMA-fed K loop), 3 stages, warp-specialized."""
+    return tma_gemm(dt, 3, warp_specialize)
 
 
 GEMMS = {dt: make_gemm(dt) for dt in (f16, bf16)}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 from cutile_py.ptx.target import Target, parse_target
 from cutile_py.runtime.backend import Backend, InterpretBackend
@@ -99,3 +101,26 @@ def set_backend(name: str, *, target: Target | str | int | None = None) -> None:
     key = _key(name, target)
     get_backend(key)  # raises if unavailable
     _active = key
+
+
+def install(name: str, backend: Backend) -> None:
+    """Make `backend` the instance of `name` and the active backend: a stand-in (a cuda
+    backend over a driver that returns at once) or a simulator with its own options. Undo
+    with `restored`."""
+    global _active
+    _instances[name] = backend
+    _active = name
+
+
+@contextlib.contextmanager
+def restored() -> Iterator[None]:
+    """Meanwhile backends may be installed or set; afterwards the instances and the active
+    backend from before are back."""
+    global _active
+    saved, active = dict(_instances), _active
+    try:
+        yield
+    finally:
+        _instances.clear()
+        _instances.update(saved)
+        _active = active

@@ -37,16 +37,9 @@ def null_cuda() -> Iterator[None]:
     from cutile_py.runtime import select
     from cutile_py.runtime.cuda_backend import CudaBackend
 
-    saved = dict(select._instances), select._active
-    with null_device():
-        select._instances["cuda"] = CudaBackend()
-        select._active = "cuda"
-        try:
-            yield
-        finally:
-            select._instances.clear()
-            select._instances.update(saved[0])
-            select._active = saved[1]
+    with null_device(), select.restored():
+        select.install("cuda", CudaBackend())
+        yield
 
 
 def run(ctx: Context) -> Result:

@@ -11,26 +11,16 @@ from cutile_py.runtime import select
 from cutile_py.runtime.sim_backend import SimBackend
 from cutile_py.sim.executor import Options
 
+#: Meanwhile backends may be replaced; afterwards the ones before are back.
+backends_restored = select.restored
+
 
 def activate_sim(target: Target, **options: Any) -> SimBackend:
     """A simulator of `target` with race checks on (and `options`), made the active backend
     (until `backends_restored` ends, or the next `ct.set_backend`)."""
     backend = SimBackend(target, Options(race_check=True, **options))
-    select._instances["sim"] = backend
-    select._active = "sim"
+    select.install("sim", backend)
     return backend
-
-
-@contextlib.contextmanager
-def backends_restored() -> Iterator[None]:
-    """Meanwhile backends may be replaced; afterwards the ones before are back."""
-    saved = dict(select._instances), select._active
-    try:
-        yield
-    finally:
-        select._instances.clear()
-        select._instances.update(saved[0])
-        select._active = saved[1]
 
 
 @contextlib.contextmanager
