@@ -49,7 +49,10 @@ WGMMA_BM = 64
 MAX_ACC = 128 * 256
 #: Stages when a config does not say.
 STAGES = 3
-CACHE_VERSION = 5
+#: The cache file's format and the tuning method: a choice made by an earlier method is
+#: dropped, not reused (6: finalists timed run after run in rotating turns, where 5 took the
+#: best of 5 short runs and picked configs 12 points below the best at 8192 on an H200).
+CACHE_VERSION = 6
 #: Accumulator elements one warp may own: 64 x 64, 128 f32 registers per thread.
 WARP_TILE = 64 * 64
 #: Warps per block a config may ask for (0: the compiler's choice, 8 for these tiles).
@@ -353,6 +356,10 @@ class Autotuner:
         self.sweeps = 0
         #: The config the last `choose` returned (reports name it beside their timings).
         self.last: GemmConfig | None = None
+        #: Milliseconds the last sweep measured, per config: the first round's and, for the
+        #: finalists, the median of their turns (None for the others). Empty where the last
+        #: `choose` timed nothing (a cached or a default choice).
+        self.last_times: dict[GemmConfig, tuple[float, float | None]] = {}
 
     @property
     def path(self) -> Path:
@@ -373,7 +380,7 @@ class Autotuner:
         timer, final = self.timer, self.final
         if timer is None:
             if ct.backend() != "cuda":
-                self.last = default
+                self.last, self.last_times = default, {}
                 return default
             timer, final = cuda_event_timer, final or cuda_final_timer
         text = key.text()
@@ -381,12 +388,13 @@ class Autotuner:
             hit = self._memo.get(text) or self._load().get(text)
             if hit is not None and hit in options:
                 self._memo[text] = hit
-                self.last = options[hit]
+                self.last, self.last_times = options[hit], {}
                 return self.last
         self.sweeps += 1
         configs = sorted(set(options.values()))
         times = {cfg: timer(cfg, make_launch(cfg)) for cfg in configs}
         ranked = sorted(configs, key=lambda c: (times[c], c))
+        final_times: dict[GemmConfig, float] = {}
         if final is not None and len(ranked) > 1:
             finalists = ranked[:FINALISTS]
             turns: dict[GemmConfig, list[float]] = {cfg: [] for cfg in finalists}
@@ -401,6 +409,7 @@ class Autotuner:
             self._memo[text] = template
             self._store(text, template)
         self.last = best
+        self.last_times = {cfg: (times[cfg], final_times.get(cfg)) for cfg in configs}
         return best
 
     # -- the JSON file ----------------------------------------------------------------------

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One bounded call on a lent GPU (a lease of minutes, not hours): the GPU-marked tests with
-# xdist, the GEMM experiment (every size, f16 and bf16, the tuner's choice named), the sweep
+# xdist, the GEMM experiment (every size, f16 and bf16, the tuner's choice named), one config
+# timed every way the project times it (`gemm_timing_check`: the experiment/sweep gap), the sweep
 # of every sm_90 GEMM candidate at 8192 with run-after-run timing of the fastest, the row
 # kernels' bandwidth at every width, and the warps-per-block sweep of the short-row kernels.
 # Everything lands in $OUT/results.tgz (re-packed after each step, so a call cut short still
@@ -41,6 +42,7 @@ step() {
 step gpu-tests 90 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 --timeout 80 -rfE
 grep -E "^(FAILED|ERROR)| passed| failed" "$work/gpu-tests.txt" | cut -c1-200 | tail -15
 step gemm 100 python3 -m paper_repro gemm --out "$work/gemm"
+step timing-check 75 python3 -m paper_repro.gemm_timing_check --n 8192
 step sweep-bf16 60 python3 -m paper_repro.gemm_sweep --n 8192 --only wgmma --sustained 4
 step sweep-f16 45 python3 -m paper_repro.gemm_sweep --n 8192 --dtype f16 --only wgmma \
   --sustained 2
@@ -51,6 +53,7 @@ step rows 45 python3 -m paper_repro.row_sweep
 echo "== summary"
 grep -E "^\| (cutile_py|cuBLAS \(torch\)) \| (f16|bf16) \| (4096|8192)" "$work/gemm/REPORT.md" \
   | cut -d'|' -f2-9
+grep -E "^\||^The tuner|^- finalist" "$work/timing-check.txt"
 head -8 "$work/sweep-bf16.txt"
 sed -n '/run after run/,$p' "$work/sweep-bf16.txt" "$work/sweep-f16.txt"
 grep -E "^\| (rms_norm|add_rms_norm|layer_norm|softmax)" "$work/bandwidth/REPORT.md" \

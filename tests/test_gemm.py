@@ -202,6 +202,10 @@ def test_finalists_are_timed_again_and_decide(tmp_path: Path) -> None:
     chosen = t.choose(key, opts, default, lambda cfg: lambda: pytest.fail("launched"))
     assert sorted(timed_again) == sorted(finalists * autotune.FINAL_ROUNDS)
     assert chosen == finalists[-1] == t.last
+    # What each round measured, for reports: every config's first time, finalists' medians.
+    assert t.last_times == {c: (first[c], -first[c] if c in finalists else None) for c in configs}
+    t.choose(key, opts, default, lambda cfg: lambda: pytest.fail("launched"))
+    assert t.last == chosen and t.last_times == {}  # a cached choice: nothing timed
 
 
 def test_finalists_take_turns_so_drift_does_not_pick(tmp_path: Path) -> None:
