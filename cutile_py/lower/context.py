@@ -8,6 +8,7 @@ from collections import ChainMap
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, f32
@@ -18,9 +19,13 @@ from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import Ahead, Operand, Setup, SharedTile
 from cutile_py.lower.isel import FLOAT_NAME, REG_CLASS
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan
+from cutile_py.lower.plan_persistent import Persistence
 from cutile_py.lower.plan_pipelines import PipelinePlan
 from cutile_py.ptx.builder import FunctionBuilder, Reg
 from cutile_py.ptx.target import Target
+
+if TYPE_CHECKING:  # (an emitter's type only: this module imports no emitter)
+    from cutile_py.lower.emit_tma import KeptRing
 
 #: Threads per warp.
 WARP = 32
@@ -113,6 +118,14 @@ class EmitContext:
     consumers: int = 0
     #: Code placed after the body's `ret` (a warp-specialized loop's producer: `emit_tma`).
     tails: list[Callable[[], None]] = field(default_factory=list)
+    # -- a persistent kernel (`emit_persistent`) --
+    persistent: Persistence | None = None
+    #: The logical grid's sizes (x, y, z) and its tiles, read from parameters.
+    logical_grid: list[Reg] = field(default_factory=list)
+    tiles: Reg | None = None
+    #: The consumers' state of the warp-specialized ring kept across tiles, set up once
+    #: (None: none is kept).
+    kept_ring: KeptRing | None = None
 
     def __post_init__(self) -> None:
         self.fragment_values.update(
