@@ -382,3 +382,68 @@ def test_read_back_from_the_disk_cache(
     want = 2 * x + (np.arange(700) // 64) * 1000.0 + 11 * 100000.0
     np.testing.assert_allclose(res.unpartition().to_numpy(), want.astype(np.float32), rtol=1e-6)
     assert _blocks_launched(tagged_add, sim) == (3, 1, 1)
+
+
+R = TypeVar("R")
+C = TypeVar("C")
+
+
+@ct.kernel(persistent=True, num_warps=4)
+def centered_rows(z: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn]) -> None:
+    """z = x - max(x) per row: the row maximum crosses warps through shared memory, which
+    the next tile's reduction reuses."""
+    t = ct.load_tile_like(x, z)
+    z.store(t - ct.max(t, axis=1, keepdims=True))
+
+
+def _rows(rng: np.random.Generator, sim: SimBackend) -> tuple[Any, np.ndarray]:
+    x = rng.standard_normal((37, 900)).astype(np.float32)
+    res, *_ = centered_rows(ct.full((37, 900), np.nan).partition((4, 1024)),
+                            ct.from_numpy(x)).sync()  # fmt: skip
+    return res, x - x.max(axis=1, keepdims=True)
+
+
+def test_row_kernel_reuses_shared_memory_between_tiles(
+    rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """10 row tiles (the last ragged, and 900 of 1024 columns) over 3 blocks, two warp
+    schedules, race checks on: one tile's cross-warp reduction reuses the shared memory of
+    the previous one's."""
+    sim = _sim(SM80, 3, schedules=2)
+    res, want = _rows(rng, sim)
+    np.testing.assert_array_equal(res.unpartition().to_numpy(), want)
+    assert _blocks_launched(centered_rows, sim) == (3, 1, 1)
+
+
+def test_an_empty_k_loop_keeps_the_ring_in_step(
+    rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """K = 0: no tile issues or awaits a stage (nothing to hand back), every tile is zeros."""
+    _sim(SM90, 2)
+    kernel = _gemm(f16, 3, None, True)
+    _, ta = _operand(rng, (300, 0), f16)
+    _, tb = _operand(rng, (0, 130), f16)
+    res, *_ = kernel(ct.full((300, 130), np.nan).partition((128, 64)), ta, tb, 32).sync()
+    assert (res.unpartition().to_numpy() == 0).all()
+
+
+def test_the_cuda_backend_sizes_the_wave_by_occupancy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a stand-in driver: SMs x the blocks the occupancy query allows for the kernel's
+    threads and dynamic shared memory, at most one block per tile."""
+    from cutile_py.host.launch import prepare_lowered
+    from cutile_py.runtime import cuda_driver as cu
+    from cutile_py.runtime.cuda_backend import CudaBackend
+    from tests.support.fake_driver import FakeDriver, vector_add_ptx
+
+    driver = FakeDriver()
+    monkeypatch.setattr(cu, "_cu", lambda: driver)
+    backend = CudaBackend()
+    kernel = backend.load_kernel(vector_add_ptx(SM90), "vadd")
+    assert backend.resident_blocks(kernel, 384, 100_000) == 264
+    assert driver.occupancy_asked == [("vadd", 384, 100_000)]
+    spec = (ct.PartitionSpec((64 * 1000,), (64,), f32), ct.TensorSpec((64 * 1000,), f32))
+    lowered = tagged_add.compile(*spec, spec[1], target=SM90).lowered
+    assert lowered is not None
+    for tiles, blocks in ((1000, 264), (100, 100)):
+        launch = prepare_lowered(backend, kernel, lowered, (tiles,))
+        assert vars(launch)["_grid"] == (blocks, 1, 1)

@@ -175,7 +175,8 @@ class Emitter(EmitContext):
 
     def finish(self) -> None:
         if self.tile_walk is not None:
-            # A block barrier between tiles only where they reuse shared memory.
+            # A block barrier between tiles where they reuse shared memory: each scratch use
+            # ends with one already, so this keeps the walk from depending on that.
             emit_persistent.next_tile(self, self.tile_walk, barrier=self.shared.total > 0)
             emit_tma.release_kept(self)
         if not self.fb.shared_bytes and self.smem_line >= 0:
