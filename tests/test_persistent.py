@@ -429,7 +429,8 @@ def test_an_empty_k_loop_keeps_the_ring_in_step(
 
 def test_the_cuda_backend_sizes_the_wave_by_occupancy(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a stand-in driver: SMs x the blocks the occupancy query allows for the kernel's
-    threads and dynamic shared memory, at most one block per tile."""
+    threads and dynamic shared memory (allowed first: the driver counts no block past the
+    function's limit), at most one block per tile."""
     from cutile_py.host.launch import prepare_lowered
     from cutile_py.runtime import cuda_driver as cu
     from cutile_py.runtime.cuda_backend import CudaBackend
@@ -441,9 +442,47 @@ def test_the_cuda_backend_sizes_the_wave_by_occupancy(monkeypatch: pytest.Monkey
     kernel = backend.load_kernel(vector_add_ptx(SM90), "vadd")
     assert backend.resident_blocks(kernel, 384, 100_000) == 264
     assert driver.occupancy_asked == [("vadd", 384, 100_000)]
+    assert kernel.max_dynamic_shared == 100_000  # allowed before the query, as a launch does
     spec = (ct.PartitionSpec((64 * 1000,), (64,), f32), ct.TensorSpec((64 * 1000,), f32))
     lowered = tagged_add.compile(*spec, spec[1], target=SM90).lowered
     assert lowered is not None
     for tiles, blocks in ((1000, 264), (100, 100)):
         launch = prepare_lowered(backend, kernel, lowered, (tiles,))
         assert vars(launch)["_grid"] == (blocks, 1, 1)
+
+
+@ct.kernel(stages=2, group_m=2, warp_specialize=True, persistent=True)
+def staircase(
+    c: Mut[Tensor[f32, BM, BN]], a: Tensor[f16, Dyn, Dyn], b: Tensor[f16, Dyn, Dyn]
+) -> None:
+    """Row tile i sums K steps 0..i only: tiles of 1, 2, 3, ... iterations, so each tile
+    starts the kept ring at another stage and phase."""
+    acc: ct.Tile = ct.zeros((c.shape[0], c.shape[1]), f32)
+    for kk in range(ct.bid(0) + 1):
+        ta = ct.load(a, (ct.bid(0), kk), (c.shape[0], 32))
+        tb = ct.load(b, (kk, ct.bid(1)), (32, c.shape[1]))
+        acc = ct.mma(ta, tb, acc)
+    c.store(acc)
+
+
+def test_tiles_of_different_trip_counts_share_the_kept_ring(
+    rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """5 x 3 tiles of 1 to 5 K steps over 2 stages, walked by 4 blocks under three warp
+    schedules: the producer's and the consumers' running stage and parity stay in step."""
+    _sim(SM90, 4, schedules=3)
+    m, n, k = 5 * 64 - 10, 152, 152  # ragged; the last tile's K steps reach 160
+    a, ta = _operand(rng, (m, k), f16)
+    b, tb = _operand(rng, (k, n), f16)
+    res, *_ = staircase(ct.full((m, n), np.nan).partition((64, 64)), ta, tb).sync()
+    want = np.empty((m, n))
+    for i in range(5):
+        rows, kmax = slice(64 * i, 64 * (i + 1)), 32 * (i + 1)
+        want[rows] = a[rows, :kmax] @ b[:kmax]
+    _check(res, want)
+    lowered = staircase.compile(
+        ct.PartitionSpec((m, n), (64, 64), f32), ct.TensorSpec((m, k), f16),
+        ct.TensorSpec((k, n), f16), target=SM90,
+    ).lowered  # fmt: skip
+    assert lowered is not None and lowered.plan is not None
+    assert lowered.plan.persistent is not None and lowered.plan.persistent.kept is not None

@@ -54,7 +54,9 @@ each tile's loop starts with nothing to hand back, and its drain (wait_group 0) 
 the stage its last iteration read; the producer walks the same tiles (`emit_persistent`),
 computing each tile's bounds and box coordinates again, and fills the next tile's stages as
 the consumers hand them back, while they run this tile's epilogue. After the last tile: the
-consumers' barrier, thread 0 invalidates f and e.
+consumers' barrier, thread 0 invalidates f and e. Where the plan sets the ring up per tile
+instead (its scratch lies over the ring), the whole producer warp group walks the tiles and
+meets the consumers at `bar.sync 2` once per tile, after they initialized its barriers.
 """
 
 from __future__ import annotations

@@ -233,7 +233,9 @@ class FakeDriver:
         self, fn: int, threads: int, shared: int
     ) -> tuple[object, ...]:
         self.occupancy_asked.append((self.functions[fn], threads, shared))
-        return self._ok("cuOccupancyMaxActiveBlocksPerMultiprocessor", self.blocks_per_sm)
+        # As the driver: no block fits with more dynamic shared memory than it allows.
+        blocks = self.blocks_per_sm if shared <= self.max_shared[fn] else 0
+        return self._ok("cuOccupancyMaxActiveBlocksPerMultiprocessor", blocks)
 
     def cuFuncSetAttribute(self, fn: int, attr: object, value: int) -> tuple[object, ...]:
         self.max_shared[fn] = value
