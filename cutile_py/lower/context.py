@@ -8,7 +8,6 @@ from collections import ChainMap
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, f32
@@ -24,15 +23,20 @@ from cutile_py.lower.plan_pipelines import PipelinePlan
 from cutile_py.ptx.builder import FunctionBuilder, Reg
 from cutile_py.ptx.target import Target
 
-if TYPE_CHECKING:  # (an emitter's type only: this module imports no emitter)
-    from cutile_py.lower.emit_tma import KeptRing
-
 #: Threads per warp.
 WARP = 32
 #: The named barrier of the consumer warps of a warp-specialized kernel (`EmitContext.barrier`).
 CONSUMERS_BARRIER = 1
 
-__all__ = ["CONSUMERS_BARRIER", "WARP", "BaseRegs", "EmitContext", "LoweringError", "TensorRegs"]
+__all__ = [
+    "CONSUMERS_BARRIER",
+    "WARP",
+    "BaseRegs",
+    "EmitContext",
+    "KeptRing",
+    "LoweringError",
+    "TensorRegs",
+]
 
 
 @dataclass
@@ -48,6 +52,22 @@ class BaseRegs:
     coord: list[Reg]  # per base dim: this thread's first element along it (u32)
     guards: dict[tuple[int, int], Reg]  # (dim, static offset) → element lies inside the dim
     owners: dict[tuple[int, ...], Reg | None]  # replicated dims → this thread owns the copy
+
+
+@dataclass
+class KeptRing:
+    """The consumers' side of a warp-specialized ring set up once per block (`emit_tma`):
+    the threads that init and arrive, the stage read next with its full barrier, the full
+    barrier of the stage read last, and the parity awaited (carried across a persistent
+    kernel's tiles)."""
+
+    loop: o.ForOp
+    leader: Reg
+    lane0: Reg
+    read: Reg
+    bar_read: Reg
+    bar_prev: Reg
+    phase: Reg
 
 
 def _no_dispatch(op: o.Op) -> None:

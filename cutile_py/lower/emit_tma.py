@@ -65,7 +65,7 @@ from dataclasses import dataclass, fields
 
 from cutile_py.ir import ops as o
 from cutile_py.lower import emit_persistent, emit_pipeline
-from cutile_py.lower.context import EmitContext
+from cutile_py.lower.context import EmitContext, KeptRing
 from cutile_py.lower.emit_pipeline import LoopPipeline
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad
 from cutile_py.lower.plan_tma import MAP_DTYPE, box
@@ -346,22 +346,6 @@ def _coords(em: EmitContext, loop: o.ForOp, sl: StagedLoad, it: Reg) -> list[Reg
 #: The named barrier both sides of a warp-specialized kernel meet at once the mbarriers are
 #: initialized (the consumers' block barrier is `context.CONSUMERS_BARRIER`).
 READY_BARRIER = 2
-
-
-@dataclass
-class KeptRing:
-    """The consumers' side of a warp-specialized ring set up once per block: the threads
-    that init and arrive, the stage read next with its full barrier, the full barrier of
-    the stage read last, and the parity awaited (carried across a persistent kernel's
-    tiles)."""
-
-    loop: o.ForOp
-    leader: Reg
-    lane0: Reg
-    read: Reg
-    bar_read: Reg
-    bar_prev: Reg
-    phase: Reg
 
 
 def _ws_setup(em: EmitContext, plan: PipelinePlan) -> KeptRing:
