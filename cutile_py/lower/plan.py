@@ -24,7 +24,6 @@ from cutile_py.lower.assign_fragments import (
     family_threads,
     find_families,
 )
-from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan, plan_layouts
 from cutile_py.lower.plan_persistent import Persistence, plan_persistent
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad, plan_pipelines
@@ -73,14 +72,13 @@ def plan_lowering(kernel: o.Kernel, target: Target, uses: DefUse) -> LoweringPla
     pipelines = plan_pipelines(kernel, layouts, target, uses, fragments)
     persist = plan_persistent(kernel, pipelines)
     kept = persist.kept if persist is not None else None
-    try:
-        shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target, kept)
-    except LoweringError:
-        if kept is None:
-            raise
+    shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target, kept, False)
+    if kept is not None and shared.total > target.max_shared_bytes:
         # The ring kept across tiles leaves too little for the scratch past it: the ring is
         # set up per tile instead, the scratch over it.
-        persist = plan_persistent(kernel, pipelines, kept_fits=False)
+        persist = plan_persistent(kernel, pipelines, (shared.total, target.max_shared_bytes))
+        kept = None
+    if kept is None:
         shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target)
     return LoweringPlan(
         target, layouts, MappingProxyType(pipelines), fragments, shared, persistent=persist

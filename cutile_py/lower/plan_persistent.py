@@ -55,25 +55,28 @@ class Persistence:
 
 
 def plan_persistent(
-    kernel: o.Kernel, pipelines: Mapping[o.ForOp, PipelinePlan], kept_fits: bool = True
+    kernel: o.Kernel,
+    pipelines: Mapping[o.ForOp, PipelinePlan],
+    too_big: tuple[int, int] | None = None,
 ) -> Persistence | None:
     """The tile walk of `kernel` (None unless persistent): which warp-specialized ring it
-    keeps across tiles. `kept_fits`: False where keeping it, the scratch moved past the
-    ring, would not fit in shared memory (see `plan.plan_lowering`)."""
+    keeps across tiles. `too_big`: (bytes, limit) where keeping it, the scratch moved past
+    the ring, would need more shared memory than the block may have (`plan.plan_lowering`)."""
     if not kernel.persistent:
         return None
     rings = [loop for loop, p in pipelines.items() if p.loads]
     ws = [loop for loop, p in pipelines.items() if p.ws is not None]
-    if ws and kept_fits and len(rings) == 1:
+    if ws and too_big is None and len(rings) == 1:
         return Persistence(kernel.group_m, ws[0])
     if not rings:
         return Persistence(kernel.group_m)
     if ws and len(rings) > 1:
         # Sibling loops' rings share offsets: another loop would write over the kept one.
         why = "another loop's ring shares the warp-specialized ring's shared memory"
-    elif not kept_fits:
+    elif too_big is not None:
         why = "the warp-specialized ring kept across tiles and the scratch past it (the "
-        why += "epilogue's) do not fit in shared memory together"
+        why += f"epilogue's) would need {too_big[0]} bytes of shared memory, more than the "
+        why += f"{too_big[1]} a block may have"
     elif kernel.warp_specialize:
         why = "no loop is warp-specialized (see its pipeline)"
     else:
