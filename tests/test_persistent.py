@@ -486,3 +486,18 @@ def test_tiles_of_different_trip_counts_share_the_kept_ring(
     ).lowered  # fmt: skip
     assert lowered is not None and lowered.plan is not None
     assert lowered.plan.persistent is not None and lowered.plan.persistent.kept is not None
+
+
+def test_the_tuner_tries_persistent_variants() -> None:
+    """On wgmma targets, persistent twins of the best warp-specialized configs; their cache
+    form carries the field (and a config without it keeps its earlier form)."""
+    cands = autotune.candidates(bf16, 8192, 8192, 8192, wgmma=True)
+    persistent = [c for c in cands if c.persists]
+    assert persistent == sorted(
+        autotune.GemmConfig(bm, bn, 64, stages, 0, autotune.GROUP_M, 1, 1)
+        for bm, bn, stages in autotune.PERSISTENT
+    )
+    for c in persistent:
+        assert autotune.GemmConfig(*c.astuple()) == c and c.astuple()[-2:] == [1, 1]
+    assert autotune.GemmConfig(128, 256, 64, 3, 0, 8, 1).astuple() == [128, 256, 64, 3, 0, 8, 1]
+    assert not any(c.persists for c in autotune.candidates(bf16, 8192, 8192, 8192))

@@ -72,12 +72,13 @@ def plan_lowering(kernel: o.Kernel, target: Target, uses: DefUse) -> LoweringPla
     pipelines = plan_pipelines(kernel, layouts, target, uses, fragments)
     persist = plan_persistent(kernel, pipelines)
     kept = persist.kept if persist is not None else None
-    shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target, kept, False)
-    if kept is not None and shared.total > target.max_shared_bytes:
-        # The ring kept across tiles leaves too little for the scratch past it: the ring is
-        # set up per tile instead, the scratch over it.
-        persist = plan_persistent(kernel, pipelines, (shared.total, target.max_shared_bytes))
-        kept = None
+    if kept is not None:
+        shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target, kept, False)
+        if shared.total > target.max_shared_bytes:
+            # The ring kept across tiles leaves too little for the scratch past it: the ring
+            # is set up per tile instead, the scratch over it.
+            persist = plan_persistent(kernel, pipelines, (shared.total, target.max_shared_bytes))
+            kept = None
     if kept is None:
         shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target)
     return LoweringPlan(
