@@ -234,7 +234,7 @@ def _readers(
     shapes: dict[int, tuple[bool, tuple[int, ...]]],
     atomic: frozenset[int],
     backend: Backend,
-    grid: tuple[int, int, int] = (1, 1, 1),
+    grid: tuple[int, int, int],
 ) -> tuple[
     Callable[[Sequence[Any]], list[int | float | bytes]], Callable[[Sequence[Any]], list[Touch]]
 ]:
