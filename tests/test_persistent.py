@@ -283,7 +283,7 @@ def test_the_plan_says_what_wraps_what() -> None:
     assert kept.lowered is not None and kept.lowered.plan is not None
     text = format_plan(kept.ir, kept.lowered.plan)
     assert "persistent: one wave of blocks; block b runs the body for tiles b" in text
-    assert "L2-grouped by group_m=8; a block barrier between tiles" in text
+    assert "L2-grouped by group_m=8; a block barrier between tiles; the whole body" in text
     assert "ring of for %" in text and "kept across tiles: its mbarriers initialized once" in text
     assert "ring: [0, 36992) across tiles, the whole kernel" in text
     assert "accumulator band of for %11 (leave): [36992, " in text  # past the ring

@@ -40,7 +40,8 @@ class Persistence:
         order = f"L2-grouped by group_m={self.group_m}" if self.group_m else "in launch order"
         lines = [
             "persistent: one wave of blocks; block b runs the body for tiles b, b + blocks, "
-            f"... of the logical grid (parameters), {order}; a block barrier between tiles"
+            f"... of the logical grid (parameters), {order}; a block barrier between tiles; "
+            "the whole body is wrapped (a kernel returns only at its end)"
         ]
         if self.kept is not None:
             lines.append(
