@@ -51,7 +51,8 @@ MAX_ACC = 128 * 256
 STAGES = 3
 #: The cache file's format and the tuning method: a choice made by an earlier method is
 #: dropped, not reused (6: finalists timed run after run in rotating turns, where 5 took the
-#: best of 5 short runs and picked configs 12 points below the best at 8192 on an H200).
+#: best of 5 short runs and picked configs 12 points below the best at 8192 on an H200;
+#: the persistent candidates and GemmConfig.persistent are new too).
 CACHE_VERSION = 6
 #: Accumulator elements one warp may own: 64 x 64, 128 f32 registers per thread.
 WARP_TILE = 64 * 64
@@ -79,16 +80,27 @@ class GemmConfig:
     #: 1: the K loop warp-specialized (`@ct.kernel(warp_specialize=True)`: a producer warp
     #: group issues the TMA copies); 0: not.
     ws: int = 0
+    #: 1: a persistent grid (`@ct.kernel(persistent=True)`: one wave of blocks walks the
+    #: tiles; a warp-specialized ring runs on from tile to tile); 0: a block per tile.
+    persistent: int = 0
 
     def astuple(self) -> list[int]:
-        """The fields as a list (`ws` only where set: earlier cache entries keep their form)."""
+        """The fields as a list (`ws` and `persistent` only where set: earlier cache
+        entries keep their form)."""
         out = [self.bm, self.bn, self.bk, self.stages, self.warps, self.group_m]
+        if self.persistent:
+            return [*out, self.ws, self.persistent]
         return [*out, self.ws] if self.ws else out
 
     @property
     def specialized(self) -> bool:
         """The kernel's `warp_specialize` option."""
         return self.ws == 1
+
+    @property
+    def persists(self) -> bool:
+        """The kernel's `persistent` option."""
+        return self.persistent == 1
 
     @property
     def num_warps(self) -> int | None:
@@ -132,6 +144,7 @@ def is_valid(cfg: GemmConfig, dtype: type[ct.DType], wgmma: bool = False) -> boo
         and cfg.warps <= _fragments(cfg)
         and cfg.group_m >= 0
         and cfg.ws in (0, 1)
+        and cfg.persistent in (0, 1)
         and (cfg.ws == 0 or (wgmma and cfg.warps == 0))
         and shared_bytes(cfg, dtype) <= (WGMMA_SHARED_LIMIT if wgmma else SHARED_LIMIT)
     )
@@ -160,7 +173,7 @@ def clamp(
     while warps > 1 and warps > _fragments(out):
         warps //= 2
     group = cfg.group_m if -(-m // out.bm) > cfg.group_m else 0
-    return GemmConfig(out.bm, out.bn, out.bk, out.stages, warps, group, cfg.ws)
+    return GemmConfig(out.bm, out.bn, out.bk, out.stages, warps, group, cfg.ws, cfg.persistent)
 
 
 def default_config(
@@ -183,6 +196,11 @@ WGMMA_TILES = (*TILES, (256, 128))
 #: Warp-specialized variants tried on wgmma targets (BK 64, 3 or 4 stages where they fit):
 #: the tiles of the fastest plain configs on an H200 (128 x 256 x 64, 4 stages, group 8).
 WS_TILES = ((128, 128), (128, 256), (256, 128))
+#: Persistent variants (bm, bn, stages) of the best warp-specialized configs on the H200
+#: (BK 64): 128 x 256, 3 stages (99.6% of cuBLAS in a burst) and 256 x 128, 4 stages, whose
+#: rings are set up per tile (the f32 accumulator's band does not fit past them); and
+#: 128 x 128, 4 stages, whose ring runs on across tiles (128 KiB, the band past it).
+PERSISTENT = ((128, 256, 3), (256, 128, 4), (128, 128, 4))
 
 
 def tile_warps(bm: int, bn: int) -> tuple[int, ...]:
@@ -218,7 +236,8 @@ def candidate_templates(
     (2-D problems: grid axis 0 of `bmm` is the batch), the L2-grouped block order; the
     grouped one clamps to the plain one where M has at most `GROUP_M` tile rows. On a
     `wgmma` target also warp-specialized variants (`ws` 1) of `WS_TILES`, BK 64, 3 and 4
-    stages, in the grouped order where `grouped`."""
+    stages, in the grouped order where `grouped`, and persistent ones (`persistent` 1) of
+    `PERSISTENT`."""
     wgmma = wgmma and staged and dtype is not ct.f32
     out = {}
     for template in _templates(dtype, wgmma, staged, grouped):
@@ -242,6 +261,8 @@ def _templates(
     for bm, bn in WS_TILES if wgmma else ():
         for stages in (3, 4):
             yield GemmConfig(bm, bn, 64, stages, 0, GROUP_M if grouped else 0, 1)
+    for bm, bn, stages in PERSISTENT if wgmma else ():
+        yield GemmConfig(bm, bn, 64, stages, 0, GROUP_M if grouped else 0, 1, 1)
 
 
 def candidates(

@@ -22,7 +22,7 @@ One = TypeVar("One")
 #: The output dtype as the annotations name it: f32 for mypy; the factory rebinds it.
 Out = f32
 
-_made: dict[tuple[str, str, bool, bool, int, int | None, int | None, bool], Any] = {}
+_made: dict[tuple[str, str, bool, bool, int, int | None, int | None, bool, bool], Any] = {}
 
 
 def _gemm_kernel(
@@ -34,15 +34,51 @@ def _gemm_kernel(
     num_warps: int | None = None,
     group_m: int | None = None,
     warp_specialize: bool = False,
+    persistent: bool = False,
 ) -> Any:
     """The kernel for inputs `dt`, output `odt`, B as (K, N) or (N, K), 2-D or batched,
     its operand loads pipelined `stages` deep, `num_warps` warps per block (None: the
     compiler's choice), blocks in L2-grouped bands of `group_m` tile rows (None: plain),
-    its K loop warp-specialized where `warp_specialize` (and the plan can)."""
-    key = (dt.name, odt.name, trans_b, batched, stages, num_warps, group_m, warp_specialize)
+    its K loop warp-specialized where `warp_specialize` (and the plan can), on a persistent
+    grid where `persistent` (`@ct.kernel(persistent=True)`)."""
+    key = (
+        dt.name,
+        odt.name,
+        trans_b,
+        batched,
+        stages,
+        num_warps,
+        group_m,
+        warp_specialize,
+        persistent,
+    )
     if key not in _made:
-        _made[key] = _make(dt, odt, trans_b, batched, stages, num_warps, group_m, warp_specialize)
+        _made[key] = _make(
+            dt, odt, trans_b, batched, stages, num_warps, group_m, warp_specialize, persistent
+        )
     return _made[key]
+
+
+def config_kernel(
+    cfg: autotune.GemmConfig,
+    dt: type[ct.DType],
+    odt: type[ct.DType],
+    trans_b: bool,
+    batched: bool,
+) -> Any:
+    """The kernel that runs `cfg` (its stages, warps, block order, specialization and
+    persistence) for inputs `dt`, output `odt`, B's layout, 2-D or batched."""
+    return _gemm_kernel(
+        dt,
+        odt,
+        trans_b,
+        batched,
+        cfg.stages,
+        cfg.num_warps,
+        cfg.group,
+        cfg.specialized,
+        cfg.persists,
+    )
 
 
 def _make(
@@ -54,6 +90,7 @@ def _make(
     num_warps: int | None,
     group_m: int | None,
     warp_specialize: bool = False,
+    persistent: bool = False,
 ) -> Any:
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841 (named by the annotations below)
@@ -71,7 +108,13 @@ def _make(
             t = ct.load(b, (kk, j), (bk, bn))
         return t
 
-    @ct.kernel(stages=stages, num_warps=num_warps, group_m=group_m, warp_specialize=warp_specialize)
+    @ct.kernel(
+        stages=stages,
+        num_warps=num_warps,
+        group_m=group_m,
+        warp_specialize=warp_specialize,
+        persistent=persistent,
+    )
     def gemm_kernel(
         c: Mut[Tensor[Out, BM, BN]],
         a: Tensor[Elem, Dyn, Dyn],
@@ -95,7 +138,13 @@ def _make(
             t = ct.load(b, (ct.bid(0), kk, j), (1, bk, bn)).reshape((bk, bn))
         return t
 
-    @ct.kernel(stages=stages, num_warps=num_warps, group_m=group_m, warp_specialize=warp_specialize)
+    @ct.kernel(
+        stages=stages,
+        num_warps=num_warps,
+        group_m=group_m,
+        warp_specialize=warp_specialize,
+        persistent=persistent,
+    )
     def bmm_kernel(
         c: Mut[Tensor[Out, One, BM, BN]],
         a: Tensor[Elem, Dyn, Dyn, Dyn],
@@ -134,16 +183,7 @@ def _config(
     m, n, k = mnk
 
     def make_launch(cfg: autotune.GemmConfig) -> autotune.Launch:
-        kernel = _gemm_kernel(
-            dt,
-            odt,
-            trans_b,
-            batch is not None,
-            cfg.stages,
-            cfg.num_warps,
-            cfg.group,
-            cfg.specialized,
-        )
+        kernel = config_kernel(cfg, dt, odt, trans_b, batch is not None)
         if batch is None:
             scratch = ct.empty((m, n), odt).partition((cfg.bm, cfg.bn))
         else:
@@ -190,9 +230,7 @@ def gemm(
         return ct.zeros((m, n), odt)
     cfg = _config(dt, odt, trans_b, (m, n, k), None, a, b)
     out = ct.empty((m, n), odt).partition((cfg.bm, cfg.bn))
-    kernel = _gemm_kernel(
-        dt, odt, trans_b, False, cfg.stages, cfg.num_warps, cfg.group, cfg.specialized
-    )
+    kernel = config_kernel(cfg, dt, odt, trans_b, False)
     c, _, _, _ = kernel(out, a, b, cfg.bk).sync()
     result: Tensor[Any, Any] = c.unpartition()
     return result
@@ -219,9 +257,7 @@ def bmm(
         return ct.zeros((nb, m, n), odt)
     cfg = _config(dt, odt, trans_b, (m, n, k), nb, a, b)
     out = ct.empty((nb, m, n), odt).partition((1, cfg.bm, cfg.bn))
-    kernel = _gemm_kernel(
-        dt, odt, trans_b, True, cfg.stages, cfg.num_warps, cfg.group, cfg.specialized
-    )
+    kernel = config_kernel(cfg, dt, odt, trans_b, True)
     c, _, _, _ = kernel(out, a, b, cfg.bk).sync()
     result: Tensor[Any, Any] = c.unpartition()
     return result

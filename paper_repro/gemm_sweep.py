@@ -21,7 +21,7 @@ from typing import Any
 
 import cutile_py as ct
 from cutile_py_kernels import autotune
-from cutile_py_kernels.gemm import _gemm_kernel
+from cutile_py_kernels.gemm import config_kernel
 
 
 def _torch_ms(torch: Any, fn: Any, repeats: int = 7) -> float:
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--configs",
         default="",
-        help="'bm,bn,bk,stages,warps,group_m[,ws];...' only (ws 1: warp-specialized)",
+        help="'bm,bn,bk,stages,warps,group_m[,ws[,persistent]];...' only (ws 1: "
+        "warp-specialized; persistent 1: one wave of blocks walks the tiles)",
     )
     p.add_argument(
         "--sustained",
@@ -87,9 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         if time.perf_counter() - t0 > args.budget:
             left = len(configs) - i
             break
-        kernel = _gemm_kernel(
-            dt, dt, False, False, cfg.stages, cfg.num_warps, cfg.group, cfg.specialized
-        )
+        kernel = config_kernel(cfg, dt, dt, False, False)
         try:
             out_t = torch.full((n, n), float("nan"), device="cuda", dtype=tdt)
             out = ct.from_dlpack(out_t).partition((cfg.bm, cfg.bn))
@@ -98,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                 "+tma" if "cp.async.bulk.tensor" in ptx else ""
             )
             form += "+ws" if "setmaxnreg" in ptx else ""  # a producer warp group
+            form += "+persistent" if ".param .u32 grid0" in ptx else ""
             kernel(out, a, b, cfg.bk).sync()
             err = float((out_t.float() - ref).norm()) / ref_norm
             run = lambda k=kernel, o=out, bk=cfg.bk: k(o, a, b, bk)  # noqa: E731
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         ms, _, form, err, note = rows[-1]
         print(f"  [{time.perf_counter() - t0:6.1f}s] {cfg} {form} {ms:.3f} ms err {err:.2e} {note}",
               file=sys.stderr, flush=True)  # fmt: skip
-    head = "config (bm bn bk stages warps group_m [ws])"
+    head = "config (bm bn bk stages warps group_m [ws [persistent]])"
     print(f"\n| {head} | form | us | TFLOP/s | % cuBLAS | rel err |")
     print("|---|---|---|---|---|---|")
     for ms, cfg, form, err, note in sorted(rows, key=lambda r: r[0]):
@@ -144,9 +144,7 @@ def _sustained(
     print(f"\n## run after run ({RUNS} launches queued); the tuner picks {tuned}")
     print("| config | us per launch | TFLOP/s |\n|---|---|---|")
     for cfg in picks:
-        kernel = _gemm_kernel(
-            dt, dt, False, False, cfg.stages, cfg.num_warps, cfg.group, cfg.specialized
-        )
+        kernel = config_kernel(cfg, dt, dt, False, False)
 
         def make(cfg: Any = cfg, kernel: Any = kernel) -> Any:
             out = ct.empty((n, n), dt).partition((cfg.bm, cfg.bn))

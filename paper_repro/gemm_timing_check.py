@@ -29,7 +29,7 @@ import numpy as np
 
 import cutile_py as ct
 from cutile_py_kernels import autotune
-from cutile_py_kernels.gemm import _gemm_kernel
+from cutile_py_kernels.gemm import config_kernel
 from paper_repro.timing import OpPending, Timer
 
 #: The sweep's two best configs on the H200 (bf16 8192): (bm, bn, bk, stages, warps, group_m,
@@ -134,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind in ("ct-scaled", "ct-plain") + (("torch",) if torch is not None else ()):
         a, b, keep = _operands(torch, kind, n, dt, tdt, rng)
         for cfg in configs:
-            kernel = _gemm_kernel(
-                dt, dt, False, False, cfg.stages, cfg.num_warps, cfg.group, cfg.specialized
-            )
+            kernel = config_kernel(cfg, dt, dt, False, False)
 
             def make(cfg: Any = cfg, kernel: Any = kernel, a: Any = a, b: Any = b) -> Any:
                 out = ct.zeros((n, n), dt).partition((cfg.bm, cfg.bn))

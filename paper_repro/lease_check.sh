@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One bounded call on a lent GPU (a lease of minutes, not hours): the GPU-marked tests with
 # xdist, the GEMM experiment (every size, f16 and bf16, the tuner's choice named), one config
-# timed every way the project times it (`gemm_timing_check`: the experiment/sweep gap), the sweep
-# of every sm_90 GEMM candidate at 8192 with run-after-run timing of the fastest, the row
-# kernels' bandwidth at every width, and the warps-per-block sweep of the short-row kernels.
+# timed every way the project times it (`gemm_timing_check`: the experiment/sweep gap), the
+# sweep of every sm_90 GEMM candidate at 8192 with run-after-run timing of the fastest, the
+# persistent candidates beside their one-block-per-tile twins, the row kernels' bandwidth
+# at every width, and the warps-per-block sweep of the short-row kernels.
 # Everything lands in $OUT/results.tgz (re-packed after each step, so a call cut short still
 # returns what finished) and a summary is printed last. Runs from the working tree
 # (PYTHONPATH=.): numpy, cuda-python, pytest, pytest-xdist, pytest-timeout, PyTorch and Triton
@@ -46,6 +47,11 @@ step timing-check 75 python3 -m paper_repro.gemm_timing_check --n 8192
 step sweep-bf16 60 python3 -m paper_repro.gemm_sweep --n 8192 --only wgmma --sustained 4
 step sweep-f16 45 python3 -m paper_repro.gemm_sweep --n 8192 --dtype f16 --only wgmma \
   --sustained 2
+# The persistent candidates beside their one-block-per-tile twins, in the same run.
+pairs="128,256,64,3,0,8,1;128,256,64,3,0,8,1,1;256,128,64,4,0,8,1;256,128,64,4,0,8,1,1"
+pairs="$pairs;128,128,64,4,0,8,1;128,128,64,4,0,8,1,1"
+step sweep-persistent 50 python3 -m paper_repro.gemm_sweep --n 8192 --configs "$pairs" \
+  --sustained 6
 step bandwidth 90 python3 -m paper_repro bandwidth \
   --only rms_norm,add_rms_norm,layer_norm,softmax,softmax_causal --out "$work/bandwidth"
 step rows 45 python3 -m paper_repro.row_sweep
@@ -55,7 +61,8 @@ grep -E "^\| (cutile_py|cuBLAS \(torch\)) \| (f16|bf16) \| (4096|8192)" "$work/g
   | cut -d'|' -f2-9
 grep -E "^\||^The tuner|^- finalist" "$work/timing-check.txt"
 head -8 "$work/sweep-bf16.txt"
-sed -n '/run after run/,$p' "$work/sweep-bf16.txt" "$work/sweep-f16.txt"
+sed -n '/run after run/,$p' "$work/sweep-bf16.txt" "$work/sweep-f16.txt" \
+  "$work/sweep-persistent.txt"
 grep -E "^\| (rms_norm|add_rms_norm|layer_norm|softmax)" "$work/bandwidth/REPORT.md" \
   | grep -E "x(8192|16384|32768)|1x4096|16x1024" | cut -d'|' -f2-8
 exit 0

@@ -19,7 +19,7 @@ from cutile_py.runtime.nvjitlink import assemble, nvjitlink_available
 from cutile_py.runtime.sass import SassUnavailable, disassemble, instructions
 from cutile_py_kernels import autotune
 from cutile_py_kernels.autotune import GemmConfig
-from cutile_py_kernels.gemm import _gemm_kernel
+from cutile_py_kernels.gemm import _gemm_kernel, config_kernel
 
 DT = {"f16": ct.f16, "bf16": ct.bf16}
 #: Ragged: no dimension a multiple of any tile (rows stay 16-byte aligned for cp.async).
@@ -55,9 +55,7 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
 @pytest.mark.parametrize("cfg", CANDIDATES, ids=lambda c: "x".join(map(str, c.astuple())))
 def test_every_candidate_on_sim_sm90(cfg: GemmConfig, name: str, rng: np.random.Generator) -> None:
     ct.set_backend("sim", target="sm_90")
-    kernel = _gemm_kernel(
-        DT[name], f32, False, False, cfg.stages, cfg.num_warps, cfg.group, cfg.specialized
-    )
+    kernel = config_kernel(cfg, DT[name], f32, False, False)
     a, ta = _operands(rng, name, M, K)
     b, tb = _operands(rng, name, K, N)
     out = ct.full((M, N), np.nan).partition((cfg.bm, cfg.bn))
@@ -75,9 +73,7 @@ def test_every_candidate_on_sim_sm90(cfg: GemmConfig, name: str, rng: np.random.
 @pytest.mark.parametrize("cfg", CANDIDATES, ids=lambda c: "x".join(map(str, c.astuple())))
 def test_every_candidate_assembles_for_sm90a(cfg: GemmConfig, trans_b: bool) -> None:
     target = Target(90)
-    kernel = _gemm_kernel(
-        ct.bf16, ct.bf16, trans_b, False, cfg.stages, cfg.num_warps, cfg.group, cfg.specialized
-    )
+    kernel = config_kernel(cfg, ct.bf16, ct.bf16, trans_b, False)
     spec = (
         ct.PartitionSpec((4096, 4096), (cfg.bm, cfg.bn), ct.bf16),
         ct.TensorSpec((4096, 4096), ct.bf16),

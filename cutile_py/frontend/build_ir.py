@@ -123,9 +123,11 @@ class KernelBuilder:
         num_warps: int | None = None,
         group_m: int | None = None,
         warp_specialize: bool = False,
+        persistent: bool = False,
     ) -> None:
         self.cap = cap
         self.warp_specialize = warp_specialize
+        self.persistent = persistent
         self.num_warps = num_warps
         self.group_m = group_m
         self.spec = spec
@@ -193,6 +195,7 @@ class KernelBuilder:
             num_warps=self.num_warps,
             group_m=self.group_m,
             warp_specialize=self.warp_specialize,
+            persistent=self.persistent,
         )
         ir.verify(kernel)
         return kernel
@@ -923,11 +926,12 @@ def build_kernel(
     num_warps: int | None = None,
     group_m: int | None = None,
     warp_specialize: bool = False,
+    persistent: bool = False,
 ) -> ir.Kernel:
     """Tile IR for `cap` specialized to `spec`; CompileError for anything unsupported."""
     try:
         return KernelBuilder(
-            cap, spec, fast_math, stages, num_warps, group_m, warp_specialize
+            cap, spec, fast_math, stages, num_warps, group_m, warp_specialize, persistent
         ).build()
     except CompileError:
         raise

@@ -118,6 +118,7 @@ def disk_key(
     num_warps: int | None = None,
     group_m: int | None = None,
     warp_specialize: bool = False,
+    persistent: bool = False,
 ) -> str | None:
     """The hex key of a specialization's PTX on disk, or None if some part has no stable form."""
     try:
@@ -140,6 +141,8 @@ def disk_key(
             parts["group_m"] = group_m
         if warp_specialize:
             parts["warp_specialize"] = True
+        if persistent:
+            parts["persistent"] = True
         if target.wgmma:  # whether the lowering may emit sm_90a's wgmma
             parts["wgmma"] = True
     except (Unstable, RecursionError):
@@ -180,10 +183,11 @@ def mismatch(lowered: LoweredKernel, name: str, spec: Specialization, target: Ta
         return f"it was compiled for {lowered.target.describe()}, not {target.describe()}"
     if lowered.entry != entry_name(name):
         return f"its entry is {lowered.entry!r}, not {entry_name(name)!r}"
-    # The signature's parameters, then the tensor maps its TMA pipelines read (planned).
+    # The signature's parameters, then the tensor maps its TMA pipelines read (planned) and
+    # a persistent kernel's grid.
     expected = param_map(spec)
     head, maps = lowered.params[: len(expected)], lowered.params[len(expected) :]
-    if head != expected or any(p.what != "tmap" for p in maps):
+    if head != expected or any(p.what not in ("tmap", "grid") for p in maps):
         return "its parameter map does not match the kernel's signature"
     return None
 

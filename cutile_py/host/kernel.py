@@ -116,6 +116,7 @@ class CacheKey:
     num_warps: int | None = None
     group_m: int | None = None
     warp_specialize: bool = False
+    persistent: bool = False
 
 
 class CompiledKernel:
@@ -282,6 +283,7 @@ class Kernel:
         num_warps: int | None = None,
         group_m: int | None = None,
         warp_specialize: bool = False,
+        persistent: bool = False,
         scope: dict[str, Any] | None = None,
     ) -> None:
         self.fn = fn
@@ -297,6 +299,10 @@ class Kernel:
             where = f"{self.captured.file}:{self.captured.first_line}: kernel {self.captured.name}"
             raise TypeError(f"{where}: warp_specialize must be a bool, got {warp_specialize!r}")
         self.warp_specialize = warp_specialize
+        if not isinstance(persistent, bool):
+            where = f"{self.captured.file}:{self.captured.first_line}: kernel {self.captured.name}"
+            raise TypeError(f"{where}: persistent must be a bool, got {persistent!r}")
+        self.persistent = persistent
         self.name = self.captured.name
         self._signature = inspect.signature(fn)
         self._arity = len(self._signature.parameters)
@@ -349,6 +355,7 @@ class Kernel:
             num_warps=self.num_warps,
             group_m=self.group_m,
             warp_specialize=self.warp_specialize,
+            persistent=self.persistent,
         )
         hit = _CACHE.get(key)
         if hit is not None:
@@ -368,6 +375,7 @@ class Kernel:
                 num_warps=self.num_warps,
                 group_m=self.group_m,
                 warp_specialize=self.warp_specialize,
+                persistent=self.persistent,
                 compiler=COMPILER_VERSION,
             )
             from_disk = self._from_disk(disk_key, spec, target)
@@ -393,6 +401,7 @@ class Kernel:
             num_warps=self.num_warps,
             group_m=self.group_m,
             warp_specialize=self.warp_specialize,
+            persistent=self.persistent,
         )
         base = _CACHE.get(ir_key)
         if base is None:
@@ -405,6 +414,7 @@ class Kernel:
                 self.num_warps,
                 self.group_m,
                 self.warp_specialize,
+                self.persistent,
             )
             base = _CACHE[ir_key] = CompiledKernel(kir, print_kernel(kir), None)
         return base
@@ -618,6 +628,7 @@ def kernel(
     num_warps: int | None = None,
     group_m: int | None = None,
     warp_specialize: bool = False,
+    persistent: bool = False,
 ) -> Callable[[Callable[..., Any]], Kernel]: ...
 
 
@@ -630,6 +641,7 @@ def kernel(
     num_warps: int | None = None,
     group_m: int | None = None,
     warp_specialize: bool = False,
+    persistent: bool = False,
 ) -> Kernel | Callable[[Callable[..., Any]], Kernel]:
     """Capture a kernel function: `@ct.kernel`, or with options, `@ct.kernel(fast_math=True,
     stages=3)`. `stages`: how many K-loop iterations ahead the cp.async pipeline loads
@@ -644,7 +656,13 @@ def kernel(
     a producer that issues the copies stage by stage while the block's other warps wait,
     run wgmma and hand each stage back (mbarriers "full" and "empty" per stage;
     `setmaxnreg` moves registers to the consumers); the epilogue runs on the consumers.
-    Where the plan cannot specialize a loop it says why and the loop runs as without it."""
+    Where the plan cannot specialize a loop it says why and the loop runs as without it.
+    `persistent`: about one wave of blocks is started (the SMs times the blocks of this
+    kernel one SM holds at once, at most the tiles), and block b walks the tiles b,
+    b + blocks, ... of the grid the arguments define, in the `group_m` order where given;
+    `ct.bid` and `ct.num_blocks` name the tile and that grid, each tile still has one owner.
+    A warp-specialized loop keeps its ring and mbarriers across tiles (the producer issues
+    the next tile's copies while the consumers finish the last one)."""
     if fn is not None:
         return Kernel(fn, fast_math=fast_math, stages=stages, scope=_defining_scope(fn))
     return lambda f: Kernel(
@@ -654,6 +672,7 @@ def kernel(
         num_warps=num_warps,
         group_m=group_m,
         warp_specialize=warp_specialize,
+        persistent=persistent,
         scope=_defining_scope(f),
     )
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from cutile_py.frontend.signature import Specialization
     from cutile_py.host.kernel import CompiledKernel
 
-_PTR, _DIM, _INT, _FLOAT, _MAP = range(5)
+_PTR, _DIM, _INT, _FLOAT, _MAP, _GRID = range(6)
 #: Bytes per element of the `CUtensorMapDataType`s a lowering uses (f16, f32, bf16).
 _MAP_ELEMENT_BYTES = {6: 2, 7: 4, 9: 2}
 
@@ -40,7 +40,7 @@ class ParamReader:
     def __init__(self, lowered: LoweredKernel) -> None:
         steps = []
         for p in lowered.params:
-            kind = {"ptr": _PTR, "dim": _DIM, "tmap": _MAP}.get(p.what)
+            kind = {"ptr": _PTR, "dim": _DIM, "tmap": _MAP, "grid": _GRID}.get(p.what)
             if kind is None:
                 kind = _INT if p.ptype in ("s32", "u32", "s64") else _FLOAT
             steps.append((p.arg, kind, p.axis))
@@ -52,11 +52,18 @@ class ParamReader:
         self.maps = {p.axis: p for p in lowered.params if p.what == "tmap"}
 
     def __call__(
-        self, args: Sequence[Any], backend: Backend | None = None
+        self,
+        args: Sequence[Any],
+        backend: Backend | None = None,
+        grid: tuple[int, ...] = (1, 1, 1),
     ) -> list[int | float | bytes]:
-        """The values; `backend` makes the tensor maps (a kernel with TMA pipelines)."""
+        """The values; `backend` makes the tensor maps (a kernel with TMA pipelines); `grid`:
+        the tiles a persistent kernel's blocks walk."""
         out: list[int | float | bytes] = []
         for arg, kind, axis in self.steps:
+            if kind == _GRID:
+                out.append((*grid, 1, 1, 1)[axis])
+                continue
             a = args[arg]
             if kind == _PTR:
                 out.append((a._tensor if type(a) is Partition else a)._address)
@@ -191,7 +198,7 @@ class LaunchPlan:
         if compiled.lowered is not None and backend.runs_ptx:
             launch = compiled.prepared(backend, self.grid)
             reader = compiled.param_reader()  # after any recompile
-            self.read, self.touches = _readers(reader, self._shapes, self.atomic, backend)
+            self.read, self.touches = _readers(reader, self._shapes, self.atomic, backend, grid)
         else:
             # The interpreter walks the partitions' own grid (of their rank), not the padded one.
             fn, spec, tiles = self._fn, self.spec, self.grid
@@ -227,6 +234,7 @@ def _readers(
     shapes: dict[int, tuple[bool, tuple[int, ...]]],
     atomic: frozenset[int],
     backend: Backend,
+    grid: tuple[int, int, int],
 ) -> tuple[
     Callable[[Sequence[Any]], list[int | float | bytes]], Callable[[Sequence[Any]], list[Touch]]
 ]:
@@ -234,11 +242,13 @@ def _readers(
     dims are the plan's (shapes are part of its key), so only pointers and scalars are read,
     with no loop and no call per value but a scalar's conversion. `shapes`: (whether a Mut
     partition, shape) of each tensor argument. Tensor maps are made by `backend`, once per
-    tensor address."""
+    tensor address. A persistent kernel's `grid` parameters are the plan's grid."""
     items: list[str] = []
     maps: dict[str, _Maps] = {}
     for arg, kind, axis in reader.steps:
-        if kind == _DIM:
+        if kind == _GRID:
+            items.append(repr(grid[axis]))
+        elif kind == _DIM:
             items.append(repr(shapes[arg][1][axis]))
         elif kind == _PTR:
             items.append(f"{_storage(arg, shapes)}._address")
@@ -494,8 +504,13 @@ def prepare_lowered(
     backend: Backend, kernel: LoadedKernel, lowered: LoweredKernel, grid: tuple[int, ...]
 ) -> PreparedLaunch:
     """`kernel` (the loaded `lowered`) ready to launch on `backend` over `grid`: one block of
-    `lowered.block_threads` threads per tile, with the dynamic shared memory it declares."""
+    `lowered.block_threads` threads per tile, with the dynamic shared memory it declares; a
+    persistent kernel as many blocks as the device runs at once (at most one per tile), each
+    walking the tiles of `grid` (passed as parameters)."""
     g = (*grid, 1, 1, 1)[:3]
+    if lowered.persistent:
+        wave = backend.resident_blocks(kernel, lowered.block_threads, lowered.dynamic_shared)
+        g = (max(1, min(g[0] * g[1] * g[2], wave)), 1, 1)
     return backend.prepare(
         kernel,
         (g[0], g[1], g[2]),

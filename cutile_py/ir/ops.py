@@ -374,3 +374,6 @@ class Kernel:
     #: A TMA-fed wgmma K loop runs with a producer warp group issuing its copies and the
     #: block's other warps as consumers (`plan_ws`), where the plan can specialize it.
     warp_specialize: bool = False
+    #: Each block walks tiles bid, bid + blocks, ... of the logical grid (a persistent grid
+    #: of about one wave of blocks: `lower/plan_persistent`).
+    persistent: bool = False

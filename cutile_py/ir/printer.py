@@ -41,6 +41,7 @@ def _render(kernel: o.Kernel) -> tuple[str, dict[o.Value, str]]:
         + (f" num_warps={kernel.num_warps}" if kernel.num_warps is not None else "")
         + (f" group_m={kernel.group_m}" if kernel.group_m is not None else "")
         + (" warp_specialize" if kernel.warp_specialize else "")
+        + (" persistent" if kernel.persistent else "")
         + " {"
     )
 

@@ -115,11 +115,21 @@ def allocate_shared(
     fragments: FragmentPlan,
     uses: DefUse,
     target: Target,
+    kept: o.ForOp | None = None,
+    check: bool = True,
 ) -> SharedPlan:
     """Place every pipelined loop's ring and resident tiles (outer loops first), then every
-    op's scratch at the floor of the code it is in; the total must fit `target`."""
+    op's scratch at the floor of the code it is in; the total must fit `target`. `kept`: a
+    top-level loop whose ring lives the whole kernel (a persistent kernel's warp-specialized
+    loop, its producer filling it while the rest of the body runs): all scratch lies past it,
+    and an accumulator's bands may take what shared memory is left. `check` False: the total
+    may exceed the target's limit (the caller compares)."""
     rings = place_rings(kernel, pipelines)
     band_limit = max(SHARED_LIMIT, max((r.offset + r.nbytes for r in rings.regions), default=0))
+    base = 0
+    if kept is not None:
+        base = rings.floors[kept]
+        band_limit = max(band_limit, target.max_shared_bytes)
     sizer = Sizer(layouts, fragments, pipelines, uses, band_limit)
     scratch: dict[tuple[o.Op, str], ScratchBuffer] = {}
 
@@ -157,11 +167,11 @@ def allocate_shared(
                 for r in op.regions():
                     visit(r, floor, ())
 
-    visit(kernel.body, 0, ())
+    visit(kernel.body, base, ())
     ends = [r.offset + r.nbytes for r in rings.regions]
     ends += [b.offset + b.nbytes for b in scratch.values()]
     total = _up(max(ends, default=0), 16)
-    if total > target.max_shared_bytes:
+    if check and total > target.max_shared_bytes:
         every = [(r.nbytes, f"{r.kind} of the loop{_at(r.loop)}") for r in rings.regions]
         every += [(b.nbytes, f"{b.what} of {b.op.opname}{_at(b.op)}") for b in scratch.values()]
         big = "; ".join(f"{what}: {n} bytes" for n, what in sorted(every, key=lambda e: -e[0])[:3])

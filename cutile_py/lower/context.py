@@ -18,6 +18,7 @@ from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import Ahead, Operand, Setup, SharedTile
 from cutile_py.lower.isel import FLOAT_NAME, REG_CLASS
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan
+from cutile_py.lower.plan_persistent import Persistence
 from cutile_py.lower.plan_pipelines import PipelinePlan
 from cutile_py.ptx.builder import FunctionBuilder, Reg
 from cutile_py.ptx.target import Target
@@ -27,7 +28,15 @@ WARP = 32
 #: The named barrier of the consumer warps of a warp-specialized kernel (`EmitContext.barrier`).
 CONSUMERS_BARRIER = 1
 
-__all__ = ["CONSUMERS_BARRIER", "WARP", "BaseRegs", "EmitContext", "LoweringError", "TensorRegs"]
+__all__ = [
+    "CONSUMERS_BARRIER",
+    "WARP",
+    "BaseRegs",
+    "EmitContext",
+    "KeptRing",
+    "LoweringError",
+    "TensorRegs",
+]
 
 
 @dataclass
@@ -43,6 +52,22 @@ class BaseRegs:
     coord: list[Reg]  # per base dim: this thread's first element along it (u32)
     guards: dict[tuple[int, int], Reg]  # (dim, static offset) → element lies inside the dim
     owners: dict[tuple[int, ...], Reg | None]  # replicated dims → this thread owns the copy
+
+
+@dataclass
+class KeptRing:
+    """The consumers' side of a warp-specialized ring set up once per block (`emit_tma`):
+    the threads that init and arrive, the stage read next with its full barrier, the full
+    barrier of the stage read last, and the parity awaited (carried across a persistent
+    kernel's tiles)."""
+
+    loop: o.ForOp
+    leader: Reg
+    lane0: Reg
+    read: Reg
+    bar_read: Reg
+    bar_prev: Reg
+    phase: Reg
 
 
 def _no_dispatch(op: o.Op) -> None:
@@ -113,6 +138,14 @@ class EmitContext:
     consumers: int = 0
     #: Code placed after the body's `ret` (a warp-specialized loop's producer: `emit_tma`).
     tails: list[Callable[[], None]] = field(default_factory=list)
+    # -- a persistent kernel (`emit_persistent`) --
+    persistent: Persistence | None = None
+    #: The logical grid's sizes (x, y, z) and its tiles, read from parameters.
+    logical_grid: list[Reg] = field(default_factory=list)
+    tiles: Reg | None = None
+    #: The consumers' state of the warp-specialized ring kept across tiles, set up once
+    #: (None: none is kept).
+    kept_ring: KeptRing | None = None
 
     def __post_init__(self) -> None:
         self.fragment_values.update(

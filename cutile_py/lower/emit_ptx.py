@@ -20,6 +20,7 @@ from cutile_py.lower import (
     emit_gather,
     emit_math,
     emit_memory,
+    emit_persistent,
     emit_pipeline,
     emit_scan,
     emit_shared,
@@ -62,8 +63,10 @@ class PtxParam:
     """One `.param` of the entry: a tensor's address or dim, or a scalar argument."""
 
     arg: int  # kernel parameter index
-    what: str  # "ptr", "dim", "scalar" or "tmap" (a tensor map of the tensor: `emit_tma`)
-    axis: int = 0  # a dim's axis; a tensor map's number (its order among the maps)
+    #: "ptr", "dim", "scalar", "tmap" (a tensor map of the tensor: `emit_tma`) or "grid" (a
+    #: persistent kernel's logical grid along `axis`, `arg` -1: `emit_persistent`)
+    what: str
+    axis: int = 0  # a dim's or the grid's axis; a tensor map's number (its order among the maps)
     ptype: str = "u64"
     #: A tensor map's box (innermost dimension first), `CUtensorMapSwizzle` and
     #: `CUtensorMapDataType`.
@@ -99,6 +102,8 @@ class Emitter(EmitContext):
 
     params: list[PtxParam] = field(default_factory=list)
     smem_line: int = -1
+    #: A persistent kernel's loop over its tiles (opened by `preamble`, closed by `finish`).
+    tile_walk: emit_persistent.TileWalk | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -135,10 +140,20 @@ class Emitter(EmitContext):
             ptx = PtxParam(m.arg, "tmap", k, TENSOR_MAP_PTYPE, m.box, m.swizzle, m.map_dtype)
             self.params.append(ptx)
             self.tensor_maps[m.load] = emit_tma.map_address(self, name)
+        if self.persistent is not None:
+            # After the tensor maps: the parameter map of the signature stays as it is.
+            dims = []
+            for k in range(3):
+                fb.params.append((f"grid{k}", "u32"))
+                self.params.append(PtxParam(-1, "grid", k, "u32"))
+                r = fb.reg("b32")
+                fb.ins("ld.param.u32", r, f"[grid{k}]")
+                dims.append(r)
+            emit_persistent.load_grid(self, dims)
         tid = fb.reg("b32")
         fb.ins("mov.u32", tid, "%tid.x")
         self.tid = tid
-        if self.kernel.group_m is not None:
+        if self.kernel.group_m is not None and self.persistent is None:
             self.block_ids = _grouped_block(self, self.kernel.group_m)
         layouts = [*self.plan.layouts.values(), *self.plan.memory.values()]
         for lay in layouts:
@@ -155,8 +170,15 @@ class Emitter(EmitContext):
         fb.ins("mov.u32", self.smem, "smem")
         self.smem_line = len(fb.body) - 1
         emit_tma.split_warps(self)  # a warp-specialized loop's producer branches away
+        if self.persistent is not None:
+            self.tile_walk = emit_persistent.walk(self)
 
     def finish(self) -> None:
+        if self.tile_walk is not None:
+            # A block barrier between tiles where they reuse shared memory: each scratch use
+            # ends with one already, so this keeps the walk from depending on that.
+            emit_persistent.next_tile(self, self.tile_walk, barrier=self.shared.total > 0)
+            emit_tma.release_kept(self)
         if not self.fb.shared_bytes and self.smem_line >= 0:
             del self.fb.body[self.smem_line]
         if self.fb.shared_bytes > self.max_shared:
@@ -242,6 +264,8 @@ class Emitter(EmitContext):
         r = self.fb.reg("b32")
         if op.which == "bid":
             self.fb.ins("mov.u32", r, self.block_index(op.axis))
+        elif self.logical_grid:  # a persistent kernel: the grid of its tiles, not of blocks
+            self.fb.ins("mov.u32", r, self.logical_grid[op.axis])
         else:
             self.fb.ins("mov.u32", r, f"%nctaid.{'xyz'[op.axis]}")
         self.define(op.result, [r])
@@ -677,18 +701,9 @@ def _grouped_block(em: EmitContext, group_m: int) -> list[Reg]:
         fb.ins("mov.u32", r, special)
     fb.ins("mov.u32", nx, "%nctaid.x")
     fb.ins("mov.u32", ny, "%nctaid.y")
-    pid, width, band, first, rows, r, m, n = (fb.reg("b32") for _ in range(8))
+    pid = fb.reg("b32")
     fb.ins("mad.lo.u32", pid, y, nx, x)  # the launch order
-    fb.ins("mul.lo.u32", width, ny, group_m)  # blocks per band
-    fb.ins("div.u32", band, pid, width)
-    fb.ins("mul.lo.u32", first, band, group_m)
-    fb.ins("sub.u32", rows, nx, first)
-    fb.ins("min.u32", rows, rows, group_m)  # the last band may be narrower
-    fb.ins("mul.lo.u32", r, band, width)
-    fb.ins("sub.u32", r, pid, r)
-    fb.ins("rem.u32", m, r, rows)
-    fb.ins("add.u32", m, m, first)
-    fb.ins("div.u32", n, r, rows)
+    m, n = emit_persistent.grouped(fb, pid, nx, ny, group_m)
     return [m, n, z]
 
 

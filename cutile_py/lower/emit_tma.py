@@ -46,6 +46,17 @@ the consumers' block barrier is `bar.sync 1, C`, and `bar.sync 2, C + 128` meets
                 thread C exit; thread C, per iteration j: try_wait.parity(e[j % S],
                 ((j / S) & 1) ^ 1) (a fresh barrier passes parity 1: the first round does
                 not wait), arrive.expect_tx(f[j % S]), the boxes; then it exits
+
+In a persistent kernel (`plan_persistent`) the ring is kept across tiles (`KeptRing`): the
+consumers init f and e and meet the producer at `bar.sync 2` once, after the preamble; j and
+i run on over the block's tiles (stage, barrier and phase registers carried, never reset);
+each tile's loop starts with nothing to hand back, and its drain (wait_group 0) hands back
+the stage its last iteration read; the producer walks the same tiles (`emit_persistent`),
+computing each tile's bounds and box coordinates again, and fills the next tile's stages as
+the consumers hand them back, while they run this tile's epilogue. After the last tile: the
+consumers' barrier, thread 0 invalidates f and e. Where the plan sets the ring up per tile
+instead (its scratch lies over the ring), the whole producer warp group walks the tiles and
+meets the consumers at `bar.sync 2` once per tile, after they initialized its barriers.
 """
 
 from __future__ import annotations
@@ -53,8 +64,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from cutile_py.ir import ops as o
-from cutile_py.lower import emit_pipeline
-from cutile_py.lower.context import EmitContext
+from cutile_py.lower import emit_persistent, emit_pipeline
+from cutile_py.lower.context import EmitContext, KeptRing
 from cutile_py.lower.emit_pipeline import LoopPipeline
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad
 from cutile_py.lower.plan_tma import MAP_DTYPE, box
@@ -337,9 +348,53 @@ def _coords(em: EmitContext, loop: o.ForOp, sl: StagedLoad, it: Reg) -> list[Reg
 READY_BARRIER = 2
 
 
+def _ws_setup(em: EmitContext, plan: PipelinePlan) -> KeptRing:
+    """(Consumers:) thread 0 inits every stage's full and empty mbarrier; both sides meet at
+    `READY_BARRIER`; the ring's read state starts at stage 0, phase 0."""
+    fb = em.fb
+    assert em.smem is not None and em.tid is not None
+    leader, lane0 = fb.reg("pred"), fb.reg("pred")
+    fb.ins("setp.eq.u32", leader, em.tid, 0)
+    lane = fb.reg("b32")
+    fb.ins("and.b32", lane, em.tid, 31)
+    fb.ins("setp.eq.u32", lane0, lane, 0)
+    ring = em.shared.ring(plan.loop)
+    bars = ring + plan.stages * plan.stage_bytes
+    for s in range(2 * plan.stages):
+        count = 1 if s < plan.stages else em.consumers // 32
+        fb.ins(
+            "mbarrier.init.shared::cta.b64", Addr(em.smem, bars + s * BARRIER), count, pred=leader
+        )
+    fb.ins("fence.proxy.async.shared::cta")
+    fb.ins("bar.sync", READY_BARRIER, em.consumers + PRODUCER_THREADS)
+    read, bar_read, bar_prev, phase = (fb.reg("b32") for _ in range(4))
+    fb.ins("mov.u32", read, ring)
+    fb.ins("add.u32", bar_read, em.smem, bars)
+    fb.ins("mov.u32", bar_prev, bar_read)
+    fb.ins("mov.u32", phase, 0)
+    return KeptRing(plan.loop, leader, lane0, read, bar_read, bar_prev, phase)
+
+
+def release_kept(em: EmitContext) -> None:
+    """After a persistent kernel's last tile: every consumer has waited on its last phase;
+    thread 0 invalidates the kept ring's barriers."""
+    kept = em.kept_ring
+    if kept is None:
+        return
+    assert em.smem is not None
+    plan = em.pipelines[kept.loop]
+    bars = em.shared.ring(kept.loop) + plan.stages * plan.stage_bytes
+    em.barrier()
+    for s in range(2 * plan.stages):
+        em.fb.ins(
+            "mbarrier.inval.shared::cta.b64", Addr(em.smem, bars + s * BARRIER), pred=kept.leader
+        )
+
+
 def split_warps(em: EmitContext) -> None:
     """After the preamble of a kernel with a warp-specialized loop: send the producer warp
-    group to its code (emitted after the body) and give the consumers their registers."""
+    group to its code (emitted after the body) and give the consumers their registers (and
+    in a persistent kernel, set up the ring kept across its tiles)."""
     plans = [p for p in em.pipelines.values() if p.ws is not None]
     if not plans:
         return
@@ -354,53 +409,123 @@ def split_warps(em: EmitContext) -> None:
     fb.ins("bra", producer, pred=go)
     fb.ins("setmaxnreg.inc.sync.aligned.u32", ws.consumer_regs)
     em.tails.append(lambda: _producer(em, plan, producer))
+    if em.persistent is not None and em.persistent.kept is plan.loop:
+        em.kept_ring = _ws_setup(em, plan)
 
 
 def _producer(em: EmitContext, plan: PipelinePlan, label: str) -> None:
     """The producer warp group's code: its thread `consumers` issues every iteration's boxes
-    into the stage the consumers handed back."""
+    into the stage the consumers handed back (in a persistent kernel, every iteration of
+    each of the block's tiles, the ring's state running on)."""
     ws, fb, loop = plan.ws, em.fb, plan.loop
     assert ws is not None and em.tid is not None and em.smem is not None
     fb.place(label)
     fb.ins("setmaxnreg.dec.sync.aligned.u32", PRODUCER_REGS)
     ring = em.shared.ring(loop)
     bars = ring + plan.stages * plan.stage_bytes
+    stage, bar, phase = fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
+    if em.persistent is not None and em.kept_ring is None:
+        _producer_per_tile(em, plan, (stage, bar, phase))
+        return
+    if em.kept_ring is None:
+        with em.scope({}):
+            for op in ws.producer_ops:  # the consumers' registers are not ours
+                em.emit_op(op)
+            bounds = [em.regs(v)[0] for v in loop.operands[:3]]
+            _producer_start(em, ws.threads, ws.consumers, ring, bars, (stage, bar, phase))
+            _produce(em, plan, bounds, (stage, bar, phase))
+        fb.ins("ret")
+        return
+    _producer_start(em, ws.threads, ws.consumers, ring, bars, (stage, bar, phase))
+    tw = emit_persistent.walk(em, "produce_tile")
     with em.scope({}):
-        for op in ws.producer_ops:  # the consumers' registers are not ours
+        for op in ws.producer_ops:  # this tile's bounds and box coordinates
             em.emit_op(op)
-        lo, hi, step = (em.regs(v)[0] for v in loop.operands[:3])
-        fb.ins("bar.sync", READY_BARRIER, ws.threads)  # the mbarriers are initialized
-        idle = fb.reg("pred")
+        _produce(em, plan, [em.regs(v)[0] for v in loop.operands[:3]], (stage, bar, phase))
+    emit_persistent.next_tile(em, tw, barrier=False)
+    fb.ins("ret")
+
+
+def _producer_per_tile(em: EmitContext, plan: PipelinePlan, state: tuple[Reg, ...]) -> None:
+    """A persistent kernel's producer where the ring is set up per tile: the whole warp
+    group walks the tiles, meets the consumers once they initialized the tile's barriers,
+    and its issuing thread fills the fresh ring for the tile's iterations."""
+    ws, fb, loop = plan.ws, em.fb, plan.loop
+    assert ws is not None and em.tid is not None and em.smem is not None
+    ring = em.shared.ring(loop)
+    bars = ring + plan.stages * plan.stage_bytes
+    stage, bar, phase = state
+    tw = emit_persistent.walk(em, "produce_tile")
+    with em.scope({}):
+        for op in ws.producer_ops:  # this tile's bounds and box coordinates
+            em.emit_op(op)
+        bounds = [em.regs(v)[0] for v in loop.operands[:3]]
+        fb.ins("bar.sync", READY_BARRIER, ws.threads)  # this tile's mbarriers are initialized
+        idle, issued = fb.reg("pred"), fb.new_label("tile_produced")
         fb.ins("setp.ne.u32", idle, em.tid, ws.consumers)
-        fb.ins("ret", pred=idle)
-        it, stage, bar, phase = fb.reg("b32"), fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
-        fb.ins("mov.u32", it, lo)
+        fb.ins("bra", issued, pred=idle)
         fb.ins("mov.u32", stage, ring)
         fb.ins("add.u32", bar, em.smem, bars)
-        fb.ins("mov.u32", phase, 1)  # a fresh barrier passes parity 1: round 0 goes on
-        top, end, done = fb.new_label("produce"), fb.new_label("produced"), fb.reg("pred")
-        fb.place(top)
-        fb.ins("setp.le.s32" if loop.descending else "setp.ge.s32", done, it, hi)
-        fb.ins("bra", end, pred=done)
-        free, again = fb.reg("pred"), fb.new_label("empty_wait")
-        fb.place(again)
-        empty = Addr(bar, plan.stages * BARRIER)
-        fb.ins("mbarrier.try_wait.parity.shared::cta.b64", free, empty, phase)
-        fb.ins("bra", again, pred=free, negate=True)
-        issue_boxes(em, loop, list(plan.loads), it, stage, bar)
-        wrap = fb.reg("pred")
-        fb.ins("add.u32", stage, stage, plan.stage_bytes)
-        fb.ins("add.u32", bar, bar, BARRIER)
-        fb.ins("setp.eq.u32", wrap, stage, bars)
-        fb.ins("selp.b32", stage, ring, stage, wrap)
-        first = fb.reg("b32")
-        fb.ins("add.u32", first, em.smem, bars)
-        fb.ins("selp.b32", bar, first, bar, wrap)
-        fb.ins("xor.b32", phase, phase, 1, pred=wrap)
-        fb.ins("add.s32", it, it, step)
-        fb.ins("bra", top)
-        fb.place(end)
-        fb.ins("ret")
+        fb.ins("mov.u32", phase, 1)  # fresh barriers pass parity 1: round 0 goes on
+        _produce(em, plan, bounds, state)
+        fb.place(issued)
+    emit_persistent.next_tile(em, tw, barrier=False)
+    fb.ins("ret")
+
+
+def _producer_start(
+    em: EmitContext, threads: int, consumers: int, ring: int, bars: int, state: tuple[Reg, ...]
+) -> None:
+    """Once the mbarriers are initialized, every producer thread but `consumers` exits; the
+    ring's write state starts at stage 0, on parity 1 (a fresh barrier passes it)."""
+    fb = em.fb
+    assert em.tid is not None and em.smem is not None
+    stage, bar, phase = state
+    fb.ins("bar.sync", READY_BARRIER, threads)  # the mbarriers are initialized
+    idle = fb.reg("pred")
+    fb.ins("setp.ne.u32", idle, em.tid, consumers)
+    fb.ins("ret", pred=idle)
+    fb.ins("mov.u32", stage, ring)
+    fb.ins("add.u32", bar, em.smem, bars)
+    fb.ins("mov.u32", phase, 1)  # a fresh barrier passes parity 1: round 0 goes on
+
+
+def _produce(
+    em: EmitContext, plan: PipelinePlan, bounds: list[Reg], state: tuple[Reg, ...]
+) -> None:
+    """(The issuing thread:) for each iteration from `bounds` (lo, hi, step): wait for the
+    stage back (its empty barrier), expect its bytes and issue its boxes; the stage, its
+    barrier and the parity (`state`) advance around the ring."""
+    fb, loop = em.fb, plan.loop
+    assert em.smem is not None
+    ring = em.shared.ring(loop)
+    bars = ring + plan.stages * plan.stage_bytes
+    stage, bar, phase = state
+    lo, hi, step = bounds
+    it = fb.reg("b32")
+    fb.ins("mov.u32", it, lo)
+    top, end, done = fb.new_label("produce"), fb.new_label("produced"), fb.reg("pred")
+    fb.place(top)
+    fb.ins("setp.le.s32" if loop.descending else "setp.ge.s32", done, it, hi)
+    fb.ins("bra", end, pred=done)
+    free, again = fb.reg("pred"), fb.new_label("empty_wait")
+    fb.place(again)
+    empty = Addr(bar, plan.stages * BARRIER)
+    fb.ins("mbarrier.try_wait.parity.shared::cta.b64", free, empty, phase)
+    fb.ins("bra", again, pred=free, negate=True)
+    issue_boxes(em, loop, list(plan.loads), it, stage, bar)
+    wrap = fb.reg("pred")
+    fb.ins("add.u32", stage, stage, plan.stage_bytes)
+    fb.ins("add.u32", bar, bar, BARRIER)
+    fb.ins("setp.eq.u32", wrap, stage, bars)
+    fb.ins("selp.b32", stage, ring, stage, wrap)
+    first = fb.reg("b32")
+    fb.ins("add.u32", first, em.smem, bars)
+    fb.ins("selp.b32", bar, first, bar, wrap)
+    fb.ins("xor.b32", phase, phase, 1, pred=wrap)
+    fb.ins("add.s32", it, it, step)
+    fb.ins("bra", top)
+    fb.place(end)
 
 
 @dataclass
@@ -416,24 +541,13 @@ class WsPipeline(TmaPipeline):
         em, fb = self.em, self.em.fb
         assert em.smem is not None and em.tid is not None
         self.iv, self.step = iv, step
-        self.leader, self.lane0, self.started = fb.reg("pred"), fb.reg("pred"), fb.reg("pred")
-        fb.ins("setp.eq.u32", self.leader, em.tid, 0)
-        lane = fb.reg("b32")
-        fb.ins("and.b32", lane, em.tid, 31)
-        fb.ins("setp.eq.u32", self.lane0, lane, 0)
-        fb.ins("setp.ne.u32", self.started, em.tid, em.tid)  # false
         self.bars = self.ring + self.stages * self.stage_bytes
-        for s in range(2 * self.stages):
-            count = 1 if s < self.stages else em.consumers // 32
-            fb.ins("mbarrier.init.shared::cta.b64", self._bar(s), count, pred=self.leader)
-        fb.ins("fence.proxy.async.shared::cta")
-        fb.ins("bar.sync", READY_BARRIER, em.consumers + PRODUCER_THREADS)
-        self.read = fb.reg("b32")
-        fb.ins("mov.u32", self.read, self.ring)
-        self.bar_read, self.bar_prev, self.phase = fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
-        fb.ins("add.u32", self.bar_read, em.smem, self.bars)
-        fb.ins("mov.u32", self.bar_prev, self.bar_read)
-        fb.ins("mov.u32", self.phase, 0)
+        # Kept across a persistent kernel's tiles: set up once, its state running on.
+        ring = em.kept_ring if em.kept_ring is not None else _ws_setup(em, em.pipelines[self.loop])
+        self.leader, self.lane0, self.phase = ring.leader, ring.lane0, ring.phase
+        self.read, self.bar_read, self.bar_prev = ring.read, ring.bar_read, ring.bar_prev
+        self.started = fb.reg("pred")
+        fb.ins("setp.ne.u32", self.started, em.tid, em.tid)  # false: nothing to hand back
         self._enter_body()
 
     def top(self) -> None:
@@ -464,6 +578,17 @@ class WsPipeline(TmaPipeline):
     def drain(self) -> None:
         em = self.em
         em.fb.ins("wgmma.wait_group.sync.aligned", 0)  # the accumulators are final
+        if em.kept_ring is not None:
+            # The ring lives on: the stage the last iteration read goes back to the producer
+            # (the next tile's copies go on; `release_kept` invalidates at the end).
+            assert self.started is not None and self.lane0 is not None
+            assert self.bar_prev is not None
+            go = em.fb.reg("pred")
+            em.fb.ins("and.pred", go, self.started, self.lane0)
+            empty = Addr(self.bar_prev, self.stages * BARRIER)
+            em.fb.ins("mbarrier.arrive.shared::cta.b64", "_", empty, pred=go)
+            em.scratch_floor, em.scratch = self.outer_scratch
+            return
         em.barrier()  # every consumer has waited on its last phase
         for s in range(2 * self.stages):
             em.fb.ins("mbarrier.inval.shared::cta.b64", self._bar(s), pred=self.leader)

@@ -32,6 +32,12 @@ class LoweredKernel:
     #: What the planning passes decided (None for a kernel read back from the disk cache).
     plan: LoweringPlan | None = field(default=None, compare=False, repr=False)
 
+    @property
+    def persistent(self) -> bool:
+        """Whether blocks walk the tiles of a logical grid passed as parameters (a launch
+        starts about one wave of blocks: `host.launch.prepare_lowered`)."""
+        return any(p.what == "grid" for p in self.params)
+
 
 def plan_and_emit(kernel: Kernel, target: Target) -> tuple[LoweringPlan, Emitter]:
     """The plan of `kernel` for `target` and the emitter that carried it out, its body
@@ -43,6 +49,7 @@ def plan_and_emit(kernel: Kernel, target: Target) -> tuple[LoweringPlan, Emitter
     em = Emitter(
         kernel, plan.layouts, fb, target, uses, plan.pipelines, plan.fragment_plan, plan.shared
     )
+    em.persistent = plan.persistent
     em.preamble()
     em.region(kernel.body)
     em.finish()

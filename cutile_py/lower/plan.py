@@ -25,6 +25,7 @@ from cutile_py.lower.assign_fragments import (
     find_families,
 )
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan, plan_layouts
+from cutile_py.lower.plan_persistent import Persistence, plan_persistent
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad, plan_pipelines
 from cutile_py.ptx.target import Target
 
@@ -39,6 +40,8 @@ class LoweringPlan:
     fragment_plan: FragmentPlan
     #: Where the pipelines' rings and resident operand tiles lie, and for how long.
     shared: SharedPlan
+    #: How a persistent kernel walks its tiles (None: one block per tile).
+    persistent: Persistence | None = None
 
     @property
     def block_threads(self) -> int:
@@ -67,8 +70,20 @@ def plan_lowering(kernel: o.Kernel, target: Target, uses: DefUse) -> LoweringPla
     """Run the planning passes over a verified kernel."""
     layouts, fragments = assign_layouts(kernel, target, uses)
     pipelines = plan_pipelines(kernel, layouts, target, uses, fragments)
-    shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target)
-    return LoweringPlan(target, layouts, MappingProxyType(pipelines), fragments, shared)
+    persist = plan_persistent(kernel, pipelines)
+    kept = persist.kept if persist is not None else None
+    if kept is not None:
+        shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target, kept, False)
+        if shared.total > target.max_shared_bytes:
+            # The ring kept across tiles leaves too little for the scratch past it: the ring
+            # is set up per tile instead, the scratch over it.
+            persist = plan_persistent(kernel, pipelines, (shared.total, target.max_shared_bytes))
+            kept = None
+    if kept is None:
+        shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target)
+    return LoweringPlan(
+        target, layouts, MappingProxyType(pipelines), fragments, shared, persistent=persist
+    )
 
 
 def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
@@ -160,12 +175,18 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
         lines += ["memory access layouts:", *memory]
     if pipes:
         lines += ["pipelines:", *pipes]
+    if plan.persistent is not None:
+        kept = plan.persistent.kept
+        lines += plan.persistent.describe(loop_name(kept) if kept is not None else "")
     shared = []
     for r in plan.shared.regions:
         what = "ring" if r.value is None else f"{names[r.value]} ({'AB'[r.which]} operand)"
         span = f"[{r.offset}, {r.offset + r.nbytes})"
         first, last = plan.shared.live(r)
-        shared.append(f"  {what}: {span} while for {loop_name(r.loop)} runs (steps {first}-{last})")
+        when = f"while for {loop_name(r.loop)} runs (steps {first}-{last})"
+        if plan.persistent is not None and plan.persistent.kept is r.loop:
+            when = "across tiles, the whole kernel"
+        shared.append(f"  {what}: {span} {when}")
     for b in plan.shared.scratch.values():
         span = f"[{b.offset}, {b.offset + b.nbytes})"
         user = _scratch_user(b.op, b.moment, names, loop_name)

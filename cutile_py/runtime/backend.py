@@ -330,6 +330,12 @@ class Backend(ABC):
         sim. ValueError names an argument that breaks the driver's documented rules."""
         raise RuntimeFailure(f"the {self.name} backend has no tensor maps")
 
+    def resident_blocks(self, kernel: LoadedKernel, threads: int, shared_mem: int) -> int:
+        """How many blocks of `kernel` (`threads` threads, `shared_mem` bytes of dynamic
+        shared memory each) the device runs at once: its SMs times the blocks one SM holds
+        (the size of a persistent grid)."""
+        raise RuntimeFailure(f"the {self.name} backend does not run persistent kernels")
+
     def prepare(
         self,
         kernel: LoadedKernel,

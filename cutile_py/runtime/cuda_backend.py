@@ -906,6 +906,22 @@ class CudaBackend(Backend):
 
     # --- launches ---------------------------------------------------------------------------
 
+    def resident_blocks(self, kernel: LoadedKernel, threads: int, shared_mem: int) -> int:
+        if not isinstance(kernel, CudaKernel):
+            raise TypeError(f"the cuda backend cannot size a {type(kernel).__name__}")
+        self.activate()
+        try:
+            # The query counts no block whose dynamic shared memory the function does not
+            # allow yet (a launch allows it first, too).
+            if shared_mem > kernel.max_dynamic_shared:
+                cu.set_max_dynamic_shared(kernel.function, shared_mem)
+                kernel.max_dynamic_shared = shared_mem
+            per_sm = cu.blocks_per_sm(kernel.function, threads, shared_mem)
+            sms = cu.sm_count(self.ordinal)
+        except cu.CudaDriverError as e:
+            raise self._failure(f"kernel {kernel.name!r}", e) from e
+        return max(1, per_sm) * max(1, sms)
+
     def prepare(
         self,
         kernel: LoadedKernel,

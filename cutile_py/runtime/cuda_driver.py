@@ -207,6 +207,27 @@ def max_shared_optin(ordinal: int = 0) -> int:
     return int(_check("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(attr, _device(ordinal))))
 
 
+def sm_count(ordinal: int = 0) -> int:
+    """The device's streaming multiprocessors."""
+    cu = _cu()
+    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    return int(_check("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(attr, _device(ordinal))))
+
+
+def blocks_per_sm(function: Function, threads: int, dynamic_shared: int) -> int:
+    """How many blocks of `function` (of `threads` threads and `dynamic_shared` bytes of
+    dynamic shared memory) one SM holds at once: the driver's occupancy query (registers,
+    shared memory and threads of the compiled kernel)."""
+    return int(
+        _check(
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+            _cu().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                function.raw, threads, dynamic_shared
+            ),
+        )
+    )
+
+
 def device_name(ordinal: int = 0) -> str:
     raw = _check("cuDeviceGetName", _cu().cuDeviceGetName(256, _device(ordinal)))
     return bytes(raw).split(b"\x00", 1)[0].decode(errors="replace")

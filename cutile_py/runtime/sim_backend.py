@@ -45,6 +45,10 @@ def race_check_default() -> bool:
     return os.environ.get("CUTILE_PY_SIM_RACECHECK", "1").strip() not in ("0", "false", "no")
 
 
+#: The simulated device's SMs (`SimBackend.sm_count`).
+SIM_SMS = 3
+
+
 class SimKernel(LoadedKernel):
     def __init__(self, name: str, program: Program) -> None:
         self.name = name
@@ -77,6 +81,9 @@ class SimBackend(Backend):
         self._lock = threading.Lock()
         #: Releases of memory made while a launch held the memory map (see `_release`).
         self._due: list[int] = []
+        #: SMs the simulated device has, one block each: few, so that a persistent grid
+        #: gives each block several tiles (`resident_blocks`).
+        self.sm_count = SIM_SMS
 
     @property
     def target(self) -> Target:
@@ -173,6 +180,9 @@ class SimBackend(Backend):
                 raise RuntimeFailure(f"the simulator cannot load kernel {name!r}: {e}") from e
             kernel = self._kernels[(key, name)] = SimKernel(name, program)
             return kernel
+
+    def resident_blocks(self, kernel: LoadedKernel, threads: int, shared_mem: int) -> int:
+        return self.sm_count
 
     def launch(
         self,

@@ -79,6 +79,11 @@ class FakeDriver:
         self.functions: dict[int, str] = {}
         self.max_shared: dict[int, int] = {}
         self.shared_optin = 227 * 1024  # an H200's opt-in shared memory per block
+        self.sms = 132  # an H200's SMs
+        #: Blocks one SM holds (the occupancy query), and the (kernel, threads, dynamic
+        #: shared memory) it was asked for.
+        self.blocks_per_sm = 2
+        self.occupancy_asked: list[tuple[str, int, int]] = []
         #: A stream capture in progress, and whether an unsafe call has invalidated it.
         self.in_capture = False
         self.capture_invalidated = False
@@ -118,6 +123,8 @@ class FakeDriver:
 
     def cuDeviceGetAttribute(self, attr: object, dev: int) -> tuple[object, ...]:
         major = attr == self.real.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+        if attr == self.real.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+            return self._ok("cuDeviceGetAttribute", self.sms)
         if (
             attr
             == self.real.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
@@ -221,6 +228,14 @@ class FakeDriver:
 
     def cuFuncGetAttribute(self, attr: object, fn: int) -> tuple[object, ...]:
         return self._ok("cuFuncGetAttribute", self.max_shared[fn])
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        self, fn: int, threads: int, shared: int
+    ) -> tuple[object, ...]:
+        self.occupancy_asked.append((self.functions[fn], threads, shared))
+        # As the driver: no block fits with more dynamic shared memory than it allows.
+        blocks = self.blocks_per_sm if shared <= self.max_shared[fn] else 0
+        return self._ok("cuOccupancyMaxActiveBlocksPerMultiprocessor", blocks)
 
     def cuFuncSetAttribute(self, fn: int, attr: object, value: int) -> tuple[object, ...]:
         self.max_shared[fn] = value

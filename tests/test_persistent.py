@@ -1,0 +1,503 @@
+"""Persistent grids (`@ct.kernel(persistent=True)`, `plan_persistent`, `emit_persistent`): a
+wave of blocks walks the logical grid's tiles in the (L2-grouped) order a launch would own
+them. On the simulator (a device of `SimBackend.sm_count` SMs, race checks on) with more
+tiles than blocks and a last round in which some blocks have none: element-wise, sm_80
+mma.sync and sm_90 TMA + wgmma GEMMs, the warp-specialized ring kept across tiles (level 2)
+or set up per tile, a planted protocol bug, the plan text and sm_90a SASS."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import pytest
+
+import cutile_py as ct
+from cutile_py import Dyn, Mut, Tensor, bf16, f16, f32
+from cutile_py.host import jit_disk
+from cutile_py.host.kernel import COMPILER_VERSION
+from cutile_py.host.launch import ParamReader
+from cutile_py.ir.dtypes import round_to
+from cutile_py.ir.printer import print_kernel
+from cutile_py.lower import emit_tma
+from cutile_py.lower.pipeline import lower_kernel
+from cutile_py.lower.plan import format_plan
+from cutile_py.ptx.target import Target
+from cutile_py.runtime.backend import LaunchFailure, ParamValue
+from cutile_py.runtime.nvjitlink import assemble, nvjitlink_available
+from cutile_py.runtime.sass import SassUnavailable, disassemble, instructions
+from cutile_py.runtime.sim_backend import SimBackend
+from cutile_py_kernels import autotune
+from cutile_py_kernels.gemm import _gemm_kernel
+from tests.support.active_sim import activate_sim, backends_restored
+
+B = TypeVar("B")
+BM = TypeVar("BM")
+BN = TypeVar("BN")
+SM80, SM90 = Target(80), Target(90)
+
+
+@pytest.fixture
+def restore_backends() -> Iterator[None]:
+    with backends_restored():
+        yield
+
+
+def _sim(target: Target, sms: int, **options: Any) -> SimBackend:
+    backend = activate_sim(target, **options)
+    backend.sm_count = sms
+    return backend
+
+
+def _blocks_launched(kernel: Any, backend: SimBackend) -> tuple[int, int, int]:
+    """The grid the kernel's (only) launch plan on `backend` started."""
+    (plan,) = kernel._plans[backend].values()
+    grid: tuple[int, int, int] = plan.launch.grid
+    return grid
+
+
+@ct.kernel(persistent=True)
+def tagged_add(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn], y: Tensor[f32, Dyn]) -> None:
+    """z = x + y + 1000 * bid + 100000 * num_blocks: the logical tile's values."""
+    tx = ct.load_tile_like(x, z)
+    ty = ct.load_tile_like(y, z)
+    z.store(tx + ty + ct.bid(0) * 1000.0 + ct.num_blocks(0) * 100000.0)
+
+
+@pytest.mark.parametrize("sms", [1, 3, 20])
+def test_elementwise_walks_every_tile_once(
+    sms: int, rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """8 tiles (the last ragged) over 1, 3 (rounds of 3, 3, 2: a block has none in the last)
+    or 20 SMs (8 blocks: no more than tiles); `ct.bid` / `ct.num_blocks` are the tile's."""
+    sim = _sim(SM80, sms)
+    n = 64 * 7 + 5
+    x = rng.standard_normal(n).astype(np.float32)
+    y = rng.standard_normal(n).astype(np.float32)
+    z = ct.full((n,), np.nan)
+    res, *_ = tagged_add(z.partition((64,)), ct.from_numpy(x), ct.from_numpy(y)).sync()
+    want = (x + y) + (np.arange(n) // 64) * 1000.0 + 8 * 100000.0
+    np.testing.assert_allclose(res.unpartition().to_numpy(), want.astype(np.float32), rtol=1e-6)
+    assert _blocks_launched(tagged_add, sim) == (min(8, sms), 1, 1)
+
+
+@ct.kernel(persistent=True, group_m=2)
+def tile_ids(z: Mut[Tensor[f32, B, B]]) -> None:
+    """Each tile holds its own (bid(0), bid(1)) and the grid's sizes."""
+    tag = ct.bid(0) * 1000 + ct.bid(1) * 10 + ct.num_blocks(0) * 100000 + ct.num_blocks(1)
+    z.store(ct.full((z.shape[0], z.shape[1]), 0.0, f32) + tag * 1.0)
+
+
+def test_tiles_keep_their_owner_in_the_grouped_order(restore_backends: Any) -> None:
+    """A 5 x 3 grid of tiles over 4 blocks (rounds 4, 4, 4, 3): every tile is written whole
+    by the block that walks it, with its own indices: the same tiles as a launched grid."""
+    sim = _sim(SM80, 4)
+    res, *_ = tile_ids(ct.full((5 * 16, 3 * 16 - 5), np.nan).partition((16, 16))).sync()
+    got = res.unpartition().to_numpy()
+    rows, cols = np.indices(got.shape) // 16
+    np.testing.assert_array_equal(got, rows * 1000 + cols * 10 + 5 * 100000 + 3)
+    assert _blocks_launched(tile_ids, sim) == (4, 1, 1)
+
+
+def _gemm(dt: type[ct.DType], stages: int, group_m: int | None, ws: bool) -> Any:
+    if not TYPE_CHECKING:
+        Elem = dt  # named by the annotations below
+
+    @ct.kernel(stages=stages, group_m=group_m, warp_specialize=ws, persistent=True)
+    def gemm(
+        c: Mut[Tensor[f32, BM, BN]],
+        a: Tensor[Elem, Dyn, Dyn],
+        b: Tensor[Elem, Dyn, Dyn],
+        BK: ct.Constant[int],
+    ) -> None:
+        acc: ct.Tile = ct.zeros((c.shape[0], c.shape[1]), f32)
+        for kk in range(ct.num_tiles(a, 1, BK)):
+            ta = ct.load(a, (ct.bid(0), kk), (c.shape[0], BK))
+            tb = ct.load(b, (kk, ct.bid(1)), (BK, c.shape[1]))
+            acc = ct.mma(ta, tb, acc)
+        c.store(acc)
+
+    return gemm
+
+
+def _operand(rng: np.random.Generator, shape: tuple[int, ...], dt: type[ct.DType]) -> Any:
+    x = round_to(rng.standard_normal(shape).astype(np.float32), dt)
+    return x.astype(np.float64), ct.from_numpy(x, dt)
+
+
+def _check(c: Any, want: np.ndarray) -> None:
+    got = c.unpartition().to_numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def _run_gemm(
+    kernel: Any, rng: np.random.Generator, dt: type[ct.DType], mnk: tuple[int, int, int],
+    tile: tuple[int, int], bk: int,
+) -> None:  # fmt: skip
+    m, n, k = mnk
+    a, ta = _operand(rng, (m, k), dt)
+    b, tb = _operand(rng, (k, n), dt)
+    out = ct.full((m, n), np.nan).partition(tile)
+    res, *_ = kernel(out, ta, tb, bk).sync()
+    _check(res, a @ b)
+
+
+@pytest.mark.parametrize("dt", [f16, bf16], ids=lambda d: d.name)
+@pytest.mark.parametrize("group_m", [None, 3])
+def test_sm80_mma_sync_gemm(
+    dt: type[ct.DType], group_m: int | None, rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """Level 1 on sm_80: a cp.async ring set up and drained per tile; ragged M, N, K,
+    5 x 4 tiles over 3 blocks (the last round has 2), two warp schedules."""
+    sim = _sim(SM80, 3, schedules=2)
+    kernel = _gemm(dt, 3, group_m, False)
+    _run_gemm(kernel, rng, dt, (300, 200, 72), (64, 64), 32)
+    assert _blocks_launched(kernel, sim) == (3, 1, 1)
+    assert "mma.sync" in kernel.ptx(
+        ct.PartitionSpec((300, 200), (64, 64), f32),
+        ct.TensorSpec((300, 72), dt),
+        ct.TensorSpec((72, 200), dt),
+        32,
+        target=SM80,
+    )
+
+
+@pytest.mark.parametrize("dt", [f16, bf16], ids=lambda d: d.name)
+def test_sm90_tma_ring_per_tile(
+    dt: type[ct.DType], rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """Level 1 on sm_90 without specialization: the TMA ring's mbarriers initialized and
+    invalidated per tile; 3 x 4 tiles over 5 blocks (the last round has 2)."""
+    _sim(SM90, 5, schedules=2)
+    kernel = _gemm(dt, 3, 2, False)
+    _run_gemm(kernel, rng, dt, (300, 200, 104), (128, 64), 32)
+
+
+WS_SHAPES = [(300, 264, 104), (130, 200, 72)]
+
+
+@pytest.mark.parametrize("dt", [f16, bf16], ids=lambda d: d.name)
+@pytest.mark.parametrize("mnk", WS_SHAPES)
+def test_sm90_ws_ring_kept_across_tiles(
+    dt: type[ct.DType], mnk: tuple[int, int, int], rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """Level 2: the full/empty mbarriers initialized once per block, phases running on
+    across tiles (4 or 3 K steps over 3 stages: tiles start at different stages), the
+    producer filling the next tile's stages during this one's epilogue. 3 x 5 or 2 x 4
+    tiles over 4 blocks (the last round has 3 or none missing), three warp schedules, race
+    checks on."""
+    sim = _sim(SM90, 4, schedules=3)
+    kernel = _gemm(dt, 3, 2, True)
+    m, n, k = mnk
+    spec = (ct.PartitionSpec((m, n), (128, 64), f32), ct.TensorSpec((m, k), dt))
+    compiled = kernel.compile(*spec, ct.TensorSpec((k, n), dt), 32, target=SM90)
+    assert compiled.lowered is not None and compiled.lowered.plan is not None
+    ptx = compiled.lowered.ptx
+    assert compiled.lowered.plan.persistent is not None
+    assert compiled.lowered.plan.persistent.kept is not None
+    # Once per block, not per tile: 3 full and 3 empty barriers.
+    assert ptx.count("mbarrier.init.shared::cta.b64") == 6
+    assert ptx.count("mbarrier.inval.shared::cta.b64") == 6
+    assert ptx.count("setmaxnreg.dec") == 1
+    _run_gemm(kernel, rng, dt, mnk, (128, 64), 32)
+    assert _blocks_launched(kernel, sim) == (4, 1, 1)
+
+
+@pytest.mark.parametrize("dt", [f16, bf16], ids=lambda d: d.name)
+def test_library_candidates_run_persistent(
+    dt: type[ct.DType], rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """The tuner's persistent candidates (warp-specialized; 128 x 256 and 256 x 128 with
+    the ring set up per tile, the epilogue's accumulator band over it; 128 x 128 with the
+    ring kept) at ragged M, N, K: 3 x 2, 2 x 3 and 3 x 3 tiles over 4 blocks (in the last
+    round 2 or 3 blocks have none)."""
+    _sim(SM90, 4, schedules=2)
+    kept = {}
+    for bm, bn, stages in autotune.PERSISTENT:
+        kernel = _gemm_kernel(dt, f32, False, False, stages, None, 2, True, True)
+        _run_gemm(kernel, rng, dt, (300, 264, 200), (bm, bn), 64)
+        spec = (ct.PartitionSpec((300, 264), (bm, bn), f32), ct.TensorSpec((300, 200), dt))
+        lowered = kernel.compile(*spec, ct.TensorSpec((200, 264), dt), 64).lowered
+        assert lowered is not None and lowered.plan is not None
+        assert lowered.plan.persistent is not None
+        kept[bm, bn] = lowered.plan.persistent.kept is not None
+        assert lowered.ptx.count("setmaxnreg.dec") == 1
+    assert kept == {(128, 256): False, (256, 128): False, (128, 128): True}
+
+
+def _reset_phase_per_tile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plant the bug of a persistent ring that restarts per tile: each tile's loop waits
+    from stage 0 on parity 0 again, while the producer runs on."""
+    prologue = emit_tma.WsPipeline.prologue
+
+    def restart(self: Any, iv: Any, step: Any) -> None:
+        prologue(self, iv, step)
+        fb = self.em.fb
+        fb.ins("mov.u32", self.phase, 0)
+        fb.ins("mov.u32", self.read, self.ring)
+        fb.ins("add.u32", self.bar_read, self.em.smem, self.bars)
+
+    monkeypatch.setattr(emit_tma.WsPipeline, "prologue", restart)
+
+
+def test_a_phase_reset_per_tile_is_reported(
+    rng: np.random.Generator, restore_backends: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = _sim(SM90, 1)
+    m, n, k = 256, 128, 128  # 4 tiles, 4 K steps over 3 stages, one block walks them all
+    a, ta = _operand(rng, (m, k), f16)
+    b, tb = _operand(rng, (k, n), f16)
+    c = ct.zeros((m, n), f32).partition((128, 64))
+    compiled = _gemm(f16, 3, None, True).compile(c, ta, tb, 32, target=SM90)
+    good = compiled.lowered
+    assert good is not None
+    _reset_phase_per_tile(monkeypatch)
+    broken = lower_kernel(compiled.ir, SM90)
+    assert broken.ptx != good.ptx
+    reader = ParamReader(good)
+    raw = reader([c, ta, tb, 32], sim, grid=(2, 2, 1))
+    values = [ParamValue(t, v) for t, v in zip(reader.ptypes, raw)]
+
+    def launch(ptx: str) -> Any:
+        kernel = sim.load_kernel(ptx, good.entry)
+        return sim.launch(kernel, (1, 1, 1), (good.block_threads, 1, 1),
+                          good.dynamic_shared, values)  # fmt: skip
+
+    launch(good.ptx).wait()
+    _check(c, a @ b)
+    # The consumers wait on stage 0's full barrier for a phase the producer, running on at
+    # stage 1, never fills; the producer waits for a stage no consumer hands back.
+    with pytest.raises(LaunchFailure, match="a deadlock: no thread of the batch can go on"):
+        launch(broken.ptx).wait()
+
+
+def test_the_plan_says_what_wraps_what() -> None:
+    dt = f16
+    spec = (
+        ct.PartitionSpec((512, 512), (128, 64), f32),
+        ct.TensorSpec((512, 256), dt),
+        ct.TensorSpec((256, 512), dt),
+    )
+    kept = _gemm(dt, 3, 8, True).compile(*spec, 32, target=SM90)
+    assert kept.lowered is not None and kept.lowered.plan is not None
+    text = format_plan(kept.ir, kept.lowered.plan)
+    assert "persistent: one wave of blocks; block b runs the body for tiles b" in text
+    assert "L2-grouped by group_m=8; a block barrier between tiles; the whole body" in text
+    assert "ring of for %" in text and "kept across tiles: its mbarriers initialized once" in text
+    assert "ring: [0, 36992) across tiles, the whole kernel" in text
+    assert "accumulator band of for %11 (leave): [36992, " in text  # past the ring
+    assert " persistent {" in print_kernel(kept.ir)
+    plain = _gemm(dt, 3, None, False).compile(*spec, 32, target=SM90)
+    assert plain.lowered is not None and plain.lowered.plan is not None
+    text = format_plan(plain.ir, plain.lowered.plan)
+    assert "in launch order; a block barrier between tiles" in text
+    assert "rings set up and drained per tile: no warp-specialized loop" in text
+    big = _gemm_kernel(dt, f32, False, False, 3, None, 8, True, True)
+    spec_big = (ct.PartitionSpec((4096, 4096), (128, 256), f32), *spec[1:])
+    lib = big.compile(*spec_big, 64, target=SM90)
+    assert lib.lowered is not None and lib.lowered.plan is not None
+    text = format_plan(lib.ir, lib.lowered.plan)
+    assert "rings set up and drained per tile: the warp-specialized ring kept across" in text
+    assert "warp specialized: consumers" in text
+
+
+def test_the_option_is_checked_and_keyed() -> None:
+    with pytest.raises(TypeError, match="persistent must be a bool, got 1"):
+        ct.kernel(persistent=1)(tagged_add.fn)  # type: ignore[arg-type]
+    spec = (ct.PartitionSpec((256,), (64,), f32), ct.TensorSpec((256,), f32))
+    one = tagged_add.compile(*spec, spec[1], target=SM80)
+    other = ct.kernel(tagged_add.fn).compile(*spec, spec[1], target=SM80)
+    assert one.lowered is not None and other.lowered is not None
+    assert "grid0" in one.lowered.ptx and "grid0" not in other.lowered.ptx
+    assert one.lowered.persistent and not other.lowered.persistent
+    keys = [
+        jit_disk.disk_key(
+            captured=tagged_add.captured,
+            qualname="q",
+            spec=None,
+            target=SM80,
+            fast_math=False,
+            compiler=COMPILER_VERSION,
+            persistent=p,
+        )
+        for p in (False, True)
+    ]
+    assert keys[0] != keys[1]
+
+
+def test_interpret_runs_a_persistent_kernel_as_launched(
+    rng: np.random.Generator, restore_backends: Any
+) -> None:
+    ct.set_backend("interpret")
+    n = 64 * 3 + 1
+    x = rng.standard_normal(n).astype(np.float32)
+    z = ct.full((n,), np.nan)
+    res, *_ = tagged_add(z.partition((64,)), ct.from_numpy(x), ct.from_numpy(x)).sync()
+    want = 2 * x + (np.arange(n) // 64) * 1000.0 + 4 * 100000.0
+    np.testing.assert_allclose(res.unpartition().to_numpy(), want.astype(np.float32), rtol=1e-6)
+
+
+@pytest.mark.skipif(not nvjitlink_available(), reason="the nvJitLink library cannot be loaded")
+@pytest.mark.parametrize("bm,bn,stages", autotune.PERSISTENT)
+def test_persistent_ws_gemm_sass_has_no_spills(bm: int, bn: int, stages: int) -> None:
+    kernel = _gemm_kernel(bf16, bf16, False, False, stages, None, 8, True, True)
+    spec = (
+        ct.PartitionSpec((8192, 8192), (bm, bn), bf16),
+        ct.TensorSpec((8192, 8192), bf16),
+        ct.TensorSpec((8192, 8192), bf16),
+    )
+    ptx = kernel.ptx(*spec, 64, target=SM90)
+    assert "setmaxnreg.dec" in ptx and ".param .u32 grid0" in ptx
+    report = assemble(ptx, SM90)
+    assert report.spill_stores == 0 and report.spill_loads == 0, report.info_log
+    try:
+        ops = [i.split()[0] for i in instructions(disassemble(report.cubin)) if i.split()]
+    except SassUnavailable as e:
+        pytest.skip(str(e))
+    assert any(op.startswith("HGMMA") for op in ops)
+    assert any(op.startswith("UTMALDG") for op in ops)
+
+
+def test_read_back_from_the_disk_cache(
+    rng: np.random.Generator,
+    restore_backends: Any,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The grid parameters are in the stored parameter map: a kernel read back from disk
+    (no plan, no IR) still launches one wave and walks the tiles."""
+    from cutile_py.host import kernel as kmod
+
+    monkeypatch.setenv("CUTILE_PY_CACHE_DIR", str(tmp_path / "cache"))
+    spec = (ct.PartitionSpec((700,), (64,), f32), ct.TensorSpec((700,), f32))
+    tagged_add.compile(*spec, spec[1], target=SM80)
+    kmod._CACHE.clear()  # as if in a new process
+    before = ct.cache_info().disk_hits
+    sim = _sim(SM80, 3)
+    x = rng.standard_normal(700).astype(np.float32)
+    res, *_ = tagged_add(ct.full((700,), np.nan).partition((64,)), ct.from_numpy(x),
+                         ct.from_numpy(x)).sync()  # fmt: skip
+    assert ct.cache_info().disk_hits == before + 1
+    want = 2 * x + (np.arange(700) // 64) * 1000.0 + 11 * 100000.0
+    np.testing.assert_allclose(res.unpartition().to_numpy(), want.astype(np.float32), rtol=1e-6)
+    assert _blocks_launched(tagged_add, sim) == (3, 1, 1)
+
+
+R = TypeVar("R")
+C = TypeVar("C")
+
+
+@ct.kernel(persistent=True, num_warps=4)
+def centered_rows(z: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn]) -> None:
+    """z = x - max(x) per row: the row maximum crosses warps through shared memory, which
+    the next tile's reduction reuses."""
+    t = ct.load_tile_like(x, z)
+    z.store(t - ct.max(t, axis=1, keepdims=True))
+
+
+def _rows(rng: np.random.Generator, sim: SimBackend) -> tuple[Any, np.ndarray]:
+    x = rng.standard_normal((37, 900)).astype(np.float32)
+    res, *_ = centered_rows(ct.full((37, 900), np.nan).partition((4, 1024)),
+                            ct.from_numpy(x)).sync()  # fmt: skip
+    return res, x - x.max(axis=1, keepdims=True)
+
+
+def test_row_kernel_reuses_shared_memory_between_tiles(
+    rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """10 row tiles (the last ragged, and 900 of 1024 columns) over 3 blocks, two warp
+    schedules, race checks on: one tile's cross-warp reduction reuses the shared memory of
+    the previous one's."""
+    sim = _sim(SM80, 3, schedules=2)
+    res, want = _rows(rng, sim)
+    np.testing.assert_array_equal(res.unpartition().to_numpy(), want)
+    assert _blocks_launched(centered_rows, sim) == (3, 1, 1)
+
+
+def test_an_empty_k_loop_keeps_the_ring_in_step(
+    rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """K = 0: no tile issues or awaits a stage (nothing to hand back), every tile is zeros."""
+    _sim(SM90, 2)
+    kernel = _gemm(f16, 3, None, True)
+    _, ta = _operand(rng, (300, 0), f16)
+    _, tb = _operand(rng, (0, 130), f16)
+    res, *_ = kernel(ct.full((300, 130), np.nan).partition((128, 64)), ta, tb, 32).sync()
+    assert (res.unpartition().to_numpy() == 0).all()
+
+
+def test_the_cuda_backend_sizes_the_wave_by_occupancy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a stand-in driver: SMs x the blocks the occupancy query allows for the kernel's
+    threads and dynamic shared memory (allowed first: the driver counts no block past the
+    function's limit), at most one block per tile."""
+    from cutile_py.host.launch import prepare_lowered
+    from cutile_py.runtime import cuda_driver as cu
+    from cutile_py.runtime.cuda_backend import CudaBackend
+    from tests.support.fake_driver import FakeDriver, vector_add_ptx
+
+    driver = FakeDriver()
+    monkeypatch.setattr(cu, "_cu", lambda: driver)
+    backend = CudaBackend()
+    kernel = backend.load_kernel(vector_add_ptx(SM90), "vadd")
+    assert backend.resident_blocks(kernel, 384, 100_000) == 264
+    assert driver.occupancy_asked == [("vadd", 384, 100_000)]
+    assert kernel.max_dynamic_shared == 100_000  # allowed before the query, as a launch does
+    spec = (ct.PartitionSpec((64 * 1000,), (64,), f32), ct.TensorSpec((64 * 1000,), f32))
+    lowered = tagged_add.compile(*spec, spec[1], target=SM90).lowered
+    assert lowered is not None
+    for tiles, blocks in ((1000, 264), (100, 100)):
+        launch = prepare_lowered(backend, kernel, lowered, (tiles,))
+        assert vars(launch)["_grid"] == (blocks, 1, 1)
+
+
+@ct.kernel(stages=2, group_m=2, warp_specialize=True, persistent=True)
+def staircase(
+    c: Mut[Tensor[f32, BM, BN]], a: Tensor[f16, Dyn, Dyn], b: Tensor[f16, Dyn, Dyn]
+) -> None:
+    """Row tile i sums K steps 0..i only: tiles of 1, 2, 3, ... iterations, so each tile
+    starts the kept ring at another stage and phase."""
+    acc: ct.Tile = ct.zeros((c.shape[0], c.shape[1]), f32)
+    for kk in range(ct.bid(0) + 1):
+        ta = ct.load(a, (ct.bid(0), kk), (c.shape[0], 32))
+        tb = ct.load(b, (kk, ct.bid(1)), (32, c.shape[1]))
+        acc = ct.mma(ta, tb, acc)
+    c.store(acc)
+
+
+def test_tiles_of_different_trip_counts_share_the_kept_ring(
+    rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """5 x 3 tiles of 1 to 5 K steps over 2 stages, walked by 4 blocks under three warp
+    schedules: the producer's and the consumers' running stage and parity stay in step."""
+    _sim(SM90, 4, schedules=3)
+    m, n, k = 5 * 64 - 10, 152, 152  # ragged; the last tile's K steps reach 160
+    a, ta = _operand(rng, (m, k), f16)
+    b, tb = _operand(rng, (k, n), f16)
+    res, *_ = staircase(ct.full((m, n), np.nan).partition((64, 64)), ta, tb).sync()
+    want = np.empty((m, n))
+    for i in range(5):
+        rows, kmax = slice(64 * i, 64 * (i + 1)), 32 * (i + 1)
+        want[rows] = a[rows, :kmax] @ b[:kmax]
+    _check(res, want)
+    lowered = staircase.compile(
+        ct.PartitionSpec((m, n), (64, 64), f32), ct.TensorSpec((m, k), f16),
+        ct.TensorSpec((k, n), f16), target=SM90,
+    ).lowered  # fmt: skip
+    assert lowered is not None and lowered.plan is not None
+    assert lowered.plan.persistent is not None and lowered.plan.persistent.kept is not None
+
+
+def test_the_tuner_tries_persistent_variants() -> None:
+    """On wgmma targets, persistent twins of the best warp-specialized configs; their cache
+    form carries the field (and a config without it keeps its earlier form)."""
+    cands = autotune.candidates(bf16, 8192, 8192, 8192, wgmma=True)
+    persistent = [c for c in cands if c.persists]
+    assert persistent == sorted(
+        autotune.GemmConfig(bm, bn, 64, stages, 0, autotune.GROUP_M, 1, 1)
+        for bm, bn, stages in autotune.PERSISTENT
+    )
+    for c in persistent:
+        assert autotune.GemmConfig(*c.astuple()) == c and c.astuple()[-2:] == [1, 1]
+    assert autotune.GemmConfig(128, 256, 64, 3, 0, 8, 1).astuple() == [128, 256, 64, 3, 0, 8, 1]
+    assert not any(c.persists for c in autotune.candidates(bf16, 8192, 8192, 8192))
