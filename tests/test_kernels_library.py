@@ -4,6 +4,7 @@ cuda where a GPU is found), and the PTX of every library kernel through nvJitLin
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -359,20 +360,67 @@ def test_softmax_causal_wide_rows(
     assert (y.to_numpy()[ref == 0] == 0).all()
 
 
+@pytest.mark.parametrize("dt", [DT_PARAMS[0], DT_PARAMS[2]])
+@pytest.mark.parametrize("shape", [(3, 517, 517), (2, 301, 301), (1, 1000, 1000)])
+def test_softmax_causal_blocks_of_rows(
+    rng: np.random.Generator, dt: Any, shape: tuple[int, ...]
+) -> None:
+    """Several rows to a block (CAUSAL_WARPS warps): row counts that leave the last block
+    partial, blocks that cross from one matrix into the next (517 and 300 are not multiples
+    of the rows per block), rows shorter than their tile."""
+    b, s, _ = shape
+    kernel, tile, _ = softmax_module.softmax_launch(dt, b * s, s, True)
+    assert kernel.num_warps == softmax_module.CAUSAL_WARPS and tile[0] > 1
+    assert s < tile[1] and (b == 1 or ((b * s) % tile[0] and s % tile[0]))
+    x, xt = rand(rng, shape, dt, 4.0)
+    y = ck.softmax(xt, causal=True)
+    ref = softmax_ref(x, causal=True)
+    check(y, ref, dt)
+    assert (y.to_numpy()[ref == 0] == 0).all()
+
+
 def test_causal_softmax_reads_only_the_visible_chunks() -> None:
-    """16 x 1024 x 1024 (sampled): row i reads its chunks of 128 up to column i, so x's bytes
-    read are sum over i of 128 * ceil((i + 1) / 128) * 4 per matrix, y is written whole."""
+    """16 x 1024 x 1024 (sampled): a block of br rows reads its chunks of 128 up to its last
+    row's column, so x's bytes read are br * 128 * ceil(limit / 128) * 4 per block, where the
+    limit of the block starting at row i of its matrix is i + br; y is written whole."""
     s = 1024
     kernel, tile, tail = softmax_module.softmax_launch(ct.f32, 16 * s, s, True)
+    br = tile[0]
+    assert br == 4 and kernel.num_warps == 4  # a row a warp, four to a block
     spec = ct.PartitionSpec((16 * s, s), tile, ct.f32), ct.TensorSpec((16 * s, s), ct.f32)
     r = kernel.report(*spec, *tail, target="sm_90")
     y, x = r.arguments
     # The report samples blocks at both ends of the grid: the first rows (short) and the last
-    # (long) of the matrices, and scales; the exact count over the rows it ran:
-    ran = [*range(r.blocks_run // 2), *range(s - (r.blocks_run - r.blocks_run // 2), s)]
-    visible = sum(128 * -(-(i + 1) // 128) * 4 for i in ran)
+    # (long) of the matrices, and scales; the exact count over the blocks it ran:
+    per_matrix = s // br
+    ran = [*range(r.blocks_run // 2),
+           *range(per_matrix - (r.blocks_run - r.blocks_run // 2), per_matrix)]  # fmt: skip
+    visible = sum(br * 128 * -(-(b * br + br) // 128) * 4 for b in ran)
     assert x.read == round(visible * r.blocks_total / r.blocks_run)
     assert y.written == y.nbytes and x.read < 0.6 * x.nbytes
+
+
+@pytest.mark.parametrize("dt", [DT_PARAMS[0], DT_PARAMS[2]])
+def test_causal_softmax_issues_every_load_before_using_one(dt: Any) -> None:
+    """The chunks' loads are straight-line PTX with no use of a loaded register, and no
+    branch, between the first and the last: a warp has every chunk in flight at once (a
+    use or a branch between them made it wait for each chunk in turn)."""
+    s = 1024
+    kernel, tile, tail = softmax_module.softmax_launch(dt, 16 * s, s, True)
+    ptx = kernel.ptx(ct.PartitionSpec((16 * s, s), tile, dt), ct.TensorSpec((16 * s, s), dt),
+                     *tail).splitlines()  # fmt: skip
+    loads = [i for i, line in enumerate(ptx) if "ld.global" in line]
+    assert len(loads) == softmax_module.CAUSAL_CHUNKS
+    loaded: set[str] = set()
+    for line in ptx[loads[0] : loads[-1] + 1]:
+        assert "bra" not in line, line
+        head, _, args = line.partition("{")
+        dests, _, sources = args.partition("}")
+        if "ld.global" in head or ("mov.b32" in head and set(re.findall(r"%\w+", sources))
+                                   <= loaded):  # fmt: skip
+            loaded |= set(re.findall(r"%\w+", dests))  # 16-bit halves: a renaming
+        else:
+            assert not loaded & set(re.findall(r"%\w+", line.partition(" ")[2])), line
 
 
 def test_softmax_checks_causal_shape() -> None:
