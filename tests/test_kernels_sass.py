@@ -20,9 +20,10 @@ pytestmark = pytest.mark.skipif(
 
 #: Case name -> the most SASS instructions per element allowed (Triton's in the comment).
 BUDGET = {
-    "add f32": 5.5,  # 5.1
-    "saxpy f32": 5.5,  # 5.2
-    "silu_mul f32": 19.0,  # 17.2
+    # Loads whose padding no store can see write none (plan_padding): add 5.25 -> 4.19.
+    "add f32": 4.5,  # 5.1
+    "saxpy f32": 4.5,  # 5.2
+    "silu_mul f32": 17.75,  # 17.2
     "silu_mul bf16": 21.0,  # 18.6
     "gelu f32": 20.5,  # 22.2
     "gelu bf16": 21.0,  # 22.6

@@ -43,6 +43,7 @@ def plan_and_emit(kernel: Kernel, target: Target) -> tuple[LoweringPlan, Emitter
     em = Emitter(
         kernel, plan.layouts, fb, target, uses, plan.pipelines, plan.fragment_plan, plan.shared
     )
+    em.unpadded = plan.unpadded
     em.preamble()
     em.region(kernel.body)
     em.finish()

@@ -25,6 +25,7 @@ from cutile_py.lower.assign_fragments import (
     find_families,
 )
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan, plan_layouts
+from cutile_py.lower.plan_padding import unpadded_loads
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad, plan_pipelines
 from cutile_py.ptx.target import Target
 
@@ -39,6 +40,8 @@ class LoweringPlan:
     fragment_plan: FragmentPlan
     #: Where the pipelines' rings and resident operand tiles lie, and for how long.
     shared: SharedPlan
+    #: Loads whose padding no store can observe: emitted without writing it (`plan_padding`).
+    unpadded: frozenset[o.LoadOp] = frozenset()
 
     @property
     def block_threads(self) -> int:
@@ -68,7 +71,10 @@ def plan_lowering(kernel: o.Kernel, target: Target, uses: DefUse) -> LoweringPla
     layouts, fragments = assign_layouts(kernel, target, uses)
     pipelines = plan_pipelines(kernel, layouts, target, uses, fragments)
     shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target)
-    return LoweringPlan(target, layouts, MappingProxyType(pipelines), fragments, shared)
+    return LoweringPlan(
+        target, layouts, MappingProxyType(pipelines), fragments, shared,
+        unpadded=unpadded_loads(kernel, uses),
+    )  # fmt: skip
 
 
 def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
@@ -158,6 +164,10 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
     ]
     if memory:
         lines += ["memory access layouts:", *memory]
+    unpadded = [names[op.result] for op in ops if op in plan.unpadded]
+    if unpadded:
+        lines += ["loads writing no padding (used only by stores inside their edge): "
+                  + ", ".join(unpadded)]  # fmt: skip
     if pipes:
         lines += ["pipelines:", *pipes]
     shared = []
