@@ -133,21 +133,23 @@ def _make_softmax_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any, Any
         softmax_tile. Every chunk's load is issued before any is used: a use inside the
         branch that guards a load would make the warp wait for each chunk in turn."""
         br = y.shape[0]
-        low = (ct.bid(0) * br) % n + 1  # the first row's limit (the scalar's one division)
+        first = (ct.bid(0) * br) % n + 1  # the first row's limit (the scalar's one division)
         # A block crosses into the next matrix at most once (br < n: see softmax_launch).
-        limits = ct.expand_dims(ct.arange(br), 1) + low
+        limits = ct.expand_dims(ct.arange(br), 1) + first
         limits = ct.where(limits > n, limits - n, limits)
-        reach = low + br - 1  # the last row's limit, the largest unless the block crosses
-        if reach > n:  # into the next matrix, whose rows see fewer columns
+        low = first  # the least of the rows' limits, and reach the largest, unless the
+        reach = first + br - 1  # block crosses into the next matrix, whose rows see fewer
+        if reach > n:  # columns
+            low = 1
             reach = n
         r0, r1 = _chunk(x, 0, C, br, reach), _chunk(x, 1, C, br, reach)
         r2, r3 = _chunk(x, 2, C, br, reach), _chunk(x, 3, C, br, reach)
         r4, r5 = _chunk(x, 4, C, br, reach), _chunk(x, 5, C, br, reach)
         r6, r7 = _chunk(x, 6, C, br, reach), _chunk(x, 7, C, br, reach)
-        t0, t1 = _visible(r0, 0, C, limits), _visible(r1, 1, C, limits)
-        t2, t3 = _visible(r2, 2, C, limits), _visible(r3, 3, C, limits)
-        t4, t5 = _visible(r4, 4, C, limits), _visible(r5, 5, C, limits)
-        t6, t7 = _visible(r6, 6, C, limits), _visible(r7, 7, C, limits)
+        t0, t1 = _visible(r0, 0, C, limits, low, reach), _visible(r1, 1, C, limits, low, reach)
+        t2, t3 = _visible(r2, 2, C, limits, low, reach), _visible(r3, 3, C, limits, low, reach)
+        t4, t5 = _visible(r4, 4, C, limits, low, reach), _visible(r5, 5, C, limits, low, reach)
+        t6, t7 = _visible(r6, 6, C, limits, low, reach), _visible(r7, 7, C, limits, low, reach)
         big = ct.maximum(ct.maximum(ct.maximum(t0, t1), ct.maximum(t2, t3)),
                          ct.maximum(ct.maximum(t4, t5), ct.maximum(t6, t7)))  # fmt: skip
         m = ct.max(big, axis=1, keepdims=True)
@@ -178,10 +180,15 @@ def _chunk(x: Tensor[Any, Any, Any], j: int, c: int, br: int, reach: int) -> ct.
 
 
 @ct.function
-def _visible(t: ct.Tile, j: int, c: int, limits: ct.Tile) -> ct.Tile:
-    """Chunk j in f32, -inf from each row's `limits` on (one compare per element: the
-    chunk's offset moves to the row's side)."""
-    return ct.where(ct.expand_dims(ct.arange(c), 0) < limits - j * c, t.astype(f32), NEG_INF)
+def _visible(t: ct.Tile, j: int, c: int, limits: ct.Tile, low: int, reach: int) -> ct.Tile:
+    """Chunk j in f32, -inf from each row's `limits` on: compared only where some row of the
+    block ends inside it (between `low` and `reach`, the least and the largest limit), one
+    compare per element there (the chunk's offset moved to the row's side). After every
+    chunk's load: the branch makes no warp wait for a load it has not yet issued."""
+    out = t.astype(f32)
+    if (j + 1) * c > low and j * c < reach:
+        out = ct.where(ct.expand_dims(ct.arange(c), 0) < limits - j * c, out, NEG_INF)
+    return out
 
 
 #: Elements of a chunk each thread of the chunked argmax holds: its warps are chunk / (32 * this).
