@@ -126,22 +126,44 @@ class RowPlan:
     rows: int
     width: int
     loop: bool
+    #: Bytes per element (the per-thread choice of the norms depends on it).
+    itemsize: int = 4
 
 
 #: Elements per thread a one-tile row kernel aims at: a row spread over fewer threads takes
 #: fewer shuffle and shared-memory steps per element in its reductions (sm_90 SASS per
 #: element, RMSNorm f32 4096: 12.2 with 256 threads, 9.75 with 128).
 PER_THREAD = 32
+#: The norms' exceptions to PER_THREAD by f32 tile width: (widest tile, elements per
+#: thread), the first that fits; 16-bit tiles keep PER_THREAD (not timed). Chosen from an
+#: H200 sweep (paper_repro/results/h200-2026-11-26/row-sweep.md: rms_norm f32, 4096 rows,
+#: fraction of the copy ceiling, 16 per thread against 32): 1024 0.626 against 0.708 (32
+#: kept), 1536 0.762 against 0.719 (Triton 0.758), 2048 0.763 against 0.754 (Triton
+#: 0.765). 4096 stays at 32: 16 measured 0.866 against 0.851 (Triton 0.851) in one run but
+#: costs 12.2 SASS instructions per element against 9.75 (Triton 10.6: the edge of issue
+#: 19's 1.15x budget). 3072 was not timed (48 against 24 per thread, as 1536). At 1536, 32
+#: a thread is 48 (2 warps, 86 registers: 20 warps an SM), 16 is 24 (4 warps, 56: 36).
+#: Next GPU: `python -m paper_repro.row_sweep` times both choices, 1024..4096.
+PER_THREAD_BY_WIDTH: tuple[tuple[int, int], ...] = ((1024, PER_THREAD), (4095, 16))
 #: Warps per block at most.
 MAX_WARPS = 16
 
 
-def row_warps(plan: RowPlan) -> int:
-    """Warps per block of the one-tile kernel for `plan`: PER_THREAD elements per thread, at
-    least 1 and at most MAX_WARPS (more elements per thread beyond); 1 for a looping plan."""
+def per_thread(plan: RowPlan) -> int:
+    """Elements per thread the one-tile norms aim at for `plan`'s tiles."""
+    if plan.itemsize != 4:
+        return PER_THREAD
+    return next((per for widest, per in PER_THREAD_BY_WIDTH if plan.width <= widest), PER_THREAD)
+
+
+def row_warps(plan: RowPlan, per: int | None = None) -> int:
+    """Warps per block of the one-tile kernel for `plan`: `per` elements per thread (by
+    default `per_thread(plan)`), at least 1 and at most MAX_WARPS (more elements per thread
+    beyond); 1 for a looping plan."""
     if plan.loop:
         return 1
-    return min(MAX_WARPS, prev_pow2(max(1, plan.rows * plan.width // (32 * PER_THREAD))))
+    per = per or per_thread(plan)
+    return min(MAX_WARPS, prev_pow2(max(1, plan.rows * plan.width // (32 * per))))
 
 
 def row_plan(n_rows: int, n: int, dtype: type[ct.DType], cap: int | None = None) -> RowPlan:
@@ -155,7 +177,7 @@ def row_plan(n_rows: int, n: int, dtype: type[ct.DType], cap: int | None = None)
     if n <= cap:
         width = n if n % 32 == 0 else next_pow2(n)
         rows = min(prev_pow2(max(1, BLOCK_ELEMS[dtype] // width)), next_pow2(n_rows))
-        return RowPlan(rows, width, False)
+        return RowPlan(rows, width, False, dtype.itemsize())
     # A looping kernel carries running statistics per element of its chunk (softmax: a max
     # and a sum) besides the chunk itself: 4096 elements keep them in registers at any dtype.
     cap = min(cap, LOOP_CHUNK_CAP)

@@ -8,6 +8,7 @@ import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, i32
 from cutile_py_kernels._common import (
     FLOATS,
+    PER_THREAD,
     Elem,
     RowPlan,
     per_dtype,
@@ -73,7 +74,7 @@ def embedding_launch(dt: type[ct.DType], n: int, d: int) -> tuple[Any, int]:
     (1, width) output tile: PER_THREAD elements per thread (a block's fixed cost, reading its
     id and forming its addresses, spread over more elements)."""
     plan = row_plan(n, d, dt if dt is not i32 else ct.f32)
-    return _embedding_kernel(dt, row_warps(RowPlan(1, plan.width, False))), plan.width
+    return _embedding_kernel(dt, row_warps(RowPlan(1, plan.width, False), PER_THREAD)), plan.width
 
 
 def transpose(x: Tensor[Any, Any]) -> Tensor[Any, Any]:

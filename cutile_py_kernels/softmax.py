@@ -46,6 +46,8 @@ MAX_WARPS = 16
 #: masked are not read (at most one partly masked chunk per row is).
 CAUSAL_MIN_WIDTH = 256
 CAUSAL_CHUNKS = 8
+#: Warps per block of the causal kernel where its rows are short enough to share a block.
+CAUSAL_WARPS = 4
 
 
 def softmax_plan(n_rows: int, n: int, dtype: type[ct.DType]) -> tuple[RowPlan, int]:
@@ -128,22 +130,26 @@ def _make_softmax_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any, Any
         """Causal softmax of BR rows, in the CAUSAL_CHUNKS chunks of C columns of their tile:
         a chunk wholly past the last visible column of every row of the block (a row's
         index within its n x n matrix) is not read, and is written as zeros; the rest as
-        softmax_tile."""
+        softmax_tile. Every chunk's load is issued before any is used: a use inside the
+        branch that guards a load would make the warp wait for each chunk in turn."""
         br = y.shape[0]
-        first = ct.bid(0) * br
+        first = (ct.bid(0) * br) % n + 1  # the first row's limit (the scalar's one division)
+        # A block crosses into the next matrix at most once (br < n: see softmax_launch).
         limits = ct.expand_dims(ct.arange(br), 1) + first
-        limits = limits % n + 1
-        reach = first % n + br  # the last row's limit, unless the block crosses into the
-        if reach > n:  # next matrix, whose rows see fewer columns
+        limits = ct.where(limits > n, limits - n, limits)
+        low = first  # the least of the rows' limits, and reach the largest, unless the
+        reach = first + br - 1  # block crosses into the next matrix, whose rows see fewer
+        if reach > n:  # columns
+            low = 1
             reach = n
-        t0 = _visible(x, 0, C, br, limits, reach)
-        t1 = _visible(x, 1, C, br, limits, reach)
-        t2 = _visible(x, 2, C, br, limits, reach)
-        t3 = _visible(x, 3, C, br, limits, reach)
-        t4 = _visible(x, 4, C, br, limits, reach)
-        t5 = _visible(x, 5, C, br, limits, reach)
-        t6 = _visible(x, 6, C, br, limits, reach)
-        t7 = _visible(x, 7, C, br, limits, reach)
+        r0, r1 = _chunk(x, 0, C, br, reach), _chunk(x, 1, C, br, reach)
+        r2, r3 = _chunk(x, 2, C, br, reach), _chunk(x, 3, C, br, reach)
+        r4, r5 = _chunk(x, 4, C, br, reach), _chunk(x, 5, C, br, reach)
+        r6, r7 = _chunk(x, 6, C, br, reach), _chunk(x, 7, C, br, reach)
+        t0, t1 = _visible(r0, 0, C, limits, low, reach), _visible(r1, 1, C, limits, low, reach)
+        t2, t3 = _visible(r2, 2, C, limits, low, reach), _visible(r3, 3, C, limits, low, reach)
+        t4, t5 = _visible(r4, 4, C, limits, low, reach), _visible(r5, 5, C, limits, low, reach)
+        t6, t7 = _visible(r6, 6, C, limits, low, reach), _visible(r7, 7, C, limits, low, reach)
         big = ct.maximum(ct.maximum(ct.maximum(t0, t1), ct.maximum(t2, t3)),
                          ct.maximum(ct.maximum(t4, t5), ct.maximum(t6, t7)))  # fmt: skip
         m = ct.max(big, axis=1, keepdims=True)
@@ -164,16 +170,25 @@ def _make_softmax_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any, Any
 
 
 @ct.function
-def _visible(
-    x: Tensor[Any, Any, Any], j: int, c: int, br: int, limits: ct.Tile, reach: int
-) -> ct.Tile:
-    """Chunk j (br rows of the block, c columns) in f32, -inf from each row's `limits` on;
-    not read at all when it starts at or past `reach`, the largest of them."""
-    t: ct.Tile = ct.full((br, c), NEG_INF, f32)
-    if j * c < reach:
-        t = ct.load(x, (ct.bid(0), j), (br, c), padding=NEG_INF).astype(f32)
-        t = ct.where(ct.expand_dims(ct.arange(c), 0) + j * c < limits, t, NEG_INF)
-    return t
+def _chunk(x: Tensor[Any, Any, Any], j: int, c: int, br: int, reach: int) -> ct.Tile:
+    """Chunk j (br rows of the block, c columns) as stored, -inf past x's edge. A chunk that
+    starts at or past `reach`, the block's largest row limit, is addressed past the end of
+    the row instead (CAUSAL_CHUNKS chunks on), where the load's edge mask reads the padding
+    and touches no memory: no branch, so every chunk's load issues before any is used."""
+    at = j if j * c < reach else j + CAUSAL_CHUNKS
+    return ct.load(x, (ct.bid(0), at), (br, c), padding=NEG_INF)
+
+
+@ct.function
+def _visible(t: ct.Tile, j: int, c: int, limits: ct.Tile, low: int, reach: int) -> ct.Tile:
+    """Chunk j in f32, -inf from each row's `limits` on: compared only where some row of the
+    block ends inside it (between `low` and `reach`, the least and the largest limit), one
+    compare per element there (the chunk's offset moved to the row's side). After every
+    chunk's load: the branch makes no warp wait for a load it has not yet issued."""
+    out = t.astype(f32)
+    if (j + 1) * c > low and j * c < reach:
+        out = ct.where(ct.expand_dims(ct.arange(c), 0) < limits - j * c, out, NEG_INF)
+    return out
 
 
 #: Elements of a chunk each thread of the chunked argmax holds: its warps are chunk / (32 * this).
@@ -239,11 +254,14 @@ def softmax_launch(
         _, loop_k, _ = _softmax_kernels(dt, 1)
         return loop_k, (1, -(-n // plan.width) * plan.width), (n, causal, plan.width)
     if causal and plan.width >= CAUSAL_MIN_WIDTH:
-        # Chunks a warp wide: 32 lanes of 16-byte vectors over the rows of the block (two
-        # rows of 16-bit elements for chunks of 128).
+        # Chunks CAUSAL_WARPS warps wide: 32 lanes of 16-byte vectors over the rows of the
+        # block (a row a warp at 1024 f32, two rows of 16-bit elements). One warp a block
+        # capped an SM at 32 warps (its 32 blocks), half of Hopper's 64; at 4 warps the
+        # registers (56 a thread at 1024 f32) are the limit, 36 warps. n > width / 2 >= 128
+        # and rows <= 32 * 8 * 4 / 32: a block crosses at most one matrix boundary.
         c = plan.width // CAUSAL_CHUNKS
         vec = 16 // dt.itemsize()
-        rows = max(1, min(next_pow2(r), 32 * vec // c))
+        rows = max(1, min(next_pow2(r), 32 * vec * CAUSAL_WARPS // c))
         warps = min(MAX_WARPS, prev_pow2(max(1, rows * c // (32 * vec))))  # no replicas
         _, _, causal_k = _softmax_kernels(dt, warps)
         return causal_k, (rows, plan.width), (n, c)

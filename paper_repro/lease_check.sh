@@ -4,7 +4,8 @@
 # timed every way the project times it (`gemm_timing_check`: the experiment/sweep gap), the
 # sweep of every sm_90 GEMM candidate at 8192 with run-after-run timing of the fastest, the
 # persistent candidates beside their one-block-per-tile twins, the row kernels' bandwidth
-# at every width, and the warps-per-block sweep of the short-row kernels.
+# at every width, and the norms at 1024..4096 with 16 and 32 elements per thread
+# (`row_sweep`: confirms the per-thread rule of `_common.PER_THREAD_BY_WIDTH`).
 # Everything lands in $OUT/results.tgz (re-packed after each step, so a call cut short still
 # returns what finished) and a summary is printed last. Runs from the working tree
 # (PYTHONPATH=.): numpy, cuda-python, pytest, pytest-xdist, pytest-timeout, PyTorch and Triton
@@ -54,7 +55,7 @@ step sweep-persistent 50 python3 -m paper_repro.gemm_sweep --n 8192 --configs "$
   --sustained 6
 step bandwidth 90 python3 -m paper_repro bandwidth \
   --only rms_norm,add_rms_norm,layer_norm,softmax,softmax_causal --out "$work/bandwidth"
-step rows 45 python3 -m paper_repro.row_sweep
+step rows 60 python3 -m paper_repro.row_sweep
 
 echo "== summary"
 grep -E "^\| (cutile_py|cuBLAS \(torch\)) \| (f16|bf16) \| (4096|8192)" "$work/gemm/REPORT.md" \
@@ -65,4 +66,5 @@ sed -n '/run after run/,$p' "$work/sweep-bf16.txt" "$work/sweep-f16.txt" \
   "$work/sweep-persistent.txt"
 grep -E "^\| (rms_norm|add_rms_norm|layer_norm|softmax)" "$work/bandwidth/REPORT.md" \
   | grep -E "x(8192|16384|32768)|1x4096|16x1024" | cut -d'|' -f2-8
+grep -E "^\| (rms_norm|add_rms_norm|layer_norm) \|" "$work/rows.txt" | cut -d'|' -f2-6,9
 exit 0

@@ -1,27 +1,34 @@
-"""Warps per block of the one-tile row kernels, timed on a GPU at short rows.
+"""Elements per thread of the one-tile row kernels, timed on a GPU at short rows.
 
-    PYTHONPATH=. python -m paper_repro.row_sweep [--kernels rms_norm,softmax] [--quick]
+    PYTHONPATH=. python -m paper_repro.row_sweep [--kernels rms_norm,softmax] [--per 16,32]
+                                                 [--quick]
 
-The one-tile row kernels give each thread `PER_THREAD` elements (32: fewest SASS instructions
-per element, measured off-GPU), so a 4096 x 1536 f32 rms_norm runs 2048 blocks of 2 warps.
-At rows this short a whole problem is a few microseconds of memory traffic, and how many
-loads are in flight, not instructions, may set the time. This times each kernel the way
-`python -m paper_repro bandwidth` does (the launches the host function makes, replayed on
-rotated buffer sets, CUDA events) with PER_THREAD 8, 16 and 32, beside the copy ceiling, and
-prints a Markdown table. Beside the copy ceiling (2^28 floats) each shape has the copy of
-its own bytes (the same PTX copy kernel or cuMemcpyDtoDAsync, the better): at a few tens of
-megabytes a copy does not reach the ceiling either. `--quick` runs tiny shapes on sim (a check
-of the script only).
+The one-tile norms give each thread `_common.per_thread(plan)` elements (f32: 16 for tiles
+wider than 1024 and narrower than 4096, else 32; the table `PER_THREAD_BY_WIDTH`), softmax
+its own `PER_THREAD` (32). At rows this short a whole problem is a few microseconds of memory
+traffic, and how many loads are in flight (registers, hence warps per SM), not instructions
+alone, may set the time. This times each kernel the way `python -m paper_repro bandwidth`
+does (the launches the host function makes, replayed on rotated buffer sets, CUDA events)
+with each per-thread count of `--per`, beside the copy ceiling, and prints a Markdown table;
+the `library` column marks the count the library picks. Beside the copy ceiling (2^28
+floats) each shape has the copy of its own bytes (the same PTX copy kernel or
+cuMemcpyDtoDAsync, the better): at a few tens of megabytes a copy does not reach the ceiling
+either. `--quick` runs tiny shapes on sim (a check of the script only).
+
+The next GPU lease confirms the norms' rule with the defaults: rms_norm, add_rms_norm and
+layer_norm at 1024, 1536, 2048, 3072 and 4096, 16 and 32 elements per thread (f32).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import cutile_py as ct
-from cutile_py_kernels import _common
+from cutile_py_kernels import _common, norms
 from paper_repro.core import Context
 from paper_repro.experiments import bandwidth
 from paper_repro.experiments.common import copy_ceiling, measure_copy
@@ -29,13 +36,31 @@ from paper_repro.machine import describe
 from paper_repro.timing import Timer
 
 softmax_mod: Any = importlib.import_module("cutile_py_kernels.softmax")  # not the function
-WIDTHS = (1024, 1536, 2048, 4096)
-PER_THREAD = (8, 16, 32)
+WIDTHS = (1024, 1536, 2048, 3072, 4096)
+KERNELS = "rms_norm,add_rms_norm,layer_norm"
+PER_THREAD = (16, 32)
+
+
+@contextmanager
+def elements_per_thread(per: int) -> Iterator[None]:
+    """The row kernels (norms and softmax) with `per` elements per thread at every width,
+    as launched inside; the library's rule again after."""
+    saved = (_common.PER_THREAD_BY_WIDTH, softmax_mod.PER_THREAD)
+    _common.PER_THREAD_BY_WIDTH = ((1 << 30, per),)
+    softmax_mod.PER_THREAD = per
+    _common._ROW_LAUNCHES.clear()
+    try:
+        yield
+    finally:
+        _common.PER_THREAD_BY_WIDTH, softmax_mod.PER_THREAD = saved
+        _common._ROW_LAUNCHES.clear()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m paper_repro.row_sweep")
-    p.add_argument("--kernels", default="rms_norm,softmax")
+    p.add_argument("--kernels", default=KERNELS)
+    p.add_argument("--per", default=",".join(map(str, PER_THREAD)),
+                   help="elements per thread to time, comma-separated")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="tiny shapes on sim")
     args = p.parse_args(argv)
     ct.set_backend("sim" if args.quick else "cuda")
@@ -49,10 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     specs = {s.name: s for s in bandwidth.SPECS}
     rows_n = 8 if args.quick else bandwidth.ROWS
     widths = (64, 96) if args.quick else WIDTHS
+    pers = [int(v) for v in args.per.split(",")]
     print(f"# one-tile row kernels by elements per thread ({device.get('gpu', backend)})")
     print(f"copy ceiling {copy:.0f} GB/s\n")
-    print("| kernel | shape | per thread | warps | us | GB/s | of copy | of same-size copy |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| kernel | shape | per thread | library | warps | us | GB/s | of copy "
+          "| of same-size copy |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in args.kernels.split(","):
         spec, fn = specs[name], getattr(importlib.import_module("cutile_py_kernels"), name)
         for w in widths:
@@ -60,30 +87,32 @@ def main(argv: list[str] | None = None) -> int:
             same = max(
                 float(r.get("gbps") or 0) for r in measure_copy(ctx, spec.nbytes(shape) // 8)
             )
-            for per in PER_THREAD:
-                _common.PER_THREAD = per
-                softmax_mod.PER_THREAD = per
-                _common._ROW_LAUNCHES.clear()
-                warps = _warps(name, shape)
-                try:
-                    (row,) = bandwidth.measure_cutile(ctx, spec, fn, shape)
-                    gbps = float(row["gbps"] or 0)
-                    print(
-                        f"| {name} | {rows_n}x{w} | {per} | {warps} | {row['time_us']} | "
-                        f"{gbps:.0f} | {gbps / copy:.3f} | {gbps / same:.3f} |",
-                        flush=True,
-                    )
-                except Exception as e:  # a failing variant is a row; the sweep goes on
-                    print(f"| {name} | {rows_n}x{w} | {per} | {warps} | error: {e} | | | |")
+            chosen = _warps(name, shape)
+            for per in pers:
+                with elements_per_thread(per):
+                    warps = _warps(name, shape)
+                    mark = "yes" if warps == chosen else ""
+                    try:
+                        (row,) = bandwidth.measure_cutile(ctx, spec, fn, shape)
+                        gbps = float(row["gbps"] or 0)
+                        print(
+                            f"| {name} | {rows_n}x{w} | {per} | {mark} | {warps} | "
+                            f"{row['time_us']} | {gbps:.0f} | {gbps / copy:.3f} | "
+                            f"{gbps / same:.3f} |",
+                            flush=True,
+                        )
+                    except Exception as e:  # a failing variant is a row; the sweep goes on
+                        print(f"| {name} | {rows_n}x{w} | {per} | {mark} | {warps} | "
+                              f"error: {e} | | | |")  # fmt: skip
     return 0
 
 
-def _warps(name: str, shape: tuple[int, int]) -> Any:
-    """The warps per block the library picks for `shape` under the current PER_THREAD."""
+def _warps(name: str, shape: tuple[int, int]) -> int:
+    """The warps per block the library picks for f32 `shape` (under the current rule)."""
     r, n = shape
     if name == "softmax":
-        return softmax_mod.softmax_plan(r, n, ct.f32)[1]
-    return _common.row_warps(_common.row_plan(r, n, ct.f32))
+        return int(softmax_mod.softmax_plan(r, n, ct.f32)[1])
+    return _common.row_warps(_common.row_plan(r, n, ct.f32, norms.ONE_PASS_CAP))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ cuda where a GPU is found), and the PTX of every library kernel through nvJitLin
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -242,6 +243,37 @@ def test_layer_norm_divides_on_the_host(n: int) -> None:
 
 
 @pytest.mark.parametrize(
+    ("dt", "n", "warps"),
+    [(ct.f32, 1024, 4), (ct.f32, 1536, 4), (ct.f32, 2048, 8), (ct.f32, 3072, 4),
+     (ct.f32, 4096, 4), (ct.bf16, 1536, 4), (ct.bf16, 2048, 8)],
+)  # fmt: skip
+def test_short_norm_rows_by_width(dt: Any, n: int, warps: int) -> None:
+    """f32 tiles wider than 1024 and narrower than 4096 take 16 elements a thread, not 32
+    (the H200 sweep: rms_norm 4096x1536 0.762 of copy against 0.719); 1024, 4096 and 16-bit
+    rows keep 32. rms_norm, add_rms_norm and layer_norm launch alike."""
+    rows = ct.TensorSpec((4096, n), dt)
+    for family, first in ((norms._rms_kernels, 0), (norms._rms_kernels, 2),
+                          (norms._layer_norm_kernels, 0)):  # fmt: skip
+        launch = _common.row_launch(family, first, rows, norms.ONE_PASS_CAP)  # type: ignore[arg-type]
+        assert launch.kernel is family(dt, warps)[first]
+
+
+@pytest.mark.parametrize("r,n", [(5, 2048), (3, 3072)])
+def test_norms_sixteen_per_thread(backend: str, rng: np.random.Generator, r: int, n: int) -> None:
+    """The 16-per-thread blocks (8 warps at 2048, two rows a block, the last one partial;
+    4 warps at 3072) against NumPy."""
+    x, xt, w, wt = norm_cases(rng, ct.f32, r, n, offset=2.0)
+    b, bt = rand(rng, (n,), ct.f32)
+    check(ck.rms_norm(xt, wt), rms_ref(x, w, 1e-6), ct.f32, 4)
+    check(ck.layer_norm(xt, wt, bt), ln_ref(x, w, b, 1e-5), ct.f32, 4)
+    res, rt = rand(rng, (r, n), ct.f32)
+    y, h = ck.add_rms_norm(xt, rt, wt)
+    h_ref = round_to((x + res).astype(np.float32), ct.f32).astype(np.float64)
+    np.testing.assert_array_equal(h.to_numpy().astype(np.float64), h_ref)
+    check(y, rms_ref(h_ref, w, 1e-6), ct.f32, 4)
+
+
+@pytest.mark.parametrize(
     ("n", "width", "warps"), [(8192, 8192, 8), (20_000, 20_000, 16), (20_001, 32768, 16)]
 )
 def test_long_norm_rows_are_read_once(n: int, width: int, warps: int) -> None:
@@ -359,20 +391,67 @@ def test_softmax_causal_wide_rows(
     assert (y.to_numpy()[ref == 0] == 0).all()
 
 
+@pytest.mark.parametrize("dt", [DT_PARAMS[0], DT_PARAMS[2]])
+@pytest.mark.parametrize("shape", [(3, 517, 517), (2, 301, 301), (1, 1000, 1000)])
+def test_softmax_causal_blocks_of_rows(
+    rng: np.random.Generator, dt: Any, shape: tuple[int, ...]
+) -> None:
+    """Several rows to a block (CAUSAL_WARPS warps): row counts that leave the last block
+    partial, blocks that cross from one matrix into the next (517 and 300 are not multiples
+    of the rows per block), rows shorter than their tile."""
+    b, s, _ = shape
+    kernel, tile, _ = softmax_module.softmax_launch(dt, b * s, s, True)
+    assert kernel.num_warps == softmax_module.CAUSAL_WARPS and tile[0] > 1
+    assert s < tile[1] and (b == 1 or ((b * s) % tile[0] and s % tile[0]))
+    x, xt = rand(rng, shape, dt, 4.0)
+    y = ck.softmax(xt, causal=True)
+    ref = softmax_ref(x, causal=True)
+    check(y, ref, dt)
+    assert (y.to_numpy()[ref == 0] == 0).all()
+
+
 def test_causal_softmax_reads_only_the_visible_chunks() -> None:
-    """16 x 1024 x 1024 (sampled): row i reads its chunks of 128 up to column i, so x's bytes
-    read are sum over i of 128 * ceil((i + 1) / 128) * 4 per matrix, y is written whole."""
+    """16 x 1024 x 1024 (sampled): a block of br rows reads its chunks of 128 up to its last
+    row's column, so x's bytes read are br * 128 * ceil(limit / 128) * 4 per block, where the
+    limit of the block starting at row i of its matrix is i + br; y is written whole."""
     s = 1024
     kernel, tile, tail = softmax_module.softmax_launch(ct.f32, 16 * s, s, True)
+    br = tile[0]
+    assert br == 4 and kernel.num_warps == 4  # a row a warp, four to a block
     spec = ct.PartitionSpec((16 * s, s), tile, ct.f32), ct.TensorSpec((16 * s, s), ct.f32)
     r = kernel.report(*spec, *tail, target="sm_90")
     y, x = r.arguments
     # The report samples blocks at both ends of the grid: the first rows (short) and the last
-    # (long) of the matrices, and scales; the exact count over the rows it ran:
-    ran = [*range(r.blocks_run // 2), *range(s - (r.blocks_run - r.blocks_run // 2), s)]
-    visible = sum(128 * -(-(i + 1) // 128) * 4 for i in ran)
+    # (long) of the matrices, and scales; the exact count over the blocks it ran:
+    per_matrix = s // br
+    ran = [*range(r.blocks_run // 2),
+           *range(per_matrix - (r.blocks_run - r.blocks_run // 2), per_matrix)]  # fmt: skip
+    visible = sum(br * 128 * -(-(b * br + br) // 128) * 4 for b in ran)
     assert x.read == round(visible * r.blocks_total / r.blocks_run)
     assert y.written == y.nbytes and x.read < 0.6 * x.nbytes
+
+
+@pytest.mark.parametrize("dt", [DT_PARAMS[0], DT_PARAMS[2]])
+def test_causal_softmax_issues_every_load_before_using_one(dt: Any) -> None:
+    """The chunks' loads are straight-line PTX with no use of a loaded register, and no
+    branch, between the first and the last: a warp has every chunk in flight at once (a
+    use or a branch between them made it wait for each chunk in turn)."""
+    s = 1024
+    kernel, tile, tail = softmax_module.softmax_launch(dt, 16 * s, s, True)
+    ptx = kernel.ptx(ct.PartitionSpec((16 * s, s), tile, dt), ct.TensorSpec((16 * s, s), dt),
+                     *tail).splitlines()  # fmt: skip
+    loads = [i for i, line in enumerate(ptx) if "ld.global" in line]
+    assert len(loads) == softmax_module.CAUSAL_CHUNKS
+    loaded: set[str] = set()
+    for line in ptx[loads[0] : loads[-1] + 1]:
+        assert "bra" not in line, line
+        head, _, args = line.partition("{")
+        dests, _, sources = args.partition("}")
+        if "ld.global" in head or ("mov.b32" in head and set(re.findall(r"%\w+", sources))
+                                   <= loaded):  # fmt: skip
+            loaded |= set(re.findall(r"%\w+", dests))  # 16-bit halves: a renaming
+        else:
+            assert not loaded & set(re.findall(r"%\w+", line.partition(" ")[2])), line
 
 
 def test_softmax_checks_causal_shape() -> None:

@@ -20,18 +20,21 @@ pytestmark = pytest.mark.skipif(
 
 #: Case name -> the most SASS instructions per element allowed (Triton's in the comment).
 BUDGET = {
-    "add f32": 5.5,  # 5.1
-    "saxpy f32": 5.5,  # 5.2
-    "silu_mul f32": 19.0,  # 17.2
+    # Loads whose padding no store can see write none (plan_padding): add 5.25 -> 4.19.
+    "add f32": 4.5,  # 5.1
+    "saxpy f32": 4.5,  # 5.2
+    "silu_mul f32": 17.75,  # 17.2
     "silu_mul bf16": 21.0,  # 18.6
     "gelu f32": 20.5,  # 22.2
     "gelu bf16": 21.0,  # 22.6
     "softmax f32 4096x1024": 17.0,  # 22.0
     "softmax bf16 4096x1024": 18.5,  # 23.1
-    "causal softmax f32 16x1024x1024": 24.0,  # 26.6
+    # Every chunk's address computed, so that its load issues with the others (was 23.2).
+    "causal softmax f32 16x1024x1024": 24.5,  # 26.6
     "causal softmax bf16 16x1024x1024": 21.0,  # 28.0
     "rms_norm f32 4096x4096": 10.5,  # 10.6
-    "rms_norm f32 4096x1536": 9.0,  # 20.0
+    # 16 elements a thread, not 32 (4 warps: 36 warps an SM, not 20; _common.per_thread).
+    "rms_norm f32 4096x1536": 11.5,  # 20.0
     "layer_norm f32 4096x4096": 14.0,  # 15.8
     "add_rms_norm bf16 4096x4096": 16.0,  # 15.1
     "transpose f32 4096x4096": 8.5,  # 8.1

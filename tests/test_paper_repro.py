@@ -287,3 +287,26 @@ def test_kloop_counts_the_steady_state_path() -> None:
         f"        /*{16 * i:04x}*/                   {t} ;" for i, t in enumerate(code)
     )
     assert k_loop(sass) == [code[0], code[1], code[4], code[5], code[6]]
+
+
+def test_row_sweep_times_both_choices_and_restores_the_rule(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The sweep the next GPU lease runs: each per-thread count launched as asked (1024 f32
+    at 16 a thread: 8 warps where the library picks 4), the library's pick marked, and the
+    library's rule back afterwards (on sim, tiny shapes: a check of the script only)."""
+    from cutile_py_kernels import _common
+    from paper_repro import row_sweep
+
+    plan = _common.row_plan(4096, 1024, ct.f32)
+    with row_sweep.elements_per_thread(16):
+        assert _common.row_warps(plan) == 8
+    assert _common.row_warps(plan) == 4
+    assert _common.per_thread(_common.row_plan(4096, 1536, ct.f32)) == 16
+    assert row_sweep.WIDTHS == (1024, 1536, 2048, 3072, 4096)
+    assert row_sweep.main(["--quick", "--kernels", "rms_norm", "--per", "8,32"]) == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| rms_norm")]  # fmt: skip
+    # (per thread, the library's pick?, warps) at 8x64 and 8x96
+    got = [(r[3].strip(), r[4].strip(), r[5].strip()) for r in rows]
+    assert got == [("8", "", "2"), ("32", "yes", "1")] * 2

@@ -106,6 +106,7 @@ def ir_params(spec: Specialization) -> tuple[ir.Param, ...]:
                     bp.static_dims,
                     bp.align,
                     atomic=ps.kind == "atomic",
+                    covers=bp.covers,
                 )
             )
         else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from cutile_py.frontend.capture import CapturedFunction, float_bits
@@ -61,6 +61,10 @@ class BoundParam:
     static_dims: tuple[int | None, ...] = ()
     #: Largest power of two (≤ 16) dividing the tensor's last dim: the widest aligned vector.
     align: int = 1
+    #: For a shared tensor: the Mut parameters (by index) whose tensors it covers, dim by dim
+    #: at least as long, so that a tile of it inside their edge is inside its own
+    #: (`cutile_py.lower.plan_padding`).
+    covers: tuple[int, ...] = ()
     #: For constants. Compared through `value_key`: 0.0 and -0.0 compile differently, and a
     #: NaN must equal itself for its compiled code to be found again.
     value: int | float | bool | None = field(default=None, compare=False)
@@ -286,9 +290,35 @@ def bind(kernel: str, specs: tuple[ParamSpec, ...], args: tuple[Any, ...]) -> Sp
     bound = []
     for spec, arg in zip(specs, args):
         bound.append(_bind_one(kernel, spec, arg, typevars))
+    bound = _with_covers(specs, args, bound)
     return Specialization(
         tuple(bound), tuple(sorted(typevars.items())), tuple(sorted(dtypevars.items()))
     )
+
+
+def _with_covers(
+    specs: tuple[ParamSpec, ...], args: tuple[Any, ...], bound: list[BoundParam]
+) -> list[BoundParam]:
+    """`bound` with each shared tensor's `covers`: the partitions of its rank whose whole
+    tensor is nowhere longer than it."""
+    parts = [
+        (i, a.shape)
+        for i, (ps, a) in enumerate(zip(specs, args))
+        if ps.kind == "partition" and isinstance(a, TensorArg)
+    ]
+    if not parts:
+        return bound
+    out = []
+    for ps, a, bp in zip(specs, args, bound):
+        if ps.kind == "tensor" and isinstance(a, TensorArg):
+            covers = tuple(
+                i
+                for i, shape in parts
+                if len(shape) == len(a.shape) and all(m <= n for m, n in zip(shape, a.shape))
+            )
+            bp = replace(bp, covers=covers) if covers else bp
+        out.append(bp)
+    return out
 
 
 def _bind_one(kernel: str, spec: ParamSpec, arg: Any, typevars: dict[str, int]) -> BoundParam:

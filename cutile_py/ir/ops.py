@@ -53,6 +53,9 @@ class TensorParam:
     align: int = 1
     #: An `Atomic` parameter: the kernel only updates it with atomics (never reads or stores).
     atomic: bool = False
+    #: For a shared tensor: the Mut parameters (by index) whose tensors this one covers (as
+    #: long or longer along every dim), as this launch's arguments showed.
+    covers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,8 @@ class EmitContext:
     scratch_used: dict[tuple[o.Op, str], int] = field(default_factory=dict)
     #: Ops not emitted where they stand (loads a pipeline issues ahead instead).
     skipped: set[o.Op] = field(default_factory=set)
+    #: Loads emitted without writing their padding (the plan's `unpadded`).
+    unpadded: frozenset[o.LoadOp] = frozenset()
     #: A TMA pipeline's load → the generic address of its tensor map (a kernel parameter).
     tensor_maps: dict[o.LoadOp, Reg] = field(default_factory=dict)
     #: Threads of the consumer warps of a warp-specialized kernel (0: not specialized): the

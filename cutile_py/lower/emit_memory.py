@@ -222,9 +222,10 @@ def load(em: EmitContext, op: o.LoadOp) -> None:
     index = [em.regs(v)[0] for v in op.operands]
     acc = Access(em, op.param, index, op.shape, lay, dt, op.within)
     cache = "" if p.mut else ".nc"  # shared tensors are read-only while the kernel runs
+    padding = None if op in em.unpadded else op.padding  # unobservable: not written
     out: list[Reg] = []
     for group, row, offset, pred in acc.vectors(None):
-        out.extend(load_vector(em, row, offset, len(group), dt, pred, op.padding, cache))
+        out.extend(load_vector(em, row, offset, len(group), dt, pred, padding, cache))
     if lay != em.layout(res):
         out = emit_shared.convert(em, out, lay, em.layout(res), res.type, res.type)
     em.define(res, out)
@@ -237,29 +238,33 @@ def load_vector(
     width: int,
     dt: type[DType],
     pred: Reg | None,
-    padding: float,
+    padding: float | None,
     cache: str,
 ) -> list[Reg]:
-    """`width` elements at `addr + offset` where `pred`, else `padding`: one load (16-bit
-    elements in b32 pairs; a bool is one byte); `cache` is "" or ".nc"."""
+    """`width` elements at `addr + offset` where `pred`, else `padding` (None: left as the
+    registers were, where the plan proved no store can see them): one load (16-bit elements
+    in b32 pairs; a bool is one byte); `cache` is "" or ".nc"."""
     fb = em.fb
     where = f"[{addr}+{offset}]" if offset else f"[{addr}]"
     if dt is bool_:
         h, r = fb.reg("b16"), fb.reg("pred")
-        fb.ins("mov.b16", h, int(bool(padding)))
+        if padding is not None:
+            fb.ins("mov.b16", h, int(bool(padding)))
         fb.ins(f"ld.global{cache}.u8", h, where, pred=pred)
         fb.ins("setp.ne.b16", r, h, 0)
         return [r]
     if dt in (f16, bf16):
-        pad = bits16(float(padding), dt)
+        pad = None if padding is None else bits16(float(padding), dt)
         if width == 1:
             h = fb.reg("b16")
-            fb.ins("mov.b16", h, Imm(f"0x{pad:04X}"))
+            if pad is not None:
+                fb.ins("mov.b16", h, Imm(f"0x{pad:04X}"))
             fb.ins(f"ld.global{cache}.b16", h, where, pred=pred)
             return [h]
         words = [fb.reg("b32") for _ in range(width // 2)]
-        for w in words:
-            fb.ins("mov.b32", w, Imm(f"0x{pad * 0x10001:08X}"))
+        if pad is not None:
+            for w in words:
+                fb.ins("mov.b32", w, Imm(f"0x{pad * 0x10001:08X}"))
         _ld(em, words, "b32", where, pred, cache)
         halves = []
         for w in words:
@@ -268,11 +273,12 @@ def load_vector(
             halves += [lo, hi]
         return halves
     regs = [em.new(dt) for _ in range(width)]
-    for x in regs:
-        if dt is f32:
-            fb.ins("mov.f32", x, f32_imm(float(padding)))
-        else:
-            fb.ins(f"mov.{BITS_SUFFIX[dt]}", x, int_imm(int(padding)))
+    if padding is not None:
+        for x in regs:
+            if dt is f32:
+                fb.ins("mov.f32", x, f32_imm(float(padding)))
+            else:
+                fb.ins(f"mov.{BITS_SUFFIX[dt]}", x, int_imm(int(padding)))
     _ld(em, regs, "f32" if dt is f32 else BITS_SUFFIX[dt], where, pred, cache)
     return regs
 

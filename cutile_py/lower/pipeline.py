@@ -50,6 +50,7 @@ def plan_and_emit(kernel: Kernel, target: Target) -> tuple[LoweringPlan, Emitter
         kernel, plan.layouts, fb, target, uses, plan.pipelines, plan.fragment_plan, plan.shared
     )
     em.persistent = plan.persistent
+    em.unpadded = plan.unpadded
     em.preamble()
     em.region(kernel.body)
     em.finish()

@@ -25,6 +25,7 @@ from cutile_py.lower.assign_fragments import (
     find_families,
 )
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan, plan_layouts
+from cutile_py.lower.plan_padding import unpadded_loads
 from cutile_py.lower.plan_persistent import Persistence, plan_persistent
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad, plan_pipelines
 from cutile_py.ptx.target import Target
@@ -42,6 +43,8 @@ class LoweringPlan:
     shared: SharedPlan
     #: How a persistent kernel walks its tiles (None: one block per tile).
     persistent: Persistence | None = None
+    #: Loads whose padding no store can observe: emitted without writing it (`plan_padding`).
+    unpadded: frozenset[o.LoadOp] = frozenset()
 
     @property
     def block_threads(self) -> int:
@@ -82,8 +85,9 @@ def plan_lowering(kernel: o.Kernel, target: Target, uses: DefUse) -> LoweringPla
     if kept is None:
         shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target)
     return LoweringPlan(
-        target, layouts, MappingProxyType(pipelines), fragments, shared, persistent=persist
-    )
+        target, layouts, MappingProxyType(pipelines), fragments, shared,
+        persistent=persist, unpadded=unpadded_loads(kernel, uses),
+    )  # fmt: skip
 
 
 def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
@@ -173,6 +177,10 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
     ]
     if memory:
         lines += ["memory access layouts:", *memory]
+    unpadded = [names[op.result] for op in ops if op in plan.unpadded]
+    if unpadded:
+        lines += ["loads writing no padding (used only by stores inside their edge): "
+                  + ", ".join(unpadded)]  # fmt: skip
     if pipes:
         lines += ["pipelines:", *pipes]
     if plan.persistent is not None:
