@@ -77,7 +77,13 @@ def _desc(address: int, rows: int, cols: int, box: list[int]) -> list[tuple[str,
 
 
 def tma_gemm(
-    rng: np.random.Generator, m: int, n: int, k: int, ptx: str | None = None, threads: int = 128
+    rng: np.random.Generator,
+    m: int,
+    n: int,
+    k: int,
+    ptx: str | None = None,
+    threads: int = 128,
+    race_check: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     text, shared, blk, boxes = oracle("tma_matmul_sm90")
     sim = Sim()
@@ -94,7 +100,8 @@ def tma_gemm(
         ("u32", m), ("u32", n), ("u32", k), ("u64", 0), ("u64", 0),
     ]  # fmt: skip
     grid = (-(-m // blk["BM"]), -(-n // blk["BN"]), 1)
-    sim.launch(ptx or text, "tma_matmul_kernel", grid, (threads, 1, 1), params, shared=shared)
+    sim.launch(ptx or text, "tma_matmul_kernel", grid, (threads, 1, 1), params, shared=shared,
+               race_check=race_check)  # fmt: skip
     return a, b, c
 
 
@@ -116,6 +123,54 @@ def test_reading_a_tma_stage_without_waiting_is_caught(rng: np.random.Generator)
     broken = text.replace(wait, "mov.pred complete, -1;")
     with pytest.raises(SimError, match="more arrivals than the barrier's expected count"):
         tma_gemm(rng, 256, 128, 320, broken)
+
+
+#: The end of Triton's TMA-store epilogue: commit the store's group, wait until it has read
+#: its shared source.
+COMMIT, WAIT = "cp.async.bulk.commit_group;", "cp.async.bulk.wait_group \t0;"
+
+
+def test_a_tma_store_reads_its_source_at_the_wait(rng: np.random.Generator) -> None:
+    """A store issued before the staging tile is rewritten but retired after it stores the
+    new values: the simulator reads the source at the wait, not at the issue (Triton's
+    kernel with the store's commit and wait moved past a rewrite of the tile, race checks
+    off so that the rewrite runs)."""
+    text, *_ = oracle("tma_matmul_sm90")
+    assert COMMIT in text and WAIT in text
+    # Every thread then overwrites its first staged 16 bytes with zeros.
+    rewrite = (
+        "mov.b32 %r78, 0;\n\t"
+        "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%r152], {%r78, %r78, %r78, %r78};"
+    )
+    broken = text.replace(COMMIT + "\n\t" + WAIT, rewrite + "\n\t" + COMMIT + "\n\t" + WAIT)
+    assert broken != text
+    m, n, k = 128, 128, 64
+    a, b, c = tma_gemm(rng, m, n, k, broken, race_check=False)
+    want = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float16)
+    zero = c == 0
+    assert zero.any() and (~zero).any()
+    assert np.isclose(c[~zero].astype(np.float64), want[~zero], rtol=2e-2, atol=2e-2).all()
+
+
+def test_writing_a_tma_stores_source_before_its_wait_is_caught(rng: np.random.Generator) -> None:
+    """The tile rewritten between the store's issue and its wait_group.read: reported as a
+    race on the staging memory, naming the store's line."""
+    text, *_ = oracle("tma_matmul_sm90")
+    rewrite = "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%r152], {%r78, %r79, %r80, %r81};"
+    broken = text.replace(COMMIT + "\n\t" + WAIT, COMMIT + "\n\t" + rewrite + "\n\t" + WAIT)
+    assert broken != text
+    with pytest.raises(SimError, match=r"bulk store issued at PTX line \d+ may still be reading"):
+        tma_gemm(rng, 128, 128, 64, broken)
+
+
+def test_exiting_before_a_tma_stores_wait_is_caught(rng: np.random.Generator) -> None:
+    """Triton's kernel without its `cp.async.bulk.wait_group 0`: the block exits while the
+    store may still read its shared memory."""
+    text, *_ = oracle("tma_matmul_sm90")
+    broken = text.replace(WAIT, "")
+    assert broken != text
+    with pytest.raises(SimError, match="exited with the bulk store it issued at PTX line"):
+        tma_gemm(rng, 128, 128, 64, broken)
 
 
 def test_swizzle_is_the_chunk_xor_of_notes_ptx() -> None:
