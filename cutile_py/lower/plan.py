@@ -10,7 +10,7 @@ carries the plan out.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from cutile_py.ir import ops as o
@@ -26,6 +26,7 @@ from cutile_py.lower.assign_fragments import (
 )
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan, plan_layouts
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad, plan_pipelines
+from cutile_py.lower.plan_store import StorePlan, no_stores, plan_stores, with_chains
 from cutile_py.ptx.target import Target
 
 
@@ -39,6 +40,8 @@ class LoweringPlan:
     fragment_plan: FragmentPlan
     #: Where the pipelines' rings and resident operand tiles lie, and for how long.
     shared: SharedPlan
+    #: Stores of loop accumulators carried out as TMA epilogues, and why the others are not.
+    stores: StorePlan = field(default_factory=no_stores)
 
     @property
     def block_threads(self) -> int:
@@ -66,9 +69,13 @@ def assign_layouts(
 def plan_lowering(kernel: o.Kernel, target: Target, uses: DefUse) -> LoweringPlan:
     """Run the planning passes over a verified kernel."""
     layouts, fragments = assign_layouts(kernel, target, uses)
+    stores = plan_stores(kernel, target, uses, fragments)
+    fragments = with_chains(fragments, stores)  # a TMA store's value stays in fragments
     pipelines = plan_pipelines(kernel, layouts, target, uses, fragments)
-    shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target)
-    return LoweringPlan(target, layouts, MappingProxyType(pipelines), fragments, shared)
+    shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target, stores.tma)
+    return LoweringPlan(
+        target, layouts, MappingProxyType(pipelines), fragments, shared, stores=stores
+    )
 
 
 def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
@@ -160,6 +167,10 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
         lines += ["memory access layouts:", *memory]
     if pipes:
         lines += ["pipelines:", *pipes]
+    stores = [f"  {op_name(t.store)}: {t.describe()}" for t in plan.stores.tma.values()]
+    stores += [f"  {op_name(op)}: plain stores, not tma: {w}" for op, w in plan.stores.why.items()]
+    if stores:
+        lines += ["stores:", *stores]
     shared = []
     for r in plan.shared.regions:
         what = "ring" if r.value is None else f"{names[r.value]} ({'AB'[r.which]} operand)"
