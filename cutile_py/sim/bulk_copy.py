@@ -295,6 +295,13 @@ def _make_store(
         stores = stores_of(b)
         for i, (lane, (m, addr, inside)) in enumerate(zip(lanes.tolist(), boxes)):
             flat = _smem_bytes(b, lane, int(srcs[i]), m)
+            tracker = b.shared.tracker
+            if tracker is not None:
+                # To the race detector the issuing thread reads the source now: what other
+                # threads wrote there must be ordered before it by a barrier. (Swizzling
+                # moves 16-byte chunks: each is contiguous.)
+                starts = flat[::16].astype(np.uint64)
+                tracker.access(np.full(starts.size, lane), starts, 16, write=False)
             got = np.flatnonzero(inside)
             # Read at the wait that retires its group (`BulkStores.wait`), not now.
             at = addr[got].astype(np.uint64)
