@@ -107,7 +107,7 @@ def test_plan_text_names_the_epilogue() -> None:
     assert (
         "  store[param=0] %20, %21, %19: tma store: 128x256 bf16 staged by stmatrix in 4 "
         "panel(s) of 128x64 (swizzle=3), box 128x64, 4 boxes; fence.proxy.async, barrier, "
-        "one thread stores, commit, wait_group.read 0\n" in text
+        "one thread stores, commit, wait_group.read 0, barrier\n" in text
     ), text
     assert "  %19 bf16<128x256>: mma acc fragments, warps 8x1\n" in text
     assert "tma store staging of store of %20, %21, %19: [0, 65536)" in text
@@ -294,7 +294,7 @@ def test_library_gemm_sass_stores_with_utmastg(ws: bool) -> None:
 def test_the_tma_epilogue_is_shorter_in_sass() -> None:
     """`paper_repro.epilogue_sass`: bf16 128 x 256 x 64, the same IR lowered with and without
     the TMA store: no shared round trip (LDS of the accumulator), no STG, about half the
-    instructions (294 -> 135 measured), no more registers, no spills."""
+    instructions (294 -> 138 measured), no more registers, no spills."""
     try:
         plain = measure(bf16, 128, 256, 64, 3, False, tma_store=False)
         tma = measure(bf16, 128, 256, 64, 3, False, tma_store=True)

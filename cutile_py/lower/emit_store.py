@@ -9,7 +9,9 @@ one thread with `cp.async.bulk.tensor`:
     thread 0:      if the tile index is sane, one cp.async.bulk.tensor store per panel
                    (the tensor map clips what lies past the tensor); commit_group;
                    wait_group.read 0 (the staging memory is read: it may be reused)
-    barrier        unless the block exits next (the staging memory is written again)
+    barrier        (before anything writes the staging memory again: the next tile of a
+                   persistent block, a later loop's ring; at the kernel's end it costs
+                   nothing, the block's resources go when its last thread exits)
 
 Staging addresses (panel p of `rows` x `span` bytes, row r, 16-byte chunk c of the row):
 `p * rows * span + r * span + (c ^ x(r)) * 16`, x(r) the swizzle's XOR of row r, which for
@@ -31,6 +33,7 @@ SWIZZLE_SHIFT = 7
 
 
 def store(em: EmitContext, op: o.StoreOp, t: TmaStore) -> None:
+    """Carry out `op` as the TMA store epilogue `t` planned."""
     fb = em.fb
     s = emit_mma.setup(em, t.frag.mma)
     regs = em.regs(op.operands[-1])
@@ -80,8 +83,7 @@ def store(em: EmitContext, op: o.StoreOp, t: TmaStore) -> None:
     fb.ins("cp.async.bulk.commit_group")
     fb.ins("cp.async.bulk.wait_group.read", 0)  # the staging memory has been read
     fb.place(done)
-    if not t.last:
-        em.barrier()  # nobody writes the staging memory before thread 0's wait
+    em.barrier()  # nobody writes the staging memory before thread 0's wait
 
 
 def _row_bases(em: EmitContext, s: Setup, smem: Reg, lane_row: Reg, span: int) -> dict[str, Reg]:
@@ -133,8 +135,11 @@ def _stage_16(em: EmitContext, s: Setup, t: TmaStore, regs: list[Reg], smem: Reg
     if chunks > 1:
         # x(row) = (row * span >> 7) & (chunks - 1); 16 m + lane_row: m adds nothing.
         shift = SWIZZLE_SHIFT - log2(t.span)
-        fb.ins("shr.u32", xr, lane_row, shift) if shift else fb.ins("mov.u32", xr, lane_row)
-        fb.ins("and.b32", xr, xr, chunks - 1)
+        if shift:
+            fb.ins("shr.u32", xr, lane_row, shift)
+            fb.ins("and.b32", xr, xr, chunks - 1)
+        else:  # 128-byte rows: x = row & 7
+            fb.ins("and.b32", xr, lane_row, chunks - 1)
     else:
         fb.ins("mov.u32", xr, 0)
     lane_bits = fb.reg("b32")

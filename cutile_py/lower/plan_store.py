@@ -58,9 +58,6 @@ class TmaStore:
     #: Columns per panel (one box each) and the panels' `CUtensorMapSwizzle`.
     panel: int
     swizzle: int
-    #: Whether no op follows the store in the kernel: the block then exits after the wait,
-    #: with no barrier for a later write to the staging memory.
-    last: bool
 
     @property
     def eb(self) -> int:
@@ -105,8 +102,7 @@ class TmaStore:
             f"tma store: {self.rows}x{self.cols} {self.dtype.name} staged by {how} in "
             f"{self.panels} panel(s) of {self.rows}x{self.panel} (swizzle={self.swizzle}), "
             f"box {'x'.join(map(str, reversed(self.box)))}{per}; fence.proxy.async, barrier, "
-            "one thread stores, commit, wait_group.read 0"
-            + ("" if self.last else ", barrier (the staging memory is written again)")
+            "one thread stores, commit, wait_group.read 0, barrier"
         )
 
 
@@ -130,7 +126,6 @@ def plan_stores(
     why: dict[o.StoreOp, str] = {}
     if not target.tma:
         return no_stores()  # nothing to decide (and nothing to say) without TMA
-    last = kernel.body.ops[-1] if kernel.body.ops else None
     for op in _walk(kernel.body):
         if not isinstance(op, o.StoreOp):
             continue
@@ -138,7 +133,7 @@ def plan_stores(
         if found is None:
             continue  # not an accumulator's store: nothing to say
         acc, frag, chain = found
-        got = _decide(kernel, target, op, acc, frag, chain, op is last)
+        got = _decide(kernel, target, op, acc, frag, chain)
         if isinstance(got, str):
             why[op] = got
         else:
@@ -206,7 +201,6 @@ def _decide(
     acc: o.Value,
     frag: Fragment,
     chain: tuple[o.Value, ...],
-    last: bool,
 ) -> TmaStore | str:
     param = kernel.params[store.param]
     assert isinstance(param, o.TensorParam)
@@ -234,4 +228,4 @@ def _decide(
         while (cols * eb) % span:
             span //= 2
         swizzle = SWIZZLE_OF_ROW[span]
-    return TmaStore(store, acc, frag, chain, dt, rows, cols, span // eb, swizzle, last)
+    return TmaStore(store, acc, frag, chain, dt, rows, cols, span // eb, swizzle)
