@@ -94,6 +94,28 @@ def test_tma_store_matches_numpy(
     _check(res.unpartition().to_numpy().astype(np.float64), a @ b, odt)
 
 
+@pytest.mark.parametrize("odt", ODTS, ids=lambda d: d.name)
+@pytest.mark.parametrize("tile", [(32, 64, 32), (16, 128, 32), (48, 64, 32)], ids=str)
+def test_tma_store_of_mma_sync_fragments_split_by_columns(
+    sim90: SimBackend, odt: type[ct.DType], tile: tuple[int, int, int], rng: np.random.Generator
+) -> None:
+    """Tiles too short for wgmma: mma.sync fragments over 1 x 4 warps, each warp holding
+    every 4th fragment column (its chunks and panels computed from the warp's column)."""
+    m, n, k = 100, 200, 72
+    bm, bn, bk = tile
+    a, ta = _operand(rng, (m, k), f16)
+    b, tb = _operand(rng, (k, n), f16)
+    kernel = _gemm_kernel(f16, odt, False, False, 2, 4)
+    out = ct.full((m, n), np.nan, odt).partition((bm, bn))
+    lowered = kernel.compile(out, ta, tb, bk, target=SM90).lowered
+    assert lowered.plan is not None and lowered.plan.stores.tma
+    (store,) = lowered.plan.stores.tma.values()
+    assert store.frag.grid.wn == 4 and "wgmma" not in lowered.ptx
+    assert STORE in lowered.ptx and "st.global" not in lowered.ptx
+    res, *_ = kernel(out, ta, tb, bk).sync()
+    _check(res.unpartition().to_numpy().astype(np.float64), a @ b, odt)
+
+
 def test_plan_text_names_the_epilogue() -> None:
     kernel = _gemm_kernel(bf16, bf16, False, False, 3)
     spec = (
@@ -162,12 +184,15 @@ def test_rows_no_map_can_describe_keep_the_plain_store(
 
 
 @pytest.mark.parametrize("odt", ODTS, ids=lambda d: d.name)
-def test_staging_writes_are_free_of_bank_conflicts(odt: type[ct.DType]) -> None:
+@pytest.mark.parametrize(("bm", "bn", "warps"), [(128, 256, None), (32, 64, 4)], ids=str)
+def test_staging_writes_are_free_of_bank_conflicts(
+    odt: type[ct.DType], bm: int, bn: int, warps: int | None
+) -> None:
     """The sim's counters: every stmatrix (16-bit) or st.shared.v2.f32 (f32) of the epilogue
-    takes one wavefront per phase."""
-    kernel = _gemm_kernel(bf16, odt, False, False, 3)
+    takes one wavefront per phase (wgmma fragments, and mma.sync ones over 1 x 4 warps)."""
+    kernel = _gemm_kernel(bf16, odt, False, False, 3, warps)
     r = kernel.report(
-        ct.PartitionSpec((256, 512), (128, 256), odt),
+        ct.PartitionSpec((256, 512), (bm, bn), odt),
         ct.TensorSpec((256, 128), bf16),
         ct.TensorSpec((128, 512), bf16),
         64,

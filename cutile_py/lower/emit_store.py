@@ -102,33 +102,46 @@ def _row_bases(em: EmitContext, s: Setup, smem: Reg, lane_row: Reg, span: int) -
 
 
 def _stage_f32(em: EmitContext, s: Setup, t: TmaStore, regs: list[Reg], smem: Reg) -> None:
-    """Rows of 32 bytes, unswizzled, a panel per N slot: (g, 2t..2t+1) at g * 32 + t * 8."""
+    """Rows of 32 bytes, unswizzled, a panel per fragment column (N slot j of warp column
+    w: column w + j * wn): (g, 2t..2t+1) at g * 32 + t * 8 of its panel."""
     fb = em.fb
     assert t.panel == 8 and t.swizzle == 0
     col = fb.reg("b32")
     fb.ins("shl.b32", col, s.lane.t, 3)
-    bases = {}
-    for name, base in _row_bases(em, s, smem, s.lane.g, t.span).items():
-        b = fb.reg("b32")
-        fb.ins("add.u32", b, base, col)
-        bases[name] = b
+    rows = _row_bases(em, s, smem, s.lane.g, t.span)
+    bases: dict[tuple[str, str], Reg] = {}
+
+    def base(sl: Slot, nl: Slot) -> Reg:
+        key = (sl.reg.name, nl.reg.name)
+        if key not in bases:
+            b = fb.reg("b32")
+            fb.ins("add.u32", b, rows[sl.reg.name], col)
+            if t.frag.grid.wn > 1:  # the warp's first panel
+                fb.ins("mad.lo.u32", b, nl.reg, t.panel_bytes, b)
+            bases[key] = b
+        return bases[key]
+
     sn = len(s.slots_n)
     for i, sl in enumerate(s.slots_m):
         for j, nl in enumerate(s.slots_n):
             k = 4 * (i * sn + j)
-            panel = nl.static  # wn = 1: slot j is fragment column j, panel j
+            pred = em.conj(sl.valid, nl.valid)
             for h in range(2):
-                imm = panel * t.panel_bytes + (16 * sl.static + 8 * h) * t.span
+                imm = nl.static * t.panel_bytes + (16 * sl.static + 8 * h) * t.span
                 pair = Vec((regs[k + 2 * h], regs[k + 2 * h + 1]))
-                fb.ins("st.shared.v2.f32", Addr(bases[sl.reg.name], imm), pair, pred=sl.valid)
+                fb.ins("st.shared.v2.f32", Addr(base(sl, nl), imm), pair, pred=pred)
 
 
 def _stage_16(em: EmitContext, s: Setup, t: TmaStore, regs: list[Reg], smem: Reg) -> None:
     """stmatrix: lane l gives the address of row l & 15 of the slot's 16 rows; with .x4,
-    lanes 16..31 those of the next N slot (chunk + 1). Chunk c of a row lands at
-    c ^ x(row), x lane-only; for an even static chunk cs, (cs + b) ^ x = cs ^ (b ^ x)."""
+    lanes 16..31 those of the next N slot (wn fragment columns further). Fragment column c
+    (8 columns: 16 bytes) is chunk c % S of panel c / S (S chunks per row), and lands at
+    chunk (c % S) ^ x(row), x lane-only. With wn = 1 the pair's chunks are an even static
+    cs and cs + 1, and (cs + b) ^ x = cs ^ (b ^ x): one address per static chunk; with
+    wn > 1 the chunk is computed per slot from the warp's column."""
     fb = em.fb
     chunks = t.span // CHUNK  # per staging row
+    wn = t.frag.grid.wn
     lane_row, pair_bit, xr = fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
     fb.ins("and.b32", lane_row, s.lane.lane, 15)
     fb.ins("shr.u32", pair_bit, s.lane.lane, 4)
@@ -142,31 +155,54 @@ def _stage_16(em: EmitContext, s: Setup, t: TmaStore, regs: list[Reg], smem: Reg
             fb.ins("and.b32", xr, lane_row, chunks - 1)
     else:
         fb.ins("mov.u32", xr, 0)
-    lane_bits = fb.reg("b32")
+    rows = _row_bases(em, s, smem, lane_row, t.span)
+    addrs: dict[tuple[str, str, int, bool], Reg] = {}
+    lane_bits = fb.reg("b32")  # wn = 1: b ^ x
     fb.ins("xor.b32", lane_bits, pair_bit, xr)
-    bases = _row_bases(em, s, smem, lane_row, t.span)
-    addrs: dict[tuple[str, int, bool], Reg] = {}
+    paired_col: Reg | None = None  # wn > 1: the warp's column, + wn for lanes 16..31
 
-    def address(sl: Slot, cs: int, paired: bool) -> Reg:
-        key = (sl.reg.name, cs, paired)
+    def address(sl: Slot, nl: Slot, paired: bool) -> tuple[Reg, int]:
+        """The address register and immediate of slot (sl, nl), with the next N slot's
+        address in lanes 16..31 if `paired`."""
+        nonlocal paired_col
+        if wn == 1:
+            cs, panel = nl.static % chunks, nl.static // chunks
+            key = (sl.reg.name, "", cs, paired)
+            if key not in addrs:
+                x = fb.reg("b32")
+                fb.ins("xor.b32", x, lane_bits if paired else xr, cs)
+                fb.ins("shl.b32", x, x, log2(CHUNK))
+                fb.ins("add.u32", x, x, rows[sl.reg.name])
+                addrs[key] = x
+            return addrs[key], panel * t.panel_bytes + 16 * sl.static * t.span
+        key = (sl.reg.name, nl.reg.name, nl.static, paired)
         if key not in addrs:
-            x = fb.reg("b32")
-            fb.ins("xor.b32", x, lane_bits if paired else xr, cs)
+            col = nl.reg
+            if paired:
+                if paired_col is None:
+                    paired_col = fb.reg("b32")
+                    fb.ins("mad.lo.u32", paired_col, pair_bit, wn, nl.reg)
+                col = paired_col
+            c, panel, x = fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
+            fb.ins("add.u32", c, col, nl.static)
+            fb.ins("shr.u32", panel, c, log2(chunks))
+            fb.ins("and.b32", x, c, chunks - 1)
+            fb.ins("xor.b32", x, x, xr)
             fb.ins("shl.b32", x, x, log2(CHUNK))
-            fb.ins("add.u32", x, x, bases[sl.reg.name])
+            fb.ins("mad.lo.u32", x, panel, t.panel_bytes, x)
+            fb.ins("add.u32", x, x, rows[sl.reg.name])
             addrs[key] = x
-        return addrs[key]
+        return addrs[key], 16 * sl.static * t.span
 
     sn = len(s.slots_n)
-    # Pairs of N slots in one panel go to one stmatrix.x4; the rest one .x2 each.
-    pairs = chunks > 1 and sn > 1
     for i, sl in enumerate(s.slots_m):
         j = 0
         while j < sn:
-            x4 = pairs and j + 1 < sn
-            # wn = 1: slot j is fragment column j, whose 8 columns are chunk j of the tile.
-            c = s.slots_n[j].static
-            cs, panel = c % chunks, c // chunks
+            nl = s.slots_n[j]
+            # Two N slots in one stmatrix.x4: with wn = 1 chunks j and j + 1 of one panel
+            # (j even), else any two real slots of the warp's column; the rest .x2 each.
+            x4 = j + 1 < sn and nl.valid is None and s.slots_n[j + 1].valid is None
+            x4 = x4 and (chunks > 1 if wn == 1 else nl.reg is s.slots_n[j + 1].reg)
             words = []
             for jj in (j, j + 1) if x4 else (j,):
                 k = 4 * (i * sn + jj)
@@ -174,11 +210,11 @@ def _stage_16(em: EmitContext, s: Setup, t: TmaStore, regs: list[Reg], smem: Reg
                     w = fb.reg("b32")
                     fb.ins("mov.b32", w, Vec((regs[k + 2 * h], regs[k + 2 * h + 1])))
                     words.append(w)
-            imm = panel * t.panel_bytes + 16 * sl.static * t.span
+            at, imm = address(sl, nl, x4)
             fb.ins(
                 f"stmatrix.sync.aligned.m8n8.x{len(words)}.shared.b16",
-                Addr(address(sl, cs, x4), imm),
+                Addr(at, imm),
                 Vec(tuple(words)),
-                pred=sl.valid,
+                pred=em.conj(sl.valid, nl.valid),
             )
             j += 2 if x4 else 1

@@ -216,8 +216,6 @@ def _decide(
             f"{param.name}: its base or row stride is not a multiple of 16 bytes "
             f"(aligned to {param.align * eb} bytes)"
         )
-    if frag.grid.wn != 1:
-        return f"the accumulator's warps split its columns ({frag.grid.wn} ways)"
     if rows > MAX_BOX:
         return f"{param.name}: a box of {rows} rows exceeds a box's {MAX_BOX}"
     if eb == 4:
