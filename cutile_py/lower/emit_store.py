@@ -183,13 +183,13 @@ def _stage_16(em: EmitContext, s: Setup, t: TmaStore, regs: list[Reg], smem: Reg
                     paired_col = fb.reg("b32")
                     fb.ins("mad.lo.u32", paired_col, pair_bit, wn, nl.reg)
                 col = paired_col
-            c, panel, x = fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
+            c, which, x = fb.reg("b32"), fb.reg("b32"), fb.reg("b32")
             fb.ins("add.u32", c, col, nl.static)
-            fb.ins("shr.u32", panel, c, log2(chunks))
+            fb.ins("shr.u32", which, c, log2(chunks))  # the panel
             fb.ins("and.b32", x, c, chunks - 1)
             fb.ins("xor.b32", x, x, xr)
             fb.ins("shl.b32", x, x, log2(CHUNK))
-            fb.ins("mad.lo.u32", x, panel, t.panel_bytes, x)
+            fb.ins("mad.lo.u32", x, which, t.panel_bytes, x)
             fb.ins("add.u32", x, x, rows[sl.reg.name])
             addrs[key] = x
         return addrs[key], 16 * sl.static * t.span
