@@ -183,6 +183,43 @@ def test_rows_no_map_can_describe_keep_the_plain_store(
     _check(res.unpartition().to_numpy().astype(np.float64), a @ b, odt)
 
 
+@ct.kernel
+def halves(
+    c: Mut[Tensor[f32, BM, BN]],
+    a: Tensor[f16, Dyn, Dyn],
+    b: Tensor[f16, Dyn, Dyn],
+    BK: ct.Constant[int],
+) -> None:
+    """The block's (BM, BN) tile computed as two (BM / 2, BN) halves, each stored as a
+    sub-tile of it (`ct.store(c, index, tile)`)."""
+    for h in range(2):
+        acc: ct.Tile = ct.zeros((c.shape[0] // 2, c.shape[1]), f32)
+        for kk in range(ct.num_tiles(a, 1, BK)):
+            ta = ct.load(a, (2 * ct.bid(0) + h, kk), (c.shape[0] // 2, BK))
+            tb = ct.load(b, (kk, ct.bid(1)), (BK, c.shape[1]))
+            acc = ct.mma(ta, tb, acc)
+        ct.store(c, (h, 0), acc)
+
+
+def test_a_sub_tile_store_keeps_the_plain_store(
+    sim90: SimBackend, rng: np.random.Generator
+) -> None:
+    """TMA clips at the tensor's edge, not at the block's tile: a sub-tile store stays plain
+    (the plan says why) and is right."""
+    m, n, k = 200, 72, 64
+    a, ta = _operand(rng, (m, k), f16)
+    b, tb = _operand(rng, (k, n), f16)
+    out = ct.full((m, n), np.nan).partition((128, 64))
+    lowered = halves.compile(out, ta, tb, 32, target=SM90).lowered
+    assert lowered.plan is not None and not lowered.plan.stores.tma
+    assert list(lowered.plan.stores.why.values()) == [
+        "c: a sub-tile store (TMA cannot clip to the block's tile)"
+    ]
+    assert "bulk_group" not in lowered.ptx
+    res, *_ = halves(out, ta, tb, 32).sync()
+    _check(res.unpartition().to_numpy(), a @ b, f32)
+
+
 @pytest.mark.parametrize("odt", ODTS, ids=lambda d: d.name)
 @pytest.mark.parametrize(("bm", "bn", "warps"), [(128, 256, None), (32, 64, 4)], ids=str)
 def test_staging_writes_are_free_of_bank_conflicts(

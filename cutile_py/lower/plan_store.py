@@ -8,15 +8,15 @@ the tensor map's boxes expect, and one thread stores the tile with `cp.async.bul
 
 The staging tile is `cols / panel` panels of rows x `panel` columns, each a box of its own,
 swizzled so that the fragment writes hit every bank once:
-- 16-bit: rows of up to 128 bytes (the widest span dividing the tile's rows), with the span's
-  swizzle; `stmatrix` writes 8 rows of a 16-byte chunk per matrix, and any 8 consecutive
-  rows hold a chunk at 8 different bank groups.
+- 16-bit: rows of up to 128 bytes (the widest span dividing a tile row's bytes), with the
+  span's swizzle; `stmatrix` writes 8 rows of a 16-byte chunk per matrix, and any 8
+  consecutive rows hold a chunk at 8 different bank groups.
 - f32: rows of 32 bytes, unswizzled: a fragment's row g, columns 2t, 2t + 1 (8 bytes) of 4
   rows x 4 lanes fill 128 contiguous bytes, one wavefront per half warp (with 128-byte rows
   the XOR would pair up rows g and g ^ 1 on the same banks).
 
 Static conditions are checked here (target, dtype, a 16-byte aligned base and row stride as
-the specialization records them, box sizes, fragment layout); the host makes the map from
+the specialization records them, not a sub-tile store, box sizes); the host makes the map from
 the tensor launched with, whose alignment is part of the specialization key, so a tensor no
 map can describe compiles the plain store instead (the same choice `plan_tma` makes for
 loads).
@@ -30,7 +30,7 @@ from types import MappingProxyType
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType
-from cutile_py.ir.uses import DefUse
+from cutile_py.ir.uses import DefUse, walk
 from cutile_py.lower.assign_fragments import Fragment, FragmentPlan
 from cutile_py.lower.plan_tma import MAP_DTYPE, MAX_BOX, SWIZZLE_OF_ROW
 from cutile_py.ptx.target import Target
@@ -126,7 +126,7 @@ def plan_stores(
     why: dict[o.StoreOp, str] = {}
     if not target.tma:
         return no_stores()  # nothing to decide (and nothing to say) without TMA
-    for op in _walk(kernel.body):
+    for op in walk(kernel.body):
         if not isinstance(op, o.StoreOp):
             continue
         found = _accumulator(op, uses, fragments)
@@ -150,15 +150,6 @@ def with_chains(fragments: FragmentPlan, stores: StorePlan) -> FragmentPlan:
         for v in t.chain:
             values[v] = t.frag
     return FragmentPlan(MappingProxyType(values), fragments.grids)
-
-
-def _walk(region: o.Region) -> list[o.Op]:
-    out = []
-    for op in region.ops:
-        out.append(op)
-        for r in op.regions():
-            out += _walk(r)
-    return out
 
 
 def _accumulator(
