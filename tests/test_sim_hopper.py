@@ -278,6 +278,59 @@ def test_mbarrier_that_was_never_initialized_is_an_error() -> None:
         sim.launch(bad, "bar", (1, 1, 1), (64, 1, 1), [("u64", pout), ("u32", 5)])
 
 
+BULK_STORE = """
+.visible .entry bulk(.param .u64 out)
+{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<4>;
+    .reg .pred %p<2>;
+    .shared .align 16 .b8 tile[64];
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, tile;
+    shl.b32 %r3, %r1, 2;
+    add.u32 %r4, %r2, %r3;
+    st.shared.u32 [%r4], 1;
+    bar.sync 0;
+    setp.eq.u32 %p1, %r1, 0;
+    // two groups of 16 bytes each: tile[0, 16) to out[0, 16), tile[16, 32) to out[16, 32)
+    @%p1 cp.async.bulk.global.shared::cta.bulk_group [%rd1], [%r2], 16;
+    cp.async.bulk.commit_group;
+    add.u64 %rd2, %rd1, 16;
+    add.u32 %r5, %r2, 16;
+    @%p1 cp.async.bulk.global.shared::cta.bulk_group [%rd2], [%r5], 16;
+    cp.async.bulk.commit_group;
+    cp.async.bulk.wait_group.read %KEEP;
+    bar.sync 0;
+    st.shared.u32 [%r4], 2;
+    bar.sync 0;
+    @%p1 cp.async.bulk.wait_group 0;
+    ret;
+}
+"""
+
+
+@pytest.mark.parametrize("keep", [0, 1])
+def test_bulk_stores_read_at_the_wait_of_their_group(keep: int) -> None:
+    """`wait_group.read N` retires all but the newest N groups: the first store read the
+    tile's 1s; the second, left pending by `.read 1`, reads the 2s written after the wait
+    (with race checks off; on they report that write, the next test)."""
+    sim = Sim()
+    pout, out = sim.buffer(np.zeros(8, np.uint32))
+    ptx = BULK_STORE.replace("%KEEP", str(keep))
+    sim.launch(ptx, "bulk", (1, 1, 1), (16, 1, 1), [("u64", pout)], race_check=False)
+    np.testing.assert_array_equal(out, [1] * 4 + [1 + keep] * 4)
+
+
+def test_rewriting_a_pending_bulk_stores_source_is_caught() -> None:
+    sim = Sim()
+    pout, _ = sim.buffer(np.zeros(8, np.uint32))
+    with pytest.raises(SimError, match=r"bulk store issued at PTX line \d+ may still be reading"):
+        sim.launch(BULK_STORE.replace("%KEEP", "1"), "bulk", (1, 1, 1), (16, 1, 1),
+                   [("u64", pout)])  # fmt: skip
+    sim.launch(BULK_STORE.replace("%KEEP", "0"), "bulk", (1, 1, 1), (16, 1, 1), [("u64", pout)])
+
+
 STMATRIX = """
 .visible .entry stm(.param .u64 out)
 {
