@@ -183,6 +183,24 @@ def test_rows_no_map_can_describe_keep_the_plain_store(
     _check(res.unpartition().to_numpy().astype(np.float64), a @ b, odt)
 
 
+def test_a_staging_tile_past_shared_memory_keeps_the_plain_store() -> None:
+    """256 x 256 f32 would stage 256 KiB, past a block's 227 KiB: the plain store (through
+    the accumulator's row bands) is kept, and the kernel still lowers."""
+    kernel = _gemm_kernel(f16, f32, False, False, 2)
+    spec = (
+        ct.PartitionSpec((1024, 1024), (256, 256), f32),
+        ct.TensorSpec((1024, 1024), f16),
+        ct.TensorSpec((1024, 1024), f16),
+    )
+    lowered = kernel.compile(*spec, 16, target=SM90).lowered
+    assert lowered.plan is not None and not lowered.plan.stores.tma
+    assert list(lowered.plan.stores.why.values()) == [
+        "c: a staging tile of 262144 bytes exceeds the 232448 bytes of shared memory a block "
+        "may have"
+    ]
+    assert lowered.plan.shared.total <= SM90.max_shared_bytes
+
+
 @ct.kernel
 def halves(
     c: Mut[Tensor[f32, BM, BN]],

@@ -217,4 +217,10 @@ def _decide(
         while (cols * eb) % span:
             span //= 2
         swizzle = SWIZZLE_OF_ROW[span]
-    return TmaStore(store, acc, frag, chain, dt, rows, cols, span // eb, swizzle)
+    got = TmaStore(store, acc, frag, chain, dt, rows, cols, span // eb, swizzle)
+    if got.nbytes > target.max_shared_bytes:
+        return (
+            f"{param.name}: a staging tile of {got.nbytes} bytes exceeds the "
+            f"{target.max_shared_bytes} bytes of shared memory a block may have"
+        )
+    return got
