@@ -21,7 +21,8 @@ import cutile_py as ct
 from cutile_py import Dyn, Mut, Tensor, bf16, f16, f32
 from cutile_py.host.launch import ParamReader
 from cutile_py.ir.dtypes import round_to
-from cutile_py.lower.plan import format_plan
+from cutile_py.lower.pipeline import LoweredKernel, lower_kernel
+from cutile_py.lower.plan import LoweringPlan, format_plan
 from cutile_py.ptx.target import Target
 from cutile_py.runtime.backend import LaunchFailure, ParamValue
 from cutile_py.runtime.nvjitlink import assemble, nvjitlink_available
@@ -59,6 +60,15 @@ def _check(got: np.ndarray, want: np.ndarray, odt: type[ct.DType]) -> None:
 
 
 ODTS = [f16, bf16, f32]
+
+
+def _planned(kernel: Any, *args: Any) -> tuple[Any, LoweredKernel, LoweringPlan]:
+    """The kernel's IR for sm_90 and its lowering with the plan (lowered here: a compile read
+    back from the disk cache carries no plan)."""
+    ir = kernel.compile(*args, target=SM90).ir
+    lowered = lower_kernel(ir, SM90)
+    assert lowered.plan is not None
+    return ir, lowered, lowered.plan
 
 
 @pytest.mark.parametrize("odt", ODTS, ids=lambda d: d.name)
@@ -107,9 +117,8 @@ def test_tma_store_of_mma_sync_fragments_split_by_columns(
     b, tb = _operand(rng, (k, n), f16)
     kernel = _gemm_kernel(f16, odt, False, False, 2, 4)
     out = ct.full((m, n), np.nan, odt).partition((bm, bn))
-    lowered = kernel.compile(out, ta, tb, bk, target=SM90).lowered
-    assert lowered.plan is not None and lowered.plan.stores.tma
-    (store,) = lowered.plan.stores.tma.values()
+    _, lowered, plan = _planned(kernel, out, ta, tb, bk)
+    (store,) = plan.stores.tma.values()
     assert store.frag.grid.wn == 4 and "wgmma" not in lowered.ptx
     assert STORE in lowered.ptx and "st.global" not in lowered.ptx
     res, *_ = kernel(out, ta, tb, bk).sync()
@@ -123,9 +132,8 @@ def test_plan_text_names_the_epilogue() -> None:
         ct.TensorSpec((4096, 4096), bf16),
         ct.TensorSpec((4096, 4096), bf16),
     )
-    lowered = kernel.compile(*spec, 64, target=SM90).lowered
-    assert lowered.plan is not None
-    text = format_plan(kernel.compile(*spec, 64, target=SM90).ir, lowered.plan)
+    ir, _, plan = _planned(kernel, *spec, 64)
+    text = format_plan(ir, plan)
     assert (
         "  store[param=0] %20, %21, %19: tma store: 128x256 bf16 staged by stmatrix in 4 "
         "panel(s) of 128x64 (swizzle=3), box 128x64, 4 boxes; fence.proxy.async, barrier, "
@@ -165,19 +173,15 @@ def test_rows_no_map_can_describe_keep_the_plain_store(
     b, tb = _operand(rng, (k, n), bf16)
     kernel = _gemm_kernel(bf16, odt, False, False, 3)
     out = ct.full((m, n), np.nan, odt).partition((64, 64))
-    compiled = kernel.compile(out, ta, tb, 32, target=SM90)
-    lowered = compiled.lowered
-    assert lowered.plan is not None
+    ir, lowered, plan = _planned(kernel, out, ta, tb, 32)
     eb = odt.itemsize()
     aligned = (n * eb) & -(n * eb)
-    assert not lowered.plan.stores.tma
-    (why,) = lowered.plan.stores.why.values()
+    assert not plan.stores.tma
+    (why,) = plan.stores.why.values()
     assert why == (
         f"c: its base or row stride is not a multiple of 16 bytes (aligned to {aligned} bytes)"
     )
-    assert "plain stores, not tma: c: its base or row stride" in format_plan(
-        compiled.ir, lowered.plan
-    )
+    assert "plain stores, not tma: c: its base or row stride" in format_plan(ir, plan)
     assert "bulk_group" not in lowered.ptx and "st.global" in lowered.ptx
     res, *_ = kernel(out, ta, tb, 32).sync()
     _check(res.unpartition().to_numpy().astype(np.float64), a @ b, odt)
@@ -192,13 +196,13 @@ def test_a_staging_tile_past_shared_memory_keeps_the_plain_store() -> None:
         ct.TensorSpec((1024, 1024), f16),
         ct.TensorSpec((1024, 1024), f16),
     )
-    lowered = kernel.compile(*spec, 16, target=SM90).lowered
-    assert lowered.plan is not None and not lowered.plan.stores.tma
-    assert list(lowered.plan.stores.why.values()) == [
+    _, _, plan = _planned(kernel, *spec, 16)
+    assert not plan.stores.tma
+    assert list(plan.stores.why.values()) == [
         "c: a staging tile of 262144 bytes exceeds the 232448 bytes of shared memory a block "
         "may have"
     ]
-    assert lowered.plan.shared.total <= SM90.max_shared_bytes
+    assert plan.shared.total <= SM90.max_shared_bytes
 
 
 @ct.kernel
@@ -228,9 +232,9 @@ def test_a_sub_tile_store_keeps_the_plain_store(
     a, ta = _operand(rng, (m, k), f16)
     b, tb = _operand(rng, (k, n), f16)
     out = ct.full((m, n), np.nan).partition((128, 64))
-    lowered = halves.compile(out, ta, tb, 32, target=SM90).lowered
-    assert lowered.plan is not None and not lowered.plan.stores.tma
-    assert list(lowered.plan.stores.why.values()) == [
+    _, lowered, plan = _planned(halves, out, ta, tb, 32)
+    assert not plan.stores.tma
+    assert list(plan.stores.why.values()) == [
         "c: a sub-tile store (TMA cannot clip to the block's tile)"
     ]
     assert "bulk_group" not in lowered.ptx
