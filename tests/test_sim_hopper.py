@@ -291,6 +291,7 @@ BULK_STORE = """
     shl.b32 %r3, %r1, 2;
     add.u32 %r4, %r2, %r3;
     st.shared.u32 [%r4], 1;
+    fence.proxy.async.shared::cta;
     bar.sync 0;
     setp.eq.u32 %p1, %r1, 0;
     // two groups of 16 bytes each: tile[0, 16) to out[0, 16), tile[16, 32) to out[16, 32)
@@ -329,6 +330,18 @@ def test_rewriting_a_pending_bulk_stores_source_is_caught() -> None:
         sim.launch(BULK_STORE.replace("%KEEP", "1"), "bulk", (1, 1, 1), (16, 1, 1),
                    [("u64", pout)])  # fmt: skip
     sim.launch(BULK_STORE.replace("%KEEP", "0"), "bulk", (1, 1, 1), (16, 1, 1), [("u64", pout)])
+
+
+def test_a_bulk_store_of_unfenced_writes_is_caught() -> None:
+    """The tile written by the generic proxy and stored by the copy engine (async proxy)
+    with no fence.proxy.async between: reported, naming the writer."""
+    sim = Sim()
+    pout, _ = sim.buffer(np.zeros(8, np.uint32))
+    ptx = BULK_STORE.replace("%KEEP", "0").replace("fence.proxy.async.shared::cta;\n", "")
+    with pytest.raises(
+        SimError, match=r"address 0x0, which thread \(0, 0, 0\) wrote through the generic proxy"
+    ):
+        sim.launch(ptx, "bulk", (1, 1, 1), (16, 1, 1), [("u64", pout)])
 
 
 STMATRIX = """

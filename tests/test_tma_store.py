@@ -331,6 +331,25 @@ def test_a_missing_wait_before_the_staging_is_reused_is_caught(
         sim90.launch(kernel, (3, 2, 1), block, lowered.dynamic_shared, values).wait()
 
 
+def test_a_store_of_unfenced_staging_writes_is_caught(
+    sim90: SimBackend, rng: np.random.Generator
+) -> None:
+    """The epilogue's fence.proxy.async dropped: the copy engine's read is not ordered after
+    the threads' stmatrix writes (generic proxy); the simulator reports it."""
+    args, _ = _two_products(rng)
+    lowered = two_products.compile(*args, target=SM90).lowered
+    ptx = lowered.ptx
+    fence = "\tfence.proxy.async.shared::cta;\n\tbar.sync 0;\n"
+    at = ptx.index(fence, ptx.index("stmatrix"))  # the first store's, after its staging
+    broken = ptx[:at] + ptx[at:].replace(fence, "\tbar.sync 0;\n", 1)
+    reader = ParamReader(lowered)
+    values = [ParamValue(t, v) for t, v in zip(reader.ptypes, reader(args, sim90))]
+    kernel = sim90.load_kernel(broken, lowered.entry)
+    block = (lowered.block_threads, 1, 1)
+    with pytest.raises(LaunchFailure, match=r"with no fence\.proxy\.async"):
+        sim90.launch(kernel, (3, 2, 1), block, lowered.dynamic_shared, values).wait()
+
+
 def test_a_store_issued_before_the_barrier_is_caught(
     sim90: SimBackend, rng: np.random.Generator
 ) -> None:

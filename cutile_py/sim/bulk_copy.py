@@ -150,6 +150,9 @@ def _make_plain(ins: Instruction) -> Handler:
             base = b.shared.flat(one, b.slot[one], soffs[i : i + 1], n, "bulk copy")
             flat = (int(base[0]) + np.arange(n)).astype(np.intp)
             if store:
+                if b.shared.tracker is not None:  # the copy engine reads: fenced, ordered
+                    b.shared.tracker.access(one, base, n, write=False)
+                    b.shared.tracker.bulk_store_read(lane, flat)
                 stores_of(b).issue(_Store(lane, flat, 1, at, np.arange(n), b.instr.line))
             else:
                 assert bars is not None
@@ -302,6 +305,7 @@ def _make_store(
                 # moves 16-byte chunks: each is contiguous.)
                 starts = flat[::16].astype(np.uint64)
                 tracker.access(np.full(starts.size, lane), starts, 16, write=False)
+                tracker.bulk_store_read(lane, flat)
             got = np.flatnonzero(inside)
             # Read at the wait that retires its group (`BulkStores.wait`), not now.
             at = addr[got].astype(np.uint64)
