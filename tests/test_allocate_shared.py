@@ -132,11 +132,13 @@ def test_planned_size_is_what_the_code_addresses(kind: str) -> None:
 
 
 def test_wgmma_gemm_sizes_and_alignment() -> None:
-    """sm_90: the TMA ring on its 1024-byte boundary, the epilogue's band over it."""
+    """sm_90: the TMA ring on its 1024-byte boundary, the TMA store's staging tile over it
+    (128 x 128 f32: 64 KiB), on a 1024-byte boundary too; no band leaves the fragments."""
     shared = check_sizes(gemm(128, 128, 64), SM90)
     assert all(r.offset % 1024 == 0 for r in shared.regions if r.kind == "ring")
-    (band,) = shared.scratch.values()
-    assert band.moment == "leave" and band.offset == 0
+    (staging,) = shared.scratch.values()
+    assert staging.what == "tma store staging" and staging.moment == ""
+    assert staging.offset == 0 and staging.nbytes == 128 * 128 * 4
 
 
 # -- lifetimes over the library's kernels --------------------------------------------------------

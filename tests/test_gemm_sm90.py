@@ -1,7 +1,7 @@
 """`cutile_py_kernels.gemm` / `bmm` on sm_90: the tuner's candidates are wgmma configs, and
 every one of them computes correctly on the simulator as an sm_90 device at ragged M, N, K
 (f16 and bf16 into f32), fed by TMA alone, assembles for sm_90a with no spills, and its SASS
-runs HGMMA and UTMALDG (no cp.async: LDGSTS)."""
+runs HGMMA and UTMALDG (no cp.async: LDGSTS), and stores its tile with UTMASTG (no STG)."""
 
 from __future__ import annotations
 
@@ -91,6 +91,9 @@ def test_every_candidate_assembles_for_sm90a(cfg: GemmConfig, trans_b: bool) -> 
     assert not any(op.startswith("HMMA") for op in ops)
     assert any(op.startswith("UTMALDG") for op in ops)
     assert not any(op.startswith("LDGSTS") for op in ops)
+    # The bf16 output tile leaves by TMA stores from a stmatrix-staged tile (`plan_store`).
+    assert any(op.startswith("UTMASTG") for op in ops) and any(op.startswith("STSM") for op in ops)
+    assert not any(op.startswith("STG") for op in ops)
 
 
 def test_gemm_and_bmm_take_the_wgmma_path(rng: np.random.Generator) -> None:

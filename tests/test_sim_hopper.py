@@ -77,7 +77,13 @@ def _desc(address: int, rows: int, cols: int, box: list[int]) -> list[tuple[str,
 
 
 def tma_gemm(
-    rng: np.random.Generator, m: int, n: int, k: int, ptx: str | None = None, threads: int = 128
+    rng: np.random.Generator,
+    m: int,
+    n: int,
+    k: int,
+    ptx: str | None = None,
+    threads: int = 128,
+    race_check: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     text, shared, blk, boxes = oracle("tma_matmul_sm90")
     sim = Sim()
@@ -94,7 +100,8 @@ def tma_gemm(
         ("u32", m), ("u32", n), ("u32", k), ("u64", 0), ("u64", 0),
     ]  # fmt: skip
     grid = (-(-m // blk["BM"]), -(-n // blk["BN"]), 1)
-    sim.launch(ptx or text, "tma_matmul_kernel", grid, (threads, 1, 1), params, shared=shared)
+    sim.launch(ptx or text, "tma_matmul_kernel", grid, (threads, 1, 1), params, shared=shared,
+               race_check=race_check)  # fmt: skip
     return a, b, c
 
 
@@ -116,6 +123,54 @@ def test_reading_a_tma_stage_without_waiting_is_caught(rng: np.random.Generator)
     broken = text.replace(wait, "mov.pred complete, -1;")
     with pytest.raises(SimError, match="more arrivals than the barrier's expected count"):
         tma_gemm(rng, 256, 128, 320, broken)
+
+
+#: The end of Triton's TMA-store epilogue: commit the store's group, wait until it has read
+#: its shared source.
+COMMIT, WAIT = "cp.async.bulk.commit_group;", "cp.async.bulk.wait_group \t0;"
+
+
+def test_a_tma_store_reads_its_source_at_the_wait(rng: np.random.Generator) -> None:
+    """A store issued before the staging tile is rewritten but retired after it stores the
+    new values: the simulator reads the source at the wait, not at the issue (Triton's
+    kernel with the store's commit and wait moved past a rewrite of the tile, race checks
+    off so that the rewrite runs)."""
+    text, *_ = oracle("tma_matmul_sm90")
+    assert COMMIT in text and WAIT in text
+    # Every thread then overwrites its first staged 16 bytes with zeros.
+    rewrite = (
+        "mov.b32 %r78, 0;\n\t"
+        "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%r152], {%r78, %r78, %r78, %r78};"
+    )
+    broken = text.replace(COMMIT + "\n\t" + WAIT, rewrite + "\n\t" + COMMIT + "\n\t" + WAIT)
+    assert broken != text
+    m, n, k = 128, 128, 64
+    a, b, c = tma_gemm(rng, m, n, k, broken, race_check=False)
+    want = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float16)
+    zero = c == 0
+    assert zero.any() and (~zero).any()
+    assert np.isclose(c[~zero].astype(np.float64), want[~zero], rtol=2e-2, atol=2e-2).all()
+
+
+def test_writing_a_tma_stores_source_before_its_wait_is_caught(rng: np.random.Generator) -> None:
+    """The tile rewritten between the store's issue and its wait_group.read: reported as a
+    race on the staging memory, naming the store's line."""
+    text, *_ = oracle("tma_matmul_sm90")
+    rewrite = "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%r152], {%r78, %r79, %r80, %r81};"
+    broken = text.replace(COMMIT + "\n\t" + WAIT, COMMIT + "\n\t" + rewrite + "\n\t" + WAIT)
+    assert broken != text
+    with pytest.raises(SimError, match=r"bulk store issued at PTX line \d+ may still be reading"):
+        tma_gemm(rng, 128, 128, 64, broken)
+
+
+def test_exiting_before_a_tma_stores_wait_is_caught(rng: np.random.Generator) -> None:
+    """Triton's kernel without its `cp.async.bulk.wait_group 0`: the block exits while the
+    store may still read its shared memory."""
+    text, *_ = oracle("tma_matmul_sm90")
+    broken = text.replace(WAIT, "")
+    assert broken != text
+    with pytest.raises(SimError, match="exited with the bulk store it issued at PTX line"):
+        tma_gemm(rng, 128, 128, 64, broken)
 
 
 def test_swizzle_is_the_chunk_xor_of_notes_ptx() -> None:
@@ -221,6 +276,72 @@ def test_mbarrier_that_was_never_initialized_is_an_error() -> None:
     bad = BARRIER.replace("@%p1 mbarrier.init.shared.b64 [%r2], %r9;", "")
     with pytest.raises(SimError, match="not initialized"):
         sim.launch(bad, "bar", (1, 1, 1), (64, 1, 1), [("u64", pout), ("u32", 5)])
+
+
+BULK_STORE = """
+.visible .entry bulk(.param .u64 out)
+{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<4>;
+    .reg .pred %p<2>;
+    .shared .align 16 .b8 tile[64];
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, tile;
+    shl.b32 %r3, %r1, 2;
+    add.u32 %r4, %r2, %r3;
+    st.shared.u32 [%r4], 1;
+    fence.proxy.async.shared::cta;
+    bar.sync 0;
+    setp.eq.u32 %p1, %r1, 0;
+    // two groups of 16 bytes each: tile[0, 16) to out[0, 16), tile[16, 32) to out[16, 32)
+    @%p1 cp.async.bulk.global.shared::cta.bulk_group [%rd1], [%r2], 16;
+    cp.async.bulk.commit_group;
+    add.u64 %rd2, %rd1, 16;
+    add.u32 %r5, %r2, 16;
+    @%p1 cp.async.bulk.global.shared::cta.bulk_group [%rd2], [%r5], 16;
+    cp.async.bulk.commit_group;
+    cp.async.bulk.wait_group.read %KEEP;
+    bar.sync 0;
+    st.shared.u32 [%r4], 2;
+    bar.sync 0;
+    @%p1 cp.async.bulk.wait_group 0;
+    ret;
+}
+"""
+
+
+@pytest.mark.parametrize("keep", [0, 1])
+def test_bulk_stores_read_at_the_wait_of_their_group(keep: int) -> None:
+    """`wait_group.read N` retires all but the newest N groups: the first store read the
+    tile's 1s; the second, left pending by `.read 1`, reads the 2s written after the wait
+    (with race checks off; on they report that write, the next test)."""
+    sim = Sim()
+    pout, out = sim.buffer(np.zeros(8, np.uint32))
+    ptx = BULK_STORE.replace("%KEEP", str(keep))
+    sim.launch(ptx, "bulk", (1, 1, 1), (16, 1, 1), [("u64", pout)], race_check=False)
+    np.testing.assert_array_equal(out, [1] * 4 + [1 + keep] * 4)
+
+
+def test_rewriting_a_pending_bulk_stores_source_is_caught() -> None:
+    sim = Sim()
+    pout, _ = sim.buffer(np.zeros(8, np.uint32))
+    with pytest.raises(SimError, match=r"bulk store issued at PTX line \d+ may still be reading"):
+        sim.launch(BULK_STORE.replace("%KEEP", "1"), "bulk", (1, 1, 1), (16, 1, 1),
+                   [("u64", pout)])  # fmt: skip
+    sim.launch(BULK_STORE.replace("%KEEP", "0"), "bulk", (1, 1, 1), (16, 1, 1), [("u64", pout)])
+
+
+def test_a_bulk_store_of_unfenced_writes_is_caught() -> None:
+    """The tile written by the generic proxy and stored by the copy engine (async proxy)
+    with no fence.proxy.async between: reported, naming the writer."""
+    sim = Sim()
+    pout, _ = sim.buffer(np.zeros(8, np.uint32))
+    ptx = BULK_STORE.replace("%KEEP", "0").replace("fence.proxy.async.shared::cta;\n", "")
+    with pytest.raises(
+        SimError, match=r"address 0x0, which thread \(0, 0, 0\) wrote through the generic proxy"
+    ):
+        sim.launch(ptx, "bulk", (1, 1, 1), (16, 1, 1), [("u64", pout)])
 
 
 STMATRIX = """

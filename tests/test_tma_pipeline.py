@@ -213,9 +213,10 @@ def test_sm90_ptx_is_tma_and_assembles_to_utmaldg() -> None:
     assert "mbarrier.arrive.expect_tx.shared::cta.b64 _" in ptx
     assert "fence.proxy.async.shared::cta;" in ptx
     assert "cp.async.cg" not in ptx and ".shared .align 1024 .b8 smem[" in ptx
-    assert [(p.what, p.box, p.swizzle, p.map_dtype) for p in lowered.params[-2:]] == [
+    assert [(p.what, p.box, p.swizzle, p.map_dtype) for p in lowered.params[-3:]] == [
         ("tmap", (32, 64), 2, 6),  # A: 64 x 32 f16, rows of 64 bytes
         ("tmap", (64, 32), 3, 6),  # B: 32 x 64 f16, rows of 128 bytes
+        ("tmap", (8, 64), 0, 7),  # C's TMA store: 64 x 8 f32 panels
     ]
     # sm_80 keeps cp.async.
     assert "cp.async.bulk" not in GEMMS[f16].ptx(*_spec(f16, (64, 64, 32)), target=80)
@@ -238,7 +239,7 @@ def test_wide_wgmma_tiles_are_a_box_per_panel() -> None:
     of 64 x 128 bytes, each filled by a box of 64 x 64 (inner coordinate a panel further,
     destination 8 KiB further), from one tensor map; no cp.async is left."""
     lowered = GEMMS[f16].compile(*_spec(f16, (128, 256, 64)), target=ct.Target(90)).lowered
-    assert [(p.what, p.box, p.swizzle) for p in lowered.params[-2:]] == [
+    assert [(p.what, p.box, p.swizzle) for p in lowered.params[-3:-1]] == [
         ("tmap", (64, 128), 3),
         ("tmap", (64, 64), 3),
     ]
@@ -365,17 +366,21 @@ def test_cuda_launch_makes_the_tensor_maps_on_the_host(null_cuda: Any) -> None:
     c = ct.zeros((m, n), f32)
     out, a, b, _ = GEMMS[f16](c.partition((64, 64)), a, b, 32).sync()
     maps = null_cuda.tensor_maps
-    assert len(maps) == 2
+    assert len(maps) == 3
+    types = real.CUtensorMapDataType
     want = [
-        (a._address, [k, m], [k * 2], [32, 64], "CU_TENSOR_MAP_SWIZZLE_64B"),
-        (b._address, [n, k], [n * 2], [64, 32], "CU_TENSOR_MAP_SWIZZLE_128B"),
+        (types.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a._address, [k, m], [k * 2], [32, 64], "64B"),
+        (types.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, b._address, [n, k], [n * 2], [64, 32], "128B"),
+        # The TMA store of C: the whole (m, n) tensor, 64 x 8 f32 boxes, unswizzled.
+        (types.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, c._address, [n, m], [n * 4], [8, 64], "NONE"),
     ]
-    for args, (address, dims, strides, box, swizzle) in zip(maps, want, strict=True):
-        assert args[0] == real.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    for args, (dtype, address, dims, strides, box, swizzle) in zip(maps, want, strict=True):
+        assert args[0] == dtype
         assert args[1:6] == (2, address, dims, strides, box)
-        assert list(args[6]) == [1, 1] and args[8] == getattr(real.CUtensorMapSwizzle, swizzle)
+        assert list(args[6]) == [1, 1]
+        assert args[8] == getattr(real.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}")
     GEMMS[f16](out, a, b, 32).sync()  # the same tensors: the maps are not made again
-    assert len(null_cuda.tensor_maps) == 2
+    assert len(null_cuda.tensor_maps) == 3
 
 
 @pytest.mark.parametrize(

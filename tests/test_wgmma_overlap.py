@@ -80,7 +80,7 @@ def test_one_wgmma_group_stays_in_flight() -> None:
     assert body.count("bar.sync") == 1
     # In place: the loop moves no f32 (the accumulators are not copied or yielded by movs).
     assert "mov.f32" not in body and "mov.b32" not in body.split("wgmma.fence")[1]
-    assert after.find("wgmma.wait_group.sync.aligned 0") < after.find("st.global")
+    assert after.find("wgmma.wait_group.sync.aligned 0") < after.find("cp.async.bulk.tensor")
     if not nvjitlink_available():
         pytest.skip("the nvJitLink library cannot be loaded")
     report = assemble(compiled.lowered.ptx, SM90)

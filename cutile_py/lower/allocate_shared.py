@@ -31,9 +31,10 @@ from cutile_py.lower.errors import LoweringError
 from cutile_py.lower.fragments import SHARED_LIMIT, SharedTile, round_region
 from cutile_py.lower.layout import LayoutPlan
 from cutile_py.lower.plan_pipelines import PipelinePlan
+from cutile_py.lower.plan_store import TmaStore
 from cutile_py.lower.plan_tma import TMA_ALIGN
 from cutile_py.lower.plan_wgmma import ALIGN
-from cutile_py.lower.size_scratch import ENTER, LEAVE, Sizer
+from cutile_py.lower.size_scratch import ENTER, LEAVE, Need, Sizer
 from cutile_py.ptx.target import Target
 
 
@@ -115,6 +116,7 @@ def allocate_shared(
     fragments: FragmentPlan,
     uses: DefUse,
     target: Target,
+    tma_stores: Mapping[o.StoreOp, TmaStore] | None = None,
     kept: o.ForOp | None = None,
     check: bool = True,
 ) -> SharedPlan:
@@ -130,29 +132,29 @@ def allocate_shared(
     if kept is not None:
         base = rings.floors[kept]
         band_limit = max(band_limit, target.max_shared_bytes)
-    sizer = Sizer(layouts, fragments, pipelines, uses, band_limit)
+    sizer = Sizer(layouts, fragments, pipelines, uses, band_limit, tma_stores=tma_stores or {})
     scratch: dict[tuple[o.Op, str], ScratchBuffer] = {}
 
     steps: dict[o.ForOp, tuple[int, int]] = {}
     counter = iter(range(1 << 62))
 
-    def place(op: o.Op, moment: str, at: int, needs: list[tuple[str, int]]) -> int:
+    def place(op: o.Op, moment: str, at: int, needs: list[Need]) -> int:
         step = next(counter)
-        needs = sorted((n for n in needs if n[1]), key=lambda n: -n[1])
+        needs = sorted((n for n in needs if n.nbytes), key=lambda n: -n.nbytes)
         if needs:
-            what = ", ".join(dict.fromkeys(w for w, _ in needs))
-            scratch[(op, moment)] = ScratchBuffer(op, moment, what, at, needs[0][1], step)
+            what = ", ".join(dict.fromkeys(n.what for n in needs))
+            at = _up(at, max(n.align for n in needs))
+            scratch[(op, moment)] = ScratchBuffer(op, moment, what, at, needs[0].nbytes, step)
         return step
 
-    def sized(op: o.Op, floor: int, moment: str = "") -> list[tuple[str, int]]:
-        return [(n.what, n.nbytes) for n in replace(sizer, floor=floor).needs(op, moment)]
+    def sized(op: o.Op, floor: int, moment: str = "") -> list[Need]:
+        return list(replace(sizer, floor=floor).needs(op, moment))
 
     def visit(region: o.Region, floor: int, likes: tuple[o.Value, ...]) -> None:
         floor = _up(floor, 16)  # scratch starts 16-byte aligned (`size_scratch.Need`)
         for op in region.ops:
             if isinstance(op, o.YieldOp):
-                needs = [(n.what, n.nbytes) for n in sizer.yielded(op, likes)]
-                place(op, "", floor, needs)
+                place(op, "", floor, list(sizer.yielded(op, likes)))
             elif isinstance(op, o.ForOp):
                 inner = _up(rings.floors.get(op, floor), 16)
                 enter = place(op, ENTER, inner, sized(op, inner, ENTER))

@@ -20,6 +20,7 @@ from cutile_py.lower.isel import FLOAT_NAME, REG_CLASS
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan
 from cutile_py.lower.plan_persistent import Persistence
 from cutile_py.lower.plan_pipelines import PipelinePlan
+from cutile_py.lower.plan_store import TmaStore
 from cutile_py.ptx.builder import FunctionBuilder, Reg
 from cutile_py.ptx.target import Target
 
@@ -133,8 +134,11 @@ class EmitContext:
     skipped: set[o.Op] = field(default_factory=set)
     #: Loads emitted without writing their padding (the plan's `unpadded`).
     unpadded: frozenset[o.LoadOp] = frozenset()
-    #: A TMA pipeline's load → the generic address of its tensor map (a kernel parameter).
-    tensor_maps: dict[o.LoadOp, Reg] = field(default_factory=dict)
+    #: A TMA pipeline's load or a TMA store → the generic address of its tensor map (a
+    #: kernel parameter).
+    tensor_maps: dict[o.LoadOp | o.StoreOp, Reg] = field(default_factory=dict)
+    #: Stores carried out as TMA epilogues (`plan_store`).
+    tma_stores: Mapping[o.StoreOp, TmaStore] = field(default_factory=dict)
     #: Threads of the consumer warps of a warp-specialized kernel (0: not specialized): the
     #: block's barrier is then named barrier 1 over them, the producer warps being elsewhere.
     consumers: int = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from cutile_py.ir import ops as o
 from cutile_py.ir.dtypes import DType, bf16, bool_, f16, f32
-from cutile_py.lower import emit_shared
+from cutile_py.lower import emit_shared, emit_store
 from cutile_py.lower.context import EmitContext
 from cutile_py.lower.isel import BITS_SUFFIX, bits16
 from cutile_py.lower.layout import Layout
@@ -292,6 +292,10 @@ def _ld(
 
 
 def store(em: EmitContext, op: o.StoreOp) -> None:
+    tma = em.tma_stores.get(op)
+    if tma is not None:  # an accumulator's TMA epilogue (`plan_store`)
+        emit_store.store(em, op, tma)
+        return
     *idx, value = op.operands
     dt = value.type.dtype
     lay = _memory_layout(em, op, value)

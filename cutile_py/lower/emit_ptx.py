@@ -611,7 +611,9 @@ class Emitter(EmitContext):
             pipe.drain()
         with self.scratch_for(op, LEAVE):
             for k, (res, arg) in enumerate(zip(op.results, args)):
-                if k in frag:
+                if k in frag and self.fragment_plan.of(res) is not None:
+                    self.define(res, self.regs(arg))  # stays in fragments (a TMA store's)
+                elif k in frag:
                     self.define(res, emit_fragments.leave(self, frag[k], arg, res))
                 else:
                     self.define(res, self.regs_like(arg, res))

@@ -78,10 +78,11 @@ BARRIER = 8
 
 @dataclass(frozen=True)
 class MapParam:
-    """The tensor map one staged load reads: of kernel parameter `arg`, its box (innermost
-    dimension first), `CUtensorMapSwizzle` and `CUtensorMapDataType`."""
+    """The tensor map one staged load reads (or a TMA store writes): of kernel parameter
+    `arg`, its box (innermost dimension first), `CUtensorMapSwizzle` and
+    `CUtensorMapDataType`."""
 
-    load: o.LoadOp
+    load: o.LoadOp | o.StoreOp
     arg: int
     box: tuple[int, ...]
     swizzle: int
@@ -89,7 +90,8 @@ class MapParam:
 
 
 def map_params(em: EmitContext) -> list[MapParam]:
-    """One tensor map per load of every TMA pipeline, in program order."""
+    """One tensor map per load of every TMA pipeline, in program order, then one per TMA
+    store (`plan_store`)."""
     out = []
     for plan in em.pipelines.values():
         if plan.kind != "tma":
@@ -100,6 +102,8 @@ def map_params(em: EmitContext) -> list[MapParam]:
             load = sl.load
             code = MAP_DTYPE[load.result.type.dtype.name]
             out.append(MapParam(load, load.param, box(load.shape, sl.tile), sl.swizzle, code))
+    for t in em.tma_stores.values():
+        out.append(MapParam(t.store, t.store.param, t.box, t.swizzle, t.map_dtype))
     return out
 
 

@@ -47,7 +47,15 @@ def plan_and_emit(kernel: Kernel, target: Target) -> tuple[LoweringPlan, Emitter
     plan = plan_lowering(kernel, target, uses)
     fb = FunctionBuilder(entry_name(kernel.name), [])
     em = Emitter(
-        kernel, plan.layouts, fb, target, uses, plan.pipelines, plan.fragment_plan, plan.shared
+        kernel,
+        plan.layouts,
+        fb,
+        target,
+        uses,
+        plan.pipelines,
+        plan.fragment_plan,
+        plan.shared,
+        tma_stores=plan.stores.tma,
     )
     em.persistent = plan.persistent
     em.unpadded = plan.unpadded

@@ -10,7 +10,7 @@ carries the plan out.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from cutile_py.ir import ops as o
@@ -28,6 +28,7 @@ from cutile_py.lower.layout import Blocked, Layout, LayoutPlan, plan_layouts
 from cutile_py.lower.plan_padding import unpadded_loads
 from cutile_py.lower.plan_persistent import Persistence, plan_persistent
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad, plan_pipelines
+from cutile_py.lower.plan_store import StorePlan, no_stores, plan_stores, with_chains
 from cutile_py.ptx.target import Target
 
 
@@ -45,6 +46,8 @@ class LoweringPlan:
     persistent: Persistence | None = None
     #: Loads whose padding no store can observe: emitted without writing it (`plan_padding`).
     unpadded: frozenset[o.LoadOp] = frozenset()
+    #: Stores of loop accumulators carried out as TMA epilogues, and why the others are not.
+    stores: StorePlan = field(default_factory=no_stores)
 
     @property
     def block_threads(self) -> int:
@@ -72,21 +75,25 @@ def assign_layouts(
 def plan_lowering(kernel: o.Kernel, target: Target, uses: DefUse) -> LoweringPlan:
     """Run the planning passes over a verified kernel."""
     layouts, fragments = assign_layouts(kernel, target, uses)
+    stores = plan_stores(kernel, target, uses, fragments)
+    fragments = with_chains(fragments, stores)  # a TMA store's value stays in fragments
     pipelines = plan_pipelines(kernel, layouts, target, uses, fragments)
     persist = plan_persistent(kernel, pipelines)
     kept = persist.kept if persist is not None else None
     if kept is not None:
-        shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target, kept, False)
+        shared = allocate_shared(
+            kernel, pipelines, layouts, fragments, uses, target, stores.tma, kept=kept, check=False
+        )
         if shared.total > target.max_shared_bytes:
             # The ring kept across tiles leaves too little for the scratch past it: the ring
             # is set up per tile instead, the scratch over it.
             persist = plan_persistent(kernel, pipelines, (shared.total, target.max_shared_bytes))
             kept = None
     if kept is None:
-        shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target)
+        shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target, stores.tma)
     return LoweringPlan(
         target, layouts, MappingProxyType(pipelines), fragments, shared,
-        persistent=persist, unpadded=unpadded_loads(kernel, uses),
+        persistent=persist, unpadded=unpadded_loads(kernel, uses), stores=stores,
     )  # fmt: skip
 
 
@@ -186,6 +193,10 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
     if plan.persistent is not None:
         kept = plan.persistent.kept
         lines += plan.persistent.describe(loop_name(kept) if kept is not None else "")
+    stores = [f"  {op_name(t.store)}: {t.describe()}" for t in plan.stores.tma.values()]
+    stores += [f"  {op_name(op)}: plain stores, not tma: {w}" for op, w in plan.stores.why.items()]
+    if stores:
+        lines += ["stores:", *stores]
     shared = []
     for r in plan.shared.regions:
         what = "ring" if r.value is None else f"{names[r.value]} ({'AB'[r.which]} operand)"

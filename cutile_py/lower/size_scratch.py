@@ -17,7 +17,7 @@ moments of its own: "enter" (its carried values converted before the first trip)
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import lcm
 
 from cutile_py.ir import ops as o
@@ -28,6 +28,8 @@ from cutile_py.lower.assign_fragments import WARP, FragmentPlan
 from cutile_py.lower.fragments import SharedTile, round_region, warp_grid
 from cutile_py.lower.layout import Layout, LayoutPlan
 from cutile_py.lower.plan_pipelines import PipelinePlan
+from cutile_py.lower.plan_store import TmaStore
+from cutile_py.lower.plan_tma import TMA_ALIGN
 
 #: Bytes of one shared-memory bank (rows of a conversion tile are padded by one).
 BANK_BYTES = 4
@@ -42,6 +44,9 @@ class Need:
 
     what: str
     nbytes: int
+    #: The buffer's start is aligned to this many bytes (a TMA store's staging: its swizzle's
+    #: repeat).
+    align: int = 16
 
 
 # -- the sizes the emitters address ---------------------------------------------------------
@@ -207,6 +212,8 @@ class Sizer:
     #: op being sized starts: a band takes at most the bytes between them.
     band_limit: int
     floor: int = 0
+    #: Stores carried out as TMA epilogues (`plan_store`): they need a staging tile.
+    tma_stores: Mapping[o.StoreOp, TmaStore] = field(default_factory=dict)
 
     def lay(self, v: o.Value) -> Layout:
         return self.layouts.of(v)
@@ -243,6 +250,8 @@ class Sizer:
                     "layout conversion",
                     convert_bytes(lay, self.lay(op.result), op.result.type, op.result.type),
                 )
+        elif isinstance(op, o.StoreOp) and op in self.tma_stores:
+            yield Need("tma store staging", self.tma_stores[op].nbytes, TMA_ALIGN)
         elif isinstance(op, o.StoreOp):
             value = op.operands[-1]
             lay = self.layouts.memory.get(op) or self.lay(value)
@@ -375,6 +384,8 @@ class Sizer:
             if frag is None:
                 if res.type.shape:
                     yield self._conv(self.lay(arg), self.lay(res), arg.type)
+            elif self.fragments.of(res) is not None:
+                continue  # the result stays in fragments (a TMA store's value)
             elif frag.kind == "acc":
                 yield self._bands(frag.mma, self.lay(res))
             else:

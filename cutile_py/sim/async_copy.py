@@ -143,6 +143,7 @@ def _make_issue(ins: Instruction, prog: Program) -> Handler:
         check_aligned(lanes, dst, size, "cp.async shared destination")
         check_aligned(lanes, src, size, "cp.async global source")
         flat = b.shared.flat(lanes, b.slot[lanes], dst, size, "cp.async store")  # bounds, now
+        b.shared.check_bulk(lanes, flat, size)
         if b.shared.tracker is not None:
             # The copy may land any time until the wait: to the race detector it writes from
             # issue on (and again when it lands), so a read by another thread in between is

@@ -10,9 +10,10 @@ on the barrier it signals (`cutile_py.sim.mbarrier`). The box is written densely
 16-byte chunk c of each `span`-byte row at shared address a goes to chunk
 `c ^ ((a >> 7) & (span/16 - 1))`, the pattern `wgmma` descriptors read back.
 
-A store (shared → global, `.bulk_group`) is carried out when issued; elements outside the
-tensor are not written. `cp.async.bulk.commit_group` / `wait_group` then have nothing left
-to wait for.
+A store (shared → global, `.bulk_group`) checks its map and box when issued and reads its
+shared source at the `cp.async.bulk.wait_group{.read}` that retires its group
+(`cutile_py.sim.bulk_stores`: a write to that source in between is reported); elements
+outside the tensor are not written.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cutile_py.ptx.ast import Addr, Instruction, Operand, Reg, Symbol, Vec
+from cutile_py.ptx.ast import Addr, Imm, Instruction, Operand, Reg, Symbol, Vec
+from cutile_py.sim.bulk_stores import _Store, stores_of
 from cutile_py.sim.context import SimError
 from cutile_py.sim.mbarrier import Delivery, barriers_of, shared_offsets
 from cutile_py.sim.memops import _address, unsupported
@@ -52,8 +54,21 @@ def make_bulk(ins: Instruction, prog: Program) -> Handler:
     bytes), `cp.async.bulk.commit_group` and `wait_group{.read}`, and
     `cp.async.bulk.prefetch{.tensor}` (a hint)."""
     mods = ins.modifiers
-    if "commit_group" in mods or "wait_group" in mods or "prefetch" in mods:
-        return lambda b: None  # stores completed when issued; prefetches are hints
+    if "prefetch" in mods:
+        return lambda b: None  # a hint
+    if "commit_group" in mods:
+        return lambda b: stores_of(b).commit(b.mask)
+    if "wait_group" in mods:
+        n = ins.operands[0] if ins.operands else None
+        if not isinstance(n, Imm) or not isinstance(n.value, int):
+            raise unsupported(ins, "cp.async.bulk.wait_group needs an integer immediate")
+        keep = int(n.value)
+
+        def wait(b: Batch) -> None:
+            b.writes += 1
+            stores_of(b).wait(b, b.mask, keep)
+
+        return wait
     if "tensor" not in mods:
         return _make_plain(ins)
     rank = next((int(m[0]) for m in mods if len(m) == 2 and m[1] == "d" and m[0] in "12345"), 0)
@@ -135,10 +150,10 @@ def _make_plain(ins: Instruction) -> Handler:
             base = b.shared.flat(one, b.slot[one], soffs[i : i + 1], n, "bulk copy")
             flat = (int(base[0]) + np.arange(n)).astype(np.intp)
             if store:
-                data = b.shared.data[flat].copy()
-                b.glob.store(who, at, 1, data[:, None])
-                if b.global_races is not None:
-                    b.global_races.access(b.instr, who, at, 1, True, data[:, None])
+                if b.shared.tracker is not None:  # the copy engine reads: fenced, ordered
+                    b.shared.tracker.access(one, base, n, write=False)
+                    b.shared.tracker.bulk_store_read(lane, flat)
+                stores_of(b).issue(_Store(lane, flat, 1, at, np.arange(n), b.instr.line))
             else:
                 assert bars is not None
                 data = b.glob.load(who, at, 1, 1)[:, 0].copy()
@@ -242,6 +257,10 @@ def _make_load(
                     b.global_races.access(b.instr, who, at, m.esize, False)
             data = vals.view(np.uint8)
             flat = _smem_bytes(b, lane, int(dsts[i]), m)
+            bulk = b.shared.bulk
+            if b.shared.tracker is not None and bulk is not None and bulk.pending:
+                # The copy engine may write from now on.
+                bulk.check_write(np.full(1, lane), flat, flat.size)
             # The copy engine may write at once: a wgmma still reading these bytes races.
             running = b.wgmma is not None and b.wgmma.pending
             if running and np.isin(flat, pending_reads(b, int(b.slot[lane]))).any():
@@ -276,17 +295,21 @@ def _make_store(
         if not boxes:
             return
         srcs = b.addresses(src, lanes, False)
+        stores = stores_of(b)
         for i, (lane, (m, addr, inside)) in enumerate(zip(lanes.tolist(), boxes)):
             flat = _smem_bytes(b, lane, int(srcs[i]), m)
-            elems = b.shared.data[flat].view(f"u{m.esize}")
+            tracker = b.shared.tracker
+            if tracker is not None:
+                # To the race detector the issuing thread reads the source now: what other
+                # threads wrote there must be ordered before it by a barrier. (Swizzling
+                # moves 16-byte chunks: each is contiguous.)
+                starts = flat[::16].astype(np.uint64)
+                tracker.access(np.full(starts.size, lane), starts, 16, write=False)
+                tracker.bulk_store_read(lane, flat)
             got = np.flatnonzero(inside)
-            if got.size:
-                who = np.full(got.size, lane, dtype=np.int64)
-                at = addr[got].astype(np.uint64)
-                b.glob.store(who, at, m.esize, elems[got][:, None])
-                if b.global_races is not None:
-                    raw = elems[got][:, None].view(np.uint8)
-                    b.global_races.access(b.instr, who, at, m.esize, True, raw)
+            # Read at the wait that retires its group (`BulkStores.wait`), not now.
+            at = addr[got].astype(np.uint64)
+            stores.issue(_Store(lane, flat, m.esize, at, got, b.instr.line))
         b.writes += 1
 
     return run

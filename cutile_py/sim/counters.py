@@ -107,9 +107,16 @@ class MemoryCounters:
         self._ends = np.array([self.regions[i][1] for i in self._order], dtype=np.uint64)
 
     def count_global(
-        self, pc: int, ins: Instruction, lanes: np.ndarray, addrs: np.ndarray, size: np.ndarray
+        self,
+        pc: int,
+        ins: Instruction,
+        lanes: np.ndarray,
+        addrs: np.ndarray,
+        size: np.ndarray,
+        write: bool | None = None,
     ) -> None:
-        """Lanes `lanes` accessed `size[i]` bytes at `addrs[i]` (size 0: nothing)."""
+        """Lanes `lanes` accessed `size[i]` bytes at `addrs[i]` (size 0: nothing); `write`:
+        whether the bytes were written (None: as the opcode says)."""
         keep = size > 0
         if not keep.all():
             lanes, addrs, size = lanes[keep], addrs[keep], size[keep]
@@ -126,7 +133,7 @@ class MemoryCounters:
             acc = self.global_accesses[pc] = GlobalAccess(ins.line, ins.text)
         nbytes = int(size.sum())
         acc.bytes += nbytes
-        self._attribute(ins, addrs, size)
+        self._attribute(ins, addrs, size, write)
         warps = (lanes // WARP).astype(np.int64)
         first = addrs >> _U64(5)
         last = (addrs + size.astype(np.uint64) - _U64(1)) >> _U64(5)
@@ -147,9 +154,14 @@ class MemoryCounters:
         acc.ideal_sectors += int(ideal.sum())
         acc.uncoalesced += int(np.count_nonzero(per_warp_sectors[used] > ideal))
 
-    def _attribute(self, ins: Instruction, addrs: np.ndarray, size: np.ndarray) -> None:
-        write = ins.opcode in ("st", "atom", "red")
-        read = ins.opcode != "st"
+    def _attribute(
+        self, ins: Instruction, addrs: np.ndarray, size: np.ndarray, write: bool | None
+    ) -> None:
+        if write is None:
+            write = ins.opcode in ("st", "atom", "red")
+            read = ins.opcode != "st"
+        else:
+            read = not write
         if not len(self.regions):
             self.other_bytes += int(size.sum()) * (int(read) + int(write))
             return
@@ -237,9 +249,10 @@ def _wrap_access(
 
 
 def _wrap_ldmatrix(ins: Instruction, pc: int, inner: Handler, counters: MemoryCounters) -> Handler:
-    """`ldmatrix`: lanes 0-7 of a warp give the rows of the first matrix, 8-15 the second..."""
+    """`ldmatrix` (and `stmatrix`): lanes 0-7 of a warp give the rows of the first matrix,
+    8-15 the second..."""
     num = next(int(m[1:]) for m in ins.modifiers if m in ("x1", "x2", "x4"))
-    addr = _address(ins, 1)
+    addr = _address(ins, 1 if ins.opcode == "ldmatrix" else 0)
     generic = space_of(ins.modifiers) == ""
     providers = np.arange(8 * num)
 
@@ -298,13 +311,33 @@ def _wrap(step: Step, pc: int, counters: MemoryCounters, prog: Program) -> Handl
         return _wrap_access(ins, pc, inner, counters, 0)
     if op == "atom":
         return _wrap_access(ins, pc, inner, counters, 1)
-    if op == "ldmatrix":
+    if op in ("ldmatrix", "stmatrix"):
         return _wrap_ldmatrix(ins, pc, inner, counters)
     if op == "cp" and len(ins.operands) > 2 and isinstance(ins.operands[2], Imm):
         return _wrap_cp_async(ins, pc, inner, counters, prog)
     if op == "cp" and "tensor" in ins.modifiers and "mbarrier::complete_tx::bytes" in ins.modifiers:
         return _wrap_tma_load(ins, pc, inner, counters)
+    if op == "cp" and "tensor" in ins.modifiers and "bulk_group" in ins.modifiers:
+        return _wrap_tma_store(ins, pc, inner, counters)
     return None
+
+
+def _wrap_tma_store(ins: Instruction, pc: int, inner: Handler, counters: MemoryCounters) -> Handler:
+    """`cp.async.bulk.tensor` store: writes the elements of its box that lie in the tensor
+    (counted at the issue; the copy reads shared memory later, `bulk_stores`)."""
+    rank = next(int(m[0]) for m in ins.modifiers if len(m) == 2 and m[1] == "d")
+    tmap, coords = bulk_copy._tensor_operand(ins, 0, rank)
+
+    def run(b: Batch) -> None:
+        lanes, boxes = bulk_copy._issued(b, tmap, coords, rank)
+        for lane, (m, addr, inside) in zip(lanes.tolist(), boxes):
+            at = addr[inside].astype(np.uint64)
+            if at.size:
+                who = np.full(at.size, lane, dtype=np.int64)
+                counters.count_global(pc, ins, who, at, np.full(at.size, m.esize), write=True)
+        inner(b)
+
+    return run
 
 
 def _wrap_tma_load(ins: Instruction, pc: int, inner: Handler, counters: MemoryCounters) -> Handler:

@@ -447,6 +447,8 @@ def execute(
                 _stop(b, paths, path, stop, stop_lanes, stop_pc, apart, steps)
             else:
                 paths.pop(0)
+        if b.shared.bulk is not None:
+            b.shared.bulk.check_exit()
     except (MemoryFault, RaceFault) as e:
         raise b.error(e.message, e.lane, st.instr if st else None) from None
     except SimError:

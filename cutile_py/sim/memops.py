@@ -249,6 +249,13 @@ def make_fence(ins: Instruction, prog: Program) -> Handler:
     """`membar` / `fence`: a no-op on memory (every access happens in program order); one of
     gpu or system scope (`membar.gl`, `fence.sc.gpu`, ...; not `.proxy` forms) lets the
     thread's next atomic order its earlier accesses for other blocks (`GlobalRaces`)."""
+    if {"proxy", "async"} <= set(ins.modifiers):
+
+        def proxy(b: Batch) -> None:
+            if b.shared.tracker is not None:
+                b.shared.tracker.proxy_fence(b.active())
+
+        return proxy
     orders = bool(GPU_SCOPES.intersection(ins.modifiers)) and "proxy" not in ins.modifiers
     if not orders:
         return make_nop(ins, prog)

@@ -9,11 +9,14 @@ from __future__ import annotations
 import ctypes
 from bisect import bisect_right, insort
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cutile_py.sim.races import RaceTracker
+
+if TYPE_CHECKING:
+    from cutile_py.sim.bulk_stores import BulkStores
 
 #: Generic-address windows of the per-block and per-thread spaces. They lie in the upper half
 #: of the 64-bit space, where no host allocation lives, and their low 32 bits are the offset in
@@ -307,6 +310,9 @@ class BlockMemory:
         self.data = np.zeros(slots * self.stride, dtype=np.uint8)
         self.tracker = tracker
         self._views: dict[int, np.ndarray] = {}
+        #: The batch's pending bulk stores (shared space; made by the first): a write to
+        #: bytes one still reads is a fault.
+        self.bulk: BulkStores | None = None
 
     def view(self, esize: int) -> np.ndarray:
         v = self._views.get(esize)
@@ -345,6 +351,7 @@ class BlockMemory:
     ) -> None:
         nvec = values.shape[1]
         flat = self.flat(lanes, slots, offs, esize * nvec, "store")
+        self.check_bulk(lanes, flat, esize * nvec)
         if self.tracker is not None:
             raw = np.ascontiguousarray(values).view(np.uint8)
             self.tracker.access(lanes, flat, esize * nvec, write=True, values=raw)
@@ -354,6 +361,13 @@ class BlockMemory:
         """Write `values` (k, nvec) at byte indices `flat` (from `flat`) as a copy that lands:
         the race tracker has been told already (`RaceTracker.copy_landed`)."""
         _scatter(self.view(esize), flat, esize, values.shape[1], values)
+
+    def check_bulk(self, lanes: np.ndarray, flat: np.ndarray, span: int) -> None:
+        """With race checks on: fail if a pending bulk store reads a byte of the writes of
+        `span` bytes at `flat`."""
+        if self.tracker is not None and self.bulk is not None and self.bulk.pending:
+            idx = (flat.astype(np.intp)[:, None] + np.arange(span, dtype=np.intp)).ravel()
+            self.bulk.check_write(lanes, idx, span)
 
 
 class ParamMemory:

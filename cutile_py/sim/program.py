@@ -164,6 +164,11 @@ class Program:
         self.warp_syncs = any(
             st.instr.opcode == "bar" and "warp" in st.instr.modifiers for st in self.steps
         )
+        #: Whether the kernel has bulk stores (the race tracker then checks that the shared
+        #: memory they read was fenced for the async proxy after its generic writes).
+        self.bulk_stores = any(
+            st.instr.opcode == "cp" and "bulk_group" in st.instr.modifiers for st in self.steps
+        )
         #: Per lane count: the immediates batches of that many lanes broadcast (read-only, so
         #: shared; broadcasting each again at every launch cost more than reading it).
         self._immediates: dict[int, dict[tuple[int, str], tuple[Imm, np.ndarray]]] = {}

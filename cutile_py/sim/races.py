@@ -100,9 +100,12 @@ class RaceTracker:
         lanes_per_block: int,
         describe_thread: Callable[[int], str],
         warp_syncs: bool = True,
+        proxy_fences: bool = False,
     ) -> None:
         """`warp_syncs`: whether the kernel has `bar.warp.sync` (only then the warps of the
-        readers are kept, for `warp_barrier` to forget)."""
+        readers are kept, for `warp_barrier` to forget); `proxy_fences`: whether it has bulk
+        stores (only then each byte's generic write not yet followed by its writer's
+        `fence.proxy.async` is kept, for `bulk_store_read` to check)."""
         self.stride = stride
         self.warp_syncs = warp_syncs
         self.lanes_per_block = lanes_per_block
@@ -125,6 +128,9 @@ class RaceTracker:
         self._tids = (np.arange(slots * lanes_per_block) % lanes_per_block).astype(np.int16)
         #: Whether the reader tables may hold a reader (cleared with them by a bar.sync).
         self._readers = False
+        #: Per byte: the thread whose generic-proxy write no fence.proxy.async of that thread
+        #: has followed yet (barriers keep it: the copy engine reads through the async proxy).
+        self.unfenced = np.full(size, NONE, dtype=np.int16) if proxy_fences else None
 
     def access(
         self,
@@ -142,10 +148,40 @@ class RaceTracker:
             return
         self.dirty = True
         tid = self._tids.take(lanes)
+        if write and self.unfenced is not None:
+            self.unfenced[self._bytes(flat, span)] = np.repeat(tid, span)
         rows = self._rows(flat, span)
         if rows is not None and self._access_rows(rows, span, write, tid):
             return
         self._access_bytes(lanes, flat, span, write, values, tid)
+
+    def proxy_fence(self, lanes: np.ndarray) -> None:
+        """`fence.proxy.async` by `lanes`: their generic writes so far are ordered before
+        later async-proxy accesses (a bulk store's read)."""
+        if self.unfenced is None or lanes.size == 0:
+            return
+        slots = lanes // self.lanes_per_block
+        for slot in np.unique(slots):
+            tids = np.unique(self._tids.take(lanes[slots == slot]))
+            part = self.unfenced.reshape(-1, self.stride)[slot]
+            part[np.isin(part, tids)] = NONE
+
+    def bulk_store_read(self, lane: int, idx: np.ndarray) -> None:
+        """A bulk store issued by global lane `lane` reads bytes `idx` through the async
+        proxy: fail if a thread's generic write of one has no fence.proxy.async after it."""
+        if self.unfenced is None:
+            return
+        who = self.unfenced[idx]
+        bad = who != NONE
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise RaceFault(
+                lane,
+                f"shared-memory race: this thread's bulk store reads shared address "
+                f"{int(idx[k]) % self.stride:#x}, which thread "
+                f"{self.describe_thread(int(who[k]))} wrote through the generic proxy with no "
+                "fence.proxy.async (by that thread) after the write",
+            )
 
     def _access_rows(self, rows: np.ndarray, span: int, write: bool, tid: np.ndarray) -> bool:
         """`access` for aligned spans, on the tables viewed as rows of `span` bytes (one
@@ -318,6 +354,8 @@ class RaceTracker:
             return
         self.dirty = True
         tid = self._tids.take(lanes)
+        if self.unfenced is not None:
+            self.unfenced[self._bytes(flat, span)] = np.repeat(tid, span)
         rows = self._rows(flat, span)
         if rows is None or not self._access_rows(rows, span, True, tid):
             self._access_bytes(lanes, flat, span, True, None, tid)
@@ -334,6 +372,8 @@ class RaceTracker:
         self.writer[idx] = NONE
         self.reader[idx] = NONE
         self.reader_warp[idx] = NONE
+        if self.unfenced is not None:
+            self.unfenced[idx] = NONE  # written through the async proxy
 
     def copy_landed(self, lanes: np.ndarray, flat: np.ndarray, span: int) -> None:
         """The cp.asyncs of lanes `lanes` landed `span` bytes at `flat`: the bytes are no

@@ -83,7 +83,14 @@ class Batch(Lanes):
         self.params = params
         stride = BlockMemory("shared", 0, shared_size, None).stride
         tracker = (
-            RaceTracker(nblocks, stride, self.per_block, self.describe_thread, program.warp_syncs)
+            RaceTracker(
+                nblocks,
+                stride,
+                self.per_block,
+                self.describe_thread,
+                program.warp_syncs,
+                program.bulk_stores,
+            )
             if race_check and shared_size
             else None
         )
