@@ -49,7 +49,7 @@ step sweep-bf16 60 python3 -m paper_repro.gemm_sweep --n 8192 --only wgmma --sus
 step sweep-f16 45 python3 -m paper_repro.gemm_sweep --n 8192 --dtype f16 --only wgmma \
   --sustained 2
 # The persistent candidates beside their one-block-per-tile twins, in the same run.
-pairs="128,256,64,3,0,8,1;128,256,64,3,0,8,1,1;256,128,64,4,0,8,1;256,128,64,4,0,8,1,1"
+pairs="128,256,64,3,0,8,1;128,256,64,3,0,8,1,1;256,128,64,3,0,8,1;256,128,64,3,0,8,1,1"
 pairs="$pairs;128,128,64,4,0,8,1;128,128,64,4,0,8,1,1"
 step sweep-persistent 50 python3 -m paper_repro.gemm_sweep --n 8192 --configs "$pairs" \
   --sustained 6

@@ -209,9 +209,9 @@ def test_sm90_ws_ring_kept_across_tiles(
 def test_library_candidates_run_persistent(
     dt: type[ct.DType], rng: np.random.Generator, restore_backends: Any
 ) -> None:
-    """The tuner's persistent candidates (warp-specialized; 128 x 256 and 256 x 128 with
-    the ring set up per tile, the epilogue's accumulator band over it; 128 x 128 with the
-    ring kept) at ragged M, N, K: 3 x 2, 2 x 3 and 3 x 3 tiles over 4 blocks (in the last
+    """The tuner's persistent candidates (warp-specialized; with this f32 output 128 x 256
+    and 256 x 128 set the ring up per tile, the epilogue's staging tile over it; 128 x 128
+    keeps the ring) at ragged M, N, K: 3 x 2, 2 x 3 and 3 x 3 tiles over 4 blocks (in the last
     round 2 or 3 blocks have none)."""
     _sim(SM90, 4, schedules=2)
     kept = {}
@@ -225,6 +225,29 @@ def test_library_candidates_run_persistent(
         kept[bm, bn] = lowered.plan.persistent.kept is not None
         assert lowered.ptx.count("setmaxnreg.dec") == 1
     assert kept == {(128, 256): False, (256, 128): False, (128, 128): True}
+
+
+def test_library_candidates_keep_their_rings_with_a_16_bit_output(
+    rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """With a bf16 output the epilogue is a TMA store whose staging tile (64 KiB at
+    128 x 256) fits past a 144 KiB ring: every persistent candidate keeps its ring across
+    tiles; 128 x 256 runs so at ragged M, N, K, 3 x 2 tiles over 4 blocks."""
+    _sim(SM90, 4, schedules=2)
+    for bm, bn, stages in autotune.PERSISTENT:
+        kernel = _gemm_kernel(bf16, bf16, False, False, stages, None, 2, True, True)
+        spec = (ct.PartitionSpec((300, 264), (bm, bn), bf16), ct.TensorSpec((300, 200), bf16))
+        lowered = kernel.compile(*spec, ct.TensorSpec((200, 264), bf16), 64).lowered
+        assert lowered is not None and lowered.plan is not None
+        assert lowered.plan.persistent is not None and lowered.plan.persistent.kept is not None
+        assert lowered.plan.stores.tma and "cp.async.bulk.tensor.2d.global" in lowered.ptx
+    kernel = _gemm_kernel(bf16, bf16, False, False, 3, None, 2, True, True)
+    a, ta = _operand(rng, (300, 200), bf16)
+    b, tb = _operand(rng, (200, 264), bf16)
+    res, *_ = kernel(ct.full((300, 264), np.nan, bf16).partition((128, 256)), ta, tb, 64).sync()
+    got = res.unpartition().to_numpy().astype(np.float64)
+    want = a @ b
+    np.testing.assert_allclose(got, want, rtol=2**-7, atol=2**-7 * np.abs(want).max())
 
 
 def _reset_phase_per_tile(monkeypatch: pytest.MonkeyPatch) -> None:
