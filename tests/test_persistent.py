@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -32,6 +32,7 @@ from cutile_py.runtime.sim_backend import SimBackend
 from cutile_py_kernels import autotune
 from cutile_py_kernels.gemm import _gemm_kernel
 from tests.support.active_sim import activate_sim, backends_restored
+from tests.test_tma_pipeline import make_gemm
 
 B = TypeVar("B")
 BM = TypeVar("BM")
@@ -102,24 +103,8 @@ def test_tiles_keep_their_owner_in_the_grouped_order(restore_backends: Any) -> N
 
 
 def _gemm(dt: type[ct.DType], stages: int, group_m: int | None, ws: bool) -> Any:
-    if not TYPE_CHECKING:
-        Elem = dt  # named by the annotations below
-
-    @ct.kernel(stages=stages, group_m=group_m, warp_specialize=ws, persistent=True)
-    def gemm(
-        c: Mut[Tensor[f32, BM, BN]],
-        a: Tensor[Elem, Dyn, Dyn],
-        b: Tensor[Elem, Dyn, Dyn],
-        BK: ct.Constant[int],
-    ) -> None:
-        acc: ct.Tile = ct.zeros((c.shape[0], c.shape[1]), f32)
-        for kk in range(ct.num_tiles(a, 1, BK)):
-            ta = ct.load(a, (ct.bid(0), kk), (c.shape[0], BK))
-            tb = ct.load(b, (kk, ct.bid(1)), (BK, c.shape[1]))
-            acc = ct.mma(ta, tb, acc)
-        c.store(acc)
-
-    return gemm
+    """test_tma_pipeline's GEMM (f32 output), persistent."""
+    return make_gemm(dt, stages, ws, group_m, persistent=True)
 
 
 def _operand(rng: np.random.Generator, shape: tuple[int, ...], dt: type[ct.DType]) -> Any:

@@ -31,11 +31,19 @@ Elem = f16  # rebound per dtype by `make_gemm` (f16 for mypy)
 NP = {f16: np.float16, bf16: np.float32, f32: np.float32}
 
 
-def make_gemm(dt: type[ct.DType], stages: int | None = None, warp_specialize: bool = False) -> Any:
+def make_gemm(
+    dt: type[ct.DType],
+    stages: int | None = None,
+    warp_specialize: bool = False,
+    group_m: int | None = None,
+    persistent: bool = False,
+) -> Any:
     if not TYPE_CHECKING:
         Elem = dt  # noqa: F841 (named by the annotations below)
 
-    @ct.kernel(stages=stages, warp_specialize=warp_specialize)
+    @ct.kernel(
+        stages=stages, warp_specialize=warp_specialize, group_m=group_m, persistent=persistent
+    )
     def gemm(
         c: Mut[Tensor[f32, BM, BN]],
         a: Tensor[Elem, Dyn, Dyn],

@@ -316,17 +316,20 @@ def _wrap(step: Step, pc: int, counters: MemoryCounters, prog: Program) -> Handl
     if op == "cp" and len(ins.operands) > 2 and isinstance(ins.operands[2], Imm):
         return _wrap_cp_async(ins, pc, inner, counters, prog)
     if op == "cp" and "tensor" in ins.modifiers and "mbarrier::complete_tx::bytes" in ins.modifiers:
-        return _wrap_tma_load(ins, pc, inner, counters)
+        return _wrap_tma(ins, pc, inner, counters, store=False)
     if op == "cp" and "tensor" in ins.modifiers and "bulk_group" in ins.modifiers:
-        return _wrap_tma_store(ins, pc, inner, counters)
+        return _wrap_tma(ins, pc, inner, counters, store=True)
     return None
 
 
-def _wrap_tma_store(ins: Instruction, pc: int, inner: Handler, counters: MemoryCounters) -> Handler:
-    """`cp.async.bulk.tensor` store: writes the elements of its box that lie in the tensor
-    (counted at the issue; the copy reads shared memory later, `bulk_stores`)."""
+def _wrap_tma(
+    ins: Instruction, pc: int, inner: Handler, counters: MemoryCounters, store: bool
+) -> Handler:
+    """`cp.async.bulk.tensor`: a load reads, a store writes, the elements of its box that lie
+    in the tensor (a store's are counted at the issue; it reads shared memory later,
+    `bulk_stores`)."""
     rank = next(int(m[0]) for m in ins.modifiers if len(m) == 2 and m[1] == "d")
-    tmap, coords = bulk_copy._tensor_operand(ins, 0, rank)
+    tmap, coords = bulk_copy._tensor_operand(ins, 0 if store else 1, rank)
 
     def run(b: Batch) -> None:
         lanes, boxes = bulk_copy._issued(b, tmap, coords, rank)
@@ -334,24 +337,8 @@ def _wrap_tma_store(ins: Instruction, pc: int, inner: Handler, counters: MemoryC
             at = addr[inside].astype(np.uint64)
             if at.size:
                 who = np.full(at.size, lane, dtype=np.int64)
-                counters.count_global(pc, ins, who, at, np.full(at.size, m.esize), write=True)
-        inner(b)
-
-    return run
-
-
-def _wrap_tma_load(ins: Instruction, pc: int, inner: Handler, counters: MemoryCounters) -> Handler:
-    """`cp.async.bulk.tensor` load: reads the elements of its box that lie in the tensor."""
-    rank = next(int(m[0]) for m in ins.modifiers if len(m) == 2 and m[1] == "d")
-    tmap, coords = bulk_copy._tensor_operand(ins, 1, rank)
-
-    def run(b: Batch) -> None:
-        lanes, boxes = bulk_copy._issued(b, tmap, coords, rank)
-        for lane, (m, addr, inside) in zip(lanes.tolist(), boxes):
-            at = addr[inside].astype(np.uint64)
-            if at.size:
-                who = np.full(at.size, lane, dtype=np.int64)
-                counters.count_global(pc, ins, who, at, np.full(at.size, m.esize))
+                sizes = np.full(at.size, m.esize)
+                counters.count_global(pc, ins, who, at, sizes, write=store)
         inner(b)
 
     return run
