@@ -21,12 +21,14 @@ chunk one address register, every other offset an immediate.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from cutile_py.ir import ops as o
 from cutile_py.lower import emit_mma
 from cutile_py.lower.context import EmitContext
 from cutile_py.lower.fragments import CHUNK, Setup, Slot, log2
 from cutile_py.lower.plan_store import TmaStore
-from cutile_py.ptx.builder import Addr, Reg, Vec
+from cutile_py.ptx.builder import Addr, FunctionBuilder, Reg, Vec
 
 #: The swizzle's XOR reads address bits from bit 7 (`plan_tma`).
 SWIZZLE_SHIFT = 7
@@ -60,14 +62,7 @@ def store(em: EmitContext, op: o.StoreOp, t: TmaStore) -> None:
         fb.ins("and.pred", go, go, ok)
     done = fb.new_label("tma_stored")
     fb.ins("bra", done, pred=go, negate=True)
-    coords = []
-    for r, size in zip(reversed(index), reversed(shape)):
-        if size == 1:
-            coords.append(r)
-            continue
-        c = fb.reg("b32")
-        fb.ins("mul.lo.s32", c, r, size)
-        coords.append(c)
+    coords = box_origin(fb, index, shape)
     rank = len(coords)
     for p in range(t.panels):
         inner = coords[0]
@@ -218,3 +213,17 @@ def _stage_16(em: EmitContext, s: Setup, t: TmaStore, regs: list[Reg], smem: Reg
                 pred=em.conj(sl.valid, nl.valid),
             )
             j += 2 if x4 else 1
+
+
+def box_origin(fb: FunctionBuilder, index: Sequence[Reg], shape: Sequence[int]) -> list[Reg]:
+    """A box's first element, innermost dimension first: the tile `index` times the tile
+    `shape` (a tensor map's coordinates are elements, not tiles)."""
+    out = []
+    for r, size in zip(reversed(index), reversed(shape)):
+        if size == 1:
+            out.append(r)
+            continue
+        c = fb.reg("b32")
+        fb.ins("mul.lo.s32", c, r, size)
+        out.append(c)
+    return out

@@ -67,6 +67,7 @@ from cutile_py.ir import ops as o
 from cutile_py.lower import emit_persistent, emit_pipeline
 from cutile_py.lower.context import EmitContext, KeptRing
 from cutile_py.lower.emit_pipeline import LoopPipeline
+from cutile_py.lower.emit_store import box_origin
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad
 from cutile_py.lower.plan_tma import MAP_DTYPE, box
 from cutile_py.lower.plan_ws import PRODUCER_REGS, PRODUCER_THREADS
@@ -334,17 +335,7 @@ def issue_boxes(
 def _coords(em: EmitContext, loop: o.ForOp, sl: StagedLoad, it: Reg) -> list[Reg]:
     """The box's first element, innermost dimension first: the load's index (its index ops
     emitted again with the induction variable at `it`) times the tile shape."""
-    fb = em.fb
-    index = emit_pipeline.index_at(em, loop, sl, it)
-    out = []
-    for r, size in zip(reversed(index), reversed(sl.load.shape)):
-        if size == 1:
-            out.append(r)
-            continue
-        c = fb.reg("b32")
-        fb.ins("mul.lo.s32", c, r, size)
-        out.append(c)
-    return out
+    return box_origin(em.fb, emit_pipeline.index_at(em, loop, sl, it), sl.load.shape)
 
 
 #: The named barrier both sides of a warp-specialized kernel meet at once the mbarriers are
