@@ -303,6 +303,8 @@ def test_a_phase_reset_per_tile_is_reported(
     broken = lower_kernel(compiled.ir, SM90)
     assert broken.ptx != good.ptx
     reader = ParamReader(good)
+    with pytest.raises(ValueError, match="grid: a persistent kernel's parameters"):
+        reader([c, ta, tb, 32], sim)  # no grid: it would walk a 1 x 1 x 1 one
     raw = reader([c, ta, tb, 32], sim, grid=(2, 2, 1))
     values = [ParamValue(t, v) for t, v in zip(reader.ptypes, raw)]
 
