@@ -65,7 +65,10 @@ def test_declared_registers_are_slots_and_special_registers_are_not() -> None:
     assert {"%r1", "%r6", "%rd5", "%p1"} <= seen
 
 
-def test_guarded_writes_moves_and_unwritten_reads_match_numpy() -> None:
+def test_guarded_writes_moves_and_unwritten_reads_match_numpy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("CUTILE_PY_SIM_UNWRITTEN", raising=False)  # the default: zeros
     rng = np.random.default_rng()
     x = rng.integers(0, 2**32, size=96, dtype=np.uint32)
     sim = Sim()
