@@ -84,6 +84,29 @@ def test_elementwise_walks_every_tile_once(
     assert _blocks_launched(tagged_add, sim) == (min(8, sms), 1, 1)
 
 
+def _plus_one(persistent: bool) -> Any:
+    @ct.kernel(persistent=persistent)
+    def plus_one(z: Mut[Tensor[f32, BM, BN]], x: Tensor[f32, Dyn, Dyn]) -> None:
+        z.store(ct.load_tile_like(x, z) + 1.0)
+
+    return plus_one
+
+
+def test_the_report_measures_every_tile(restore_backends: Any) -> None:
+    """`kernel.report` of a persistent kernel over a 4 x 3 grid of tiles measures all 12,
+    as its launched twin does: every byte of x read once, of z written once (it passed the
+    walk a 1 x 1 x 1 grid while starting 4 x 3 blocks: one tile per row of blocks counted)."""
+    _sim(SM90, 4)
+    x = ct.from_numpy(np.ones((250, 300), np.float32))
+    got = {}
+    for persistent in (False, True):
+        z = ct.empty((250, 300)).partition((64, 128))
+        r = _plus_one(persistent).report(z, x, target="sm_90")
+        got[persistent] = (r.bytes_moved, [(a.read, a.written) for a in r.arguments])
+    assert got[True] == got[False]
+    assert got[True][0] == 2 * 250 * 300 * 4
+
+
 @ct.kernel(persistent=True, group_m=2)
 def tile_ids(z: Mut[Tensor[f32, B, B]]) -> None:
     """Each tile holds its own (bid(0), bid(1)) and the grid's sizes."""
@@ -265,6 +288,8 @@ def test_a_phase_reset_per_tile_is_reported(
     broken = lower_kernel(compiled.ir, SM90)
     assert broken.ptx != good.ptx
     reader = ParamReader(good)
+    with pytest.raises(ValueError, match="grid: a persistent kernel's parameters"):
+        reader([c, ta, tb, 32], sim)  # no grid: it would walk a 1 x 1 x 1 one
     raw = reader([c, ta, tb, 32], sim, grid=(2, 2, 1))
     values = [ParamValue(t, v) for t, v in zip(reader.ptypes, raw)]
 

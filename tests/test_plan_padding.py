@@ -155,3 +155,56 @@ def test_library_kernels() -> None:
     w = spec(1000)
     assert unpadded_params(rms_tile, y, rows, w, 1e-3, 1e-6) == set()
     assert unpadded_params(add_tile, y, y, rows, rows, w, 1e-3, 1e-6) == set()
+
+
+def test_library_kernels_never_store_the_unwritten_lanes(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With never-written registers reading as NaN on sim (`CUTILE_PY_SIM_UNWRITTEN=ones`)
+    the element-wise kernels, whose loads write no padding, still match NumPy at a ragged
+    length: the lanes past the edge reach no store (with padding 0, a zero-reading sim
+    could not tell)."""
+    from cutile_py_kernels import elementwise
+
+    monkeypatch.setenv("CUTILE_PY_SIM_UNWRITTEN", "ones")
+    ct.set_backend("sim", target="sm_90")
+    n = 3 * elementwise.TILE + 5
+    x = rng.standard_normal(n).astype(np.float32)
+    y = rng.standard_normal(n).astype(np.float32)
+    got = elementwise.add(ct.from_numpy(x), ct.from_numpy(y)).to_numpy()
+    np.testing.assert_array_equal(got, x + y)
+    got = elementwise.saxpy(1.5, ct.from_numpy(x), ct.from_numpy(y)).to_numpy()
+    np.testing.assert_allclose(got, np.float32(1.5) * x + y, rtol=1e-6, atol=1e-6)
+
+
+@ct.kernel
+def sum_unpadded(z: Mut[Tensor[f32, B]], x: Tensor[f32, Dyn]) -> None:
+    """z = x + the sum of its tile, padding 0: only ever compiled under a planted wrong
+    plan (its own kernel, so that no other test finds that compile in the caches)."""
+    t = ct.load(x, (ct.bid(0),), z.shape, padding=0.0)
+    z.store(t + ct.sum(t, axis=0, keepdims=True))
+
+
+def test_a_wrong_skip_of_zero_padding_is_caught(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A planted plan that leaves a reduced load's padding unwritten: with padding 0 the
+    sim's zero-reading registers would hide it; `CUTILE_PY_SIM_UNWRITTEN=ones` turns the
+    last tile's sum into NaN, while the full tiles stay right."""
+    import cutile_py.lower.plan as plan_module
+    from cutile_py.ir import ops as o
+    from cutile_py.ir.uses import walk
+
+    def every_load(kernel: o.Kernel, uses: Any) -> frozenset[o.LoadOp]:
+        return frozenset(op for op in walk(kernel.body) if isinstance(op, o.LoadOp))
+
+    monkeypatch.setattr(plan_module, "unpadded_loads", every_load)
+    monkeypatch.setenv("CUTILE_PY_SIM_UNWRITTEN", "ones")
+    ct.set_backend("sim")
+    x = rng.standard_normal(300).astype(np.float32)
+    z, _ = sum_unpadded(ct.empty((300,)).partition((TILE,)), ct.from_numpy(x)).sync()
+    got = z.unpartition().to_numpy()
+    tiles = x[: 2 * TILE].reshape(2, TILE)
+    want = tiles + tiles.sum(axis=1, dtype=np.float64, keepdims=True)
+    np.testing.assert_allclose(got[: 2 * TILE], want.reshape(-1), atol=1e-4)
+    assert np.isnan(got[2 * TILE :]).all()

@@ -222,6 +222,7 @@ BARRIER = """
     @%p2 mbarrier.arrive.shared.b64 %rd2, [%r2];
     mbarrier.test_wait.parity.shared.b64 %p3, [%r2], 0;
     mbarrier.test_wait.parity.shared.b64 %p4, [%r2], 1;
+    setp.ne.u32 %p5, %r1, %r1;        // false where no arrive's state is tested
     @%p2 mbarrier.test_wait.shared.b64 %p5, [%r2], %rd2;
     selp.u32 %r3, 1, 0, %p3;
     selp.u32 %r4, 2, 0, %p4;

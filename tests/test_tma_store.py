@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pytest
@@ -35,6 +35,7 @@ from tests.support.active_sim import active_sim
 
 BM = TypeVar("BM")
 BN = TypeVar("BN")
+One = TypeVar("One")
 SM90 = Target(90)
 STORE = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group"
 #: Relative rounding of each output dtype (half an ulp), plus f32 accumulation-order slack.
@@ -240,6 +241,56 @@ def test_a_sub_tile_store_keeps_the_plain_store(
     assert "bulk_group" not in lowered.ptx
     res, *_ = halves(out, ta, tb, 32).sync()
     _check(res.unpartition().to_numpy(), a @ b, f32)
+
+
+def _stored_and_summed(odt: type[ct.DType]) -> Any:
+    """c = a @ b in `odt`, and d = the row sums of that stored tile: a second use of the
+    value the store takes."""
+    if not TYPE_CHECKING:
+        Out = odt  # named by the annotations below
+
+    @ct.kernel
+    def stored_and_summed(
+        c: Mut[Tensor[Out, BM, BN]],
+        d: Mut[Tensor[f32, BM, One]],
+        a: Tensor[f16, Dyn, Dyn],
+        b: Tensor[f16, Dyn, Dyn],
+        BK: ct.Constant[int],
+    ) -> None:
+        acc: ct.Tile = ct.zeros((c.shape[0], c.shape[1]), f32)
+        for kk in range(ct.cdiv(a.shape[1], BK)):
+            ta = ct.load(a, (ct.bid(0), kk), (c.shape[0], BK))
+            acc = ct.mma(ta, ct.load(b, (kk, ct.bid(1)), (BK, c.shape[1])), acc)
+        out = acc.astype(c.dtype)
+        c.store(out)
+        d.store(ct.sum(out.astype(f32), axis=1, keepdims=True))
+
+    return stored_and_summed
+
+
+@pytest.mark.parametrize("odt", [f16, f32], ids=lambda d: d.name)
+def test_a_stored_value_used_again_keeps_the_plain_store(
+    odt: type[ct.DType], sim90: SimBackend, rng: np.random.Generator
+) -> None:
+    """The stored value (the loop's result, or its cast) also feeds a row sum: it must
+    leave the fragments for that use, so the store stays plain (the plan says why) and
+    both outputs are right (the TMA store kept the value in fragments, and the sum read
+    fragment registers as a blocked tile: row sums off by up to 300)."""
+    m, n, k = 200, 64, 96
+    a, ta = _operand(rng, (m, k), f16)
+    b, tb = _operand(rng, (k, n), f16)
+    kernel = _stored_and_summed(odt)
+    c = ct.full((m, n), np.nan, odt).partition((128, 64))
+    d = ct.full((m, 1), np.nan).partition((128, 1))
+    _, _, plan = _planned(kernel, c, d, ta, tb, 32)
+    assert not plan.stores.tma
+    assert list(plan.stores.why.values()) == [
+        "c: the stored value has another use, which reads it out of the fragments"
+    ]
+    rc, rd, *_ = kernel(c, d, ta, tb, 32).sync()
+    got = rc.unpartition().to_numpy().astype(np.float64)
+    _check(got, a @ b, odt)
+    _check(rd.unpartition().to_numpy()[:, 0], got.sum(axis=1), f32)  # of the stored values
 
 
 @pytest.mark.parametrize("odt", ODTS, ids=lambda d: d.name)

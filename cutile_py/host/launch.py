@@ -55,13 +55,19 @@ class ParamReader:
         self,
         args: Sequence[Any],
         backend: Backend | None = None,
-        grid: tuple[int, ...] = (1, 1, 1),
+        grid: tuple[int, ...] | None = None,
     ) -> list[int | float | bytes]:
         """The values; `backend` makes the tensor maps (a kernel with TMA pipelines); `grid`:
-        the tiles a persistent kernel's blocks walk."""
+        the tiles a persistent kernel's blocks walk (required there: no default grid is
+        right for it)."""
         out: list[int | float | bytes] = []
         for arg, kind, axis in self.steps:
             if kind == _GRID:
+                if grid is None:
+                    raise ValueError(
+                        "grid: a persistent kernel's parameters include the grid of tiles "
+                        "its blocks walk; pass it"
+                    )
                 out.append((*grid, 1, 1, 1)[axis])
                 continue
             a = args[arg]

@@ -276,13 +276,17 @@ def build_report(
         static_shared = asm.shared_bytes  # ptxas's own count
     regions = _regions(sim_args, names)
     reader = compiled.param_reader()
-    values = [ParamValue(t, v) for t, v in zip(reader.ptypes, reader(sim_args, sim))]
     g = (*grid, 1, 1, 1)[:3]
+    values = [ParamValue(t, v) for t, v in zip(reader.ptypes, reader(sim_args, sim, g))]
+    # A persistent kernel walks the tiles of the grid its parameters give, block b from
+    # tile b on with the launched blocks as its stride: one block per tile measures (and
+    # samples) it as a launched grid.
+    run = (g[0] * g[1] * g[2], 1, 1) if lowered.persistent else (g[0], g[1], g[2])
     measured = (
         None
         if 0 in grid
-        else sim.measure(loaded, (g[0], g[1], g[2]), (lowered.block_threads, 1, 1),
-                         lowered.dynamic_shared, values, [r for _, r in regions], MAX_BLOCKS)
+        else sim.measure(loaded, run, (lowered.block_threads, 1, 1), lowered.dynamic_shared,
+                         values, [r for _, r in regions], MAX_BLOCKS)
     )  # fmt: skip
     scale = measured.blocks_total / measured.blocks_run if measured and measured.blocks_run else 1.0
     executed = round(measured.thread_instructions * scale) if measured else 0

@@ -132,6 +132,9 @@ def plan_stores(
         found = _accumulator(op, uses, fragments)
         if found is None:
             continue  # not an accumulator's store: nothing to say
+        if isinstance(found, str):
+            why[op] = f"{kernel.params[op.param].name}: {found}"
+            continue
         acc, frag, chain = found
         got = _decide(kernel, target, op, acc, frag, chain)
         if isinstance(got, str):
@@ -154,12 +157,15 @@ def with_chains(fragments: FragmentPlan, stores: StorePlan) -> FragmentPlan:
 
 def _accumulator(
     store: o.StoreOp, uses: DefUse, fragments: FragmentPlan
-) -> tuple[o.Value, Fragment, tuple[o.Value, ...]] | None:
+) -> tuple[o.Value, Fragment, tuple[o.Value, ...]] | str | None:
     """The loop-carried accumulator `store` stores (through a cast and a reshape adding
-    leading 1s, each used by the next alone), its fragment and the chain of values."""
+    leading 1s), its fragment and the chain of values; why not, where a value of the chain
+    has a use besides the next (the chain stays in fragments, which only the store reads)."""
     v = store.operands[-1]
     chain = [v]
+    shared = False
     while True:
+        shared = shared or len(uses.users(v)) != 1
         prod = uses.producer(v)
         if isinstance(prod, o.ForOp):
             k = prod.results.index(v)
@@ -167,6 +173,8 @@ def _accumulator(
             frag = fragments.of(acc)
             if frag is None or frag.kind != "acc":
                 return None
+            if shared:
+                return "the stored value has another use, which reads it out of the fragments"
             return acc, frag, tuple(reversed(chain))
         if isinstance(prod, o.CastOp):
             (x,) = prod.operands
@@ -178,8 +186,6 @@ def _accumulator(
             ):
                 return None
         else:
-            return None
-        if len(uses.users(x)) != 1:
             return None
         v = x
         chain.append(v)

@@ -4,10 +4,15 @@ instruction semantics read and write through.
 
 A register's array is never changed in place (a write rebinds it), so a read may return the
 stored array or a view of it, and one array may back several registers safely.
+
+A register read before any write holds zeros, where a GPU holds whatever was there;
+`CUTILE_PY_SIM_UNWRITTEN=ones` makes it every bit set instead (NaN as a float, -1 as an
+integer, true as a predicate), so that code which only passes because the value is 0 fails.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import NoReturn
@@ -98,6 +103,8 @@ class Lanes(ExecContext):
         self.mask = self.live
         self.full = True  # mask covers every live lane
         self.dense = bool(self.exists.all())  # mask covers every lane of the batch
+        #: What a never-written register reads as: every bit set (else zeros; see the module).
+        self.unwritten_ones = os.environ.get("CUTILE_PY_SIM_UNWRITTEN", "").strip() == "ones"
         self.instr = Instruction(0, "", "", (), ())
         #: Each declared register's lanes by slot; None until first written.
         self.file: list[np.ndarray | None] = [None] * len(reg_types)
@@ -200,9 +207,13 @@ class Lanes(ExecContext):
         self.fail(f"operand {op} cannot be read as a value")
 
     def _unwritten(self, slot: int) -> np.ndarray:
-        # A register read before any write holds zeros (a GPU would hold garbage).
+        # A register read before any write holds zeros, or every bit set (a GPU would hold
+        # garbage).
         w = self.widths[slot]
-        return np.zeros(self.n, dtype=BOOL if w == 0 else UINT[min(w, 8)])
+        dtype = BOOL if w == 0 else UINT[min(w, 8)]
+        if self.unwritten_ones:
+            return np.full(self.n, True if w == 0 else np.iinfo(dtype).max, dtype=dtype)
+        return np.zeros(self.n, dtype=dtype)
 
     def write(self, op: Operand, ptype: str, values: np.ndarray) -> None:
         t = type(op)
