@@ -24,7 +24,9 @@ from cutile_py_kernels import autotune
 from cutile_py_kernels.gemm import config_kernel
 
 
-def _torch_ms(torch: Any, fn: Any, repeats: int = 7) -> float:
+def torch_ms(torch: Any, fn: Any, repeats: int = 7) -> float:
+    """Median milliseconds of `repeats` runs of `fn()` on PyTorch's stream (CUDA events), each
+    after the host waited for the last, after one untimed run."""
     fn()
     torch.cuda.synchronize()
     times = []
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ref_norm = float(ref.norm())
     a, b = ct.from_dlpack(a_t), ct.from_dlpack(b_t)
     c_t = torch.empty((n, n), device="cuda", dtype=tdt)
-    cublas_ms = _torch_ms(torch, lambda: torch.matmul(a_t, b_t, out=c_t))
+    cublas_ms = torch_ms(torch, lambda: torch.matmul(a_t, b_t, out=c_t))
     flop = 2.0 * n**3
     print(f"# gemm sweep: {torch.cuda.get_device_name()}, {args.dtype} n={n}", flush=True)
     print(f"cuBLAS (torch.matmul): {cublas_ms * 1e3:.1f} us, {flop / cublas_ms / 1e9:.1f} TFLOP/s")

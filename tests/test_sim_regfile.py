@@ -65,17 +65,22 @@ def test_declared_registers_are_slots_and_special_registers_are_not() -> None:
     assert {"%r1", "%r6", "%rd5", "%p1"} <= seen
 
 
-def test_guarded_writes_moves_and_unwritten_reads_match_numpy(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv("CUTILE_PY_SIM_UNWRITTEN", raising=False)  # the default: zeros
-    rng = np.random.default_rng()
-    x = rng.integers(0, 2**32, size=96, dtype=np.uint32)
+def _run_regs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """KERNEL's `regs` over 96 threads on random words: the inputs, the outputs, the thread
+    indices."""
+    x = np.random.default_rng().integers(0, 2**32, size=96, dtype=np.uint32)
     sim = Sim()
     a_out, out = sim.buffer(np.zeros(96, dtype=np.uint32))
     a_in, _ = sim.buffer(x)
     sim.launch(KERNEL, "regs", (1, 1, 1), (96, 1, 1), [("u64", a_out), ("u64", a_in)])
-    tid = np.arange(96, dtype=np.uint32)
+    return x, out, np.arange(96, dtype=np.uint32)
+
+
+def test_guarded_writes_moves_and_unwritten_reads_match_numpy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("CUTILE_PY_SIM_UNWRITTEN", raising=False)  # the default: zeros
+    x, out, tid = _run_regs()
     want = np.where(tid % 2 == 0, x * np.uint32(3), x) + tid
     np.testing.assert_array_equal(out, want)
 
@@ -85,12 +90,6 @@ def test_unwritten_registers_can_read_as_every_bit_set(monkeypatch: pytest.Monke
     (x - 1 + tid), where by default it reads as 0 (the test above): code that only works on
     a zero it never wrote shows up."""
     monkeypatch.setenv("CUTILE_PY_SIM_UNWRITTEN", "ones")
-    rng = np.random.default_rng()
-    x = rng.integers(0, 2**32, size=96, dtype=np.uint32)
-    sim = Sim()
-    a_out, out = sim.buffer(np.zeros(96, dtype=np.uint32))
-    a_in, _ = sim.buffer(x)
-    sim.launch(KERNEL, "regs", (1, 1, 1), (96, 1, 1), [("u64", a_out), ("u64", a_in)])
-    tid = np.arange(96, dtype=np.uint32)
+    x, out, tid = _run_regs()
     want = np.where(tid % 2 == 0, x * np.uint32(3), x + np.uint32(0xFFFFFFFF)) + tid
     np.testing.assert_array_equal(out, want)

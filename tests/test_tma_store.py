@@ -348,6 +348,15 @@ def _two_products(rng: np.random.Generator) -> tuple[list[Any], list[np.ndarray]
     return [*outs, ta, tb, te, 32], [a @ b, a @ e]
 
 
+def _run_ptx(sim90: SimBackend, lowered: Any, args: list[Any], ptx: str) -> None:
+    """`ptx` (the compiled `two_products`, edited) run on `args` over its 3 x 2 tiles."""
+    reader = ParamReader(lowered)
+    values = [ParamValue(t, v) for t, v in zip(reader.ptypes, reader(args, sim90))]
+    kernel = sim90.load_kernel(ptx, lowered.entry)
+    block = (lowered.block_threads, 1, 1)
+    sim90.launch(kernel, (3, 2, 1), block, lowered.dynamic_shared, values).wait()
+
+
 def test_a_reused_staging_tile_waits_for_the_store(
     sim90: SimBackend, rng: np.random.Generator
 ) -> None:
@@ -374,12 +383,8 @@ def test_a_missing_wait_before_the_staging_is_reused_is_caught(
     ptx = lowered.ptx
     broken = ptx.replace("\tcp.async.bulk.wait_group.read 0;\n", "", 1)
     assert broken != ptx
-    reader = ParamReader(lowered)
-    values = [ParamValue(t, v) for t, v in zip(reader.ptypes, reader(args, sim90))]
-    kernel = sim90.load_kernel(broken, lowered.entry)
-    block = (lowered.block_threads, 1, 1)
     with pytest.raises(LaunchFailure, match=r"bulk store issued at PTX line \d+ may still"):
-        sim90.launch(kernel, (3, 2, 1), block, lowered.dynamic_shared, values).wait()
+        _run_ptx(sim90, lowered, args, broken)
 
 
 def test_a_store_of_unfenced_staging_writes_is_caught(
@@ -393,12 +398,8 @@ def test_a_store_of_unfenced_staging_writes_is_caught(
     fence = "\tfence.proxy.async.shared::cta;\n\tbar.sync 0;\n"
     at = ptx.index(fence, ptx.index("stmatrix"))  # the first store's, after its staging
     broken = ptx[:at] + ptx[at:].replace(fence, "\tbar.sync 0;\n", 1)
-    reader = ParamReader(lowered)
-    values = [ParamValue(t, v) for t, v in zip(reader.ptypes, reader(args, sim90))]
-    kernel = sim90.load_kernel(broken, lowered.entry)
-    block = (lowered.block_threads, 1, 1)
     with pytest.raises(LaunchFailure, match=r"with no fence\.proxy\.async"):
-        sim90.launch(kernel, (3, 2, 1), block, lowered.dynamic_shared, values).wait()
+        _run_ptx(sim90, lowered, args, broken)
 
 
 def test_a_store_issued_before_the_barrier_is_caught(
@@ -412,12 +413,8 @@ def test_a_store_issued_before_the_barrier_is_caught(
     fence = "\tfence.proxy.async.shared::cta;\n\tbar.sync 0;\n"
     at = ptx.index(fence, ptx.index("stmatrix"))  # the first store's, after its staging
     broken = ptx[:at] + ptx[at:].replace(fence, "\tfence.proxy.async.shared::cta;\n", 1)
-    reader = ParamReader(lowered)
-    values = [ParamValue(t, v) for t, v in zip(reader.ptypes, reader(args, sim90))]
-    kernel = sim90.load_kernel(broken, lowered.entry)
-    block = (lowered.block_threads, 1, 1)
     with pytest.raises(LaunchFailure, match="shared-memory race: this thread reads"):
-        sim90.launch(kernel, (3, 2, 1), block, lowered.dynamic_shared, values).wait()
+        _run_ptx(sim90, lowered, args, broken)
 
 
 @pytest.mark.skipif(not nvjitlink_available(), reason="the nvJitLink library cannot be loaded")

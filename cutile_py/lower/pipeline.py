@@ -56,9 +56,9 @@ def plan_and_emit(kernel: Kernel, target: Target) -> tuple[LoweringPlan, Emitter
         plan.fragment_plan,
         plan.shared,
         tma_stores=plan.stores.tma,
+        unpadded=plan.unpadded,
+        persistent=plan.persistent,
     )
-    em.persistent = plan.persistent
-    em.unpadded = plan.unpadded
     em.preamble()
     em.region(kernel.body)
     em.finish()
