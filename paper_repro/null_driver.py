@@ -8,6 +8,7 @@ host work (argument checks, ownership, parameter packing, the calls it makes): t
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,11 +16,65 @@ from typing import Any
 from cutile_py.runtime import cuda_driver
 
 
-class NullDriver:
-    """`cuda.bindings.driver` with every function returning success and a fresh handle."""
+@functools.cache
+def _driver_library_missing(real: Any) -> bool:
+    """Whether calling a real binding fails for want of the driver library (no NVIDIA
+    driver installed): then its argument conversion can be checked without running it."""
+    try:
+        real.cuDriverGetVersion()
+    except Exception as e:
+        return type(e).__name__ == "DynamicLibNotFoundError"
+    return False
 
-    def __init__(self, real: Any, compute_capability: tuple[int, int] = (9, 0)) -> None:
+
+def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The argument types of a call, lists and tuples by their elements' types too."""
+    return tuple(
+        (type(a), tuple(type(x) for x in a)) if isinstance(a, (list, tuple)) else type(a)
+        for a in args
+    )
+
+
+class BindingCheck:
+    """Passes each call's arguments through the real binding of the same name, once per
+    distinct argument types. The bindings convert their arguments before they load the
+    driver and refuse what the driver's C types do not take (a Python int for a
+    `cuuint32_t`, a str for a handle: TypeError), so a stand-in that took anything would
+    hide such a call until a GPU ran it. On a machine with no driver library the call then
+    fails to load it, which is the check passing; where a driver is installed nothing is
+    called (the `gpu` tests run the real calls)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.active = _driver_library_missing(real)
+        self._seen: set[tuple[str, tuple[Any, ...]]] = set()
+
+    def __call__(self, name: str, args: tuple[Any, ...]) -> None:
+        if not self.active:
+            return
+        key = (name, _signature(args))
+        if key in self._seen:
+            return
+        try:
+            getattr(self.real, name)(*args)
+        except Exception as e:
+            if type(e).__name__ != "DynamicLibNotFoundError":
+                raise TypeError(f"the real binding refuses {name}{args!r}: {e}") from e
+        self._seen.add(key)
+
+
+class NullDriver:
+    """`cuda.bindings.driver` with every function returning success and a fresh handle; with
+    `check_arguments`, each call's arguments first pass the real binding (`BindingCheck`)."""
+
+    def __init__(
+        self,
+        real: Any,
+        compute_capability: tuple[int, int] = (9, 0),
+        check_arguments: bool = False,
+    ) -> None:
         self._real = real
+        self._check = BindingCheck(real) if check_arguments else None
         self._ok = real.CUresult.CUDA_SUCCESS
         self._cc = compute_capability
         self._next_address = 1 << 32
@@ -27,6 +82,10 @@ class NullDriver:
         self.calls = 0
         #: The arguments of each cuTensorMapEncodeTiled call, in order (sized integers as ints).
         self.tensor_maps: list[tuple[Any, ...]] = []
+        if self._check is not None:  # the stand-in's own calls, checked like the rest
+            for name in dir(type(self)):
+                if name.startswith("cu"):
+                    setattr(self, name, self._checked(name, getattr(self, name)))
 
     def __getattr__(self, name: str) -> Any:
         real = getattr(self._real, name)
@@ -34,8 +93,20 @@ class NullDriver:
             value = real  # enums and handle types
         else:
             value = self._generic
+            if self._check is not None:
+                value = self._checked(name, value)
         setattr(self, name, value)  # found once: the stand-in costs one call, as a binding does
         return value
+
+    def _checked(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        check = self._check
+        assert check is not None
+
+        def call(*args: Any) -> Any:
+            check(name, args)
+            return fn(*args)
+
+        return call
 
     def _generic(self, *args: Any) -> tuple[Any, ...]:
         self.calls += 1
@@ -111,10 +182,13 @@ class NullDriver:
 
 
 @contextlib.contextmanager
-def null_device(compute_capability: tuple[int, int] = (9, 0)) -> Iterator[NullDriver]:
-    """Make the cuda backend's driver calls go to a `NullDriver` meanwhile."""
+def null_device(
+    compute_capability: tuple[int, int] = (9, 0), check_arguments: bool = False
+) -> Iterator[NullDriver]:
+    """Make the cuda backend's driver calls go to a `NullDriver` meanwhile (see it for
+    `check_arguments`)."""
     real = cuda_driver._cu()
-    driver = NullDriver(real, compute_capability)
+    driver = NullDriver(real, compute_capability, check_arguments)
     saved: Callable[[], Any] = cuda_driver._cu
     cuda_driver._cu = lambda: driver
     try:

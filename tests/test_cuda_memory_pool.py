@@ -16,7 +16,7 @@ import cutile_py as ct
 from cutile_py.ptx.target import Target
 from cutile_py.runtime import cuda_driver as cu
 from cutile_py.runtime.cuda_backend import CudaBackend
-from tests.support.fake_driver import StreamDriver, vector_add_ptx
+from tests.support.fake_driver import Handle, StreamDriver, vector_add_ptx
 
 
 class PoolDriver(StreamDriver):
@@ -43,7 +43,7 @@ class PoolDriver(StreamDriver):
         return super().cuEventRecord(event, stream)
 
     def cuDeviceGetDefaultMemPool(self, dev: int) -> tuple[object, ...]:
-        return self._ok("cuDeviceGetDefaultMemPool", "pool")
+        return self._ok("cuDeviceGetDefaultMemPool", Handle("pool"))
 
     def cuMemPoolSetAttribute(self, pool: object, attr: object, value: Any) -> tuple[object, ...]:
         assert pool == "pool"

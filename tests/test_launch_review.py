@@ -243,7 +243,7 @@ def null_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, ...]]
         real(function, grid, block, shared, stream, params, *rest)
 
     monkeypatch.setattr(cu, "launch_kernel_packed", spy)
-    with make():
+    with make(check_arguments=True):
         yield seen  # type: ignore[misc]
 
 

@@ -177,7 +177,7 @@ def test_cuda_timing_goes_through_every_buffer_set() -> None:
         return ()
 
     rotate = int(np.random.default_rng().integers(40, 120))
-    with null_cuda():
+    with null_cuda(check_arguments=True):
         Timer("cuda", reps=3, warmup=1).device(launch, rotate=rotate)
     assert set(used) == set(range(rotate))
 

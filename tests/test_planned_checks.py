@@ -153,7 +153,7 @@ def test_chain_steps_on_a_queueing_backend_still_refuse_each_misuse() -> None:
     from paper_repro.experiments.host import null_cuda
 
     rng = np.random.default_rng()
-    with null_cuda():
+    with null_cuda(check_arguments=True):
         x = ct.from_numpy(rng.standard_normal(N).astype(np.float32))
         p, q = ct.zeros(N).partition(TILE), ct.zeros(N).partition(TILE)
         p, x, _ = K.add(p, x, x).sync()  # planned
@@ -210,7 +210,7 @@ def test_a_zip_of_many_readers_of_one_tensor_lets_go_in_linear_time() -> None:
 
     n = 300
     rng = np.random.default_rng()
-    with null_cuda():
+    with null_cuda(check_arguments=True):
         x = ct.from_numpy(rng.standard_normal(N).astype(np.float32))
         outs = [ct.zeros(N).partition(TILE) for _ in range(n)]
         K.add(outs[0], x, x).sync()  # planned

@@ -358,7 +358,7 @@ def null_cuda() -> Iterator[Any]:
     from paper_repro.experiments.host import null_cuda as make
     from paper_repro.null_driver import NullDriver
 
-    with make():
+    with make(check_arguments=True):
         driver = cu._cu()
         assert isinstance(driver, NullDriver)
         yield driver

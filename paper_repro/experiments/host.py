@@ -32,12 +32,13 @@ GPU_GOALS = {"sync": 10.0, "graph replay": 1.5}
 
 
 @contextlib.contextmanager
-def null_cuda() -> Iterator[None]:
-    """A fresh cuda backend over the null driver, active meanwhile (the real one untouched)."""
+def null_cuda(check_arguments: bool = False) -> Iterator[None]:
+    """A fresh cuda backend over the null driver, active meanwhile (the real one untouched);
+    `check_arguments`: each driver call's arguments pass the real bindings first (tests)."""
     from cutile_py.runtime import select
     from cutile_py.runtime.cuda_backend import CudaBackend
 
-    with null_device(), select.restored():
+    with null_device(check_arguments=check_arguments), select.restored():
         select.install("cuda", CudaBackend())
         yield
 

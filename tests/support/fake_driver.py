@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from cutile_py.ptx.target import Target
+from paper_repro.null_driver import BindingCheck
 
 
 def vector_add_ptx(target: Target) -> str:
@@ -65,13 +66,18 @@ class FakeDriver:
     """Host memory behind the bindings' call shapes; runs `vadd` in NumPy, faults on `trapper`.
 
     It checks the backend's wiring (what is called with what, how results and logs are read),
-    not the real driver's behaviour, which only the `gpu` tests check.
+    not the real driver's behaviour, which only the `gpu` tests check. Each call's arguments
+    pass the real bindings first (`BindingCheck`: no call the bindings would refuse).
     """
 
     def __init__(self) -> None:
         from cuda.bindings import driver
 
         self.real = driver
+        check = BindingCheck(driver)
+        for name in dir(type(self)):
+            if name.startswith("cu"):
+                setattr(self, name, _checked(check, name, getattr(self, name)))
         self.memory: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self.next_address = 1 << 20
         self.sticky = 0
@@ -116,7 +122,7 @@ class FakeDriver:
         return self._ok("cuDeviceGet", ordinal)
 
     def cuDevicePrimaryCtxRetain(self, dev: int) -> tuple[object, ...]:
-        return self._ok("cuDevicePrimaryCtxRetain", object())
+        return self._ok("cuDevicePrimaryCtxRetain", Handle("context"))
 
     def cuCtxSetCurrent(self, ctx: object) -> tuple[object, ...]:
         return self._ok("cuCtxSetCurrent")
@@ -205,7 +211,7 @@ class FakeDriver:
 
     def cuModuleLoadData(self, image: bytes) -> tuple[object, ...]:
         assert image[:4] == b"\x7fELF"
-        return self._ok("cuModuleLoadData", "module")
+        return self._ok("cuModuleLoadData", Handle("module"))
 
     def cuModuleLoadDataEx(
         self, image: bytes, n: int, keys: list[object], values: list[object]
@@ -218,7 +224,7 @@ class FakeDriver:
             message = b"ptxas application ptx input, line 3; error : frobnicate\x00"
             log[: len(message)] = message
             return (self.real.CUresult.CUDA_ERROR_INVALID_PTX, None)
-        return (self.real.CUresult.CUDA_SUCCESS, "module")
+        return (self.real.CUresult.CUDA_SUCCESS, Handle("module"))
 
     def cuModuleGetFunction(self, module: object, name: bytes) -> tuple[object, ...]:
         handle = len(self.functions) + 1
@@ -285,6 +291,14 @@ class FakeDriver:
     cuEventQuery = cuEventDestroy = cuStreamDestroy = lambda self, handle: self._ok(
         "event or stream"
     )
+
+
+def _checked(check: BindingCheck, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        check(name, args)
+        return fn(*args)
+
+    return call
 
 
 class StreamDriver(FakeDriver):
@@ -380,10 +394,10 @@ def graph_driver(base: Any) -> Any:
         def cuStreamEndCapture(self, stream: object) -> tuple[object, ...]:
             assert self.capturing is not None
             self.graph, self.capturing = self.capturing, None
-            return self._ok("cuStreamEndCapture", "graph")  # type: ignore[no-any-return]
+            return self._ok("cuStreamEndCapture", Handle("graph"))  # type: ignore[no-any-return]
 
         def cuGraphInstantiate(self, graph: object, flags: int) -> tuple[object, ...]:
-            return self._ok("cuGraphInstantiate", "exec")  # type: ignore[no-any-return]
+            return self._ok("cuGraphInstantiate", Handle("exec"))  # type: ignore[no-any-return]
 
         def cuGraphLaunch(self, exec_: object, stream: object) -> tuple[object, ...]:
             self.replays += 1
