@@ -310,3 +310,31 @@ def test_row_sweep_times_both_choices_and_restores_the_rule(
     # (per thread, the library's pick?, warps) at 8x64 and 8x96
     got = [(r[3].strip(), r[4].strip(), r[5].strip()) for r in rows]
     assert got == [("8", "", "2"), ("32", "yes", "1")] * 2
+
+
+def test_gemm_timing_check_runs_over_a_null_device(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The script the next GPU lease runs first, end to end on the cuda backend over the null
+    driver (every driver call checked against the real bindings; no PyTorch: no cuBLAS rows):
+    the tuner's pick and the sweep's best configs, each over both operand kinds, and the lines
+    `lease_check.sh` prints from it. The times are the null device's zeros: a check of the
+    script, not of a GPU."""
+    from cutile_py_kernels import autotune
+    from paper_repro import gemm_timing_check
+    from paper_repro.experiments.host import null_cuda
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import fails: no cuBLAS rows
+    monkeypatch.setattr(autotune, "TUNER", autotune.TUNER)  # the script installs its own
+    with null_cuda(check_arguments=True):
+        assert gemm_timing_check.main(["--n", "256"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("|")[1:3] for line in out.splitlines() if line.startswith("| ")]
+    tuned = next(r[0].replace("(tuner)", "") for r in rows if "(tuner)" in r[0])
+    best = [" ".join(map(str, autotune.GemmConfig(*c).astuple()))
+            for c in gemm_timing_check.SWEEP_BEST]  # fmt: skip
+    want = [c.strip() for c in (tuned, *best)]
+    got = [(r[0].replace("(tuner)", "").strip(), r[1].strip()) for r in rows[1:]]
+    assert got == [(c, kind) for kind in ("ct-scaled", "ct-plain") for c in want]
+    assert "The tuner picked GemmConfig(" in out
+    assert 1 <= out.count("\n- finalist GemmConfig(") <= autotune.FINALISTS
