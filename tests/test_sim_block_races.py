@@ -22,6 +22,7 @@ PAIR = """
     ld.param.u64 %rd1, [out];
     mov.u32 %r1, %tid.x;
     add.u32 %r2, %r1, 100;
+    mov.u32 %r3, 0;
     setp.eq.u32 %p1, %r1, FIRST;
     @%p1 FIRST_OP
     BARRIER
@@ -73,7 +74,7 @@ def test_a_barrier_orders_two_threads_of_a_block(first_op: str, second_op: str) 
     if first_op == STORE:
         np.testing.assert_array_equal(out, [100, 100])  # thread 33 read thread 0's 100
     else:
-        np.testing.assert_array_equal(out, [133, 0])  # thread 33 wrote; its %r3 was never set
+        np.testing.assert_array_equal(out, [133, 0])  # thread 33 wrote; it loaded no %r3
 
 
 @pytest.mark.parametrize(("first_op", "second_op"), [(STORE, LOAD), (LOAD, STORE)])

@@ -456,14 +456,19 @@ def test_another_thread_reading_a_landed_copy_without_a_barrier_is_a_race() -> N
 @pytest.mark.parametrize("limit", [32, 40])
 def test_ldmatrix_under_a_guard_runs_whole_warps_only(rng: np.random.Generator, limit: int) -> None:
     """Two warps, the ldmatrix guarded by `tid < limit`: warp 0 alone gets its fragments
-    (warp 1's registers keep their zeros); part of warp 1 as well is an error."""
+    (warp 1's registers keep the zeros they were set to); part of warp 1 as well is an
+    error."""
     ptx = (
         LDMATRIX.replace("XN", "x4")
         .replace("{REGS}", "{%r10, %r11, %r12, %r13}")
         .replace("{OUTS}", "{%r10, %r11, %r12, %r13}")
         .replace("tile[1024]", "tile[2048]")
         .replace(".reg .b32 %r<16>;", ".reg .b32 %r<16>;\n    .reg .pred %p1;")
-        .replace("    ldmatrix", f"    setp.lt.u32 %p1, %r1, {limit};\n    @%p1 ldmatrix")
+        .replace(
+            "    ldmatrix",
+            "    mov.b32 %r10, 0;\n    mov.b32 %r11, 0;\n    mov.b32 %r12, 0;\n"
+            f"    mov.b32 %r13, 0;\n    setp.lt.u32 %p1, %r1, {limit};\n    @%p1 ldmatrix",
+        )
     )
     sim = Sim()
     tile = rng.integers(0, 2**16, 1024).astype(np.uint16)
