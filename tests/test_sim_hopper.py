@@ -4,7 +4,8 @@
 The semantics are checked first against PTX that nobody here wrote: Triton's GEMMs compiled
 for sm_90a with no GPU (`triton_oracle/generate_hopper.py`): one feeds `wgmma` through
 `cp.async` into 128-byte-swizzled shared memory (A K-major, B N-major), the other through
-TMA loads guarded by mbarriers, with a `stmatrix` + TMA-store epilogue. Hand-written PTX
+TMA loads guarded by mbarriers, with a `stmatrix` + TMA-store epilogue, once with a block
+per tile and once persistent (the ring and its phases running on across tiles). Hand-written PTX
 covers what they do not: barrier phases and errors, elect's leader, stmatrix's layout.
 """
 
@@ -84,8 +85,13 @@ def tma_gemm(
     ptx: str | None = None,
     threads: int = 128,
     race_check: bool = True,
+    programs: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    text, shared, blk, boxes = oracle("tma_matmul_sm90")
+    """Triton's TMA GEMM (or, with `programs`, its persistent form on that many blocks) on
+    random f16 A (m x k) and B (k x n), `ptx` in place of the generated text if given:
+    A, B and the C it computed (NaN where it wrote nothing)."""
+    name = "persistent_tma_matmul_sm90" if programs else "tma_matmul_sm90"
+    text, shared, blk, boxes = oracle(name)
     sim = Sim()
     a = rng.standard_normal((m, k)).astype(np.float16)
     b = rng.standard_normal((k, n)).astype(np.float16)
@@ -99,9 +105,9 @@ def tma_gemm(
         *_desc(pc, m, n, boxes[2]["block"]),
         ("u32", m), ("u32", n), ("u32", k), ("u64", 0), ("u64", 0),
     ]  # fmt: skip
-    grid = (-(-m // blk["BM"]), -(-n // blk["BN"]), 1)
-    sim.launch(ptx or text, "tma_matmul_kernel", grid, (threads, 1, 1), params, shared=shared,
-               race_check=race_check)  # fmt: skip
+    grid = (programs, 1, 1) if programs else (-(-m // blk["BM"]), -(-n // blk["BN"]), 1)
+    sim.launch(ptx or text, name.removesuffix("_sm90") + "_kernel", grid, (threads, 1, 1),
+               params, shared=shared, race_check=race_check)  # fmt: skip
     return a, b, c
 
 
@@ -112,6 +118,32 @@ def test_triton_tma_wgmma_gemm(rng: np.random.Generator, m: int, n: int, k: int)
     and store nothing."""
     a, b, c = tma_gemm(rng, m, n, k)
     f16_close(c, a, b)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "programs"), [(384, 264, 200, 3), (256, 256, 64, 3), (130, 520, 136, 2)]
+)
+def test_triton_persistent_tma_gemm(
+    rng: np.random.Generator, m: int, n: int, k: int, programs: int
+) -> None:
+    """Triton's persistent TMA GEMM: each block walks tiles b, b + blocks, ... with the tile
+    loop and K loop flattened into one, so its three-stage ring and the mbarrier phases run
+    on across tiles (a K of 64 wraps the ring between tiles), a TMA store per tile waiting
+    for the last one to have read its staging tile; uneven tiles per block, ragged edges."""
+    a, b, c = tma_gemm(rng, m, n, k, programs=programs)
+    f16_close(c, a, b)
+
+
+def test_a_persistent_ring_whose_phase_never_flips_is_caught(rng: np.random.Generator) -> None:
+    """Triton's persistent kernel with the consumer's phase bit left at 0, one block walking
+    four tiles (one K step each) over its three stages: on stage 0's second round, with the
+    copy landed, parity 0 names the phase after it, which nothing will complete (on a GPU a
+    hang, or stale operands where the copy has not landed yet): reported as a deadlock."""
+    text, *_ = oracle("persistent_tma_matmul_sm90")
+    flip = "xor.b32 \t%r245, %r245, %r115;"
+    assert text.count(flip) == 1
+    with pytest.raises(SimError, match=r"a deadlock(.|\n)*for its phase of parity 0"):
+        tma_gemm(rng, 256, 256, 64, text.replace(flip, ""), programs=1)
 
 
 def test_reading_a_tma_stage_without_waiting_is_caught(rng: np.random.Generator) -> None:

@@ -12,6 +12,9 @@ Dev-only, like `generate.py` beside it (run it with a Python that has Triton):
   loads signalling `mbarrier`s (`arrive.expect_tx`, `try_wait.parity`), `elect.sync`,
   `wgmma`, and a `stmatrix` + TMA-store epilogue. Each descriptor is a 128-byte `.param`
   followed by its shape and strides; the header names each one's box and swizzle.
+- `persistent_tma_matmul_sm90.ptx`: that GEMM on a persistent grid (a block takes tiles b,
+  b + blocks, ...), the tile and K loops flattened into one, so the TMA ring and its
+  mbarrier phases run on across tiles, with a TMA store per tile.
 
 Each file starts with a comment that `test_triton_oracle_hopper.py` reads.
 """
@@ -69,6 +72,24 @@ def tma_matmul_kernel(a_desc, b_desc, c_desc, M, N, K,
     c_desc.store([pid_m * BM, pid_n * BN], acc.to(tl.float16))
 
 
+@triton.jit
+def persistent_tma_matmul_kernel(a_desc, b_desc, c_desc, M, N, K,
+                                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """C = A @ B by a persistent grid: program p takes output tiles p, p + programs, ...
+    (row-major tile order); the tile loop and the K loop flattened into one pipelined loop,
+    so its TMA ring and mbarrier phases run on from one tile to the next."""
+    tiles_n = tl.cdiv(N, BN)
+    k_steps = tl.cdiv(K, BK)
+    tiles = tl.cdiv(M, BM) * tiles_n
+    for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=True):
+        row = (tile // tiles_n) * BM
+        col = (tile % tiles_n) * BN
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, k_steps):
+            acc = tl.dot(a_desc.load([row, k * BK]), b_desc.load([k * BK, col]), acc)
+        c_desc.store([row, col], acc.to(tl.float16))
+
+
 BLOCKS = {"BM": 128, "BN": 128, "BK": 64}
 OPTIONS = {"num_warps": 4, "num_stages": 3}
 SCALARS = {"M": "i32", "N": "i32", "K": "i32"}
@@ -95,6 +116,16 @@ def main() -> None:
             "tma_matmul_sm90",
             ASTSource(
                 fn=tma_matmul_kernel,
+                signature={"a_desc": "tensordesc<fp16[128, 64]>",
+                           "b_desc": "tensordesc<fp16[64, 128]>",
+                           "c_desc": "tensordesc<fp16[128, 128]>", **SCALARS, **consts},
+                constexprs=BLOCKS,
+            ),
+        ),
+        (
+            "persistent_tma_matmul_sm90",
+            ASTSource(
+                fn=persistent_tma_matmul_kernel,
                 signature={"a_desc": "tensordesc<fp16[128, 64]>",
                            "b_desc": "tensordesc<fp16[64, 128]>",
                            "c_desc": "tensordesc<fp16[128, 128]>", **SCALARS, **consts},
