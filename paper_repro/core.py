@@ -46,6 +46,8 @@ class Context:
     lean: bool = False
     #: Measured ceilings shared between experiments (copy GB/s, cuBLAS TFLOP/s, ...).
     ceilings: dict[str, float] = field(default_factory=dict)
+    #: GB/s of device copies by the bytes they move (`same_size_copy`), measured once each.
+    copies: dict[int, float] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
 
     def log(self, message: str) -> None:

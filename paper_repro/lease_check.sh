@@ -67,6 +67,6 @@ grep -E "^\||^The tuner|^- finalist" "$work/timing-check.txt" "$work/timing-chec
 head -8 "$work/sweep-bf16.txt"
 sed -n '/run after run/,$p' "$work/sweep-bf16.txt" "$work/sweep-persistent.txt"
 grep -E "^\| (rms_norm|add_rms_norm|layer_norm|softmax)" "$work/bandwidth/REPORT.md" \
-  | grep -E "x(8192|16384|32768)|1x4096|16x1024" | cut -d'|' -f2-8
+  | grep -E "x(8192|16384|32768)|1x4096|16x1024" | cut -d'|' -f2-9
 grep -E "^\| (rms_norm|add_rms_norm|layer_norm) \|" "$work/rows.txt" | cut -d'|' -f2-6,9
 exit 0

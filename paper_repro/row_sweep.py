@@ -31,7 +31,7 @@ import cutile_py as ct
 from cutile_py_kernels import _common, norms
 from paper_repro.core import Context
 from paper_repro.experiments import bandwidth
-from paper_repro.experiments.common import copy_ceiling, measure_copy
+from paper_repro.experiments.common import copy_ceiling, same_size_copy
 from paper_repro.machine import describe
 from paper_repro.timing import Timer
 
@@ -84,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         spec, fn = specs[name], getattr(importlib.import_module("cutile_py_kernels"), name)
         for w in widths:
             shape = (rows_n, w)
-            same = max(
-                float(r.get("gbps") or 0) for r in measure_copy(ctx, spec.nbytes(shape) // 8)
-            )
+            same = same_size_copy(ctx, spec.nbytes(shape))
             chosen = _warps(name, shape)
             for per in pers:
                 with elements_per_thread(per):

@@ -22,7 +22,7 @@ EXPERIMENTS = ["bandwidth", "race", "elementwise", "gemm", "jit", "launch", "wor
 #: Columns holding measurements, which must be positive wherever a row says "ok".
 METRICS = ["time_us", "gbps", "frac_copy", "tflops", "us_per_op", "ops_per_s", "ms", "device_us",
            "host_us_per_call", "tokens_per_s", "roofline_tokens_per_s",
-           "frac_roofline"]  # fmt: skip
+           "frac_roofline", "frac_same_copy"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

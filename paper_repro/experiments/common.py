@@ -78,6 +78,24 @@ def bw_row(m: Measurement, nbytes: int, ctx: Context, **fields: Any) -> Row:
     return measured_row(m, **fields, **bandwidth_fields(m, nbytes, ctx))
 
 
+#: Bytes below which a kernel is compared with a copy of its own size as well: a copy of
+#: tens of MB does not reach the ceiling either (launch, ramp-up and tail are a larger part
+#: of it; on an H200 one of 32 MB ran at 0.73 of the ceiling, one of 128 MB at 0.91).
+SAME_SIZE_BELOW = 1 << 30
+
+
+def same_size_copy(ctx: Context, nbytes: int) -> float:
+    """GB/s of the best device copy that moves `nbytes` (half read, half written), measured
+    once per size in this run; the copy ceiling from SAME_SIZE_BELOW bytes on."""
+    ceiling = ctx.ceilings["copy_gbps"]
+    if nbytes >= SAME_SIZE_BELOW:
+        return ceiling
+    if nbytes not in ctx.copies:
+        rows = measure_copy(ctx, max(1, nbytes // 8))
+        ctx.copies[nbytes] = max(float(r["gbps"] or 0) for r in rows)
+    return ctx.copies[nbytes]
+
+
 def copy_ceiling(ctx: Context) -> list[Row]:
     """Measure device-to-device copy bandwidth (cuMemcpyDtoD and a 16-byte-access copy
     kernel) once; the best is the ceiling `ctx.ceilings["copy_gbps"]`."""
