@@ -126,6 +126,28 @@ def test_tma_store_of_mma_sync_fragments_split_by_columns(
     _check(res.unpartition().to_numpy().astype(np.float64), a @ b, odt)
 
 
+def test_a_staging_tile_without_a_tma_ring_declares_its_alignment(
+    sim90: SimBackend, rng: np.random.Generator
+) -> None:
+    """Odd K: f16 rows of 74 bytes, so no TMA ring and no wgmma (whose shared memory is
+    declared 1024-aligned), yet C's rows take the 128-byte-swizzled TMA store. Its staging
+    tile needs 1024-byte alignment (TMA: 128 bytes, and the swizzle's XOR reads absolute
+    address bits); the plan aligns its offset, and a variable is promised no more than its
+    declared `.align`, which said 16 here (the simulator places `smem` at 0 and cannot tell)."""
+    m, n, k = 100, 256, 37
+    a, ta = _operand(rng, (m, k), f16)
+    b, tb = _operand(rng, (k, n), f16)
+    kernel = _gemm_kernel(f16, f16, False, False, 2, 4)
+    out = ct.full((m, n), np.nan, f16).partition((64, 128))
+    _, lowered, plan = _planned(kernel, out, ta, tb, 32)
+    (store,) = plan.stores.tma.values()
+    assert store.swizzle == 3 and "wgmma" not in lowered.ptx
+    assert "complete_tx" not in lowered.ptx  # no TMA load
+    assert re.search(r"\.shared \.align 1024 \.b8 smem\[", lowered.ptx), lowered.ptx[:600]
+    res, *_ = kernel(out, ta, tb, 32).sync()
+    _check(res.unpartition().to_numpy().astype(np.float64), a @ b, f16)
+
+
 def test_plan_text_names_the_epilogue() -> None:
     kernel = _gemm_kernel(bf16, bf16, False, False, 3)
     spec = (

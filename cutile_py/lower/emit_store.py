@@ -28,6 +28,7 @@ from cutile_py.lower import emit_mma
 from cutile_py.lower.context import EmitContext
 from cutile_py.lower.fragments import CHUNK, Setup, Slot, log2
 from cutile_py.lower.plan_store import TmaStore
+from cutile_py.lower.plan_tma import TMA_ALIGN
 from cutile_py.ptx.builder import Addr, FunctionBuilder, Reg, Vec
 
 #: The swizzle's XOR reads address bits from bit 7 (`plan_tma`).
@@ -41,6 +42,10 @@ def store(em: EmitContext, op: o.StoreOp, t: TmaStore) -> None:
     regs = em.regs(op.operands[-1])
     assert len(regs) == s.count, (len(regs), s.count)
     smem = em.shared_scratch(t.nbytes)
+    # The staging offset is planned 1024-aligned (`size_scratch`), but an address is only as
+    # aligned as the shared memory's declared `.align` (a kernel with no TMA ring or wgmma
+    # declares 16): TMA needs 128 bytes, 1024 under the 128-byte swizzle.
+    em.fb.shared_align = max(em.fb.shared_align, TMA_ALIGN)
     fb.comment(f"tma store of {t.rows}x{t.cols} {t.dtype.name}: staged in {t.panels} panel(s)")
     if t.stmatrix:
         _stage_16(em, s, t, regs, smem)
