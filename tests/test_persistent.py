@@ -25,6 +25,7 @@ from cutile_py.lower import emit_tma
 from cutile_py.lower.pipeline import lower_kernel
 from cutile_py.lower.plan import format_plan
 from cutile_py.ptx.target import Target
+from cutile_py.runtime import select
 from cutile_py.runtime.backend import LaunchFailure, ParamValue
 from cutile_py.runtime.nvjitlink import nvjitlink_available
 from cutile_py.runtime.sim_backend import SimBackend
@@ -532,3 +533,41 @@ def test_the_tuner_tries_persistent_variants() -> None:
         assert autotune.GemmConfig(*c.astuple()) == c and c.astuple()[-2:] == [1, 1]
     assert autotune.GemmConfig(128, 256, 64, 3, 0, 8, 1).astuple() == [128, 256, 64, 3, 0, 8, 1]
     assert not any(c.persists for c in autotune.candidates(bf16, 8192, 8192, 8192))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("odt", [bf16, f32], ids=lambda d: d.name)
+@pytest.mark.parametrize("cfg", autotune.PERSISTENT, ids=lambda c: "x".join(map(str, c)))
+def test_the_tuners_persistent_configs_on_the_gpu_at_a_ragged_shape(
+    cfg: tuple[int, int, int], odt: type[ct.DType], rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """Each persistent candidate on the device (none ran on one before this test), at M =
+    2900, N = 2904 (rows of 16-byte multiples: TMA loads and stores, warp-specialized), K =
+    200: 276 to 529 ragged tiles, so a wave of one block per SM walks two or more tiles each
+    and the kept ring (bf16 out; f32 out sets it up per tile) wraps across tiles; the TMA
+    store clips the edges. Every element against NumPy."""
+    bm, bn, stages = cfg
+    ct.set_backend("cuda")
+    backend = select.active_backend()
+    m, n, k = 2900, 2904, 200
+    trans_b = bm > bn  # both B layouts over the three configs
+    a = round_to(rng.standard_normal((m, k)).astype(np.float32), bf16)
+    b = round_to(rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32), bf16)
+    kernel = _gemm_kernel(bf16, odt, trans_b, False, stages, None, autotune.GROUP_M, True, True)
+    out = ct.full((m, n), np.nan, odt).partition((bm, bn))
+    ta, tb = ct.from_numpy(a, bf16), ct.from_numpy(b, bf16)
+    ptx = kernel.ptx(out, ta, tb, 64)
+    assert "global.shared::cta.bulk_group" in ptx and "setmaxnreg" in ptx
+    res, *_ = kernel(out, ta, tb, 64).sync()
+    tiles = -(-m // bm) * -(-n // bn)
+    (plan,) = kernel._plans[backend].values()
+    assert vars(plan.launch)["_grid"][0] < tiles  # CudaPreparedLaunch's grid: a wave
+    got = res.unpartition().to_numpy().astype(np.float64)
+    want = a.astype(np.float64) @ (b.T if trans_b else b).astype(np.float64)
+    # The output's rounding (bf16: 2^-8; f32: 2^-22) and f32 sums of exact products.
+    rel = 2.0**-8 if odt is bf16 else 2.0**-22
+    tol = rel * np.abs(want) + 1e-4 * (np.abs(a) @ np.abs(b.T if trans_b else b)) + 1e-30
+    assert np.isfinite(got).all()
+    err = np.abs(got - want)
+    worst = np.unravel_index(np.argmax(err / tol), err.shape)
+    assert (err <= tol).all(), f"at {worst}: got {got[worst]}, want {want[worst]}"
