@@ -153,6 +153,8 @@ info    : Function properties for 'a':
 info    : used 99 registers, used 1 barriers, 0 stack, 9999 bytes smem, 360 bytes cmem[0]
 """
     assert parse_info_log(log) == (40, 16, 4, 512)
+    # ptxas printing for itself (and the driver's JIT, verbose) indents the spill line.
+    assert parse_info_log(log.replace("ptxas         .", "   ")) == (40, 16, 4, 512)
     assert parse_info_log("") == (0, 0, 0, 0)
     # Without ptxas lines the linker's summary is all there is.
     assert parse_info_log("info    : used 7 registers, 0 bytes smem") == (7, 0, 0, 0)

@@ -26,6 +26,7 @@ from cutile_py.runtime.nvjitlink import (
     AssemblyReport,
     PtxAssemblyError,
     assemble,
+    moves_registers,
     nvjitlink_available,
 )
 from cutile_py.runtime.sass import (
@@ -265,7 +266,13 @@ def build_report(
     if asm is None:
         for metric in ("registers", "spill_store_bytes", "occupancy", "sass_instructions"):
             missing.append((metric, why))
-    else:
+    # nvJitLink compiles for linking, which ignores setmaxnreg and fits the whole kernel in its
+    # launch registers: its spills are not those of the driver JIT's whole-program compile.
+    spills_known = asm is not None and not moves_registers(lowered.ptx)
+    if asm is not None and not spills_known:
+        why_not = "setmaxnreg: nvJitLink's compile for linking ignores it; the driver's JIT "
+        missing.append(("spill_store_bytes", why_not + "compiles the kernel whole"))
+    if spills_known:
         compiled.check_spills(asm)
 
     sim, sim_args, names = _sim_arguments(kernel, args, target)
@@ -342,8 +349,8 @@ def build_report(
         block_threads=lowered.block_threads,
         elements=elements,
         registers=asm.registers if asm else None,
-        spill_store_bytes=asm.spill_stores if asm else None,
-        spill_load_bytes=asm.spill_loads if asm else None,
+        spill_store_bytes=asm.spill_stores if asm and spills_known else None,
+        spill_load_bytes=asm.spill_loads if asm and spills_known else None,
         static_shared_bytes=static_shared,
         dynamic_shared_bytes=lowered.dynamic_shared,
         occupancy=occ,

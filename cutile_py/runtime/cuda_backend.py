@@ -39,7 +39,9 @@ from cutile_py.runtime.nvjitlink import (
     AssemblyReport,
     PtxAssemblyError,
     assemble,
+    moves_registers,
     nvjitlink_available,
+    report_from_log,
 )
 
 
@@ -194,7 +196,8 @@ def _destroy_graph_exec(ctx: cu.Context, graph: cu.GraphExec) -> None:
 
 @dataclass(eq=False)
 class CudaKernel(LoadedKernel):
-    """A kernel function of a loaded module; `report` is nvJitLink's, None after a driver JIT."""
+    """A kernel function of a loaded module; `report` is ptxas's (nvJitLink's, or the driver
+    JIT's from its log; None where neither said)."""
 
     name: str
     function: cu.Function
@@ -251,11 +254,6 @@ class CudaCompletion(Completion):
         # alive), so another launch may record it: re-recording is legal whether or not the
         # work it marked has finished.
         self._backend._events.append(self._event)
-
-
-#: The PTX instruction that moves registers between warp groups (warp specialization), which
-#: only a whole-program compile keeps (see `CudaBackend._load_module`).
-REGISTER_MOVES = "setmaxnreg."
 
 
 class LaunchTimes:
@@ -857,13 +855,15 @@ class CudaBackend(Backend):
             except PtxAssemblyError as e:
                 refused = f"nvJitLink failed for {dev.target.name}: {e}"
             else:
-                if REGISTER_MOVES in ptx:
+                if moves_registers(ptx):
                     # ptxas ignores setmaxnreg when it compiles for linking, as nvJitLink
                     # does (warning C7504): a warp-specialized kernel moves registers only
-                    # when the driver's JIT compiles it whole. nvJitLink's cubin (the same
-                    # kernel, registers capped by .maxnreg) is the fallback.
+                    # when the driver's JIT compiles it whole, and that compile's log says
+                    # what it spills. nvJitLink's cubin (the same kernel, registers capped
+                    # by .maxnreg) is the fallback.
                     try:
-                        return cu.module_load_ptx(ptx), report
+                        module, log = cu.module_load_ptx(ptx)
+                        return module, report_from_log(log)
                     except cu.CudaDriverError as e:
                         if e.is_device_fault:
                             raise self._failure("loading a module", e) from e
@@ -874,7 +874,8 @@ class CudaBackend(Backend):
                         raise self._failure("loading a module", e) from e
                     refused = f"the driver refused nvJitLink's cubin: {e}"
         try:
-            return cu.module_load_ptx(ptx), None
+            module, log = cu.module_load_ptx(ptx)
+            return module, report_from_log(log)
         except cu.CudaDriverError as e:
             if e.is_device_fault:
                 raise self._failure("loading a module", e) from e

@@ -409,8 +409,9 @@ def module_load_data(image: bytes) -> Module:
     return Module(_check("cuModuleLoadData", _cu().cuModuleLoadData(image)))
 
 
-def module_load_ptx(ptx: str, log_size: int = 1 << 16) -> Module:
-    """JIT-compile PTX with the driver; on failure the JIT's error log goes into the error."""
+def module_load_ptx(ptx: str, log_size: int = 1 << 16) -> tuple[Module, str]:
+    """JIT-compile PTX with the driver: the module and the JIT's verbose info log (ptxas's
+    registers and spills per function); on failure the JIT's error log goes into the error."""
     cu = _cu()
     opt = cu.CUjit_option
     error_log = bytearray(log_size)
@@ -420,15 +421,17 @@ def module_load_ptx(ptx: str, log_size: int = 1 << 16) -> Module:
         opt.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
         opt.CU_JIT_INFO_LOG_BUFFER,
         opt.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+        opt.CU_JIT_LOG_VERBOSE,
     ]
-    values = [error_log, log_size, info_log, log_size]
+    values = [error_log, log_size, info_log, log_size, 1]
     # The driver reads the image as a NUL-terminated string.
     image = ptx.encode() + b"\x00"
     result = cu.cuModuleLoadDataEx(image, len(keys), keys, values)
     if int(result[0]) != _SUCCESS:
         log = bytes(error_log).split(b"\x00", 1)[0].decode(errors="replace").strip()
         raise CudaDriverError("cuModuleLoadDataEx", int(result[0]), log)
-    return Module(result[1])
+    info = bytes(info_log).split(b"\x00", 1)[0].decode(errors="replace").strip()
+    return Module(result[1]), info
 
 
 def module_unload(module: Module) -> None:

@@ -21,9 +21,23 @@ class PtxAssemblyError(RuntimeError):
         self.log = log
 
 
+#: The PTX instruction that moves registers between warp groups (warp specialization). ptxas
+#: compiling for linking, as nvJitLink does, ignores it (warning C7504) and fits the whole
+#: kernel in its launch registers, so nvJitLink's spill figures for such PTX are not those of
+#: the driver JIT's whole-program compile, which moves the registers (and spills none where
+#: the consumers' larger share suffices).
+REGISTER_MOVES = "setmaxnreg."
+
+
+def moves_registers(ptx: str) -> bool:
+    """Whether `ptx` moves registers between warp groups (see REGISTER_MOVES)."""
+    return REGISTER_MOVES in ptx
+
+
 @dataclass(frozen=True)
 class AssemblyReport:
-    """A cubin and what ptxas said about it (maxima over the module's functions)."""
+    """A cubin and what ptxas said about it (maxima over the module's functions); `cubin` is
+    empty where the driver's JIT compiled the PTX (its cubin stays in the driver)."""
 
     cubin: bytes
     info_log: str
@@ -47,9 +61,11 @@ def _max_match(pattern: re.Pattern[str], lines: list[str]) -> int:
 def parse_info_log(info_log: str) -> tuple[int, int, int, int]:
     """(registers, spill stores, spill loads, shared bytes) from a `-verbose` info log."""
     lines = info_log.splitlines()
-    # nvJitLink appends its own per-function summary after ptxas's, and on sm_90+ that summary
-    # counts the 1 KiB the system reserves in shared memory; ptxas's lines give the kernel's own.
-    ptxas = [line for line in lines if line.lstrip().startswith("ptxas")]
+    # nvJitLink appends its own per-function summary ("info    : ...") after ptxas's, and on
+    # sm_90+ that summary counts the 1 KiB the system reserves in shared memory; ptxas's lines
+    # give the kernel's own. (ptxas's spill line is a continuation: "ptxas         ." through
+    # nvJitLink, indented where ptxas prints it itself.)
+    ptxas = [line for line in lines if not line.lstrip().startswith("info")]
     chosen = ptxas or lines
     return (
         _max_match(_REGISTERS, chosen),
@@ -57,6 +73,15 @@ def parse_info_log(info_log: str) -> tuple[int, int, int, int]:
         _max_match(_SPILL_LOADS, chosen),
         _max_match(_SHARED, chosen),
     )
+
+
+def report_from_log(info_log: str, cubin: bytes = b"") -> AssemblyReport | None:
+    """The report in a verbose ptxas info log (the driver JIT's), or None where the log
+    names no register count."""
+    registers, spill_stores, spill_loads, shared_bytes = parse_info_log(info_log)
+    if not registers:
+        return None
+    return AssemblyReport(cubin, info_log, registers, spill_stores, spill_loads, shared_bytes)
 
 
 def _arch_option(ptx: str, target: Target) -> str:

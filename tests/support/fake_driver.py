@@ -102,6 +102,8 @@ class FakeDriver:
         self.host_ms = 0.0
         self.stamps: dict[object, float] = {}
         self.events = 0
+        #: What the JIT's info log says (ptxas's verbose report) when it compiles PTX.
+        self.jit_log = ""
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.real, name)  # enums
@@ -224,6 +226,9 @@ class FakeDriver:
             message = b"ptxas application ptx input, line 3; error : frobnicate\x00"
             log[: len(message)] = message
             return (self.real.CUresult.CUDA_ERROR_INVALID_PTX, None)
+        info = values[keys.index(self.real.CUjit_option.CU_JIT_INFO_LOG_BUFFER)]
+        assert isinstance(info, bytearray)
+        info[: len(self.jit_log)] = self.jit_log.encode()
         return (self.real.CUresult.CUDA_SUCCESS, Handle("module"))
 
     def cuModuleGetFunction(self, module: object, name: bytes) -> tuple[object, ...]:
