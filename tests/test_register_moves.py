@@ -113,3 +113,27 @@ def test_where_only_nvjitlink_can_say_no_spills_are_claimed(ws_ptx: tuple[Any, A
     assert "setmaxnreg" in (report.why("spill_store_bytes") or "")
     assert report.registers == 168
     assert "n/a (setmaxnreg" in str(report)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_driver_jits_log_reports_the_warp_specialized_kernel() -> None:
+    """The driver's verbose JIT log names the kernel's registers (the launch's allocation,
+    at most 65536 / 384 threads) and no spills: the kernel's report on the device."""
+    from cutile_py.runtime import select
+
+    with select.restored():
+        ct.set_backend("cuda")
+        _check_on(select.active_backend())
+
+
+def _check_on(backend: Any) -> None:
+    kernel, args = _ws_gemm()
+    compiled = kernel.compile(*args, target=backend.target)
+    assert nvjitlink.moves_registers(compiled.lowered.ptx)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ct.PerformanceWarning)
+        loaded = compiled.load(backend)
+    report = loaded.assembly()
+    assert report is not None, "the driver's JIT log named no register count"
+    assert 0 < report.registers <= 65536 // 384
+    assert (report.spill_stores, report.spill_loads) == (0, 0), report.info_log
