@@ -8,6 +8,7 @@ host work (argument checks, ownership, parameter packing, the calls it makes): t
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import itertools
 from collections.abc import Callable, Iterator
@@ -15,16 +16,34 @@ from typing import Any
 
 from cutile_py.runtime import cuda_driver
 
+#: Where the driver library lives under each system's loader.
+DRIVER_LIBRARIES = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
+
+
+def _driver_loadable() -> bool:
+    """Whether the system's loader finds a CUDA driver library here."""
+    for name in DRIVER_LIBRARIES:
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return True
+    return False
+
 
 @functools.cache
-def _driver_library_missing(real: Any) -> bool:
-    """Whether calling a real binding fails for want of the driver library (no NVIDIA
-    driver installed): then its argument conversion can be checked without running it."""
+def _missing_library_error(real: Any) -> type[BaseException] | None:
+    """The exception the bindings raise for want of the driver library, where none can be
+    loaded here (then a binding converts its arguments and fails before any driver code
+    runs); None where a driver library is there, however the bindings' probe went. The
+    probe takes no arguments, so whatever it raises is the library's absence, by whatever
+    name this version of the bindings gives it (cuda.pathfinder's DynamicLibNotFoundError
+    in 13.x); the loader's own look-up decides that none is there."""
     try:
         real.cuDriverGetVersion()
     except Exception as e:
-        return type(e).__name__ == "DynamicLibNotFoundError"
-    return False
+        return None if _driver_loadable() else type(e)
+    return None
 
 
 def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -46,7 +65,8 @@ class BindingCheck:
 
     def __init__(self, real: Any) -> None:
         self.real = real
-        self.active = _driver_library_missing(real)
+        self._missing = _missing_library_error(real)
+        self.active = self._missing is not None
         self._seen: set[tuple[str, tuple[Any, ...]]] = set()
 
     def __call__(self, name: str, args: tuple[Any, ...]) -> None:
@@ -58,7 +78,7 @@ class BindingCheck:
         try:
             getattr(self.real, name)(*args)
         except Exception as e:
-            if type(e).__name__ != "DynamicLibNotFoundError":
+            if type(e) is not self._missing:
                 raise TypeError(f"the real binding refuses {name}{args!r}: {e}") from e
         self._seen.add(key)
 
@@ -75,6 +95,8 @@ class NullDriver:
     ) -> None:
         self._real = real
         self._check = BindingCheck(real) if check_arguments else None
+        #: Tensor maps are checked unasked (nothing is called where a driver is installed).
+        self._encode_check = self._check or BindingCheck(real)
         self._ok = real.CUresult.CUDA_SUCCESS
         self._cc = compute_capability
         self._next_address = 1 << 32
@@ -151,16 +173,11 @@ class NullDriver:
         return (self._ok, 0.0)
 
     def cuTensorMapEncodeTiled(self, *args: Any) -> tuple[Any, ...]:
-        """Recorded, once the real bindings have taken the arguments: they convert them before
-        calling the driver and refuse a Python int where a sized integer type is due
-        (TypeError; a stand-in that took anything hid that until a GPU ran it). The map is the
-        bindings' own (zeroed) CUtensorMap, as a device has none."""
-        try:
-            self._real.cuTensorMapEncodeTiled(*args)
-        except TypeError:
-            raise
-        except Exception:  # no driver on this machine: raised after the arguments converted
-            pass
+        """Recorded, once the real bindings have taken the arguments (`BindingCheck`, with or
+        without `check_arguments`): they refuse a Python int where a sized integer type is due
+        (a stand-in that took anything hid that until a GPU ran it). The map is the bindings'
+        own (zeroed) CUtensorMap, as a device has none."""
+        self._encode_check("cuTensorMapEncodeTiled", args)
         self.calls += 1
         sized = (self._real.cuuint32_t, self._real.cuuint64_t)
 

@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("cuda.bindings")
 
+from paper_repro import null_driver
 from paper_repro.null_driver import BindingCheck, NullDriver
 from tests.support.fake_driver import FakeDriver
 
@@ -73,3 +74,79 @@ def test_each_argument_signature_is_checked_once(real: Any) -> None:
     assert calls == ["cuStreamSynchronize", "cuMemcpyHtoD"]
     with pytest.raises(TypeError, match="cuStreamSynchronize"):
         check("cuStreamSynchronize", ("stream",))  # new types: checked, refused
+
+
+class _Bindings:
+    """A `cuda.bindings.driver` of another version: each call converts its argument (a
+    handle must be an int) and then fails to load the driver library with `error`, as the
+    probe does; `called` names the calls that got past the probe's failure to a driver."""
+
+    def __init__(self, error: type[Exception]) -> None:
+        self.error = error
+        self.called: list[str] = []
+
+    def cuDriverGetVersion(self) -> tuple[Any, ...]:
+        raise self.error("Failed to dlopen libcuda.so.1")
+
+    def cuStreamSynchronize(self, stream: Any) -> tuple[Any, ...]:
+        if not isinstance(stream, int):
+            raise TypeError("Argument 'hStream' is not instance of type (expected int)")
+        self.called.append("cuStreamSynchronize")
+        raise self.error("Failed to dlopen libcuda.so.1")
+
+
+def test_a_missing_library_under_another_exception_still_checks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever the bindings call the library's absence (cuda.pathfinder's
+    DynamicLibNotFoundError here, a plain RuntimeError elsewhere), the check stays on where
+    no driver library can be loaded, rather than passing everything unchecked."""
+    monkeypatch.setattr(null_driver, "_driver_loadable", lambda: False)
+    check = BindingCheck(_Bindings(RuntimeError))
+    assert check.active
+    check("cuStreamSynchronize", (5,))
+    with pytest.raises(TypeError, match="cuStreamSynchronize"):
+        check("cuStreamSynchronize", ("stream",))
+
+
+def test_where_a_driver_library_loads_nothing_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe that fails by the expected name while the loader finds a driver (a GPU
+    machine whose bindings look elsewhere): the check must not call bindings that may reach
+    a real driver with a stand-in's handles."""
+
+    class DynamicLibNotFoundError(RuntimeError):
+        pass
+
+    monkeypatch.setattr(null_driver, "_driver_loadable", lambda: True)
+    real = _Bindings(DynamicLibNotFoundError)
+    check = BindingCheck(real)
+    assert not check.active
+    check("cuStreamSynchronize", (5,))
+    assert real.called == []
+
+
+def test_the_null_driver_encodes_no_tensor_map_with_an_installed_driver() -> None:
+    """Unchecked or not, where the driver answers the probe the null driver's tensor maps
+    do not go through the real `cuTensorMapEncodeTiled` (its addresses are made up)."""
+    from cuda.bindings import driver
+
+    class Installed:
+        def __init__(self) -> None:
+            self.encoded: list[tuple[Any, ...]] = []
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(driver, name)
+
+        def cuDriverGetVersion(self) -> tuple[Any, ...]:
+            return (driver.CUresult.CUDA_SUCCESS, 13000)
+
+        def cuTensorMapEncodeTiled(self, *args: Any) -> tuple[Any, ...]:
+            self.encoded.append(args)
+            return (driver.CUresult.CUDA_SUCCESS, driver.CUtensorMap())
+
+    for check_arguments in (False, True):
+        installed = Installed()
+        null = NullDriver(installed, check_arguments=check_arguments)
+        assert null.cuTensorMapEncodeTiled(7, 2, 1 << 32)[0] == driver.CUresult.CUDA_SUCCESS
+        assert null.tensor_maps == [(7, 2, 1 << 32)]
+        assert installed.encoded == []
