@@ -671,7 +671,11 @@ def test_a_kernel_that_moves_registers_is_compiled_whole_by_the_driver(
         "    ld.param.u64 %rd1, [pa];",
         "    setmaxnreg.inc.sync.aligned.u32 232;\n    ld.param.u64 %rd1, [pa];",
     )
-    fake.jit_log = "ptxas info    : Used 40 registers, used 1 barriers"
+    fake.jit_log = (
+        "ptxas info    : Function properties for vadd\n"
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+        "ptxas info    : Used 40 registers, used 1 barriers"
+    )
     kernel = backend.load_kernel(moving, "vadd")
     assert fake.calls.count("cuModuleLoadDataEx") == 1 and "cuModuleLoadData" not in fake.calls
     assert kernel.report is not None and kernel.report.registers == 40  # the driver's

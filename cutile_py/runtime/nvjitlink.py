@@ -77,9 +77,10 @@ def parse_info_log(info_log: str) -> tuple[int, int, int, int]:
 
 def report_from_log(info_log: str, cubin: bytes = b"") -> AssemblyReport | None:
     """The report in a verbose ptxas info log (the driver JIT's), or None where the log
-    names no register count."""
+    names no register count or no spills: a compile served from a JIT cache logs at most a
+    summary of registers and memory, which does not say what ptxas spilled."""
     registers, spill_stores, spill_loads, shared_bytes = parse_info_log(info_log)
-    if not registers:
+    if not registers or _SPILL_STORES.search(info_log) is None:
         return None
     return AssemblyReport(cubin, info_log, registers, spill_stores, spill_loads, shared_bytes)
 
