@@ -121,15 +121,16 @@ def test_triton_tma_wgmma_gemm(rng: np.random.Generator, m: int, n: int, k: int)
 
 
 @pytest.mark.parametrize(
-    ("m", "n", "k", "programs"), [(384, 264, 200, 3), (256, 256, 64, 3), (130, 520, 136, 2)]
+    ("m", "n", "k", "programs"), [(384, 264, 200, 3), (640, 256, 64, 3), (130, 520, 136, 2)]
 )
 def test_triton_persistent_tma_gemm(
     rng: np.random.Generator, m: int, n: int, k: int, programs: int
 ) -> None:
     """Triton's persistent TMA GEMM: each block walks tiles b, b + blocks, ... with the tile
     loop and K loop flattened into one, so its three-stage ring and the mbarrier phases run
-    on across tiles (a K of 64 wraps the ring between tiles), a TMA store per tile waiting
-    for the last one to have read its staging tile; uneven tiles per block, ragged edges."""
+    on across tiles (a K of 64: one step a tile, so block 0's fourth of its 4, 3, 3 tiles
+    takes stage 0 again, in its next phase), a TMA store per tile waiting for the last one
+    to have read its staging tile; uneven tiles per block, ragged edges."""
     a, b, c = tma_gemm(rng, m, n, k, programs=programs)
     f16_close(c, a, b)
 
