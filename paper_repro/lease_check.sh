@@ -44,7 +44,9 @@ step() {
 # Steps in the order of what the open questions need most (a call cut short by the lease
 # still returns the finished ones): the GEMM timing gap, the persistent configs against
 # their twins, the library GEMM at 4096/8192, the row kernels, then the full sweeps.
-step gpu-tests 90 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 --timeout 80 -rfE
+# No driver JIT cache: a kernel served from it logs no ptxas report (test_register_moves).
+CUDA_CACHE_DISABLE=1 step gpu-tests 90 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 \
+  --timeout 80 -rfE
 grep -E "^(FAILED|ERROR)| passed| failed" "$work/gpu-tests.txt" | cut -c1-200 | tail -15
 step timing-check 75 python3 -m paper_repro.gemm_timing_check --n 8192
 # The persistent candidates beside their one-block-per-tile twins, in the same run.
