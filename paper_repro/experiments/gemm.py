@@ -4,6 +4,7 @@ cuBLAS (through PyTorch and CuPy) and a Triton matmul; TFLOP/s and % of cuBLAS."
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Any
 
@@ -32,7 +33,7 @@ def _inputs(ctx: Context, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def tflops(n: int, us: float) -> float:
-    return 2.0 * n**3 / (us * 1e6)
+    return 2.0 * n**3 / (us * 1e6) if us > 0 else math.nan
 
 
 def _row(m: Any, n: int, **fields: Any) -> Row:
