@@ -40,6 +40,18 @@ def torch_ms(torch: Any, fn: Any, repeats: int = 7) -> float:
     return float(sorted(times)[len(times) // 2])
 
 
+def torch_queued_ms(torch: Any, fn: Any, runs: int) -> float:
+    """Milliseconds per run of `fn(i)` for i in 0..runs-1 queued back to back on PyTorch's
+    stream, between two CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(runs):
+        fn(i)
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) / runs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m paper_repro.gemm_sweep")
     p.add_argument("--n", type=int, default=8192)
@@ -158,13 +170,7 @@ def _sustained(
         print(f"| {' '.join(map(str, cfg.astuple()))}{tag} | {us:.1f} | {flop / us / 1e6:.1f} |")
     cs = [torch.empty_like(a_t) for _ in range(3)]
     torch.matmul(a_t, b_t, out=cs[0])
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(RUNS):
-        torch.matmul(a_t, b_t, out=cs[i % 3])
-    end.record()
-    end.synchronize()
-    us = 1e3 * start.elapsed_time(end) / RUNS
+    us = 1e3 * torch_queued_ms(torch, lambda i: torch.matmul(a_t, b_t, out=cs[i % 3]), RUNS)
     print(f"| cuBLAS (torch.matmul) | {us:.1f} | {flop / us / 1e6:.1f} |", flush=True)
 
 

@@ -30,7 +30,7 @@ import numpy as np
 import cutile_py as ct
 from cutile_py_kernels import autotune
 from cutile_py_kernels.gemm import config_kernel
-from paper_repro.gemm_sweep import torch_ms
+from paper_repro.gemm_sweep import torch_ms, torch_queued_ms
 from paper_repro.timing import OpPending, Timer
 
 #: The sweep's two best configs on the H200 (bf16 8192): (bm, bn, bk, stages, warps, group_m,
@@ -76,13 +76,7 @@ def _cublas(torch: Any, timer: Timer, n: int, tdt: Any) -> dict[str, float]:
         return []
 
     spin = timer.device(launch, stream=peers.torch_stream()).median_us
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(QUEUED_RUNS):
-        torch.matmul(a, b, out=cs[i % 3])
-    end.record()
-    end.synchronize()
-    queued = start.elapsed_time(end) * 1e3 / QUEUED_RUNS
+    queued = 1e3 * torch_queued_ms(torch, lambda i: torch.matmul(a, b, out=cs[i % 3]), QUEUED_RUNS)
     return {"after a wait": burst, "after a spin": spin, "queued": queued}
 
 

@@ -63,6 +63,15 @@ def _check(got: np.ndarray, want: np.ndarray, odt: type[ct.DType]) -> None:
 ODTS = [f16, bf16, f32]
 
 
+def _square(n: int, tile: tuple[int, int], idt: type[ct.DType], odt: type[ct.DType]) -> Any:
+    """The output partition and the two operands of an n x n x n GEMM, as specs."""
+    return (
+        ct.PartitionSpec((n, n), tile, odt),
+        ct.TensorSpec((n, n), idt),
+        ct.TensorSpec((n, n), idt),
+    )
+
+
 def _planned(kernel: Any, *args: Any) -> tuple[Any, LoweredKernel, LoweringPlan]:
     """The kernel's IR for sm_90 and its lowering with the plan (lowered here: a compile read
     back from the disk cache carries no plan)."""
@@ -150,11 +159,7 @@ def test_a_staging_tile_without_a_tma_ring_declares_its_alignment(
 
 def test_plan_text_names_the_epilogue() -> None:
     kernel = _gemm_kernel(bf16, bf16, False, False, 3)
-    spec = (
-        ct.PartitionSpec((4096, 4096), (128, 256), bf16),
-        ct.TensorSpec((4096, 4096), bf16),
-        ct.TensorSpec((4096, 4096), bf16),
-    )
+    spec = _square(4096, (128, 256), bf16, bf16)
     ir, _, plan = _planned(kernel, *spec, 64)
     text = format_plan(ir, plan)
     assert (
@@ -214,11 +219,7 @@ def test_a_staging_tile_past_shared_memory_keeps_the_plain_store() -> None:
     """256 x 256 f32 would stage 256 KiB, past a block's 227 KiB: the plain store (through
     the accumulator's row bands) is kept, and the kernel still lowers."""
     kernel = _gemm_kernel(f16, f32, False, False, 2)
-    spec = (
-        ct.PartitionSpec((1024, 1024), (256, 256), f32),
-        ct.TensorSpec((1024, 1024), f16),
-        ct.TensorSpec((1024, 1024), f16),
-    )
+    spec = _square(1024, (256, 256), f16, f32)
     _, _, plan = _planned(kernel, *spec, 16)
     assert not plan.stores.tma
     assert list(plan.stores.why.values()) == [
@@ -445,11 +446,7 @@ def test_library_gemm_sass_stores_with_utmastg(ws: bool) -> None:
     """bf16 128 x 256 x 64: the epilogue is HGMMA's registers into STSM (stmatrix) and
     UTMASTG (no STG), with no spills."""
     kernel = _gemm_kernel(bf16, bf16, False, False, 3, None, 8, ws)
-    spec = (
-        ct.PartitionSpec((4096, 4096), (128, 256), bf16),
-        ct.TensorSpec((4096, 4096), bf16),
-        ct.TensorSpec((4096, 4096), bf16),
-    )
+    spec = _square(4096, (128, 256), bf16, bf16)
     ptx = kernel.ptx(*spec, 64, target=SM90)
     report = assemble(ptx, SM90)
     assert report.spill_stores == report.spill_loads == 0, report.info_log

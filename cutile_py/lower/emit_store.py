@@ -70,11 +70,7 @@ def store(em: EmitContext, op: o.StoreOp, t: TmaStore) -> None:
     coords = box_origin(fb, index, shape)
     rank = len(coords)
     for p in range(t.panels):
-        inner = coords[0]
-        if p:
-            inner = fb.reg("b32")
-            fb.ins("add.s32", inner, coords[0], p * t.panel)
-        where = ", ".join(map(str, [inner, *coords[1:]]))
+        where = panel_coords(fb, coords, p * t.panel)
         fb.ins(
             f"cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group",
             f"[{em.tensor_maps[op]}, {{{where}}}]",
@@ -218,6 +214,16 @@ def _stage_16(em: EmitContext, s: Setup, t: TmaStore, regs: list[Reg], smem: Reg
                 pred=em.conj(sl.valid, nl.valid),
             )
             j += 2 if x4 else 1
+
+
+def panel_coords(fb: FunctionBuilder, coords: Sequence[Reg], offset: int) -> str:
+    """The coordinates operand (without braces) of the box `offset` elements further along
+    the innermost dimension than `coords` (a panel of a box split at the swizzle span)."""
+    inner = coords[0]
+    if offset:
+        inner = fb.reg("b32")
+        fb.ins("add.s32", inner, coords[0], offset)
+    return ", ".join(map(str, [inner, *coords[1:]]))
 
 
 def box_origin(fb: FunctionBuilder, index: Sequence[Reg], shape: Sequence[int]) -> list[Reg]:

@@ -67,7 +67,7 @@ from cutile_py.ir import ops as o
 from cutile_py.lower import emit_persistent, emit_pipeline
 from cutile_py.lower.context import EmitContext, KeptRing
 from cutile_py.lower.emit_pipeline import LoopPipeline
-from cutile_py.lower.emit_store import box_origin
+from cutile_py.lower.emit_store import box_origin, panel_coords
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad
 from cutile_py.lower.plan_tma import MAP_DTYPE, box
 from cutile_py.lower.plan_ws import PRODUCER_REGS, PRODUCER_THREADS
@@ -318,11 +318,7 @@ def issue_boxes(
         coords = _coords(em, loop, sl, it)
         tile = sl.tile
         for p in range(tile.panels):  # one box per 128-byte panel of a wgmma tile
-            inner = coords[0]
-            if p:
-                inner = fb.reg("b32")
-                fb.ins("add.s32", inner, coords[0], p * tile.panel)
-            where = ", ".join(map(str, [inner, *coords[1:]]))
+            where = panel_coords(fb, coords, p * tile.panel)
             fb.ins(
                 f"cp.async.bulk.tensor.{len(coords)}d.shared::cluster.global"
                 ".mbarrier::complete_tx::bytes",
