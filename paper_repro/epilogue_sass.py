@@ -42,7 +42,7 @@ COLUMNS = ("STS", "STSM", "LDS", "STG", "UTMASTG", "BAR")
 @dataclass(frozen=True)
 class Epilogue:
     registers: int
-    spills: int
+    spills: int | None  # None: not in nvJitLink's log
     counts: dict[str, int]
     integer: int
     total: int
@@ -75,7 +75,7 @@ def measure(odt: type[ct.DType], bm: int, bn: int, bk: int, stages: int, ws: boo
     ops = [opcode(t) for t in epilogue(disassemble(report.cubin))]
     counts = {c: sum(op == c or op.startswith(c + ".") for op in ops) for c in COLUMNS}
     integer = sum(op.startswith(_INTEGER) for op in ops)
-    spills = report.spill_loads + report.spill_stores
+    spills = report.spill_loads + report.spill_stores if report.spills_logged else None
     return Epilogue(report.registers, spills, counts, integer, len(ops))
 
 
@@ -94,8 +94,9 @@ def main(argv: Any = None) -> int:
                 return 1
             cells = " | ".join(str(e.counts[c]) for c in COLUMNS)
             name = f"{odt.name}, {bm}x{bn}x{bk}, {stages}{', WS' if ws else ''}"
+            spills = "n/a" if e.spills is None else e.spills
             print(
-                f"| {name} | {'tma' if tma else 'plain'} | {e.registers} | {e.spills} | {cells} "
+                f"| {name} | {'tma' if tma else 'plain'} | {e.registers} | {spills} | {cells} "
                 f"| {e.integer} | {e.total} |"
             )
     return 0

@@ -237,7 +237,7 @@ def test_atomic_ptx_assembles(sm: int) -> None:
         ct.TensorSpec((1,), i64),
         ct.TensorSpec((2,), i32),
     )
-    assert assemble(stats.ptx(*args, target=target), target).spill_stores == 0
+    assert assemble(stats.ptx(*args, target=target), target).spill_free
     h = (
         ct.PartitionSpec((1000,), (256,), i32),
         ct.TensorSpec((1000,), i32),
@@ -250,7 +250,7 @@ def test_atomic_ptx_assembles(sm: int) -> None:
         ct.TensorSpec((1000,), i32),
         *(ct.TensorSpec((n,)) for n in (5, 5, 1)),
     )
-    assert assemble(f32_extremes.ptx(*e, target=target), target).spill_stores == 0
+    assert assemble(f32_extremes.ptx(*e, target=target), target).spill_free
 
 
 # -- ownership on the host --------------------------------------------------------------------

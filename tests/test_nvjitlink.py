@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 
 from cutile_py.ptx.target import Target
+from cutile_py.runtime import nvjitlink
 from cutile_py.runtime.nvjitlink import (
+    NO_CACHE,
     PtxAssemblyError,
     assemble,
     nvjitlink_available,
     parse_info_log,
 )
+from tests.support.recording_nvjitlink import CACHED_LOG, RecordingNvJitLink
 
 if not nvjitlink_available():
     pytest.skip("the nvJitLink library cannot be loaded", allow_module_level=True)
@@ -158,3 +161,42 @@ info    : used 99 registers, used 1 barriers, 0 stack, 9999 bytes smem, 360 byte
     assert parse_info_log("") == (0, 0, 0, 0)
     # Without ptxas lines the linker's summary is all there is.
     assert parse_info_log("info    : used 7 registers, 0 bytes smem") == (7, 0, 0, 0)
+
+
+def test_a_verbose_compile_asks_nvjitlink_not_to_serve_it_from_its_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where a driver is installed nvJitLink may answer a second compile of the same PTX
+    from its cache and log only its own summary, which names no spills (NVIDIA/cuda-python
+    issue 950): the report's log must come from ptxas."""
+    lib = RecordingNvJitLink()
+    monkeypatch.setattr(nvjitlink, "_load", lambda: lib)
+    report = assemble(vector_add_ptx(Target(90)), Target(90))
+    assert lib.created == [["-arch=sm_90", "-verbose", NO_CACHE]]
+    assert report.spills_logged and report.spill_free and report.registers > 0
+    # Not verbose: no log, so nothing to keep from the cache.
+    assert not assemble(vector_add_ptx(Target(90)), Target(90), verbose=False).spills_logged
+    assert lib.created[-1] == ["-arch=sm_90"]
+
+
+def test_an_nvjitlink_without_the_option_still_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = RecordingNvJitLink(refuse=(NO_CACHE,))
+    monkeypatch.setattr(nvjitlink, "_load", lambda: lib)
+    report = assemble(vector_add_ptx(Target(80)), Target(80))
+    assert lib.created == [["-arch=sm_80", "-verbose", NO_CACHE], ["-arch=sm_80", "-verbose"]]
+    assert report.cubin[:4] == b"\x7fELF" and report.spill_free
+    # An option it refuses for itself is still an error, naming the options.
+    lib = RecordingNvJitLink(refuse=("-verbose",))
+    monkeypatch.setattr(nvjitlink, "_load", lambda: lib)
+    with pytest.raises(PtxAssemblyError, match="rejected the options"):
+        assemble(vector_add_ptx(Target(80)), Target(80))
+
+
+def test_a_log_without_spill_figures_is_not_a_report_of_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lib = RecordingNvJitLink(info_log=CACHED_LOG)
+    monkeypatch.setattr(nvjitlink, "_load", lambda: lib)
+    report = assemble(vector_add_ptx(Target(80)), Target(80))
+    assert report.registers == 10  # the summary's
+    assert not report.spills_logged and not report.spill_free

@@ -15,11 +15,12 @@ from cutile_py import Dyn, Mut, Tensor, f32
 from cutile_py.host.report import occupancy
 from cutile_py.ptx.ast import Instruction
 from cutile_py.ptx.target import Target, sm_limits
-from cutile_py.runtime import sass
+from cutile_py.runtime import nvjitlink, sass
 from cutile_py.runtime.backend import ParamValue
 from cutile_py.runtime.nvjitlink import nvjitlink_available
 from cutile_py.runtime.sim_backend import SimBackend
 from cutile_py.sim.counters import MemoryCounters
+from tests.support.recording_nvjitlink import CACHED_LOG, RecordingNvJitLink
 
 needs_nvjitlink = pytest.mark.skipif(
     not nvjitlink_available(), reason="the nvJitLink library cannot be loaded"
@@ -305,6 +306,28 @@ def test_a_kernel_that_spills_warns_once(
     assert r.spill_load_bytes is not None and r.spill_load_bytes > 0
     assert r.registers == 255
     assert f"{r.spill_store_bytes} B / {r.spill_load_bytes} B" in str(r)
+
+
+@needs_nvjitlink
+def test_a_log_without_spill_figures_claims_neither_spills_nor_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """nvJitLink's log as a compile served from its cache gives it (its summary alone): the
+    report leaves spills out and says why (the figures read 0) and warns nothing, though
+    the kernel spills (see above)."""
+    monkeypatch.delenv("CUTILE_PY_SPILL_CHECK", raising=False)
+    monkeypatch.setattr(nvjitlink, "_load", lambda: RecordingNvJitLink(info_log=CACHED_LOG))
+    side = 256
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ct.PerformanceWarning)
+        r = held_across_loop.report(
+            ct.PartitionSpec((side, side), (side, side)), ct.TensorSpec((side, side)), 1,
+            target="sm_90",
+        )  # fmt: skip
+    assert r.spill_store_bytes is None and r.spill_load_bytes is None
+    assert "cached" in (r.why("spill_store_bytes") or "")
+    assert r.registers == 10  # the summary's count stays
+    assert "n/a (nvJitLink's log names no spills" in str(r)
 
 
 @needs_nvjitlink

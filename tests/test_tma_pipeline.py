@@ -231,7 +231,7 @@ def test_sm90_ptx_is_tma_and_assembles_to_utmaldg() -> None:
     if not nvjitlink_available():
         pytest.skip("the nvJitLink library cannot be loaded")
     asm = assemble(ptx, Target(90))
-    assert asm.spill_loads == asm.spill_stores == 0
+    assert asm.spill_free
     try:
         sass = disassemble(asm.cubin)
     except SassUnavailable as e:
@@ -268,7 +268,7 @@ def test_wide_wgmma_tiles_are_a_box_per_panel() -> None:
     if not nvjitlink_available():
         pytest.skip("the nvJitLink library cannot be loaded")
     asm = assemble(ptx, Target(90))
-    assert asm.spill_loads == asm.spill_stores == 0
+    assert asm.spill_free
     try:
         sass = disassemble(asm.cubin)
     except SassUnavailable as e:

@@ -268,8 +268,10 @@ def build_report(
             missing.append((metric, why))
     # nvJitLink compiles for linking, which ignores setmaxnreg and fits the whole kernel in its
     # launch registers: its spills are not those of the driver JIT's whole-program compile.
-    spills_known = asm is not None and not moves_registers(lowered.ptx)
-    if asm is not None and not spills_known:
+    spills_known = asm is not None and asm.spills_logged and not moves_registers(lowered.ptx)
+    if asm is not None and not asm.spills_logged:
+        missing.append(("spill_store_bytes", "nvJitLink's log names no spills (a cached compile)"))
+    elif asm is not None and not spills_known:
         why_not = "setmaxnreg: nvJitLink's compile for linking ignores it; the driver's JIT "
         missing.append(("spill_store_bytes", why_not + "compiles the kernel whole"))
     if spills_known:

@@ -37,7 +37,10 @@ def moves_registers(ptx: str) -> bool:
 @dataclass(frozen=True)
 class AssemblyReport:
     """A cubin and what ptxas said about it (maxima over the module's functions); `cubin` is
-    empty where the driver's JIT compiled the PTX (its cubin stays in the driver)."""
+    empty where the driver's JIT compiled the PTX (its cubin stays in the driver).
+    `spills_logged`: whether the log holds ptxas's spill figures; where it does not (a
+    compile served from a cache, or no `-verbose`), the spill fields read 0 and mean
+    nothing."""
 
     cubin: bytes
     info_log: str
@@ -45,12 +48,22 @@ class AssemblyReport:
     spill_stores: int
     spill_loads: int
     shared_bytes: int
+    spills_logged: bool = True
+
+    @property
+    def spill_free(self) -> bool:
+        """Whether ptxas logged its spill figures and both are 0."""
+        return self.spills_logged and self.spill_stores == 0 and self.spill_loads == 0
 
 
 _REGISTERS = re.compile(r"\bused\s+(\d+)\s+registers\b", re.IGNORECASE)
 _SPILL_STORES = re.compile(r"\b(\d+)\s+bytes\s+spill\s+stores\b", re.IGNORECASE)
 _SPILL_LOADS = re.compile(r"\b(\d+)\s+bytes\s+spill\s+loads\b", re.IGNORECASE)
 _SHARED = re.compile(r"\b(\d+)\s+bytes\s+smem\b", re.IGNORECASE)
+#: nvJitLink's option to compile afresh: with its cache (which it may share with the driver's
+#: JIT cache where a driver is installed), a second compile of the same PTX logs only
+#: nvJitLink's own summary, which names no spills (NVIDIA/cuda-python issue 950).
+NO_CACHE = "-no-cache"
 _TARGET = re.compile(r"^\s*\.target\s+([A-Za-z0-9_]+)", re.MULTILINE)
 
 
@@ -75,12 +88,17 @@ def parse_info_log(info_log: str) -> tuple[int, int, int, int]:
     )
 
 
+def logs_spills(info_log: str) -> bool:
+    """Whether `info_log` holds ptxas's spill figures (a cached compile's summary does not)."""
+    return _SPILL_STORES.search(info_log) is not None
+
+
 def report_from_log(info_log: str, cubin: bytes = b"") -> AssemblyReport | None:
     """The report in a verbose ptxas info log (the driver JIT's), or None where the log
     names no register count or no spills: a compile served from a JIT cache logs at most a
     summary of registers and memory, which does not say what ptxas spilled."""
     registers, spill_stores, spill_loads, shared_bytes = parse_info_log(info_log)
-    if not registers or _SPILL_STORES.search(info_log) is None:
+    if not registers or not logs_spills(info_log):
         return None
     return AssemblyReport(cubin, info_log, registers, spill_stores, spill_loads, shared_bytes)
 
@@ -121,6 +139,17 @@ def _read_log(lib: Any, handle: int, which: str) -> str:
     return bytes(buf).rstrip(b"\x00").decode("utf-8", errors="replace").strip()
 
 
+def _create(lib: Any, options: list[str]) -> int:
+    """An nvJitLink handle for `options`; NO_CACHE is left out where this nvJitLink does not
+    know it (a verbose compile asks for it: its log, not a cached cubin, is the report)."""
+    try:
+        return int(lib.create(len(options), options))
+    except lib.nvJitLinkError as e:
+        if NO_CACHE in options:
+            return _create(lib, [o for o in options if o != NO_CACHE])
+        raise PtxAssemblyError(f"nvJitLink rejected the options {options}: {e}", "") from e
+
+
 def assemble(
     ptx: str, target: Target, *, verbose: bool = True, lineinfo: bool = False
 ) -> AssemblyReport:
@@ -131,10 +160,7 @@ def assemble(
     options = (
         [f"-arch={arch}"] + (["-verbose"] if verbose else []) + (["-lineinfo"] if lineinfo else [])
     )
-    try:
-        handle = int(lib.create(len(options), options))
-    except lib.nvJitLinkError as e:
-        raise PtxAssemblyError(f"nvJitLink rejected the options {options}: {e}", "") from e
+    handle = _create(lib, [*options, NO_CACHE] if verbose else options)
     try:
         data = ptx.encode()
         try:
@@ -156,4 +182,5 @@ def assemble(
         spill_stores=spill_stores,
         spill_loads=spill_loads,
         shared_bytes=shared_bytes,
+        spills_logged=logs_spills(info_log),
     )

@@ -13,7 +13,7 @@ def opcodes_without_spills(ptx: str, target: Target) -> list[str]:
     """The opcodes of `ptx` assembled for `target`, once it is checked to spill nothing;
     the test is skipped where no disassembler is installed."""
     report = assemble(ptx, target)
-    assert report.spill_stores == 0 and report.spill_loads == 0, report.info_log
+    assert report.spill_free, report.info_log
     try:
         return [i.split()[0] for i in instructions(disassemble(report.cubin)) if i.split()]
     except SassUnavailable as e:
