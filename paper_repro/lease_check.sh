@@ -3,15 +3,16 @@
 # xdist; one GEMM config timed every way the project times it (`gemm_timing_check`: the
 # experiment/sweep gap); the persistent candidates beside their one-block-per-tile twins;
 # the GEMM experiment at 4096 and 8192 (f16 and bf16, the tuner's choice and its own timing
-# named); the timing crossing again for f16; the norms at 1024..4096 with 16 and 32 elements per thread (`row_sweep`: confirms
-# `_common.PER_THREAD_BY_WIDTH`); the row kernels' bandwidth at every width; the sweep of
+# named); the timing crossing again for f16; the norms at 1024..4096 with 16 and 32 elements
+# per thread (`row_sweep`: confirms `_common.PER_THREAD_BY_WIDTH`); the causal softmax by
+# block size beside Triton's; the row kernels' bandwidth at every width; the sweep of
 # every sm_90 GEMM candidate at 8192 with run-after-run timing of the fastest.
 # Everything lands in $OUT/results.tgz (re-packed after each step, so a call cut short still
 # returns what finished) and a summary is printed last. Runs from the working tree
 # (PYTHONPATH=.): numpy, cuda-python, pytest, pytest-xdist, pytest-timeout, PyTorch and Triton
 # must be installed there.
 #
-#   OUT=DIR paper_repro/lease_check.sh    (at most 545 s of steps; about 5 minutes on an H200)
+#   OUT=DIR paper_repro/lease_check.sh    (at most 560 s of steps; about 5 minutes on an H200)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -58,9 +59,10 @@ step gemm 60 python3 -m paper_repro gemm --lean --out "$work/gemm"
 # f16 ran 11 points below bf16 at 8192 on the H200 (67% / 78%): the same crossing for f16.
 step timing-check-f16 60 python3 -m paper_repro.gemm_timing_check --n 8192 --dtype f16
 step rows 60 python3 -m paper_repro.row_sweep
+step rows-causal 30 python3 -m paper_repro.row_sweep --kernels softmax_causal
 step bandwidth 90 python3 -m paper_repro bandwidth \
   --only rms_norm,add_rms_norm,layer_norm,softmax,softmax_causal --out "$work/bandwidth"
-step sweep-bf16 60 python3 -m paper_repro.gemm_sweep --n 8192 --only wgmma --sustained 4
+step sweep-bf16 45 python3 -m paper_repro.gemm_sweep --n 8192 --only wgmma --sustained 4
 
 echo "== summary"
 grep -E "^\| (cutile_py|cuBLAS \(torch\)) \| (f16|bf16) \| (4096|8192)" "$work/gemm/REPORT.md" \
@@ -71,4 +73,5 @@ sed -n '/run after run/,$p' "$work/sweep-bf16.txt" "$work/sweep-persistent.txt"
 grep -E "^\| (rms_norm|add_rms_norm|layer_norm|softmax)" "$work/bandwidth/REPORT.md" \
   | grep -E "x(8192|16384|32768)|1x4096|16x1024" | cut -d'|' -f2-9
 grep -E "^\| (rms_norm|add_rms_norm|layer_norm) \|" "$work/rows.txt" | cut -d'|' -f2-6,9
+grep -E "^\| (softmax_causal|triton) \|" "$work/rows-causal.txt" | cut -d'|' -f2-4,6-9
 exit 0

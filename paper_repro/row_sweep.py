@@ -1,7 +1,7 @@
 """Elements per thread of the one-tile row kernels, timed on a GPU at short rows.
 
     PYTHONPATH=. python -m paper_repro.row_sweep [--kernels rms_norm,softmax] [--per 16,32]
-                                                 [--quick]
+                                                 [--causal-warps 1,2,4,8] [--quick]
 
 The one-tile norms give each thread `_common.per_thread(plan)` elements (f32: 16 for tiles
 wider than 1024 and narrower than 4096, else 32; the table `PER_THREAD_BY_WIDTH`), softmax
@@ -17,13 +17,19 @@ either. `--quick` runs tiny shapes on sim (a check of the script only).
 
 The next GPU lease confirms the norms' rule with the defaults: rms_norm, add_rms_norm and
 layer_norm at 1024, 1536, 2048, 3072 and 4096, 16 and 32 elements per thread (f32).
+
+`--kernels softmax_causal` times the causal softmax instead (the bandwidth experiment's
+shapes, 16 x 1024^2 and 4 x 2048^2, f32) with each of `--causal-warps` warps a block
+(`softmax.CAUSAL_WARPS`: a warp a row of 1024 f32, so also rows a block), beside Triton's in
+the same run where it is installed: on the H200 Triton's was 13% faster than ours before the
+causal kernel issued every chunk's load at once, and the block size was chosen without a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,7 +37,7 @@ import cutile_py as ct
 from cutile_py_kernels import _common, norms
 from paper_repro.core import Context
 from paper_repro.experiments import bandwidth
-from paper_repro.experiments.common import copy_ceiling, same_size_copy
+from paper_repro.experiments.common import copy_ceiling, peer_missing, same_size_copy
 from paper_repro.machine import describe
 from paper_repro.timing import Timer
 
@@ -39,6 +45,8 @@ softmax_mod: Any = importlib.import_module("cutile_py_kernels.softmax")  # not t
 WIDTHS = (1024, 1536, 2048, 3072, 4096)
 KERNELS = "rms_norm,add_rms_norm,layer_norm"
 PER_THREAD = (16, 32)
+CAUSAL_SHAPES = ((16, 1024, 1024), (4, 2048, 2048))
+CAUSAL_WARPS = (1, 2, 4, 8)
 
 
 @contextmanager
@@ -56,11 +64,58 @@ def elements_per_thread(per: int) -> Iterator[None]:
         _common._ROW_LAUNCHES.clear()
 
 
+@contextmanager
+def causal_warps(warps: int) -> Iterator[None]:
+    """The causal softmax with blocks of `warps` warps where its rows share a block; the
+    library's choice again after."""
+    saved = softmax_mod.CAUSAL_WARPS
+    softmax_mod.CAUSAL_WARPS = warps
+    try:
+        yield
+    finally:
+        softmax_mod.CAUSAL_WARPS = saved
+
+
+def causal_sweep(ctx: Context, copy: float, warps: list[int]) -> None:
+    """Markdown rows: the causal softmax by warps a block, then Triton's (where installed)."""
+    spec = {s.name: s for s in bandwidth.SPECS}["softmax_causal"]
+    fn = importlib.import_module("cutile_py_kernels").softmax
+    print("| kernel | shape | CAUSAL_WARPS | library | rows a block | us | GB/s | of copy "
+          "| of same-size copy |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for shape in [(1, 256, 256)] if ctx.quick else CAUSAL_SHAPES:
+        same = same_size_copy(ctx, spec.nbytes(shape))
+        label = "x".join(map(str, shape))
+        for w in warps:
+            mark = "yes" if w == softmax_mod.CAUSAL_WARPS else ""
+            with causal_warps(w):
+                r = shape[0] * shape[1]
+                _, tile, _ = softmax_mod.softmax_launch(ct.f32, r, shape[2], True)
+                cells = _timed(copy, same, bandwidth.measure_cutile, ctx, spec, fn, shape)
+            print(f"| softmax_causal | {label} | {w} | {mark} | {tile[0]} | {cells}", flush=True)
+        if not ctx.quick and peer_missing("triton") is None:
+            cells = _timed(copy, same, bandwidth.measure_peer, ctx, spec, "triton", shape)
+            print(f"| triton | {label} | 4 | | 1 | {cells}", flush=True)
+
+
+def _timed(copy: float, same: float, measure: Callable[..., list[Any]], *args: Any) -> str:
+    """The cells `us | GB/s | of copy | of same-size copy |` of `measure(*args)`, or its
+    error (a failing variant is a row; the sweep goes on)."""
+    try:
+        (row,) = measure(*args)
+    except Exception as e:
+        return f"error: {e} | | | |"
+    gbps = float(row["gbps"] or 0)
+    return f"{row['time_us']} | {gbps:.0f} | {gbps / copy:.3f} | {gbps / same:.3f} |"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m paper_repro.row_sweep")
     p.add_argument("--kernels", default=KERNELS)
     p.add_argument("--per", default=",".join(map(str, PER_THREAD)),
                    help="elements per thread to time, comma-separated")  # fmt: skip
+    p.add_argument("--causal-warps", default=",".join(map(str, CAUSAL_WARPS)),
+                   help="warps a block of the causal softmax to time (softmax_causal)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="tiny shapes on sim")
     args = p.parse_args(argv)
     ct.set_backend("sim" if args.quick else "cuda")
@@ -77,10 +132,17 @@ def main(argv: list[str] | None = None) -> int:
     pers = [int(v) for v in args.per.split(",")]
     print(f"# one-tile row kernels by elements per thread ({device.get('gpu', backend)})")
     print(f"copy ceiling {copy:.0f} GB/s\n")
+    names = args.kernels.split(",")
+    if "softmax_causal" in names:
+        names.remove("softmax_causal")
+        causal_sweep(ctx, copy, [int(v) for v in args.causal_warps.split(",")])
+        if not names:
+            return 0
+        print()
     print("| kernel | shape | per thread | library | warps | us | GB/s | of copy "
           "| of same-size copy |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
-    for name in args.kernels.split(","):
+    for name in names:
         spec, fn = specs[name], getattr(importlib.import_module("cutile_py_kernels"), name)
         for w in widths:
             shape = (rows_n, w)

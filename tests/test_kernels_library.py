@@ -410,6 +410,24 @@ def test_softmax_causal_blocks_of_rows(
     assert (y.to_numpy()[ref == 0] == 0).all()
 
 
+@pytest.mark.parametrize("warps", [1, 2, 8])
+@pytest.mark.parametrize("dt", [DT_PARAMS[0], DT_PARAMS[2]])
+def test_softmax_causal_other_block_sizes(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, dt: Any, warps: int
+) -> None:
+    """The block sizes `paper_repro.row_sweep` times beside the library's (CAUSAL_WARPS 4),
+    correct too: rows a block from 1 to 64, blocks crossing from one matrix into the next."""
+    monkeypatch.setattr(softmax_module, "CAUSAL_WARPS", warps)
+    shape = (3, 301, 301)
+    _, tile, _ = softmax_module.softmax_launch(dt, shape[0] * shape[1], shape[2], True)
+    assert tile[0] == max(1, 32 * (16 // dt.itemsize()) * warps // (tile[1] // 8))
+    x, xt = rand(rng, shape, dt, 4.0)
+    y = ck.softmax(xt, causal=True)
+    ref = softmax_ref(x, causal=True)
+    check(y, ref, dt)
+    assert (y.to_numpy()[ref == 0] == 0).all()
+
+
 def test_causal_softmax_reads_only_the_visible_chunks() -> None:
     """16 x 1024 x 1024 (sampled): a block of br rows reads its chunks of 128 up to its last
     row's column, so x's bytes read are br * 128 * ceil(limit / 128) * 4 per block, where the

@@ -312,6 +312,25 @@ def test_row_sweep_times_both_choices_and_restores_the_rule(
     assert got == [("8", "", "2"), ("32", "yes", "1")] * 2
 
 
+def test_row_sweep_times_the_causal_softmax_by_block_size(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--kernels softmax_causal`: one row per CAUSAL_WARPS asked, rows a block as launched,
+    the library's pick marked and back afterwards (on sim: a check of the script only)."""
+    from paper_repro import row_sweep
+
+    before = row_sweep.softmax_mod.CAUSAL_WARPS
+    argv = ["--quick", "--kernels", "softmax_causal", "--causal-warps", "1,4,8"]
+    assert row_sweep.main(argv) == 0
+    assert row_sweep.softmax_mod.CAUSAL_WARPS == before == 4
+    rows = [[c.strip() for c in line.split("|")] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| softmax_causal")]  # fmt: skip
+    # (CAUSAL_WARPS, library's pick?, rows a block) at 1x256x256 f32 (32-column chunks)
+    assert [(r[3], r[4], r[5]) for r in rows] == [("1", "", "4"), ("4", "yes", "16"),
+                                                  ("8", "", "32")]  # fmt: skip
+    assert all(float(r[6]) > 0 and "error" not in r[6] for r in rows)
+
+
 def test_gemm_timing_check_runs_over_a_null_device(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
