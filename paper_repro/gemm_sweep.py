@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 import time
 from typing import Any
@@ -22,6 +23,12 @@ from typing import Any
 import cutile_py as ct
 from cutile_py_kernels import autotune
 from cutile_py_kernels.gemm import config_kernel
+from paper_repro.gpu_monitor import GpuMonitor
+
+
+def tflops(flop: float, us: float) -> float:
+    """TFLOP/s of `flop` in `us` microseconds; NaN for no time (a stand-in device's)."""
+    return flop / us / 1e6 if us > 0 else math.nan
 
 
 def torch_ms(torch: Any, fn: Any, repeats: int = 7) -> float:
@@ -85,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     cublas_ms = torch_ms(torch, lambda: torch.matmul(a_t, b_t, out=c_t))
     flop = 2.0 * n**3
     print(f"# gemm sweep: {torch.cuda.get_device_name()}, {args.dtype} n={n}", flush=True)
-    print(f"cuBLAS (torch.matmul): {cublas_ms * 1e3:.1f} us, {flop / cublas_ms / 1e9:.1f} TFLOP/s")
+    cublas_us = cublas_ms * 1e3
+    print(f"cuBLAS (torch.matmul): {cublas_us:.1f} us, {tflops(flop, cublas_us):.1f} TFLOP/s")
     target = ct.profiling.target()
     lists = []
     if args.only != "mma" and target.wgmma:
@@ -126,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n| {head} | form | us | TFLOP/s | % cuBLAS | rel err |")
     print("|---|---|---|---|---|---|")
     for ms, cfg, form, err, note in sorted(rows, key=lambda r: r[0]):
-        tf = flop / ms / 1e9 if ms != float("inf") else 0.0
+        tf = tflops(flop, ms * 1e3) if ms != float("inf") else 0.0
         desc = " ".join(map(str, cfg.astuple()))
         print(f"| {desc} | {form} | {ms * 1e3:.1f} | {tf:.1f} | {100 * cublas_ms / ms:.1f} | "
               f"{err:.2e} {note} |")  # fmt: skip
@@ -147,7 +155,8 @@ def _sustained(
 ) -> None:  # fmt: skip
     """Device time per launch with RUNS launches queued back to back for the `top` fastest
     configs of the sweep, the config the library's tuner picks, and cuBLAS: a config that
-    wins short bursts but slows run after run (clocks under a power limit) shows here."""
+    wins short bursts but slows run after run (clocks under a power limit) shows here, with
+    the clocks, power and limit reasons nvidia-smi sampled while each was timed."""
     import cutile_py_kernels as ck
 
     ck.gemm(a, b)  # tunes this shape the way the library does
@@ -156,22 +165,27 @@ def _sustained(
     if tuned is not None and tuned not in picks:
         picks.append(tuned)
     print(f"\n## run after run ({RUNS} launches queued); the tuner picks {tuned}")
-    print("| config | us per launch | TFLOP/s |\n|---|---|---|")
-    for cfg in picks:
-        kernel = config_kernel(cfg, dt, dt, False, False)
+    print("| config | us per launch | TFLOP/s | GPU while timed |\n|---|---|---|---|")
+    with GpuMonitor() as gpu:
+        for cfg in picks:
+            kernel = config_kernel(cfg, dt, dt, False, False)
 
-        def make(cfg: Any = cfg, kernel: Any = kernel) -> Any:
-            out = ct.empty((n, n), dt).partition((cfg.bm, cfg.bn))
-            return lambda: kernel(out, a, b, cfg.bk)
+            def make(cfg: Any = cfg, kernel: Any = kernel) -> Any:
+                out = ct.empty((n, n), dt).partition((cfg.bm, cfg.bn))
+                return lambda: kernel(out, a, b, cfg.bk)
 
-        # Each output is reused only once its op is done (the ownership rules): 3 in turn.
-        us = 1e3 * ct.profiling.time_ms_queued([make() for _ in range(3)], RUNS)
-        tag = " (tuner)" if cfg == tuned else ""
-        print(f"| {' '.join(map(str, cfg.astuple()))}{tag} | {us:.1f} | {flop / us / 1e6:.1f} |")
-    cs = [torch.empty_like(a_t) for _ in range(3)]
-    torch.matmul(a_t, b_t, out=cs[0])
-    us = 1e3 * torch_queued_ms(torch, lambda i: torch.matmul(a_t, b_t, out=cs[i % 3]), RUNS)
-    print(f"| cuBLAS (torch.matmul) | {us:.1f} | {flop / us / 1e6:.1f} |", flush=True)
+            # Each output is reused only once its op is done (the ownership rules): 3 in turn.
+            with gpu.window() as w:
+                us = 1e3 * ct.profiling.time_ms_queued([make() for _ in range(3)], RUNS)
+            tag = " (tuner)" if cfg == tuned else ""
+            print(f"| {' '.join(map(str, cfg.astuple()))}{tag} | {us:.1f} | "
+                  f"{tflops(flop, us):.1f} | {w.summary()} |")  # fmt: skip
+        cs = [torch.empty_like(a_t) for _ in range(3)]
+        torch.matmul(a_t, b_t, out=cs[0])
+        with gpu.window() as w:
+            us = 1e3 * torch_queued_ms(torch, lambda i: torch.matmul(a_t, b_t, out=cs[i % 3]), RUNS)
+        print(f"| cuBLAS (torch.matmul) | {us:.1f} | {tflops(flop, us):.1f} | {w.summary()} |",
+              flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

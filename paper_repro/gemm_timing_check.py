@@ -9,7 +9,9 @@ made by `ct.from_numpy` from `a / sqrt(n)` and `b`, the sweep's by `torch.randn`
 their memory comes from (cutile_py's pool or PyTorch's), and in the timing method (a spin
 kernel, then one launch between two events; one launch after the host waited; launches
 queued back to back). This script crosses them for the tuner's pick and the sweep's two best
-configs, with cuBLAS first and last, so one run says which of them the gap follows. Needs
+configs, with cuBLAS first and last, so one run says which of them the gap follows; beside
+each row, the SM clock, power and clock-limit reasons nvidia-smi sampled while it was timed
+(`gpu_monitor`: configs slowed run after run on the H200, as under a power limit). Needs
 the cuda backend; without PyTorch the cuBLAS rows and the "torch" operands are left out.
 Prints Markdown.
 """
@@ -22,6 +24,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ import cutile_py as ct
 from cutile_py_kernels import autotune
 from cutile_py_kernels.gemm import config_kernel
 from paper_repro.gemm_sweep import torch_ms, torch_queued_ms
+from paper_repro.gpu_monitor import GpuMonitor
 from paper_repro.timing import OpPending, Timer
 
 #: The sweep's two best configs on the H200 (bf16 8192): (bm, bn, bk, stages, warps, group_m,
@@ -85,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=8192)
     p.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
     args = p.parse_args(argv)
+    with GpuMonitor() as gpu:
+        return _check(args, gpu)
+
+
+def _check(args: argparse.Namespace, gpu: GpuMonitor) -> int:
     import cutile_py_kernels as ck
 
     try:
@@ -99,15 +108,20 @@ def main(argv: list[str] | None = None) -> int:
     timer = Timer("cuda", reps=15, warmup=2)
     flop = 2.0 * n**3
     print(f"# GEMM timing check: {name}, {args.dtype} n={n}\n")
-    print("| what | operands | after a wait (us) | after a spin (us) | queued (us) |")
-    print("|---|---|---|---|---|")
+    if gpu.failure:
+        print(f"(no clock samples: {gpu.failure})\n")
+    print("| what | operands | after a wait (us) | after a spin (us) | queued (us) "
+          "| GPU while timed |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
 
-    def row(what: str, operands: str, t: dict[str, float]) -> None:
+    def row(what: str, operands: str, measure: Callable[[], dict[str, float]]) -> None:
+        with gpu.window() as w:
+            t = measure()
         cells = " | ".join(f"{v:.1f} ({flop / v / 1e6 if v > 0 else 0:.0f} TF)" for v in t.values())
-        print(f"| {what} | {operands} | {cells} |", flush=True)
+        print(f"| {what} | {operands} | {cells} | {w.summary()} |", flush=True)
 
     if torch is not None:
-        row("cuBLAS (first)", "torch", _cublas(torch, timer, n, tdt))
+        row("cuBLAS (first)", "torch", lambda: _cublas(torch, timer, n, tdt))
     a, b, _ = _operands(torch, "ct-scaled", n, dt, tdt, rng)
     # A tuner of its own, so that it times the candidates here (a choice cached by an earlier
     # run would come with no timings).
@@ -127,10 +141,10 @@ def main(argv: list[str] | None = None) -> int:
                 return lambda: kernel(out, a, b, cfg.bk)
 
             tag = " (tuner)" if cfg == tuned else ""
-            row(" ".join(map(str, cfg.astuple())) + tag, kind, _methods(timer, make))
+            row(" ".join(map(str, cfg.astuple())) + tag, kind, partial(_methods, timer, make))
         del keep
     if torch is not None:
-        row("cuBLAS (last)", "torch", _cublas(torch, timer, n, tdt))
+        row("cuBLAS (last)", "torch", lambda: _cublas(torch, timer, n, tdt))
     if tuned is not None:
         first, final = times.get(tuned, (float("nan"), None))
         print(f"\nThe tuner picked {tuned}: {first * 1e3:.1f} us in its first round (best of "

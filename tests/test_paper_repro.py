@@ -110,7 +110,7 @@ def test_gemm_summary_holds_large_sizes_to_the_target(monkeypatch: pytest.Monkey
         ("torch", "bf16", 4096): 400.0,
     }
 
-    def fake(ctx: Context, impl: str, dtype: str, n: int) -> list[Row]:
+    def fake(ctx: Context, impl: str, dtype: str, n: int, gpu: object) -> list[Row]:
         name = "cuBLAS (torch)" if impl == "torch" else impl
         got = tflops.get((impl, dtype, n), 100.0)
         return [{"impl": name, "dtype": dtype, "n": n, "status": "ok", "tflops": got}]
@@ -340,15 +340,20 @@ def test_gemm_timing_check_runs_over_a_null_device(
     `lease_check.sh` prints from it. The times are the null device's zeros: a check of the
     script, not of a GPU."""
     from cutile_py_kernels import autotune
-    from paper_repro import gemm_timing_check
+    from paper_repro import gemm_timing_check, gpu_monitor
     from paper_repro.experiments.host import null_cuda
 
     monkeypatch.setitem(sys.modules, "torch", None)  # import fails: no cuBLAS rows
     monkeypatch.setattr(autotune, "TUNER", autotune.TUNER)  # the script installs its own
+    monkeypatch.setattr(gpu_monitor.shutil, "which", lambda _: None)  # no nvidia-smi
     with null_cuda(check_arguments=True):
         assert gemm_timing_check.main(["--n", "256"]) == 0
     out = capsys.readouterr().out
-    rows = [line.split("|")[1:3] for line in out.splitlines() if line.startswith("| ")]
+    assert "(no clock samples: nvidia-smi: not found)" in out
+    cells = [line.split("|") for line in out.splitlines() if line.startswith("| ")]
+    assert cells[0][6].strip() == "GPU while timed"
+    assert {c[6].strip() for c in cells[1:]} == {"no GPU samples"}
+    rows = [c[1:3] for c in cells]
     tuned = next(r[0].replace("(tuner)", "") for r in rows if "(tuner)" in r[0])
     best = [" ".join(map(str, autotune.GemmConfig(*c).astuple()))
             for c in gemm_timing_check.SWEEP_BEST]  # fmt: skip
@@ -370,11 +375,13 @@ def test_the_leases_experiments_run_their_cuda_paths_over_a_null_device(
     import importlib
 
     from cutile_py_kernels import autotune
+    from paper_repro import gpu_monitor
     from paper_repro.core import Context
     from paper_repro.experiments.host import null_cuda
     from paper_repro.timing import Timer
 
     monkeypatch.setattr(autotune, "TUNER", autotune.Autotuner(path=tmp_path / "gemm.json"))
+    monkeypatch.setattr(gpu_monitor.shutil, "which", lambda _: None)
     module = importlib.import_module(f"paper_repro.experiments.{experiment}")
     with null_cuda(check_arguments=True):
         ctx = Context("cuda", True, Timer("cuda", reps=3, warmup=1), 50 << 20, {})
@@ -387,3 +394,55 @@ def test_the_leases_experiments_run_their_cuda_paths_over_a_null_device(
         assert {r["impl"] for r in copies} == {"ptx copy kernel", "cuMemcpyDtoDAsync"}
         assert all("frac_same_copy" in r for r in ours)
         assert len(ctx.copies) == len({r["bytes"] for r in ours})
+    else:  # what the GPU's clocks were while each row was timed (no nvidia-smi here)
+        assert all(str(r["note"]).endswith("GPU: no GPU samples") for r in ours), ours
+
+
+def test_gemm_sweeps_run_after_run_table_runs_over_a_null_device(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`gemm_sweep --sustained`'s table (the lease's last step) on the cuda backend over the
+    null driver, PyTorch faked (its events read 1 ms): the fastest configs, the tuner's pick
+    and cuBLAS, each with what the GPU's clocks were (no nvidia-smi here)."""
+    from types import SimpleNamespace
+
+    from cutile_py_kernels import autotune
+    from paper_repro import gemm_sweep, gpu_monitor
+    from paper_repro.experiments.host import null_cuda
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            pass
+
+        def record(self) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, end: Event) -> float:
+            return 1.0
+
+    torch = SimpleNamespace(
+        cuda=SimpleNamespace(Event=Event),
+        empty_like=lambda x: object(),
+        matmul=lambda a, b, out: out,
+    )
+    monkeypatch.setattr(autotune, "TUNER", autotune.Autotuner(path=tmp_path / "gemm.json"))
+    monkeypatch.setattr(gpu_monitor.shutil, "which", lambda _: None)
+    n, dt = 256, ct.bf16
+    with null_cuda(check_arguments=True):
+        ct.set_backend("cuda")
+        a, b = ct.zeros((n, n), dt), ct.zeros((n, n), dt)
+        best = autotune.GemmConfig(128, 128, 64, 4, 0, 8, 1)
+        rows = [(1.0, best, "wgmma+tma+ws", 0.0, "")]
+        gemm_sweep._sustained(torch, 1, rows, dt, n, a, b, object(), object(), 2.0 * n**3)
+    out = capsys.readouterr().out
+    table = [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines()
+             if line.startswith("| ") and "---" not in line]  # fmt: skip
+    assert table[0] == ["config", "us per launch", "TFLOP/s", "GPU while timed"]
+    assert table[1][0] == " ".join(map(str, best.astuple())) + (
+        " (tuner)" if autotune.TUNER.last == best else ""
+    )
+    assert table[-1][:2] == ["cuBLAS (torch.matmul)", f"{1e3 / gemm_sweep.RUNS:.1f}"]
+    assert all(r[3] == "no GPU samples" for r in table[1:])

@@ -1,10 +1,13 @@
 """Paper §5.1, GEMM: f16/bf16 M=N=K=128..8192 (the paper's 1024..8192, and the small sizes
 of decode-time projections beside them) by cutile_py (`cutile_py_kernels.gemm`),
-cuBLAS (through PyTorch and CuPy) and a Triton matmul; TFLOP/s and % of cuBLAS."""
+cuBLAS (through PyTorch and CuPy) and a Triton matmul; TFLOP/s and % of cuBLAS. On cuda each
+row's note has the SM clock, power and clock-limit reasons sampled while it was timed."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import Any
 
@@ -20,6 +23,7 @@ from paper_repro.experiments.common import (
     to_ct,
     torch_tensor,
 )
+from paper_repro.gpu_monitor import GpuMonitor, Window
 from paper_repro.replay import Replay
 
 
@@ -52,7 +56,30 @@ def cutile_replay(sets: list[list[Any]]) -> Replay:
     return replay
 
 
-def measure(ctx: Context, impl: str, dtype: str, n: int) -> list[Row]:
+@contextmanager
+def _sampled(gpu: GpuMonitor | None) -> Iterator[Window]:
+    """The GPU's samples while the block runs (none without a monitor)."""
+    if gpu is None:
+        yield Window()
+        return
+    with gpu.window() as w:
+        yield w
+
+
+def _note(row: Row, note: str) -> Row:
+    row["note"] = f"{row['note']}; {note}" if row.get("note") else note
+    return row
+
+
+def _gpu_note(row: Row, gpu: GpuMonitor | None, w: Window) -> list[Row]:
+    return [_note(row, "GPU: " + w.summary()) if gpu is not None else row]
+
+
+def measure(
+    ctx: Context, impl: str, dtype: str, n: int, gpu: GpuMonitor | None = None
+) -> list[Row]:
+    """The row of `impl` at `dtype` n x n x n; with `gpu`, its note says what the GPU's
+    clock, power and limits were while it was timed."""
     a, b = _inputs(ctx, n)
     rotate = rotate_count(ctx, 2 * 3 * n * n)
     if impl == "cutile_py":
@@ -63,7 +90,8 @@ def measure(ctx: Context, impl: str, dtype: str, n: int) -> list[Row]:
         gemm(*sets[0])  # the tuner times its candidates on the first call of a shape
         cfg, tuned = autotune.TUNER.last, dict(autotune.TUNER.last_times)
         replay = cutile_replay(sets)
-        m = ctx.timer.device(replay.launch, rotate=rotate)
+        with _sampled(gpu) as w:
+            m = ctx.timer.device(replay.launch, rotate=rotate)
         row = _row(m, n, impl=impl, dtype=dtype)
         if cfg is not None:  # the tuner's choice, named beside its time and the tuner's own
             note = "config " + "x".join(map(str, cfg.astuple()))
@@ -71,31 +99,34 @@ def measure(ctx: Context, impl: str, dtype: str, n: int) -> list[Row]:
                 first, final = tuned[cfg]
                 note += f" (tuner: {1e3 * first:.1f} us"
                 note += f", {1e3 * final:.1f} us queued)" if final is not None else ")"
-            row["note"] = f"{row['note']}; {note}" if row.get("note") else note
-        return [row]
+            _note(row, note)
+        return _gpu_note(row, gpu, w)
     if impl == "cupy":
         cupy = peers.load("cupy")[0]
         xs = [cupy.asarray(a.astype(np.float16)) for _ in range(rotate)]
         ys = [cupy.asarray(b.astype(np.float16)) for _ in range(rotate)]
         zs = [cupy.empty_like(xs[0]) for _ in range(rotate)]
-        m = time_peer(
-            ctx, peers.cupy_stream(), rotate, lambda i: cupy.matmul(xs[i], ys[i], out=zs[i])
-        )
-        return [_row(m, n, impl="cuBLAS (cupy)", dtype=dtype)]
+        with _sampled(gpu) as w:
+            m = time_peer(
+                ctx, peers.cupy_stream(), rotate, lambda i: cupy.matmul(xs[i], ys[i], out=zs[i])
+            )
+        return _gpu_note(_row(m, n, impl="cuBLAS (cupy)", dtype=dtype), gpu, w)
     torch = peers.load("torch")[0]
     xs = [torch_tensor(a, dtype) for _ in range(rotate)]
     ys = [torch_tensor(b, dtype) for _ in range(rotate)]
     zs = [torch.empty_like(xs[0]) for _ in range(rotate)]
     if impl == "torch":
-        m = time_peer(
-            ctx, peers.torch_stream(), rotate, lambda i: torch.matmul(xs[i], ys[i], out=zs[i])
-        )
-        return [_row(m, n, impl="cuBLAS (torch)", dtype=dtype)]
+        with _sampled(gpu) as w:
+            m = time_peer(
+                ctx, peers.torch_stream(), rotate, lambda i: torch.matmul(xs[i], ys[i], out=zs[i])
+            )
+        return _gpu_note(_row(m, n, impl="cuBLAS (torch)", dtype=dtype), gpu, w)
     from paper_repro.peers import triton_kernels as tk
 
     tk.matmul(xs[0], ys[0], zs[0])  # autotunes once per shape, before timing
-    m = time_peer(ctx, peers.torch_stream(), rotate, lambda i: tk.matmul(xs[i], ys[i], zs[i]))
-    return [_row(m, n, impl="triton", dtype=dtype)]
+    with _sampled(gpu) as w:
+        m = time_peer(ctx, peers.torch_stream(), rotate, lambda i: tk.matmul(xs[i], ys[i], zs[i]))
+    return _gpu_note(_row(m, n, impl="triton", dtype=dtype), gpu, w)
 
 
 def run(ctx: Context) -> Result:
@@ -119,21 +150,23 @@ def run(ctx: Context) -> Result:
             row = missing_row(f"{p} needs the cuda backend", impl=p)
         if row is not None:
             res.rows.append(row)
-    for dtype in dtypes:
-        for n in sizes:
-            ctx.log(f"gemm: {dtype} {n}^3")
-            for impl in impls:
-                if impl == "cupy" and dtype == "bf16":
-                    continue  # CuPy has no bf16 arrays
-                attempt(
-                    ctx,
-                    res.rows,
-                    f"{impl} {dtype} {n}",
-                    partial(measure, ctx, impl, dtype, n),
-                    impl=impl,
-                    dtype=dtype,
-                    n=n,
-                )
+    with ExitStack() as stack:
+        gpu = stack.enter_context(GpuMonitor()) if ctx.backend == "cuda" else None
+        for dtype in dtypes:
+            for n in sizes:
+                ctx.log(f"gemm: {dtype} {n}^3")
+                for impl in impls:
+                    if impl == "cupy" and dtype == "bf16":
+                        continue  # CuPy has no bf16 arrays
+                    attempt(
+                        ctx,
+                        res.rows,
+                        f"{impl} {dtype} {n}",
+                        partial(measure, ctx, impl, dtype, n, gpu),
+                        impl=impl,
+                        dtype=dtype,
+                        n=n,
+                    )
     cublas = {
         (r["dtype"], r["n"]): float(r["tflops"] or 0)
         for r in res.rows
