@@ -571,3 +571,70 @@ def test_the_tuners_persistent_configs_on_the_gpu_at_a_ragged_shape(
     err = np.abs(got - want)
     worst = np.unravel_index(np.argmax(err / tol), err.shape)
     assert (err <= tol).all(), f"at {worst}: got {got[worst]}, want {want[worst]}"
+
+
+def _staging_store_kernel() -> tuple[Any, Any, Any]:
+    """The persistent warp-specialized 128 x 256 x 64 GEMM with a bf16 output (its ring kept
+    across tiles, a TMA store epilogue staged past it), its IR for 300 x 264 x 200 (3 x 2
+    tiles) and that lowered afresh (a compile read back from a cache has no plan)."""
+    kernel = _gemm_kernel(bf16, bf16, False, False, 3, None, 2, True, True)
+    spec = (ct.PartitionSpec((300, 264), (128, 256), bf16), ct.TensorSpec((300, 200), bf16))
+    ir = kernel.compile(*spec, ct.TensorSpec((200, 264), bf16), 64, target=SM90).ir
+    return kernel, ir, lower_kernel(ir, SM90)
+
+
+def test_a_kept_rings_tma_store_is_waited_for_at_the_next_epilogue(
+    rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """With the ring kept and nothing else over the staging tile, the next tile's loop does
+    not wait for the copy engine to read it: thread 0 waits at the next epilogue, before the
+    staging tile is written again, and once more at the block's end. One block walks all 6
+    tiles (three warp schedules, race checks on)."""
+    _sim(SM90, 1, schedules=3)
+    kernel, ir, lowered = _staging_store_kernel()
+    assert lowered.plan is not None
+    persistent = lowered.plan.persistent
+    assert persistent is not None and persistent.kept is not None
+    assert persistent.deferred == frozenset(lowered.plan.stores.tma)
+    assert "its staging read waited for at the next tile's epilogue" in format_plan(
+        ir, lowered.plan
+    )
+    ptx = lowered.ptx
+    waits = [m.start() for m in re.finditer(r"cp\.async\.bulk\.wait_group\.read 0;", ptx)]
+    walked = re.search(r"\$__tiles_done_\d+:", ptx)
+    assert walked is not None
+    commit, walked = ptx.index("cp.async.bulk.commit_group;"), walked.start()
+    assert len(waits) == 2 and waits[0] < ptx.index("stmatrix") and commit < walked < waits[1]
+    a, ta = _operand(rng, (300, 200), bf16)
+    b, tb = _operand(rng, (200, 264), bf16)
+    res, *_ = kernel(ct.full((300, 264), np.nan, bf16).partition((128, 256)), ta, tb, 64).sync()
+    got = res.unpartition().to_numpy().astype(np.float64)
+    want = a @ b
+    np.testing.assert_allclose(got, want, rtol=2**-7, atol=2**-7 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("dropped", ["at the next epilogue", "at the end"])
+def test_a_deferred_store_wait_dropped_is_reported(
+    dropped: str, rng: np.random.Generator, restore_backends: Any
+) -> None:
+    """Without the wait at the next epilogue the next tile's staging writes overwrite what
+    the copy engine may still read; without the one at the end the block exits with its last
+    store pending. The simulator reports each."""
+    sim = _sim(SM90, 1)
+    _, _, good = _staging_store_kernel()
+    wait = re.compile(r"\t@%p\d+ cp\.async\.bulk\.wait_group\.read 0;\n")
+    found = list(wait.finditer(good.ptx))
+    assert len(found) == 2
+    cut = found[0] if dropped == "at the next epilogue" else found[1]
+    broken = good.ptx[: cut.start()] + good.ptx[cut.end() :]
+    _, ta = _operand(rng, (300, 200), bf16)
+    _, tb = _operand(rng, (200, 264), bf16)
+    c = ct.zeros((300, 264), bf16).partition((128, 256))
+    reader = ParamReader(good)
+    raw = reader([c, ta, tb, 64], sim, grid=(*c.grid, 1))
+    values = [ParamValue(t, v) for t, v in zip(reader.ptypes, raw)]
+    kernel = sim.load_kernel(broken, good.entry)
+    want = "may still be reading" if dropped == "at the next epilogue" else "still pending"
+    with pytest.raises(LaunchFailure, match=want):
+        sim.launch(kernel, (1, 1, 1), (good.block_threads, 1, 1), good.dynamic_shared,
+                   values).wait()  # fmt: skip

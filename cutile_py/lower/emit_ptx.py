@@ -24,6 +24,7 @@ from cutile_py.lower import (
     emit_pipeline,
     emit_scan,
     emit_shared,
+    emit_store,
     emit_tma,
     emit_wgmma,
 )
@@ -179,6 +180,8 @@ class Emitter(EmitContext):
             # ends with one already, so this keeps the walk from depending on that.
             emit_persistent.next_tile(self, self.tile_walk, barrier=self.shared.total > 0)
             emit_tma.release_kept(self)
+            if self.persistent is not None and self.persistent.deferred:
+                emit_store.wait_all(self)  # the last tile's store, left in flight
         if not self.fb.shared_bytes and self.smem_line >= 0:
             del self.fb.body[self.smem_line]
         if self.fb.shared_bytes > self.max_shared:

@@ -13,6 +13,11 @@ one thread with `cp.async.bulk.tensor`:
                    persistent block, a later loop's ring; at the kernel's end it costs
                    nothing, the block's resources go when its last thread exits)
 
+Deferred (`Persistence.deferred`: a persistent block whose staging tile nothing else
+overlaps), the wait and its barrier move to the start of the next tile's epilogue, before the
+staging tile is written again, so the next tile's loop does not wait for the copy engine;
+`wait_all` closes the block (the staging memory must outlive the copy engine's reads).
+
 Staging addresses (panel p of `rows` x `span` bytes, row r, 16-byte chunk c of the row):
 `p * rows * span + r * span + (c ^ x(r)) * 16`, x(r) the swizzle's XOR of row r, which for
 a fragment row (16 m + lane-dependent part) depends on the lane alone: per distinct static
@@ -47,6 +52,10 @@ def store(em: EmitContext, op: o.StoreOp, t: TmaStore) -> None:
     # declares 16): TMA needs 128 bytes, 1024 under the 128-byte swizzle.
     em.fb.shared_align = max(em.fb.shared_align, TMA_ALIGN)
     fb.comment(f"tma store of {t.rows}x{t.cols} {t.dtype.name}: staged in {t.panels} panel(s)")
+    deferred = em.persistent is not None and op in em.persistent.deferred
+    if deferred:
+        wait_all(em)  # the last tile's store has read the staging memory
+        em.barrier()
     if t.stmatrix:
         _stage_16(em, s, t, regs, smem)
     else:
@@ -77,9 +86,21 @@ def store(em: EmitContext, op: o.StoreOp, t: TmaStore) -> None:
             Addr(smem, p * t.panel_bytes),
         )
     fb.ins("cp.async.bulk.commit_group")
+    if deferred:
+        fb.place(done)
+        return
     fb.ins("cp.async.bulk.wait_group.read", 0)  # the staging memory has been read
     fb.place(done)
     em.barrier()  # nobody writes the staging memory before thread 0's wait
+
+
+def wait_all(em: EmitContext) -> None:
+    """Thread 0 waits until the copy engine has read every staging tile it stored from (a
+    no-op with none in flight)."""
+    assert em.tid is not None
+    first = em.fb.reg("pred")
+    em.fb.ins("setp.eq.u32", first, em.tid, 0)
+    em.fb.ins("cp.async.bulk.wait_group.read", 0, pred=first)
 
 
 def _row_bases(em: EmitContext, s: Setup, smem: Reg, lane_row: Reg, span: int) -> dict[str, Reg]:

@@ -26,7 +26,7 @@ from cutile_py.lower.assign_fragments import (
 )
 from cutile_py.lower.layout import Blocked, Layout, LayoutPlan, plan_layouts
 from cutile_py.lower.plan_padding import unpadded_loads
-from cutile_py.lower.plan_persistent import Persistence, plan_persistent
+from cutile_py.lower.plan_persistent import Persistence, defer_store_waits, plan_persistent
 from cutile_py.lower.plan_pipelines import PipelinePlan, StagedLoad, plan_pipelines
 from cutile_py.lower.plan_store import StorePlan, no_stores, plan_stores, with_chains
 from cutile_py.ptx.target import Target
@@ -91,6 +91,8 @@ def plan_lowering(kernel: o.Kernel, target: Target, uses: DefUse) -> LoweringPla
             kept = None
     if kept is None:
         shared = allocate_shared(kernel, pipelines, layouts, fragments, uses, target, stores.tma)
+    if persist is not None:
+        persist = defer_store_waits(persist, stores, shared)
     return LoweringPlan(
         target, layouts, MappingProxyType(pipelines), fragments, shared,
         persistent=persist, unpadded=unpadded_loads(kernel, uses), stores=stores,
@@ -193,7 +195,16 @@ def format_plan(kernel: o.Kernel, plan: LoweringPlan) -> str:
     if plan.persistent is not None:
         kept = plan.persistent.kept
         lines += plan.persistent.describe(loop_name(kept) if kept is not None else "")
-    stores = [f"  {op_name(t.store)}: {t.describe()}" for t in plan.stores.tma.values()]
+    deferred = plan.persistent.deferred if plan.persistent is not None else frozenset()
+    stores = [
+        f"  {op_name(t.store)}: {t.describe()}"
+        + (
+            "; its staging read waited for at the next tile's epilogue"
+            if t.store in deferred
+            else ""
+        )
+        for t in plan.stores.tma.values()
+    ]
     stores += [f"  {op_name(op)}: plain stores, not tma: {w}" for op, w in plan.stores.why.items()]
     if stores:
         lines += ["stores:", *stores]

@@ -14,15 +14,22 @@ walks the same tiles, issuing the next tile's boxes while the consumers finish t
 scratch do not fit together, or there is no warp-specialized loop, every ring is set up and
 drained per tile, as in a launched block (a producer warp group then meets the consumers
 once per tile, when they have initialized its barriers).
+
+With the ring kept, a TMA store epilogue whose staging tile no other buffer overlaps does
+not wait for the copy engine to read that tile before the next tile's loop starts: the wait
+moves to the next tile's epilogue, before the staging tile is written again, and to the
+block's end (`defer_store_waits`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cutile_py.ir import ops as o
+from cutile_py.lower.allocate_shared import SharedPlan
 from cutile_py.lower.plan_pipelines import PipelinePlan
+from cutile_py.lower.plan_store import StorePlan
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,9 @@ class Persistence:
     #: ring is set up and drained per tile), and why not where there is a ring ("").
     kept: o.ForOp | None = None
     why: str = ""
+    #: TMA stores whose wait for the staging tile's read is left to the next tile's
+    #: epilogue and the block's end (`defer_store_waits`).
+    deferred: frozenset[o.StoreOp] = frozenset()
 
     def describe(self, loop_name: str = "") -> list[str]:
         order = f"L2-grouped by group_m={self.group_m}" if self.group_m else "in launch order"
@@ -84,3 +94,21 @@ def plan_persistent(
         why = "no warp-specialized loop (only a producer warp group can fill the next tile's"
         why += " stages while the block finishes this one)"
     return Persistence(kernel.group_m, None, why)
+
+
+def defer_store_waits(persist: Persistence, stores: StorePlan, shared: SharedPlan) -> Persistence:
+    """`persist` with the TMA stores whose staging wait can move to the next tile: the ring
+    is kept across tiles (so it is not over the staging tile) and no other buffer of the
+    plan overlaps the staging tile, so nothing but the next tile's store writes it again."""
+    if persist.kept is None:
+        return persist
+    deferred = set()
+    for store in stores.tma:
+        buf = shared.scratch.get((store, ""))
+        if buf is None:
+            continue
+        spans = [(r.offset, r.nbytes) for r in shared.regions]
+        spans += [(b.offset, b.nbytes) for k, b in shared.scratch.items() if k != (store, "")]
+        if all(at + n <= buf.offset or buf.offset + buf.nbytes <= at for at, n in spans):
+            deferred.add(store)
+    return replace(persist, deferred=frozenset(deferred))
