@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import functools
 import itertools
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -68,18 +69,25 @@ class BindingCheck:
         self._missing = _missing_library_error(real)
         self.active = self._missing is not None
         self._seen: set[tuple[str, tuple[Any, ...]]] = set()
+        self._inside = threading.local()
 
     def __call__(self, name: str, args: tuple[Any, ...]) -> None:
-        if not self.active:
+        # A call made while this thread is inside a real binding (a `__del__` that frees
+        # memory, run by the garbage collector there) is not checked: the bindings' attempt
+        # to load the driver holds a lock that a nested attempt would wait on for ever.
+        if not self.active or getattr(self._inside, "busy", False):
             return
         key = (name, _signature(args))
         if key in self._seen:
             return
+        self._inside.busy = True
         try:
             getattr(self.real, name)(*args)
         except Exception as e:
             if type(e) is not self._missing:
                 raise TypeError(f"the real binding refuses {name}{args!r}: {e}") from e
+        finally:
+            self._inside.busy = False
         self._seen.add(key)
 
 

@@ -150,3 +150,39 @@ def test_the_null_driver_encodes_no_tensor_map_with_an_installed_driver() -> Non
         assert null.cuTensorMapEncodeTiled(7, 2, 1 << 32)[0] == driver.CUresult.CUDA_SUCCESS
         assert null.tensor_maps == [(7, 2, 1 << 32)]
         assert installed.encoded == []
+
+
+def test_a_call_from_inside_a_real_binding_is_not_checked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The garbage collector may run a `__del__` (freeing memory through the stand-in) while
+    the check is inside a real binding, whose attempt to load the driver holds a lock: a
+    nested check would wait on that lock for ever (a CI run hung so). Here the binding holds
+    a lock and frees memory meanwhile, as such a `__del__` would: the nested call goes
+    through unchecked; a new call afterwards is checked again."""
+    import threading
+
+    monkeypatch.setattr(null_driver, "_driver_loadable", lambda: False)
+    loading = threading.Lock()
+
+    class Locking(_Bindings):
+        def cuStreamCreate(self, flags: Any) -> tuple[Any, ...]:
+            with loading:
+                self.called.append("cuStreamCreate")
+                check("cuMemFreeAsync", (1 << 32, 0))  # a __del__, collected here
+                raise self.error("Failed to dlopen libcuda.so.1")
+
+        def cuMemFreeAsync(self, address: Any, stream: Any) -> tuple[Any, ...]:
+            if not loading.acquire(timeout=5):
+                raise AssertionError("the nested check waited on the loader's lock")
+            loading.release()
+            self.called.append("cuMemFreeAsync")
+            raise self.error("Failed to dlopen libcuda.so.1")
+
+    real = Locking(RuntimeError)
+    check = BindingCheck(real)
+    assert check.active
+    check("cuStreamCreate", (0,))
+    assert real.called == ["cuStreamCreate"]  # the nested free went unchecked
+    check("cuMemFreeAsync", (1 << 32, 0))
+    assert real.called == ["cuStreamCreate", "cuMemFreeAsync"]
