@@ -13,6 +13,9 @@ these windows say. Where `nvidia-smi` is missing or fails, windows hold no sampl
 
 from __future__ import annotations
 
+import contextlib
+import math
+import queue
 import shutil
 import statistics
 import subprocess
@@ -28,6 +31,9 @@ FIELDS = "clocks.sm,clocks.max.sm,power.draw,temperature.gpu,{reasons}"
 REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
 #: Milliseconds between samples.
 PERIOD_MS = 50
+#: Seconds nvidia-smi has for its first line: one that hangs (a driver in a bad state) must
+#: not hold the measurement, which goes on without samples.
+FIRST_LINE_S = 10.0
 #: NVML's clock-limit reason bits (nvmlClocksEventReason*), by the name printed here.
 REASONS = {
     0x1: "idle",
@@ -51,25 +57,32 @@ def reason_names(mask: int) -> list[str]:
 
 @dataclass(frozen=True)
 class Sample:
-    """One nvidia-smi line, stamped with `time.monotonic()` when it was read."""
+    """One nvidia-smi line, stamped with `time.monotonic()` when it was read; a field that
+    nvidia-smi could not read ("[N/A]") is NaN (`reasons`: None)."""
 
     t: float
     sm_mhz: float
     max_sm_mhz: float
     power_w: float
     temp_c: float
-    reasons: int
+    reasons: int | None
+
+
+def _unread(cell: str) -> bool:
+    """Whether `cell` is nvidia-smi's mark of a field it cannot read ("[N/A]", "[Not
+    Supported]", "[Unknown Error]", ...)."""
+    return cell.startswith("[") and cell.endswith("]")
 
 
 def parse_sample(line: str, t: float) -> Sample | None:
     """A sample from a `--format=csv,noheader,nounits` line, or None (a header, an error
-    message, a field nvidia-smi cannot read: "[N/A]")."""
+    message); a field nvidia-smi cannot read ("[N/A]") leaves the others standing."""
     cells = [c.strip() for c in line.split(",")]
     if len(cells) != 5:
         return None
     try:
-        sm, top, power, temp = (float(c) for c in cells[:4])
-        reasons = int(cells[4], 16)
+        sm, top, power, temp = (math.nan if _unread(c) else float(c) for c in cells[:4])
+        reasons = None if _unread(cells[4]) else int(cells[4], 16)
     except ValueError:
         return None
     return Sample(t, sm, top, power, temp, reasons)
@@ -87,13 +100,48 @@ class Window:
         if not self.samples:
             return "no GPU samples"
         s = self.samples
-        mhz = statistics.median(x.sm_mhz for x in s)
+        mhz, top = _known(x.sm_mhz for x in s), _known(x.max_sm_mhz for x in s)
+        power, temp = _known(x.power_w for x in s), _known(x.temp_c for x in s)
+        masks = [x.reasons for x in s if x.reasons is not None]
         mask = 0
-        for x in s:
-            mask |= x.reasons
-        why = ", ".join(reason_names(mask & ~0x1)) or "no limit"
-        power, temp = max(x.power_w for x in s), max(x.temp_c for x in s)
-        return f"SM {mhz:.0f} MHz ({s[0].max_sm_mhz:.0f} max), {power:.0f} W, {temp:.0f} C: {why}"
+        for m in masks:
+            mask |= m
+        why = (", ".join(reason_names(mask & ~0x1)) or "no limit") if masks else "limits n/a"
+        return (
+            f"SM {_cell(statistics.median(mhz) if mhz else None)} MHz "
+            f"({_cell(top[0] if top else None)} max), {_cell(max(power, default=None))} W, "
+            f"{_cell(max(temp, default=None))} C: {why}"
+        )
+
+
+def _known(values: Iterator[float]) -> list[float]:
+    """`values` but those nvidia-smi could not read (NaN)."""
+    return [v for v in values if not math.isnan(v)]
+
+
+def _cell(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}"
+
+
+def _first_line(proc: subprocess.Popen[str]) -> str | None:
+    """`proc`'s first line, or None where it writes none in FIRST_LINE_S (read by a thread of
+    its own: a plain readline would wait for ever on an nvidia-smi that hangs)."""
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    got: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: got.put(stdout.readline()), daemon=True).start()
+    try:
+        return got.get(timeout=FIRST_LINE_S)
+    except queue.Empty:
+        return None  # the thread ends once `proc` is killed (its pipe closes)
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    """Kill `proc` and reap it, waiting 5 s at most: a process stuck in the driver dies only
+    when the driver lets it, and the measurement must not wait for that."""
+    proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
 
 
 class GpuMonitor:
@@ -131,12 +179,13 @@ class GpuMonitor:
             except OSError as e:
                 self.failure = f"nvidia-smi failed: {e}"
                 continue
-            assert proc.stdout is not None
-            first = proc.stdout.readline()  # an unknown field fails on the first line
-            sample = parse_sample(first, time.monotonic())
+            first = _first_line(proc)  # an unknown field fails on the first line
+            sample = None if first is None else parse_sample(first, time.monotonic())
             if sample is None:
-                proc.kill()
-                proc.wait()
+                _end(proc)
+                if first is None:  # hangs: the next field name would not fare better
+                    self.failure = f"nvidia-smi: no output in {FIRST_LINE_S:g} s"
+                    break
                 self.failure = f"nvidia-smi: {first.strip() or 'no output'}"
                 continue
             self.samples.append(sample)
@@ -165,8 +214,7 @@ class GpuMonitor:
             try:
                 self._proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+                _end(self._proc)
         if self._reader is not None:
             self._reader.join(timeout=5)
 

@@ -3,7 +3,9 @@ stand-in process prints them: this machine has no GPU)."""
 
 from __future__ import annotations
 
+import math
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,7 +36,10 @@ def test_a_line_of_nvidia_smi_reads_as_a_sample() -> None:
     assert (s.t, s.sm_mhz, s.max_sm_mhz, s.power_w, s.temp_c, s.reasons) == (
         3.0, 1755.0, 1980.0, 699.52, 61.0, 4
     )  # fmt: skip
-    assert parse_sample("1755, 1980, [N/A], 61, 0x0", 0.0) is None
+    # A field it cannot read leaves the others standing.
+    s = parse_sample("1755, 1980, [N/A], 61, [Not Supported]", 0.0)
+    assert s is not None and (s.sm_mhz, s.temp_c, s.reasons) == (1755.0, 61.0, None)
+    assert math.isnan(s.power_w)
     assert parse_sample('Field "clocks_event_reasons.active" is not a valid field', 0.0) is None
     assert reason_names(0x24) == ["sw power cap", "sw thermal"]
     assert reason_names(0x1000 | 0x40) == ["hw thermal", "0x1000"]
@@ -102,3 +107,51 @@ def test_an_older_drivers_field_name_is_tried_next(
     assert "--id=1" in first and "clocks_event_reasons.active" in first
     assert "clocks_throttle_reasons.active" in second
     assert "--format=csv,noheader,nounits" in second and "--loop-ms=50" in second
+
+
+def test_a_field_nvidia_smi_cannot_read_costs_only_that_field(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU whose power draw (or limit reasons) nvidia-smi reads as "[N/A]": the clock and
+    the rest are still sampled, the unread fields say n/a."""
+    monkeypatch.setattr(gpu_monitor, "PERIOD_MS", 10)
+
+    def summary(line: str) -> str:
+        with GpuMonitor(command=_printer([line])) as gpu, gpu.window() as w:
+            time.sleep(0.05)
+        assert gpu.failure == "" and w.samples
+        return w.summary()
+
+    assert summary("1650, 1980, [N/A], 66, 0x0000000000000004") == (
+        "SM 1650 MHz (1980 max), n/a W, 66 C: sw power cap"
+    )
+    assert (
+        summary("1700, 1980, 650.0, 64, [N/A]") == "SM 1700 MHz (1980 max), 650 W, 64 C: limits n/a"
+    )
+    assert summary("[N/A], [N/A], [N/A], [N/A], [N/A]") == (
+        "SM n/a MHz (n/a max), n/a W, n/a C: limits n/a"
+    )
+
+
+def test_an_nvidia_smi_that_writes_nothing_does_not_hold_the_measurement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One that hangs before its first line (a driver in a bad state): entering the monitor
+    gives up after FIRST_LINE_S, and the windows say they have no samples."""
+    monkeypatch.setattr(gpu_monitor, "FIRST_LINE_S", 0.5, raising=False)
+    silent = [sys.executable, "-c", "import time; time.sleep(8)"]
+    entered: list[GpuMonitor] = []
+
+    def enter() -> None:
+        with GpuMonitor(command=silent) as gpu, gpu.window() as w:
+            pass
+        assert not w.samples
+        entered.append(gpu)
+
+    t = threading.Thread(target=enter, daemon=True)
+    started = time.monotonic()
+    t.start()
+    t.join(5)
+    assert not t.is_alive(), "entering the monitor waited on nvidia-smi's first line"
+    assert time.monotonic() - started < 5
+    assert entered and entered[0].failure == "nvidia-smi: no output in 0.5 s"
