@@ -39,6 +39,7 @@ from paper_repro.core import Context
 from paper_repro.experiments import bandwidth
 from paper_repro.experiments.common import copy_ceiling, peer_missing, same_size_copy
 from paper_repro.machine import describe
+from paper_repro.peers import row_warps
 from paper_repro.timing import Timer
 
 softmax_mod: Any = importlib.import_module("cutile_py_kernels.softmax")  # not the function
@@ -95,7 +96,8 @@ def causal_sweep(ctx: Context, copy: float, warps: list[int]) -> None:
             print(f"| softmax_causal | {label} | {w} | {mark} | {tile[0]} | {cells}", flush=True)
         if not ctx.quick and peer_missing("triton") is None:
             cells = _timed(copy, same, bandwidth.measure_peer, ctx, spec, "triton", shape)
-            print(f"| triton | {label} | 4 | | 1 | {cells}", flush=True)
+            theirs = row_warps(_common.next_pow2(shape[2]))  # `triton_kernels.softmax`: a row each
+            print(f"| triton | {label} | {theirs} | | 1 | {cells}", flush=True)
 
 
 def _timed(copy: float, same: float, measure: Callable[..., list[Any]], *args: Any) -> str:

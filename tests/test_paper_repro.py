@@ -331,6 +331,40 @@ def test_row_sweep_times_the_causal_softmax_by_block_size(
     assert all(float(r[6]) > 0 and "error" not in r[6] for r in rows)
 
 
+def test_row_sweeps_triton_rows_name_the_warps_triton_ran(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The causal sweep's Triton rows (here with every measurement faked: no GPU, no
+    Triton) name the warps `triton_kernels.softmax` launches at that width: 4 at 1024, 8 at
+    2048, not the library's CAUSAL_WARPS."""
+    from paper_repro import row_sweep
+    from paper_repro.core import Context
+    from paper_repro.timing import Timer
+
+    def measured(*args: object) -> list[dict[str, object]]:
+        return [{"time_us": 10.0, "gbps": 100.0}]
+
+    monkeypatch.setattr(row_sweep, "CAUSAL_SHAPES", ((2, 1024, 1024), (1, 2048, 2048)))
+    monkeypatch.setattr(row_sweep, "same_size_copy", lambda ctx, nbytes: 200.0)
+    monkeypatch.setattr(row_sweep, "peer_missing", lambda name: None)
+    monkeypatch.setattr(row_sweep.bandwidth, "measure_cutile", measured)
+    monkeypatch.setattr(row_sweep.bandwidth, "measure_peer", measured)
+    ctx = Context("cuda", False, Timer("cuda", reps=1, warmup=0), 1 << 20, {})
+    row_sweep.causal_sweep(ctx, 400.0, [1, 4])
+    rows = [[c.strip() for c in line.split("|")] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ")][1:]  # fmt: skip
+    # (kernel, shape, warps, rows a block)
+    assert [(r[1], r[2], r[3], r[5]) for r in rows] == [
+        ("softmax_causal", "2x1024x1024", "1", "1"),
+        ("softmax_causal", "2x1024x1024", "4", "4"),
+        ("triton", "2x1024x1024", "4", "1"),
+        ("softmax_causal", "1x2048x2048", "1", "1"),
+        ("softmax_causal", "1x2048x2048", "4", "2"),
+        ("triton", "1x2048x2048", "8", "1"),
+    ]
+    assert all(r[6:10] == ["10.0", "100", "0.250", "0.500"] for r in rows)
+
+
 def test_gemm_timing_check_runs_over_a_null_device(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -32,6 +32,12 @@ def load(name: str) -> tuple[Any, str]:
     return mod, ""
 
 
+def row_warps(block: int) -> int:
+    """Warps a block of the Triton row kernels (`triton_kernels`) for rows padded to `block`
+    elements: more for longer rows keeps the per-thread register footprint bounded."""
+    return 4 if block <= 1024 else 8 if block <= 4096 else 16 if block <= 16384 else 32
+
+
 def version(name: str) -> str:
     mod, why = load(name)
     return str(getattr(mod, "__version__", "?")) if mod is not None else f"missing: {why}"
