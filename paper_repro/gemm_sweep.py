@@ -156,7 +156,7 @@ def _sustained(
     """Device time per launch with RUNS launches queued back to back for the `top` fastest
     configs of the sweep, the config the library's tuner picks, and cuBLAS: a config that
     wins short bursts but slows run after run (clocks under a power limit) shows here, with
-    the clocks, power and limit reasons nvidia-smi sampled while each was timed."""
+    the clocks, power and limit reasons sampled (NVML) while each was timed."""
     import cutile_py_kernels as ck
 
     ck.gemm(a, b)  # tunes this shape the way the library does

@@ -10,7 +10,7 @@ their memory comes from (cutile_py's pool or PyTorch's), and in the timing metho
 kernel, then one launch between two events; one launch after the host waited; launches
 queued back to back). This script crosses them for the tuner's pick and the sweep's two best
 configs, with cuBLAS first and last, so one run says which of them the gap follows; beside
-each row, the SM clock, power and clock-limit reasons nvidia-smi sampled while it was timed
+each row, the SM clock, power and clock-limit reasons sampled (NVML) while it was timed
 (`gpu_monitor`: configs slowed run after run on the H200, as under a power limit). Needs
 the cuda backend; without PyTorch the cuBLAS rows and the "torch" operands are left out.
 Prints Markdown.

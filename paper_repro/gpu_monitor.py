@@ -1,5 +1,6 @@
 """The GPU's SM clock, power draw, temperature and clock-limit reasons while something runs,
-read from `nvidia-smi`'s own sampling loop (read only: nothing is set).
+sampled every PERIOD_MS by a thread through NVML (the driver's management library,
+libnvidia-ml, by ctypes; read only: nothing is set).
 
     with GpuMonitor() as gpu:
         with gpu.window() as w:
@@ -8,32 +9,33 @@ read from `nvidia-smi`'s own sampling loop (read only: nothing is set).
 
 On the H200 the same GEMM config timed 1426 us in a burst and 1769 us in the experiment, and
 configs slowed run after run: whether a time was taken under a power or thermal limit is what
-these windows say. Where `nvidia-smi` is missing or fails, windows hold no samples and say so.
+these windows say. Each sample is stamped when it is read (nvidia-smi's loop, read through a
+pipe, could arrive in bursts). Where NVML is missing or fails, windows hold no samples and
+the monitor's `failure` says why.
 """
 
 from __future__ import annotations
 
-import contextlib
+import ctypes
 import math
-import queue
-import shutil
 import statistics
-import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any
 
-#: nvidia-smi's query fields; the limit reasons' field was renamed in newer drivers.
-FIELDS = "clocks.sm,clocks.max.sm,power.draw,temperature.gpu,{reasons}"
-REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
 #: Milliseconds between samples.
-PERIOD_MS = 50
-#: Seconds nvidia-smi has for its first line: one that hangs (a driver in a bad state) must
-#: not hold the measurement, which goes on without samples.
-FIRST_LINE_S = 10.0
+PERIOD_MS = 20
+#: Seconds NVML has to start and give its first sample: one that hangs (a driver in a bad
+#: state) must not hold the measurement, which goes on without samples.
+FIRST_SAMPLE_S = 10.0
+#: Seconds a window waits at most for the first reading after it.
+WAIT_AFTER_S = 0.5
+#: Where NVML lives under each system's loader.
+NVML_LIBRARIES = ("libnvidia-ml.so.1", "libnvidia-ml.so", "nvml.dll")
 #: NVML's clock-limit reason bits (nvmlClocksEventReason*), by the name printed here.
 REASONS = {
     0x1: "idle",
@@ -57,8 +59,8 @@ def reason_names(mask: int) -> list[str]:
 
 @dataclass(frozen=True)
 class Sample:
-    """One nvidia-smi line, stamped with `time.monotonic()` when it was read; a field that
-    nvidia-smi could not read ("[N/A]") is NaN (`reasons`: None)."""
+    """One reading, stamped with `time.monotonic()` when it was taken; a field NVML could not
+    read is NaN (`reasons`: None)."""
 
     t: float
     sm_mhz: float
@@ -68,24 +70,62 @@ class Sample:
     reasons: int | None
 
 
-def _unread(cell: str) -> bool:
-    """Whether `cell` is nvidia-smi's mark of a field it cannot read ("[N/A]", "[Not
-    Supported]", "[Unknown Error]", ...)."""
-    return cell.startswith("[") and cell.endswith("]")
+class NvmlError(RuntimeError):
+    """NVML could not be loaded or started."""
 
 
-def parse_sample(line: str, t: float) -> Sample | None:
-    """A sample from a `--format=csv,noheader,nounits` line, or None (a header, an error
-    message); a field nvidia-smi cannot read ("[N/A]") leaves the others standing."""
-    cells = [c.strip() for c in line.split(",")]
-    if len(cells) != 5:
-        return None
-    try:
-        sm, top, power, temp = (math.nan if _unread(c) else float(c) for c in cells[:4])
-        reasons = None if _unread(cells[4]) else int(cells[4], 16)
-    except ValueError:
-        return None
-    return Sample(t, sm, top, power, temp, reasons)
+class Nvml:
+    """The NVML calls a sample needs, on device `index` (NVML's numbering, which is CUDA's on
+    a one-GPU machine). `lib`: a loaded libnvidia-ml (found by the loader when not given)."""
+
+    # nvmlClockType_t NVML_CLOCK_SM, nvmlTemperatureSensors_t NVML_TEMPERATURE_GPU
+    CLOCK_SM, TEMPERATURE_GPU = 1, 0
+
+    def __init__(self, index: int = 0, lib: Any = None) -> None:
+        self.lib = lib if lib is not None else _load_nvml()
+        self._call("nvmlInit_v2")
+        self.handle = ctypes.c_void_p()
+        self._call("nvmlDeviceGetHandleByIndex_v2", ctypes.c_uint(index), ctypes.byref(self.handle))
+        # Renamed in newer drivers; the old name stays exported.
+        self._reasons = getattr(self.lib, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if self._reasons is None:
+            self._reasons = self.lib.nvmlDeviceGetCurrentClocksThrottleReasons
+        self.max_sm_mhz = self._read(
+            self.lib.nvmlDeviceGetMaxClockInfo, ctypes.c_uint, self.CLOCK_SM
+        )
+
+    def _call(self, name: str, *args: Any) -> None:
+        got = getattr(self.lib, name)(*args)
+        if got != 0:
+            raise NvmlError(f"{name} returned {got}")
+
+    def _read(self, fn: Any, ctype: Any, *args: Any) -> float:
+        """`fn(handle, *args, &out)` as a number, NaN where NVML does not say."""
+        out = ctype()
+        return float(out.value) if fn(self.handle, *args, ctypes.byref(out)) == 0 else math.nan
+
+    def sample(self) -> Sample:
+        lib = self.lib
+        mhz = self._read(lib.nvmlDeviceGetClockInfo, ctypes.c_uint, self.CLOCK_SM)
+        power_mw = self._read(lib.nvmlDeviceGetPowerUsage, ctypes.c_uint)
+        temp = self._read(lib.nvmlDeviceGetTemperature, ctypes.c_uint, self.TEMPERATURE_GPU)
+        reasons = self._read(self._reasons, ctypes.c_ulonglong)
+        return Sample(
+            time.monotonic(), mhz, self.max_sm_mhz, power_mw / 1e3, temp,
+            None if math.isnan(reasons) else int(reasons),
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self.lib.nvmlShutdown()
+
+
+def _load_nvml() -> Any:
+    for name in NVML_LIBRARIES:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise NvmlError("libnvidia-ml not found")
 
 
 @dataclass
@@ -93,12 +133,14 @@ class Window:
     """The samples taken between a window's start and end."""
 
     samples: list[Sample] = field(default_factory=list)
+    #: Why there are none, where the monitor knows.
+    why: str = ""
 
     def summary(self) -> str:
         """Median SM clock (and the clock's maximum), the highest power and temperature, and
         every limit reason seen (the idle bit left out: a gap between launches)."""
         if not self.samples:
-            return "no GPU samples"
+            return f"no GPU samples ({self.why})" if self.why else "no GPU samples"
         s = self.samples
         mhz, top = _known(x.sm_mhz for x in s), _known(x.max_sm_mhz for x in s)
         power, temp = _known(x.power_w for x in s), _known(x.temp_c for x in s)
@@ -115,7 +157,7 @@ class Window:
 
 
 def _known(values: Iterator[float]) -> list[float]:
-    """`values` but those nvidia-smi could not read (NaN)."""
+    """`values` but those NVML could not read (NaN)."""
     return [v for v in values if not math.isnan(v)]
 
 
@@ -123,85 +165,61 @@ def _cell(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0f}"
 
 
-def _first_line(proc: subprocess.Popen[str]) -> str | None:
-    """`proc`'s first line, or None where it writes none in FIRST_LINE_S (read by a thread of
-    its own: a plain readline would wait for ever on an nvidia-smi that hangs)."""
-    assert proc.stdout is not None
-    stdout = proc.stdout
-    got: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: got.put(stdout.readline()), daemon=True).start()
-    try:
-        return got.get(timeout=FIRST_LINE_S)
-    except queue.Empty:
-        return None  # the thread ends once `proc` is killed (its pipe closes)
-
-
-def _end(proc: subprocess.Popen[str]) -> None:
-    """Kill `proc` and reap it, waiting 5 s at most: a process stuck in the driver dies only
-    when the driver lets it, and the measurement must not wait for that."""
-    proc.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
-
-
 class GpuMonitor:
-    """nvidia-smi sampling device `index` every PERIOD_MS in a child process, read by a
-    thread; `window()` gathers the samples taken while its block runs."""
+    """A thread sampling device `index` every PERIOD_MS; `window()` gathers the samples taken
+    while its block runs. `source`: opens the sampler (NVML's, when not given) and returns
+    its read function and its close function."""
 
-    def __init__(self, index: int = 0, command: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        index: int = 0,
+        source: Callable[[], tuple[Callable[[], Sample], Callable[[], None]]] | None = None,
+    ) -> None:
         self.index = index
-        self.command = list(command) if command is not None else None
+        self.source = source or self._nvml
         self.samples: list[Sample] = []
         self.failure = ""
-        self._proc: subprocess.Popen[str] | None = None
-        self._reader: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._started = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def _commands(self) -> list[list[str]]:
-        if self.command is not None:
-            return [self.command]
-        exe = shutil.which("nvidia-smi")
-        if exe is None:
-            self.failure = "nvidia-smi: not found"
-            return []
-        return [
-            [exe, f"--id={self.index}", f"--query-gpu={FIELDS.format(reasons=r)}",
-             "--format=csv,noheader,nounits", f"--loop-ms={PERIOD_MS}"]
-            for r in REASON_FIELDS
-        ]  # fmt: skip
+    def _nvml(self) -> tuple[Callable[[], Sample], Callable[[], None]]:
+        nvml = Nvml(self.index)
+        return nvml.sample, nvml.close
 
     def __enter__(self) -> GpuMonitor:
-        for cmd in self._commands():
-            try:
-                proc = subprocess.Popen(
-                    cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-                )
-            except OSError as e:
-                self.failure = f"nvidia-smi failed: {e}"
-                continue
-            first = _first_line(proc)  # an unknown field fails on the first line
-            sample = None if first is None else parse_sample(first, time.monotonic())
-            if sample is None:
-                _end(proc)
-                if first is None:  # hangs: the next field name would not fare better
-                    self.failure = f"nvidia-smi: no output in {FIRST_LINE_S:g} s"
-                    break
-                self.failure = f"nvidia-smi: {first.strip() or 'no output'}"
-                continue
-            self.samples.append(sample)
-            self._proc, self.failure = proc, ""
-            self._reader = threading.Thread(target=self._read, daemon=True)
-            self._reader.start()
-            break
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._started.wait(FIRST_SAMPLE_S):
+            self.failure = f"NVML: no sample in {FIRST_SAMPLE_S:g} s"
+            self._stop.set()
         return self
 
-    def _read(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
-        for line in self._proc.stdout:
-            sample = parse_sample(line, time.monotonic())
-            if sample is not None:
+    def _run(self) -> None:
+        try:
+            read, close = self.source()
+        except Exception as e:  # no NVML here, or it would not start: no samples
+            self.failure = f"NVML: {e}"
+            self._started.set()
+            return
+        try:
+            while True:
+                sample = read()
                 with self._lock:
                     self.samples.append(sample)
+                self._started.set()
+                if self._stop.wait(PERIOD_MS / 1e3):
+                    break
+        except Exception as e:
+            self.failure = f"NVML: {e}"
+        finally:
+            self._started.set()
+            close()
+
+    @property
+    def sampling(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     def __exit__(
         self,
@@ -209,26 +227,27 @@ class GpuMonitor:
         value: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                _end(self._proc)
-        if self._reader is not None:
-            self._reader.join(timeout=5)
+        self._stop.set()
+        if self._thread is not None and self._started.is_set():
+            self._thread.join(timeout=5)  # one stuck in the driver is left behind (a daemon)
 
     @contextmanager
     def window(self) -> Iterator[Window]:
-        """The samples read while the block runs (filled in when it ends; one period more is
-        waited for, so that a short block still gets the sample that covers it)."""
+        """The samples taken while the block runs, and the first one after it (filled in when
+        it ends, after waiting up to WAIT_AFTER_S for that one: a block shorter than a
+        period still gets the reading that follows it)."""
         w = Window()
         start = time.monotonic()
         try:
             yield w
         finally:
             end = time.monotonic()
-            if self._proc is not None:
-                time.sleep(PERIOD_MS / 1e3)
+            while self.sampling and time.monotonic() < end + WAIT_AFTER_S:
+                with self._lock:
+                    if self.samples and self.samples[-1].t >= end:
+                        break
+                time.sleep(PERIOD_MS / 4e3)
             with self._lock:
-                w.samples = [s for s in self.samples if start <= s.t <= end + PERIOD_MS / 1e3]
+                after = next((s.t for s in self.samples if s.t >= end), end)
+                w.samples = [s for s in self.samples if start <= s.t <= after]
+            w.why = self.failure

@@ -35,7 +35,7 @@ cat "$work/machine.txt"
 step() {
   local name=$1 limit=$2
   shift 2
-  timeout "$limit" "$@" > "$work/$name.txt" 2>&1
+  timeout -k 5 "$limit" "$@" > "$work/$name.txt" 2>&1
   local rc=$?
   [ "$rc" -eq 124 ] && echo "stopped after ${limit}s" >> "$work/$name.txt"
   echo "== $name: exit $rc"

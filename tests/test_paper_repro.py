@@ -379,14 +379,14 @@ def test_gemm_timing_check_runs_over_a_null_device(
 
     monkeypatch.setitem(sys.modules, "torch", None)  # import fails: no cuBLAS rows
     monkeypatch.setattr(autotune, "TUNER", autotune.TUNER)  # the script installs its own
-    monkeypatch.setattr(gpu_monitor.shutil, "which", lambda _: None)  # no nvidia-smi
+    monkeypatch.setattr(gpu_monitor, "NVML_LIBRARIES", ("libnvidia-ml.absent",))  # no NVML
     with null_cuda(check_arguments=True):
         assert gemm_timing_check.main(["--n", "256"]) == 0
     out = capsys.readouterr().out
-    assert "(no clock samples: nvidia-smi: not found)" in out
+    assert "(no clock samples: NVML: libnvidia-ml not found)" in out
     cells = [line.split("|") for line in out.splitlines() if line.startswith("| ")]
     assert cells[0][6].strip() == "GPU while timed"
-    assert {c[6].strip() for c in cells[1:]} == {"no GPU samples"}
+    assert {c[6].strip() for c in cells[1:]} == {"no GPU samples (NVML: libnvidia-ml not found)"}
     rows = [c[1:3] for c in cells]
     tuned = next(r[0].replace("(tuner)", "") for r in rows if "(tuner)" in r[0])
     best = [" ".join(map(str, autotune.GemmConfig(*c).astuple()))
@@ -415,7 +415,7 @@ def test_the_leases_experiments_run_their_cuda_paths_over_a_null_device(
     from paper_repro.timing import Timer
 
     monkeypatch.setattr(autotune, "TUNER", autotune.Autotuner(path=tmp_path / "gemm.json"))
-    monkeypatch.setattr(gpu_monitor.shutil, "which", lambda _: None)
+    monkeypatch.setattr(gpu_monitor, "NVML_LIBRARIES", ("libnvidia-ml.absent",))
     module = importlib.import_module(f"paper_repro.experiments.{experiment}")
     with null_cuda(check_arguments=True):
         ctx = Context("cuda", True, Timer("cuda", reps=3, warmup=1), 50 << 20, {})
@@ -428,8 +428,9 @@ def test_the_leases_experiments_run_their_cuda_paths_over_a_null_device(
         assert {r["impl"] for r in copies} == {"ptx copy kernel", "cuMemcpyDtoDAsync"}
         assert all("frac_same_copy" in r for r in ours)
         assert len(ctx.copies) == len({r["bytes"] for r in ours})
-    else:  # what the GPU's clocks were while each row was timed (no nvidia-smi here)
-        assert all(str(r["note"]).endswith("GPU: no GPU samples") for r in ours), ours
+    else:  # what the GPU's clocks were while each row was timed (no NVML here)
+        want = "GPU: no GPU samples (NVML: libnvidia-ml not found)"
+        assert all(str(r["note"]).endswith(want) for r in ours), ours
 
 
 def test_gemm_sweeps_run_after_run_table_runs_over_a_null_device(
@@ -437,7 +438,7 @@ def test_gemm_sweeps_run_after_run_table_runs_over_a_null_device(
 ) -> None:
     """`gemm_sweep --sustained`'s table (the lease's last step) on the cuda backend over the
     null driver, PyTorch faked (its events read 1 ms): the fastest configs, the tuner's pick
-    and cuBLAS, each with what the GPU's clocks were (no nvidia-smi here)."""
+    and cuBLAS, each with what the GPU's clocks were (no NVML here)."""
     from types import SimpleNamespace
 
     from cutile_py_kernels import autotune
@@ -463,7 +464,7 @@ def test_gemm_sweeps_run_after_run_table_runs_over_a_null_device(
         matmul=lambda a, b, out: out,
     )
     monkeypatch.setattr(autotune, "TUNER", autotune.Autotuner(path=tmp_path / "gemm.json"))
-    monkeypatch.setattr(gpu_monitor.shutil, "which", lambda _: None)
+    monkeypatch.setattr(gpu_monitor, "NVML_LIBRARIES", ("libnvidia-ml.absent",))
     n, dt = 256, ct.bf16
     with null_cuda(check_arguments=True):
         ct.set_backend("cuda")
@@ -479,4 +480,4 @@ def test_gemm_sweeps_run_after_run_table_runs_over_a_null_device(
         " (tuner)" if autotune.TUNER.last == best else ""
     )
     assert table[-1][:2] == ["cuBLAS (torch.matmul)", f"{1e3 / gemm_sweep.RUNS:.1f}"]
-    assert all(r[3] == "no GPU samples" for r in table[1:])
+    assert all(r[3] == "no GPU samples (NVML: libnvidia-ml not found)" for r in table[1:])
