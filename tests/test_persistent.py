@@ -612,20 +612,35 @@ def test_a_kept_rings_tma_store_is_waited_for_at_the_next_epilogue(
     _check_bf16_300x264(kernel, rng)
 
 
-@pytest.mark.parametrize("dropped", ["at the next epilogue", "at the end"])
+#: What each planted bug leaves out of the deferred epilogue, and what the simulator says.
+DROPPED = {
+    "the wait at the next epilogue": "may still be reading",
+    "the barrier after that wait": "shared-memory race: this thread writes",
+    "the wait at the end": "still pending",
+}
+
+
+@pytest.mark.parametrize("dropped", list(DROPPED))
 def test_a_deferred_store_wait_dropped_is_reported(
     dropped: str, rng: np.random.Generator, restore_backends: Any
 ) -> None:
     """Without the wait at the next epilogue the next tile's staging writes overwrite what
-    the copy engine may still read; without the one at the end the block exits with its last
-    store pending. The simulator reports each."""
+    the copy engine may still read; without the barrier after it other warps write the
+    staging tile with nothing ordering them after thread 0's wait (in the simulator's
+    lock-step the wait lands first all the same: the race check, not the data, must say so);
+    without the wait at the end the block exits with its last store pending."""
     sim = _sim(SM90, 1)
     _, _, good = _staging_store_kernel()
-    wait = re.compile(r"\t@%p\d+ cp\.async\.bulk\.wait_group\.read 0;\n")
+    wait = re.compile(r"\t@%p\d+ cp\.async\.bulk\.wait_group\.read 0;\n(\tbar\.sync 1, 256;\n)?")
     found = list(wait.finditer(good.ptx))
-    assert len(found) == 2
-    cut = found[0] if dropped == "at the next epilogue" else found[1]
-    broken = good.ptx[: cut.start()] + good.ptx[cut.end() :]
+    assert len(found) == 2 and found[0].group(1) is not None
+    if dropped == "the wait at the next epilogue":
+        cut = (found[0].start(), found[0].start(1))
+    elif dropped == "the barrier after that wait":
+        cut = (found[0].start(1), found[0].end())
+    else:
+        cut = (found[1].start(), found[1].end())
+    broken = good.ptx[: cut[0]] + good.ptx[cut[1] :]
     _, ta = _operand(rng, (300, 200), bf16)
     _, tb = _operand(rng, (200, 264), bf16)
     c = ct.zeros((300, 264), bf16).partition((128, 256))
@@ -633,7 +648,6 @@ def test_a_deferred_store_wait_dropped_is_reported(
     raw = reader([c, ta, tb, 64], sim, grid=(*c.grid, 1))
     values = [ParamValue(t, v) for t, v in zip(reader.ptypes, raw)]
     kernel = sim.load_kernel(broken, good.entry)
-    want = "may still be reading" if dropped == "at the next epilogue" else "still pending"
-    with pytest.raises(LaunchFailure, match=want):
+    with pytest.raises(LaunchFailure, match=DROPPED[dropped]):
         sim.launch(kernel, (1, 1, 1), (good.block_threads, 1, 1), good.dynamic_shared,
                    values).wait()  # fmt: skip

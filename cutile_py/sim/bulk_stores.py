@@ -4,9 +4,10 @@ The copy engine reads a bulk store's shared source at some moment between the is
 issuing thread's `cp.async.bulk.wait_group{.read}` that retires its group (PTX ISA §9.7.9.24,
 §9.7.9.27): until then the bytes must stay as they were. The simulator reads them at that
 wait, so a kernel that writes its staging buffer again too early stores the new values; with
-race checks on, a write to bytes a store still reads is reported at once (`reading`). A
-block whose threads exit with a store still pending is reported too: its shared memory goes
-away under the copy.
+race checks on, a write to bytes a store still reads is reported at once (`reading`), and
+the wait counts as the issuing thread's read of them, so a write by another thread must be
+ordered after it by a barrier. A block whose threads exit with a store still pending is
+reported too: its shared memory goes away under the copy.
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ class BulkStores:
                 still.append(s)
                 continue
             np.subtract.at(self.reading, s.flat, 1)
+            if b.shared.tracker is not None:
+                # To the race detector the waiting (issuing) thread reads the source again
+                # now: another thread's write of it must come after a barrier that follows
+                # this wait, not merely after the wait in lock-step. (16-byte chunks, each
+                # contiguous, as at the issue.)
+                starts = s.flat[::16].astype(np.uint64)
+                b.shared.tracker.access(np.full(starts.size, s.lane), starts, 16, write=False)
             elems = b.shared.data[s.flat].view(f"u{s.esize}")[s.written]
             if not s.at.size:
                 continue
