@@ -410,18 +410,35 @@ def test_softmax_causal_blocks_of_rows(
     assert (y.to_numpy()[ref == 0] == 0).all()
 
 
-@pytest.mark.parametrize("warps", [1, 2, 8])
-@pytest.mark.parametrize("dt", [DT_PARAMS[0], DT_PARAMS[2]])
+#: (dtype, CAUSAL_WARPS, shape, rows a block): the block sizes `paper_repro.row_sweep` times
+#: beside the library's 4, at the lease's own shapes (f32 1024: a warp a row; 2048: two warps
+#: a row) and at one whose blocks cross from one matrix into the next (301 rows).
+CAUSAL_BLOCKS = [
+    (ct.f32, 1, (3, 301, 301), 2),
+    (ct.f32, 2, (3, 301, 301), 4),
+    (ct.f32, 8, (3, 301, 301), 16),
+    (ct.bf16, 1, (3, 301, 301), 4),
+    (ct.bf16, 8, (3, 301, 301), 32),
+    (ct.f32, 1, (1, 1024, 1024), 1),
+    (ct.f32, 8, (1, 1024, 1024), 8),
+    (ct.f32, 1, (1, 2048, 2048), 1),
+    (ct.f32, 8, (1, 2048, 2048), 4),
+]
+
+
+@pytest.mark.parametrize(("dt", "warps", "shape", "rows"), CAUSAL_BLOCKS)
 def test_softmax_causal_other_block_sizes(
-    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, dt: Any, warps: int
+    rng: np.random.Generator,
+    monkeypatch: pytest.MonkeyPatch,
+    dt: Any,
+    warps: int,
+    shape: tuple[int, int, int],
+    rows: int,
 ) -> None:
-    """The block sizes `paper_repro.row_sweep` times beside the library's (CAUSAL_WARPS 4),
-    correct too: 2 to 32 rows a block here (at 1024 f32 one row a block at 1 warp is tried by
-    the sweep: correct on sim by hand), blocks crossing from one matrix into the next."""
+    """Each block size `paper_repro.row_sweep` times, correct too (on sim)."""
     monkeypatch.setattr(softmax_module, "CAUSAL_WARPS", warps)
-    shape = (3, 301, 301)
-    _, tile, _ = softmax_module.softmax_launch(dt, shape[0] * shape[1], shape[2], True)
-    assert tile[0] == max(1, 32 * (16 // dt.itemsize()) * warps // (tile[1] // 8))
+    kernel, tile, _ = softmax_module.softmax_launch(dt, shape[0] * shape[1], shape[2], True)
+    assert kernel.__name__ == "softmax_causal" and tile[0] == rows
     x, xt = rand(rng, shape, dt, 4.0)
     y = ck.softmax(xt, causal=True)
     ref = softmax_ref(x, causal=True)
