@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import sys
 import time
 from typing import Any
@@ -23,12 +22,8 @@ from typing import Any
 import cutile_py as ct
 from cutile_py_kernels import autotune
 from cutile_py_kernels.gemm import config_kernel
+from paper_repro.experiments.gemm import tflops
 from paper_repro.gpu_monitor import GpuMonitor
-
-
-def tflops(flop: float, us: float) -> float:
-    """TFLOP/s of `flop` in `us` microseconds; NaN for no time (a stand-in device's)."""
-    return flop / us / 1e6 if us > 0 else math.nan
 
 
 def torch_ms(torch: Any, fn: Any, repeats: int = 7) -> float:
@@ -90,10 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     a, b = ct.from_dlpack(a_t), ct.from_dlpack(b_t)
     c_t = torch.empty((n, n), device="cuda", dtype=tdt)
     cublas_ms = torch_ms(torch, lambda: torch.matmul(a_t, b_t, out=c_t))
-    flop = 2.0 * n**3
     print(f"# gemm sweep: {torch.cuda.get_device_name()}, {args.dtype} n={n}", flush=True)
     cublas_us = cublas_ms * 1e3
-    print(f"cuBLAS (torch.matmul): {cublas_us:.1f} us, {tflops(flop, cublas_us):.1f} TFLOP/s")
+    print(f"cuBLAS (torch.matmul): {cublas_us:.1f} us, {tflops(n, cublas_us):.1f} TFLOP/s")
     target = ct.profiling.target()
     lists = []
     if args.only != "mma" and target.wgmma:
@@ -134,14 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n| {head} | form | us | TFLOP/s | % cuBLAS | rel err |")
     print("|---|---|---|---|---|---|")
     for ms, cfg, form, err, note in sorted(rows, key=lambda r: r[0]):
-        tf = tflops(flop, ms * 1e3) if ms != float("inf") else 0.0
+        tf = tflops(n, ms * 1e3) if ms != float("inf") else 0.0
         desc = " ".join(map(str, cfg.astuple()))
         print(f"| {desc} | {form} | {ms * 1e3:.1f} | {tf:.1f} | {100 * cublas_ms / ms:.1f} | "
               f"{err:.2e} {note} |")  # fmt: skip
     if left:
         print(f"\n{left} of {len(configs)} configs not run: the {args.budget:.0f} s budget ran out")
     if args.sustained:
-        _sustained(torch, args.sustained, rows, dt, n, a, b, a_t, b_t, flop)
+        _sustained(torch, args.sustained, rows, dt, n, a, b, a_t, b_t)
     return 0
 
 
@@ -150,8 +144,7 @@ RUNS = 30
 
 
 def _sustained(
-    torch: Any, top: int, rows: list[Any], dt: Any, n: int, a: Any, b: Any, a_t: Any, b_t: Any,
-    flop: float,
+    torch: Any, top: int, rows: list[Any], dt: Any, n: int, a: Any, b: Any, a_t: Any, b_t: Any
 ) -> None:  # fmt: skip
     """Device time per launch with RUNS launches queued back to back for the `top` fastest
     configs of the sweep, the config the library's tuner picks, and cuBLAS: a config that
@@ -179,12 +172,12 @@ def _sustained(
                 us = 1e3 * ct.profiling.time_ms_queued([make() for _ in range(3)], RUNS)
             tag = " (tuner)" if cfg == tuned else ""
             print(f"| {' '.join(map(str, cfg.astuple()))}{tag} | {us:.1f} | "
-                  f"{tflops(flop, us):.1f} | {w.summary()} |")  # fmt: skip
+                  f"{tflops(n, us):.1f} | {w.summary()} |")  # fmt: skip
         cs = [torch.empty_like(a_t) for _ in range(3)]
         torch.matmul(a_t, b_t, out=cs[0])
         with gpu.window() as w:
             us = 1e3 * torch_queued_ms(torch, lambda i: torch.matmul(a_t, b_t, out=cs[i % 3]), RUNS)
-        print(f"| cuBLAS (torch.matmul) | {us:.1f} | {tflops(flop, us):.1f} | {w.summary()} |",
+        print(f"| cuBLAS (torch.matmul) | {us:.1f} | {tflops(n, us):.1f} | {w.summary()} |",
               flush=True)  # fmt: skip
 
 

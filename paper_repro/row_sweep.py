@@ -32,6 +32,7 @@ import importlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+from unittest import mock
 
 import cutile_py as ct
 from cutile_py_kernels import _common, norms
@@ -65,18 +66,6 @@ def elements_per_thread(per: int) -> Iterator[None]:
         _common._ROW_LAUNCHES.clear()
 
 
-@contextmanager
-def causal_warps(warps: int) -> Iterator[None]:
-    """The causal softmax with blocks of `warps` warps where its rows share a block; the
-    library's choice again after."""
-    saved = softmax_mod.CAUSAL_WARPS
-    softmax_mod.CAUSAL_WARPS = warps
-    try:
-        yield
-    finally:
-        softmax_mod.CAUSAL_WARPS = saved
-
-
 def causal_sweep(ctx: Context, copy: float, warps: list[int]) -> None:
     """Markdown rows: the causal softmax by warps a block, then Triton's (where installed)."""
     spec = {s.name: s for s in bandwidth.SPECS}["softmax_causal"]
@@ -89,7 +78,7 @@ def causal_sweep(ctx: Context, copy: float, warps: list[int]) -> None:
         label = "x".join(map(str, shape))
         for w in warps:
             mark = "yes" if w == softmax_mod.CAUSAL_WARPS else ""
-            with causal_warps(w):
+            with mock.patch.object(softmax_mod, "CAUSAL_WARPS", w):
                 r = shape[0] * shape[1]
                 _, tile, _ = softmax_mod.softmax_launch(ct.f32, r, shape[2], True)
                 cells = _timed(copy, same, bandwidth.measure_cutile, ctx, spec, fn, shape)

@@ -102,13 +102,13 @@ def defer_store_waits(persist: Persistence, stores: StorePlan, shared: SharedPla
     plan overlaps the staging tile, so nothing but the next tile's store writes it again."""
     if persist.kept is None:
         return persist
+    rings = [(r.offset, r.nbytes) for r in shared.regions]
     deferred = set()
     for store in stores.tma:
         buf = shared.scratch.get((store, ""))
         if buf is None:
             continue
-        spans = [(r.offset, r.nbytes) for r in shared.regions]
-        spans += [(b.offset, b.nbytes) for k, b in shared.scratch.items() if k != (store, "")]
-        if all(at + n <= buf.offset or buf.offset + buf.nbytes <= at for at, n in spans):
+        others = [(b.offset, b.nbytes) for b in shared.scratch.values() if b is not buf]
+        if all(at + n <= buf.offset or buf.offset + buf.nbytes <= at for at, n in rings + others):
             deferred.add(store)
     return replace(persist, deferred=frozenset(deferred))
