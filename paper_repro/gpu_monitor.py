@@ -34,6 +34,13 @@ PERIOD_MS = 20
 FIRST_SAMPLE_S = 10.0
 #: Seconds a window waits at most for the first reading after it.
 WAIT_AFTER_S = 0.5
+#: Clock-limit reasons that slow a kernel down (power and thermal limits), which `settle`
+#: waits out.
+SLOWING = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+#: Seconds of readings free of SLOWING reasons that `settle` asks for.
+SETTLED_S = 0.5
+#: Seconds `settle` waits at most.
+SETTLE_LIMIT_S = 15.0
 #: Where NVML lives under each system's loader.
 NVML_LIBRARIES = ("libnvidia-ml.so.1", "libnvidia-ml.so", "nvml.dll")
 #: NVML's clock-limit reason bits (nvmlClocksEventReason*), by the name printed here.
@@ -230,6 +237,28 @@ class GpuMonitor:
         self._stop.set()
         if self._thread is not None and self._started.is_set():
             self._thread.join(timeout=5)  # one stuck in the driver is left behind (a daemon)
+
+    def settle(self, quiet_s: float = SETTLED_S, limit_s: float = SETTLE_LIMIT_S) -> str:
+        """Waits until the readings of the last `quiet_s` seconds show no power or thermal
+        limit (SLOWING), at most `limit_s`, and says how long it waited. On the H200 a run of
+        8192 GEMMs holds the SM clock under the power cap (1200 MHz where 1980 is the
+        maximum), so whatever is timed right after it runs slower than the same kernel timed
+        from rest: implementations compared with each other each start from rest. Without
+        samples (no NVML) it returns "" at once."""
+        start = time.monotonic()
+        while self.sampling:
+            now = time.monotonic()
+            with self._lock:
+                recent = [s for s in self.samples if s.t >= now - quiet_s]
+                first = self.samples[0].t if self.samples else now
+            slowed = any(s.reasons & SLOWING for s in recent if s.reasons is not None)
+            if recent and not slowed and first <= now - quiet_s:
+                known = any(s.reasons is not None for s in recent)
+                return f"settled in {now - start:.1f} s" + ("" if known else " (limits n/a)")
+            if now - start >= limit_s:
+                return f"still limited after {limit_s:g} s"
+            time.sleep(PERIOD_MS / 1e3)
+        return ""
 
     @contextmanager
     def window(self) -> Iterator[Window]:

@@ -160,3 +160,28 @@ def test_an_nvml_that_hangs_does_not_hold_the_measurement(
     assert time.monotonic() - began < 2
     assert gpu.failure == "NVML: no sample in 0.2 s" and not w.samples
     released.set()
+
+
+def test_settle_waits_out_a_power_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_monitor, "PERIOD_MS", 5)
+    hot, cool = (1200.0, 700.0, 58.0, 0x4), (1980.0, 300.0, 50.0, 0)
+    with GpuMonitor(source=_stepping([hot] * 20 + [cool])) as gpu:
+        t0 = time.monotonic()
+        said = gpu.settle(quiet_s=0.05, limit_s=5)
+        waited = time.monotonic() - t0
+        # The hot readings (20 of them, 5 ms apart) and then 50 ms of cool ones.
+        assert said.startswith("settled in") and waited >= 0.1
+        last = gpu.samples[-1]
+        assert last.reasons == 0
+        # Settled already: back at once.
+        t0 = time.monotonic()
+        assert gpu.settle(quiet_s=0.05, limit_s=5).startswith("settled in")
+        assert time.monotonic() - t0 < 0.5
+    with GpuMonitor(source=_stepping([hot])) as gpu:
+        assert gpu.settle(quiet_s=0.02, limit_s=0.1) == "still limited after 0.1 s"
+    # Reasons NVML cannot read: waits the quiet time and says so.
+    with GpuMonitor(source=_stepping([(1980.0, 300.0, 50.0, None)])) as gpu:
+        assert gpu.settle(quiet_s=0.02, limit_s=5).endswith("(limits n/a)")
+    monkeypatch.setattr(gpu_monitor, "NVML_LIBRARIES", ("libnvidia-ml.absent",))
+    with GpuMonitor() as gpu:
+        assert gpu.settle() == ""
