@@ -47,7 +47,9 @@ MAX_WARPS = 16
 CAUSAL_MIN_WIDTH = 256
 CAUSAL_CHUNKS = 8
 #: Warps per block of the causal kernel where its rows are short enough to share a block.
-CAUSAL_WARPS = 4
+#: Timed on an H200 at 1, 2, 4 and 8 (`paper_repro.row_sweep --kernels softmax_causal`): 1
+#: was the fastest at both 16 x 1024^2 and 4 x 2048^2 f32, 1.2% ahead of 4.
+CAUSAL_WARPS = 1
 
 
 def softmax_plan(n_rows: int, n: int, dtype: type[ct.DType]) -> tuple[RowPlan, int]:
@@ -255,10 +257,10 @@ def softmax_launch(
         return loop_k, (1, -(-n // plan.width) * plan.width), (n, causal, plan.width)
     if causal and plan.width >= CAUSAL_MIN_WIDTH:
         # Chunks CAUSAL_WARPS warps wide: 32 lanes of 16-byte vectors over the rows of the
-        # block (a row a warp at 1024 f32, two rows of 16-bit elements). One warp a block
-        # capped an SM at 32 warps (its 32 blocks), half of Hopper's 64; at 4 warps the
-        # registers (56 a thread at 1024 f32) are the limit, 36 warps. n > width / 2 >= 128
-        # and rows <= 32 * 8 * 4 / 32: a block crosses at most one matrix boundary.
+        # block (a row a warp at 1024 f32, two rows of 16-bit elements). One warp a block caps
+        # an SM at 32 warps (its 32 blocks), half of Hopper's 64, and still ran the fastest.
+        # n > width / 2 >= 128 and rows <= 32 * 8 * CAUSAL_WARPS / 32: a block crosses at
+        # most one matrix boundary (up to CAUSAL_WARPS = 16).
         c = plan.width // CAUSAL_CHUNKS
         vec = 16 // dt.itemsize()
         rows = max(1, min(next_pow2(r), 32 * vec * CAUSAL_WARPS // c))

@@ -1,7 +1,8 @@
 """Elements per thread of the one-tile row kernels, timed on a GPU at short rows.
 
     PYTHONPATH=. python -m paper_repro.row_sweep [--kernels rms_norm,softmax] [--per 16,32]
-                                                 [--causal-warps 1,2,4,8] [--quick]
+                                                 [--widths 1024,4096] [--causal-warps 1,2,4,8]
+                                                 [--quick]
 
 The one-tile norms give each thread `_common.per_thread(plan)` elements (f32: 16 for tiles
 wider than 1024 and narrower than 4096, else 32; the table `PER_THREAD_BY_WIDTH`), softmax
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="elements per thread to time, comma-separated")  # fmt: skip
     p.add_argument("--causal-warps", default=",".join(map(str, CAUSAL_WARPS)),
                    help="warps a block of the causal softmax to time (softmax_causal)")  # fmt: skip
+    p.add_argument("--widths", default=",".join(map(str, WIDTHS)),
+                   help="row lengths to time (4096 rows each), comma-separated")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="tiny shapes on sim")
     args = p.parse_args(argv)
     ct.set_backend("sim" if args.quick else "cuda")
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     copy = max(float(r.get("gbps") or 0) for r in copy_ceiling(ctx))
     specs = {s.name: s for s in bandwidth.SPECS}
     rows_n = 8 if args.quick else bandwidth.ROWS
-    widths = (64, 96) if args.quick else WIDTHS
+    widths = (64, 96) if args.quick else tuple(int(v) for v in args.widths.split(","))
     pers = [int(v) for v in args.per.split(",")]
     print(f"# one-tile row kernels by elements per thread ({device.get('gpu', backend)})")
     print(f"copy ceiling {copy:.0f} GB/s\n")

@@ -126,6 +126,17 @@ SPECS: list[Spec] = [
         },
     ),
     Spec(
+        "gelu",
+        _flat,
+        lambda s: [Input(s)],
+        lambda f, t: f(t[0]),
+        lambda s: 8 * s[0],
+        {
+            "torch": lambda t, o: lambda: _torch().nn.functional.gelu(t[0], approximate="tanh"),
+            "triton": lambda t, o: lambda: _triton().gelu(t[0], o),
+        },
+    ),
+    Spec(
         "rms_norm",
         _rows,
         lambda s: [Input(s), Input(s[-1:])],
@@ -350,11 +361,12 @@ def run(ctx: Context, only: Sequence[str] = ()) -> Result:
         + (", ".join(f"{k} {v:.3g}" for k, v in best.items()) or "none measured")
     )
     res.notes.append(
-        "Bytes per call (f32 = 4 B): add/saxpy/silu_mul 12n; rms_norm 8RH+4H; add_rms_norm "
-        "16RH+4H; layer_norm 8RH+8H; softmax 8RH (causal: full SxS read and written); rope "
-        "8·T·heads·D+4T; transpose 8RC; argmax 4RC+4R; embedding 4T+8TD. frac_copy = GB/s ÷ "
-        "the copy ceiling measured in the same run; frac_same_copy = GB/s ÷ that of a copy "
-        "moving the same bytes, measured in the same run (below 1 GiB; the ceiling above): "
+        "Bytes per call (f32 = 4 B): add/saxpy/silu_mul 12n; gelu 8n; rms_norm 8RH+4H; "
+        "add_rms_norm 16RH+4H; layer_norm 8RH+8H; softmax 8RH (causal: full SxS read and "
+        "written); rope 8·T·heads·D+4T; transpose 8RC; argmax 4RC+4R; embedding 4T+8TD. "
+        "frac_copy = GB/s ÷ the copy ceiling measured in the same run; frac_same_copy = GB/s "
+        "÷ that of a copy moving the same bytes, measured in the same run (below 1 GiB; the "
+        "ceiling above): "
         "a copy of tens of MB does not reach the ceiling either."
     )
     res.notes.append(

@@ -1,5 +1,5 @@
 """Triton peers, written for this harness in the style of the Triton tutorials: vector add,
-row softmax (optionally causal), RMSNorm and a grouped-order matmul.
+GELU (tanh form), row softmax (optionally causal), RMSNorm and a grouped-order matmul.
 
 Imported only where Triton is installed. Each wrapper writes into a preallocated output so
 that the timing measures the kernel, not an allocation.
@@ -32,6 +32,25 @@ def add(x: Any, y: Any, z: Any) -> Any:
     n = x.numel()
     block = 1024
     _add_kernel[(triton.cdiv(n, block),)](x, y, z, n, BLOCK=block)
+    return z
+
+
+@triton.jit
+def _gelu_kernel(x_ptr, z_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    # tanh(u) = 1 - 2 / (exp(2u) + 1): tl has no tanh outside libdevice.
+    t = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
+    tl.store(z_ptr + offs, (0.5 * x * (1.0 + t)).to(z_ptr.dtype.element_ty), mask=mask)
+
+
+def gelu(x: Any, z: Any) -> Any:
+    """z = GELU(x), the tanh form (1-D, any float dtype)."""
+    n = x.numel()
+    block = 1024
+    _gelu_kernel[(triton.cdiv(n, block),)](x, z, n, BLOCK=block)
     return z
 
 
