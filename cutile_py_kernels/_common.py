@@ -219,18 +219,20 @@ def row_launch(
     first: int,
     rows: Tensor[Any, Any],
     cap: int | None = None,
+    per: Callable[[RowPlan], int] | None = None,
 ) -> RowLaunch:
     """The `RowLaunch` of kernel family `family(dtype, warps)` (its one-tile kernel at index
     `first`, the chunked one after it) over `rows`, rows of up to `cap` elements in one tile
-    (`row_plan`), remembered by shape, dtype and cap: a host call then skips choosing the
-    tiles, warps and kernel."""
-    key = (family, first, rows.shape, rows.dtype, cap)
+    (`row_plan`), `per(plan)` elements a thread (default `per_thread`), remembered by shape,
+    dtype, cap and rule: a host call then skips choosing the tiles, warps and kernel."""
+    key = (family, first, rows.shape, rows.dtype, cap, per)
     got = _ROW_LAUNCHES.get(key)
     if got is None:
         r, n = rows.shape
         dt = rows.dtype
         plan = row_plan(r, n, dt, cap)
-        tile_k, loop_k = family(dt, row_warps(plan))[first : first + 2]
+        warps = row_warps(plan, per(plan) if per is not None and not plan.loop else None)
+        tile_k, loop_k = family(dt, warps)[first : first + 2]
         if plan.loop:
             # The block's tile: the row rounded up to whole chunks (the tail is masked).
             got = RowLaunch(loop_k, (1, -(-n // plan.width) * plan.width), (plan.width,))

@@ -15,11 +15,13 @@ from cutile_py import Dyn, Mut, Tensor, f32
 from cutile_py_kernels._common import (
     ConstInt,
     Elem,
+    RowPlan,
     as_rows,
     as_shape,
     check_float,
     check_shape,
     per_dtype_warps,
+    per_thread,
     row_launch,
     view,
 )
@@ -29,6 +31,14 @@ from cutile_py_kernels._common import (
 #: chunked kernels read a row once per statistic: 1.5-2x the bytes (on an H200, rms_norm
 #: f32 4096 x 8192 moved 0.68 of the copy bandwidth chunked, Triton's one-pass 0.90).
 ONE_PASS_CAP = 32768
+
+#: layer_norm's f32 rows wider than this take LAYER_NORM_WIDE_PER_THREAD elements a thread
+#: (the norms' rule, `_common.per_thread`, gives 32: 16 warps at 16384). On an H200 at 4096 x
+#: 16384, 64 (8 warps) moved 0.914 of the copy ceiling where 32 moved 0.759; at 8192, 32 (8
+#: warps) 0.874 and 64 0.849; rms_norm at 16384 was 1% slower at 64 and keeps the rule
+#: (paper_repro/results/h200-2026-11-26-lease2/rows-long.txt).
+LAYER_NORM_WIDE = 8192
+LAYER_NORM_WIDE_PER_THREAD = 64
 
 BR = TypeVar("BR")  # rows per block
 T = TypeVar("T")  # tile width (>= the row length when the row fits one tile)
@@ -188,16 +198,26 @@ def _layer_norm_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any]:
     return layer_norm_tile, layer_norm_loop
 
 
+def layer_norm_per_thread(plan: RowPlan) -> int:
+    """Elements a thread of layer_norm's one-tile kernel: LAYER_NORM_WIDE_PER_THREAD on f32
+    rows wider than LAYER_NORM_WIDE, else the norms' rule."""
+    if plan.itemsize == 4 and plan.width > LAYER_NORM_WIDE:
+        return LAYER_NORM_WIDE_PER_THREAD
+    return per_thread(plan)
+
+
 def _launch_rows(
     family: Callable[[type[ct.DType], int], tuple[Any, ...]],
     first: int,
     outs: int,
     rows: Tensor[Any, Any],
     *args: Any,
+    per: Callable[[RowPlan], int] | None = None,
 ) -> tuple[Tensor[Any, Any], ...]:
     """Launch the one-tile or the chunked kernel of `family` (at `first`, see `row_launch`)
-    over `rows` (R, N) with `outs` fresh outputs of its shape; returns them (2-D)."""
-    launch = row_launch(family, first, rows, ONE_PASS_CAP)
+    over `rows` (R, N) with `outs` fresh outputs of its shape, `per(plan)` elements a thread;
+    returns them (2-D)."""
+    launch = row_launch(family, first, rows, ONE_PASS_CAP, per)
     result = launch.kernel(*launch.outputs(outs, rows), rows, *args, *launch.extra).sync()
     return tuple(p.unpartition() for p in result[:outs])
 
@@ -244,5 +264,6 @@ def layer_norm(
     check_shape("layer_norm", "bias", bias, (n,))
     if rows.size == 0:
         return ct.zeros(x.shape, dt)
-    (y,) = _launch_rows(_layer_norm_kernels, 0, 1, rows, weight, bias, n, 1.0 / n, float(eps))
+    (y,) = _launch_rows(_layer_norm_kernels, 0, 1, rows, weight, bias, n, 1.0 / n, float(eps),
+                        per=layer_norm_per_thread)  # fmt: skip
     return as_shape(y, x.shape)

@@ -56,14 +56,15 @@ CAUSAL_WARPS = (1, 2, 4, 8)
 def elements_per_thread(per: int) -> Iterator[None]:
     """The row kernels (norms and softmax) with `per` elements per thread at every width,
     as launched inside; the library's rule again after."""
-    saved = (_common.PER_THREAD_BY_WIDTH, softmax_mod.PER_THREAD)
+    saved = (_common.PER_THREAD_BY_WIDTH, softmax_mod.PER_THREAD, norms.LAYER_NORM_WIDE)
     _common.PER_THREAD_BY_WIDTH = ((1 << 30, per),)
     softmax_mod.PER_THREAD = per
+    norms.LAYER_NORM_WIDE = 1 << 30  # layer_norm's own rule for long rows off
     _common._ROW_LAUNCHES.clear()
     try:
         yield
     finally:
-        _common.PER_THREAD_BY_WIDTH, softmax_mod.PER_THREAD = saved
+        _common.PER_THREAD_BY_WIDTH, softmax_mod.PER_THREAD, norms.LAYER_NORM_WIDE = saved
         _common._ROW_LAUNCHES.clear()
 
 
@@ -166,7 +167,10 @@ def _warps(name: str, shape: tuple[int, int]) -> int:
     r, n = shape
     if name == "softmax":
         return int(softmax_mod.softmax_plan(r, n, ct.f32)[1])
-    return _common.row_warps(_common.row_plan(r, n, ct.f32, norms.ONE_PASS_CAP))
+    plan = _common.row_plan(r, n, ct.f32, norms.ONE_PASS_CAP)
+    if name == "layer_norm" and not plan.loop:
+        return _common.row_warps(plan, norms.layer_norm_per_thread(plan))
+    return _common.row_warps(plan)
 
 
 if __name__ == "__main__":
