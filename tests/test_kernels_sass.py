@@ -25,8 +25,10 @@ BUDGET = {
     "saxpy f32": 4.5,  # 5.2
     "silu_mul f32": 17.75,  # 17.2
     "silu_mul bf16": 21.0,  # 18.6
-    "gelu f32": 20.5,  # 22.2
-    "gelu bf16": 21.0,  # 22.6
+    # 4 KiB of input a block, not 16 (an H200: 0.99 of the copy ceiling, not 0.96): the
+    # set-up spread over fewer elements, 19.4 -> 23.8 (f32) and 20.2 -> 22.5 (bf16).
+    "gelu f32": 24.5,  # 22.2
+    "gelu bf16": 23.0,  # 22.6
     "softmax f32 4096x1024": 17.0,  # 22.0
     "softmax bf16 4096x1024": 18.5,  # 23.1
     # Every chunk's address computed, so that its load issues with the others (was 23.2).
