@@ -44,17 +44,6 @@ def _silu_mul_kernel(g_ptr, u_ptr, z_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _gelu_kernel(x_ptr, z_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-    # tanh(u) = 1 - 2 / (exp(2u) + 1): Triton has no tanh of its own outside libdevice.
-    t = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
-    tl.store(z_ptr + offs, (0.5 * x * (1.0 + t)).to(z_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _add_rms_norm_kernel(out_ptr, h_ptr, x_ptr, r_ptr, w_ptr, n_cols, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -163,7 +152,7 @@ def cases() -> list[dict[str, Any]]:
         out.append(
             dict(
                 name=f"gelu {dt}",
-                fn=_gelu_kernel,
+                fn=tk._gelu_kernel,
                 warps=4,
                 programs=flat // block,
                 elements=flat,
