@@ -179,6 +179,11 @@ def test_settle_waits_out_a_power_limit(monkeypatch: pytest.MonkeyPatch) -> None
         assert time.monotonic() - t0 < 0.5
     with GpuMonitor(source=_stepping([hot])) as gpu:
         assert gpu.settle(quiet_s=0.02, limit_s=0.1) == "still limited after 0.1 s"
+    # A GPU at rest between launches reports the idle reason (at 345 MHz): that is rest.
+    idle = (345.0, 80.0, 40.0, 0x1)
+    with GpuMonitor(source=_stepping([hot] * 5 + [idle])) as gpu:
+        assert gpu.settle(quiet_s=0.05, limit_s=1).startswith("settled in")
+        assert gpu.samples[-1].reasons == 0x1
     # Reasons NVML cannot read: waits the quiet time and says so.
     with GpuMonitor(source=_stepping([(1980.0, 300.0, 50.0, None)])) as gpu:
         assert gpu.settle(quiet_s=0.02, limit_s=5).endswith("(limits n/a)")
