@@ -244,15 +244,19 @@ class GpuMonitor:
         8192 GEMMs holds the SM clock under the power cap (1200 MHz where 1980 is the
         maximum), so whatever is timed right after it runs slower than the same kernel timed
         from rest: implementations compared with each other each start from rest. Without
-        samples (no NVML) it returns "" at once."""
+        samples (no NVML) it returns "" at once; with none in the last `quiet_s` (NVML stuck
+        in the driver) it says so at once: there is nothing to wait on."""
         start = time.monotonic()
         while self.sampling:
             now = time.monotonic()
             with self._lock:
                 recent = [s for s in self.samples if s.t >= now - quiet_s]
                 first = self.samples[0].t if self.samples else now
+            covered = first <= now - quiet_s  # sampled for the whole quiet time
+            if covered and not recent:
+                return f"not waited: no reading in {quiet_s:g} s"
             slowed = any(s.reasons & SLOWING for s in recent if s.reasons is not None)
-            if recent and not slowed and first <= now - quiet_s:
+            if recent and not slowed and covered:
                 known = any(s.reasons is not None for s in recent)
                 return f"settled in {now - start:.1f} s" + ("" if known else " (limits n/a)")
             if now - start >= limit_s:

@@ -179,9 +179,42 @@ def test_settle_waits_out_a_power_limit(monkeypatch: pytest.MonkeyPatch) -> None
         assert time.monotonic() - t0 < 0.5
     with GpuMonitor(source=_stepping([hot])) as gpu:
         assert gpu.settle(quiet_s=0.02, limit_s=0.1) == "still limited after 0.1 s"
+    # A GPU at rest between launches reports the idle reason (at 345 MHz): that is rest.
+    idle = (345.0, 80.0, 40.0, 0x1)
+    with GpuMonitor(source=_stepping([hot] * 5 + [idle])) as gpu:
+        assert gpu.settle(quiet_s=0.05, limit_s=1).startswith("settled in")
+        assert gpu.samples[-1].reasons == 0x1
     # Reasons NVML cannot read: waits the quiet time and says so.
     with GpuMonitor(source=_stepping([(1980.0, 300.0, 50.0, None)])) as gpu:
         assert gpu.settle(quiet_s=0.02, limit_s=5).endswith("(limits n/a)")
     monkeypatch.setattr(gpu_monitor, "NVML_LIBRARIES", ("libnvidia-ml.absent",))
     with GpuMonitor() as gpu:
         assert gpu.settle() == ""
+
+
+def test_settle_does_not_wait_on_a_sampler_stuck_in_nvml(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NVML that stops answering mid-run (the sampler alive, stuck in the driver): `settle`
+    has nothing to wait on and says so at once, rather than waiting its whole limit before
+    each implementation and calling the GPU limited."""
+    monkeypatch.setattr(gpu_monitor, "PERIOD_MS", 5)
+    released = threading.Event()
+    count = iter(range(1 << 30))
+
+    def read() -> Sample:
+        if next(count) >= 3:
+            released.wait(10)  # in the driver
+        return Sample(time.monotonic(), 1980.0, 1980.0, 300.0, 50.0, 0)
+
+    try:
+        with GpuMonitor(source=lambda: (read, lambda: None)) as gpu:
+            while len(gpu.samples) < 3:
+                time.sleep(0.005)
+            time.sleep(0.1)  # past the quiet time since the last reading
+            t0 = time.monotonic()
+            said = gpu.settle(quiet_s=0.05, limit_s=2)
+            assert time.monotonic() - t0 < 1
+            assert said == "not waited: no reading in 0.05 s"
+    finally:
+        released.set()

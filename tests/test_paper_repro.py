@@ -295,13 +295,25 @@ def test_row_sweep_times_both_choices_and_restores_the_rule(
     """The sweep the next GPU lease runs: each per-thread count launched as asked (1024 f32
     at 16 a thread: 8 warps where the library picks 4), the library's pick marked, and the
     library's rule back afterwards (on sim, tiny shapes: a check of the script only)."""
-    from cutile_py_kernels import _common
+    from cutile_py_kernels import _common, norms
     from paper_repro import row_sweep
 
     plan = _common.row_plan(4096, 1024, ct.f32)
     with row_sweep.elements_per_thread(16):
         assert _common.row_warps(plan) == 8
     assert _common.row_warps(plan) == 4
+    # layer_norm's own rule for f32 rows past 8192 (64 a thread: 8 warps at 16384) is off
+    # while sweeping: the count asked is the count launched.
+    wide = ct.TensorSpec((4096, 16384), ct.f32)
+
+    def layer_norm_warps() -> int:
+        launch = _common.row_launch(norms._layer_norm_kernels, 0, wide, norms.ONE_PASS_CAP,  # type: ignore[arg-type]
+                                    norms.layer_norm_per_thread)  # fmt: skip
+        return int(launch.kernel.num_warps)
+
+    with row_sweep.elements_per_thread(32):
+        assert layer_norm_warps() == 16
+    assert layer_norm_warps() == 8
     assert _common.per_thread(_common.row_plan(4096, 1536, ct.f32)) == 16
     assert row_sweep.WIDTHS == (1024, 1536, 2048, 3072, 4096)
     assert row_sweep.main(["--quick", "--kernels", "rms_norm", "--per", "8,32"]) == 0
