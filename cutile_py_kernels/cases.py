@@ -9,14 +9,19 @@ from typing import Any
 import cutile_py as ct
 from cutile_py import PartitionSpec as PS
 from cutile_py import TensorSpec as TS
-from cutile_py_kernels._common import row_plan, row_warps
+from cutile_py_kernels._common import row_launch, row_plan, row_warps
 from cutile_py_kernels.activations import _silu_mul_kernel
 from cutile_py_kernels.attention import _attention_kernels, attention_tile
 from cutile_py_kernels.autotune import candidates, default_config
 from cutile_py_kernels.gemm import _gemm_kernel
 from cutile_py_kernels.gemv import _gemv_kernel
 from cutile_py_kernels.layout import _transpose_kernel, embedding_launch, transpose_tile
-from cutile_py_kernels.norms import _layer_norm_kernels, _rms_kernels
+from cutile_py_kernels.norms import (
+    ONE_PASS_CAP,
+    _layer_norm_kernels,
+    _rms_kernels,
+    layer_norm_per_thread,
+)
 from cutile_py_kernels.rope import rope_kernel
 from cutile_py_kernels.softmax import argmax_launch, softmax_launch
 
@@ -47,6 +52,17 @@ def cases() -> Iterator[Case]:
         )
         for n, causal in ((32768, False), (40_000, False), (1024, True), (256, True)):
             yield _softmax_case(dt, 8, n, causal)
+        # The one-tile norms past the chunked kernels' width, as the host functions launch
+        # them (layer_norm f32 with its own per-thread rule: 64 a thread, 127 registers).
+        rows16k, w16k = TS((8, 16384), dt), TS((16384,), dt)
+        for name, family, per, extra in (
+            ("rms_norm", _rms_kernels, None, (w16k, 1.0 / 16384, 1e-6)),
+            ("layer_norm", _layer_norm_kernels, layer_norm_per_thread,
+             (w16k, w16k, 16384, 1.0 / 16384, 1e-5)),
+        ):  # fmt: skip
+            launch = row_launch(family, 0, rows16k, ONE_PASS_CAP, per)  # type: ignore[arg-type]
+            out16k = PS((8, 16384), launch.tile, dt)
+            yield f"{name} {dt.name} 8x16384 (one tile)", launch.kernel, (out16k, rows16k, *extra)
         for r, n in ((256, 1000), (256, 1536), (256, 4096), (8, 20_000)):
             for label, loop, out, width in _rows(dt, r, n):
                 x, w = TS((r, n), dt), TS((n,), dt)

@@ -32,11 +32,14 @@ from cutile_py_kernels._common import (
 #: f32 4096 x 8192 moved 0.68 of the copy bandwidth chunked, Triton's one-pass 0.90).
 ONE_PASS_CAP = 32768
 
-#: layer_norm's f32 rows wider than this take LAYER_NORM_WIDE_PER_THREAD elements a thread
-#: (the norms' rule, `_common.per_thread`, gives 32: 16 warps at 16384). On an H200 at 4096 x
-#: 16384, 64 (8 warps) moved 0.914 of the copy ceiling where 32 moved 0.759; at 8192, 32 (8
-#: warps) 0.874 and 64 0.849; rms_norm at 16384 was 1% slower at 64 and keeps the rule
-#: (paper_repro/results/h200-2026-11-26-lease2/rows-long.txt).
+#: layer_norm's f32 tiles wider than this, of a power-of-two width, take
+#: LAYER_NORM_WIDE_PER_THREAD elements a thread (the norms' rule, `_common.per_thread`, gives
+#: 32: 16 warps at 16384). On an H200 at 4096 x 16384, 64 (8 warps) moved 0.914 of the copy
+#: ceiling where 32 moved 0.759; at 8192, 32 (8 warps) 0.874 and 64 0.849; rms_norm at 16384
+#: was 1% slower at 64 and keeps the rule
+#: (paper_repro/results/h200-2026-11-26-lease2/rows-long.txt). Other widths keep the rule:
+#: warps are a power of two, so 64 asked at 12288 or 24576 would be 96 a thread (167
+#: registers; not timed).
 LAYER_NORM_WIDE = 8192
 LAYER_NORM_WIDE_PER_THREAD = 64
 
@@ -200,8 +203,9 @@ def _layer_norm_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any]:
 
 def layer_norm_per_thread(plan: RowPlan) -> int:
     """Elements a thread of layer_norm's one-tile kernel: LAYER_NORM_WIDE_PER_THREAD on f32
-    rows wider than LAYER_NORM_WIDE, else the norms' rule."""
-    if plan.itemsize == 4 and plan.width > LAYER_NORM_WIDE:
+    tiles of a power-of-two width past LAYER_NORM_WIDE, else the norms' rule."""
+    wide = plan.width > LAYER_NORM_WIDE and plan.width & (plan.width - 1) == 0
+    if plan.itemsize == 4 and wide:
         return LAYER_NORM_WIDE_PER_THREAD
     return per_thread(plan)
 

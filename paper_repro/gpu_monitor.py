@@ -16,6 +16,7 @@ the monitor's `failure` says why.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import math
 import statistics
@@ -245,20 +246,23 @@ class GpuMonitor:
         maximum), so whatever is timed right after it runs slower than the same kernel timed
         from rest: implementations compared with each other each start from rest. Without
         samples (no NVML) it returns "" at once; with none in the last `quiet_s` (NVML stuck
-        in the driver) it says so at once: there is nothing to wait on."""
+        in the driver), or none whose limit reasons NVML could read, it says so at once:
+        there is nothing to wait on."""
         start = time.monotonic()
         while self.sampling:
             now = time.monotonic()
             with self._lock:
-                recent = [s for s in self.samples if s.t >= now - quiet_s]
+                since = bisect.bisect_left(self.samples, now - quiet_s, key=lambda s: s.t)
+                recent = self.samples[since:]
                 first = self.samples[0].t if self.samples else now
             covered = first <= now - quiet_s  # sampled for the whole quiet time
             if covered and not recent:
                 return f"not waited: no reading in {quiet_s:g} s"
-            slowed = any(s.reasons & SLOWING for s in recent if s.reasons is not None)
-            if recent and not slowed and covered:
-                known = any(s.reasons is not None for s in recent)
-                return f"settled in {now - start:.1f} s" + ("" if known else " (limits n/a)")
+            known = [s.reasons for s in recent if s.reasons is not None]
+            if covered and not known:
+                return "not waited: limits n/a"
+            if covered and not any(r & SLOWING for r in known):
+                return f"settled in {now - start:.1f} s"
             if now - start >= limit_s:
                 return f"still limited after {limit_s:g} s"
             time.sleep(PERIOD_MS / 1e3)

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python -m paper_repro.row_sweep [--kernels rms_norm,softmax] [--per 16,32]
                                                  [--widths 1024,4096] [--causal-warps 1,2,4,8]
-                                                 [--quick]
+                                                 [--gelu-tiles 1024,4096] [--quick]
 
 The one-tile norms give each thread `_common.per_thread(plan)` elements (f32: 16 for tiles
 wider than 1024 and narrower than 4096, else 32; the table `PER_THREAD_BY_WIDTH`), softmax
@@ -18,6 +18,10 @@ either. `--quick` runs tiny shapes on sim (a check of the script only).
 
 The next GPU lease confirms the norms' rule with the defaults: rms_norm, add_rms_norm and
 layer_norm at 1024, 1536, 2048, 3072 and 4096, 16 and 32 elements per thread (f32).
+
+`--kernels gelu` times GELU f32 at 2^26 and 2^28 elements with each of `--gelu-tiles`
+elements a block (`activations._tile`: 1024 since an H200 ran it at 0.99 of the copy ceiling
+where 4096 ran at 0.96) beside Triton's, twice in turn.
 
 `--kernels softmax_causal` times the causal softmax instead (the bandwidth experiment's
 shapes, 16 x 1024^2 and 4 x 2048^2, f32) with each of `--causal-warps` warps a block
@@ -36,7 +40,7 @@ from typing import Any
 from unittest import mock
 
 import cutile_py as ct
-from cutile_py_kernels import _common, norms
+from cutile_py_kernels import _common, activations, norms
 from paper_repro.core import Context
 from paper_repro.experiments import bandwidth
 from paper_repro.experiments.common import copy_ceiling, peer_missing, same_size_copy
@@ -50,6 +54,8 @@ KERNELS = "rms_norm,add_rms_norm,layer_norm"
 PER_THREAD = (16, 32)
 CAUSAL_SHAPES = ((16, 1024, 1024), (4, 2048, 2048))
 CAUSAL_WARPS = (1, 2, 4, 8)
+GELU_SIZES = (1 << 26, 1 << 28)
+GELU_TILES = (1024, 2048, 4096, 8192)
 
 
 @contextmanager
@@ -91,6 +97,29 @@ def causal_sweep(ctx: Context, copy: float, warps: list[int]) -> None:
             print(f"| triton | {label} | {theirs} | | 1 | {cells}", flush=True)
 
 
+def gelu_sweep(ctx: Context, copy: float, tiles: list[int], rounds: int = 2) -> None:
+    """Markdown rows: GELU f32 by elements a block (`activations._tile`), then Triton's (where
+    installed), at 2^26 and 2^28 elements, `rounds` times in turn (the rows of one round are
+    timed back to back: a difference that holds in every round is not drift)."""
+    spec = {s.name: s for s in bandwidth.SPECS}["gelu"]
+    fn = importlib.import_module("cutile_py_kernels").gelu
+    library = activations._tile(ct.f32)
+    print("| kernel | elements | per block | library | us | GB/s | of copy | of same-size copy |")
+    print("|---|---|---|---|---|---|---|---|")
+    sizes = [(1 << 12,)] if ctx.quick else [(n,) for n in GELU_SIZES]
+    for _ in range(rounds):
+        for shape in sizes:
+            same = same_size_copy(ctx, spec.nbytes(shape))
+            for tile in tiles:
+                mark = "yes" if tile == library else ""
+                with mock.patch.object(activations, "_tile", lambda dt, t=tile: t):
+                    cells = _timed(copy, same, bandwidth.measure_cutile, ctx, spec, fn, shape)
+                print(f"| gelu | {shape[0]} | {tile} | {mark} | {cells}", flush=True)
+            if not ctx.quick and peer_missing("triton") is None:
+                cells = _timed(copy, same, bandwidth.measure_peer, ctx, spec, "triton", shape)
+                print(f"| triton | {shape[0]} | 1024 | | {cells}", flush=True)
+
+
 def _timed(copy: float, same: float, measure: Callable[..., list[Any]], *args: Any) -> str:
     """The cells `us | GB/s | of copy | of same-size copy |` of `measure(*args)`, or its
     error (a failing variant is a row; the sweep goes on)."""
@@ -109,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="elements per thread to time, comma-separated")  # fmt: skip
     p.add_argument("--causal-warps", default=",".join(map(str, CAUSAL_WARPS)),
                    help="warps a block of the causal softmax to time (softmax_causal)")  # fmt: skip
+    p.add_argument("--gelu-tiles", default=",".join(map(str, GELU_TILES)),
+                   help="elements a block of GELU to time (gelu)")  # fmt: skip
     p.add_argument("--widths", default=",".join(map(str, WIDTHS)),
                    help="row lengths to time (4096 rows each), comma-separated")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="tiny shapes on sim")
@@ -128,6 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# one-tile row kernels by elements per thread ({device.get('gpu', backend)})")
     print(f"copy ceiling {copy:.0f} GB/s\n")
     names = args.kernels.split(",")
+    if "gelu" in names:
+        names.remove("gelu")
+        gelu_sweep(ctx, copy, [int(v) for v in args.gelu_tiles.split(",")])
+        if not names:
+            return 0
+        print()
     if "softmax_causal" in names:
         names.remove("softmax_causal")
         causal_sweep(ctx, copy, [int(v) for v in args.causal_warps.split(",")])

@@ -290,15 +290,16 @@ def test_long_norm_rows_are_read_once(n: int, width: int, warps: int) -> None:
 @pytest.mark.parametrize(
     ("dt", "n", "ln_warps", "rms_warps"),
     [(ct.f32, 8192, 8, 8), (ct.f32, 8200, 8, 16), (ct.f32, 16384, 8, 16),
-     (ct.f32, 32768, 16, 16), (ct.bf16, 16384, 16, 16)],
+     (ct.f32, 32768, 16, 16), (ct.bf16, 16384, 16, 16), (ct.f32, 12288, 8, 8),
+     (ct.f32, 24576, 16, 16)],
 )  # fmt: skip
 def test_layer_norm_takes_64_a_thread_past_8192_f32(
     dt: Any, n: int, ln_warps: int, rms_warps: int
 ) -> None:
-    """layer_norm's f32 tiles wider than 8192 hold 64 elements a thread (8 warps at 16384:
-    0.914 of the copy ceiling on an H200 against 0.759 at 16 warps); rms_norm, and 16-bit
-    rows, keep the norms' rule. As the host function launches it (its rule, not the
-    default)."""
+    """layer_norm's f32 tiles of a power-of-two width past 8192 hold 64 elements a thread
+    (8 warps at 16384: 0.914 of the copy ceiling on an H200 against 0.759 at 16 warps);
+    rms_norm, 16-bit rows and other widths (12288: 48 a thread, not 96) keep the norms'
+    rule. As the host function launches it (its rule, not the default)."""
     rows = ct.TensorSpec((4096, n), dt)
     ln = _common.row_launch(norms._layer_norm_kernels, 0, rows, norms.ONE_PASS_CAP,  # type: ignore[arg-type]
                             norms.layer_norm_per_thread)  # fmt: skip

@@ -6,9 +6,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -343,6 +345,32 @@ def test_row_sweep_times_the_causal_softmax_by_block_size(
     assert all(float(r[6]) > 0 and "error" not in r[6] for r in rows)
 
 
+def test_row_sweep_times_gelu_by_elements_a_block(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--kernels gelu`: each tile asked is the one launched (seen by the measurement), in
+    two rounds, the library's 1024 marked and back afterwards (on sim, 4096 elements: a
+    check of the script only)."""
+    from cutile_py_kernels import activations
+    from paper_repro import row_sweep
+
+    seen: list[int] = []
+    measure = row_sweep.bandwidth.measure_cutile
+
+    def spy(*args: Any) -> Any:
+        seen.append(activations._tile(ct.f32))
+        return measure(*args)
+
+    monkeypatch.setattr(row_sweep.bandwidth, "measure_cutile", spy)
+    assert row_sweep.main(["--quick", "--kernels", "gelu", "--gelu-tiles", "1024,4096"]) == 0
+    assert seen == [1024, 4096, 1024, 4096]
+    assert activations._tile(ct.f32) == 1024 and activations._tile(ct.bf16) == 2048
+    rows = [[c.strip() for c in line.split("|")] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| gelu")]  # fmt: skip
+    assert [(r[2], r[3], r[4]) for r in rows] == [("4096", "1024", "yes"), ("4096", "4096", "")] * 2
+    assert all(float(r[5]) > 0 for r in rows)
+
+
 def test_row_sweeps_triton_rows_name_the_warps_triton_ran(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -443,6 +471,57 @@ def test_the_leases_experiments_run_their_cuda_paths_over_a_null_device(
     else:  # what the GPU's clocks were while each row was timed (no NVML here)
         want = "GPU: no GPU samples (NVML: libnvidia-ml not found)"
         assert all(str(r["note"]).endswith(want) for r in ours), ours
+        assert not any("from rest" in n for n in res.notes)  # nothing waited on
+
+
+def test_the_gemm_experiment_times_each_row_from_rest(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With clock readings (a stand-in sampler: under the power cap until 0.2 s after the
+    first row asks to settle, then at rest) the GEMM experiment starts each row once the
+    limit is gone and 0.5 s of rest is seen, says how long that took in the row's note, and
+    says what it did in the report's notes."""
+    import time
+
+    from cutile_py_kernels import autotune
+    from paper_repro import gpu_monitor
+    from paper_repro.core import Context
+    from paper_repro.experiments import gemm
+    from paper_repro.experiments.host import null_cuda
+    from paper_repro.timing import Timer
+
+    monkeypatch.setattr(autotune, "TUNER", autotune.Autotuner(path=tmp_path / "gemm.json"))
+    monkeypatch.setattr(gpu_monitor, "PERIOD_MS", 5)
+    cool_at: list[float] = []
+
+    def source() -> Any:
+        def read() -> gpu_monitor.Sample:
+            now = time.monotonic()
+            hot = not cool_at or now < cool_at[0]
+            return gpu_monitor.Sample(now, 1200.0 if hot else 345.0, 1980.0, 700.0, 55.0,
+                                      0x4 if hot else 0x1)  # fmt: skip
+
+        return read, lambda: None
+
+    class Monitor(gpu_monitor.GpuMonitor):
+        def settle(self, quiet_s: float = 0.5, limit_s: float = 15.0) -> str:
+            if not cool_at:
+                cool_at.append(time.monotonic() + 0.2)
+            return super().settle(quiet_s, limit_s)
+
+    monkeypatch.setattr(gemm, "GpuMonitor", lambda: Monitor(source=source))
+    with null_cuda(check_arguments=True):
+        res = gemm.run(Context("cuda", True, Timer("cuda", reps=3, warmup=1), 50 << 20, {}))
+    ours = [r for r in res.rows if r.get("impl") == "cutile_py"]
+    assert ours and all(r["status"] == "ok" for r in ours), ours
+    pattern = r"GPU \(settled in ([0-9.]+) s\): SM \d+ MHz"
+    waits = [re.search(pattern, str(r["note"])) for r in ours]
+    assert all(waits), ours
+    # The first row waited out the cap (0.2 s of it, then 0.5 s of rest); the later ones
+    # found the GPU at rest.
+    assert float(waits[0].group(1)) >= 0.65  # type: ignore[union-attr]
+    assert all(float(w.group(1)) < 0.65 for w in waits[1:])  # type: ignore[union-attr]
+    assert any("timed from rest" in n for n in res.notes)
 
 
 def test_gemm_sweeps_run_after_run_table_runs_over_a_null_device(

@@ -167,6 +167,7 @@ def run(ctx: Context) -> Result:
             res.rows.append(row)
     with ExitStack() as stack:
         gpu = stack.enter_context(GpuMonitor()) if ctx.backend == "cuda" else None
+        from_rest = gpu is not None and gpu.sampling
         for dtype in dtypes:
             for n in sizes:
                 ctx.log(f"gemm: {dtype} {n}^3")
@@ -213,10 +214,11 @@ def run(ctx: Context) -> Result:
                 f"(target 60%: {'met' if min(large) >= 60 else 'not met'})"
             )
     res.notes.append("TFLOP/s = 2·n³ / time. % of cuBLAS is against torch.matmul (cuBLAS).")
-    res.notes.append(
-        "On cuda each implementation is timed from rest: after the GPU's readings show no "
-        "power or thermal limit for 0.5 s (the note says how long that took). A run of 8192 "
-        "GEMMs (the tuner's sweep) holds an H200 at its power cap, and whatever is timed next "
-        "runs at a lower clock."
-    )
+    if from_rest:
+        res.notes.append(
+            "Each implementation is timed from rest: after the GPU's readings show no power "
+            "or thermal limit for 0.5 s (each row's note says how long that took). A run of "
+            "8192 GEMMs (the tuner's sweep) holds an H200 at its power cap, and whatever is "
+            "timed next runs at a lower clock."
+        )
     return res
