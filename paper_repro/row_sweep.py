@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python -m paper_repro.row_sweep [--kernels rms_norm,softmax] [--per 16,32]
                                                  [--widths 1024,4096] [--causal-warps 1,2,4,8]
+                                                 [--block-elems 2048,4096]
                                                  [--gelu-tiles 1024,4096] [--quick]
 
 The one-tile norms give each thread `_common.per_thread(plan)` elements (f32: 16 for tiles
@@ -18,6 +19,10 @@ either. `--quick` runs tiny shapes on sim (a check of the script only).
 
 The next GPU lease confirms the norms' rule with the defaults: rms_norm, add_rms_norm and
 layer_norm at 1024, 1536, 2048, 3072 and 4096, 16 and 32 elements per thread (f32).
+
+`--block-elems 2048,4096` times the f32 norms with blocks of that many elements as well
+(rows a block: it over the width; one row a block is how Triton's kernels run them), each
+with every `--per`; a table's last column says the rows a block.
 
 `--kernels gelu` times GELU f32 at 2^26 and 2^28 elements with each of `--gelu-tiles`
 elements a block (`activations._tile`: 1024 since an H200 ran it at 0.99 of the copy ceiling
@@ -59,18 +64,24 @@ GELU_TILES = (1024, 2048, 4096, 8192)
 
 
 @contextmanager
-def elements_per_thread(per: int) -> Iterator[None]:
+def elements_per_thread(per: int, block_elems: int | None = None) -> Iterator[None]:
     """The row kernels (norms and softmax) with `per` elements per thread at every width,
-    as launched inside; the library's rule again after."""
-    saved = (_common.PER_THREAD_BY_WIDTH, softmax_mod.PER_THREAD, norms.LAYER_NORM_WIDE)
+    and f32 blocks of `block_elems` elements (rows a block: `block_elems` // width; the
+    library's `_common.BLOCK_ELEMS` when None), as launched inside; the library's rule again
+    after."""
+    saved = (_common.PER_THREAD_BY_WIDTH, softmax_mod.PER_THREAD, norms.LAYER_NORM_WIDE,
+             _common.BLOCK_ELEMS)  # fmt: skip
     _common.PER_THREAD_BY_WIDTH = ((1 << 30, per),)
     softmax_mod.PER_THREAD = per
     norms.LAYER_NORM_WIDE = 1 << 30  # layer_norm's own rule for long rows off
+    if block_elems is not None:
+        _common.BLOCK_ELEMS = {**_common.BLOCK_ELEMS, ct.f32: block_elems}
     _common._ROW_LAUNCHES.clear()
     try:
         yield
     finally:
-        _common.PER_THREAD_BY_WIDTH, softmax_mod.PER_THREAD, norms.LAYER_NORM_WIDE = saved
+        (_common.PER_THREAD_BY_WIDTH, softmax_mod.PER_THREAD, norms.LAYER_NORM_WIDE,
+         _common.BLOCK_ELEMS) = saved  # fmt: skip
         _common._ROW_LAUNCHES.clear()
 
 
@@ -138,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="elements per thread to time, comma-separated")  # fmt: skip
     p.add_argument("--causal-warps", default=",".join(map(str, CAUSAL_WARPS)),
                    help="warps a block of the causal softmax to time (softmax_causal)")  # fmt: skip
+    p.add_argument("--block-elems", default="",
+                   help="f32 elements a block of the norms to time (rows a block: this over the "
+                        "width), comma-separated; the library's when not given")  # fmt: skip
     p.add_argument("--gelu-tiles", default=",".join(map(str, GELU_TILES)),
                    help="elements a block of GELU to time (gelu)")  # fmt: skip
     p.add_argument("--widths", default=",".join(map(str, WIDTHS)),
@@ -171,43 +185,38 @@ def main(argv: list[str] | None = None) -> int:
         if not names:
             return 0
         print()
+    blocks: list[int | None] = [int(v) for v in args.block_elems.split(",") if v] or [None]
     print("| kernel | shape | per thread | library | warps | us | GB/s | of copy "
-          "| of same-size copy |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| of same-size copy | rows a block |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in names:
         spec, fn = specs[name], getattr(importlib.import_module("cutile_py_kernels"), name)
         for w in widths:
             shape = (rows_n, w)
             same = same_size_copy(ctx, spec.nbytes(shape))
-            chosen = _warps(name, shape)
-            for per in pers:
-                with elements_per_thread(per):
-                    warps = _warps(name, shape)
-                    mark = "yes" if warps == chosen else ""
-                    try:
-                        (row,) = bandwidth.measure_cutile(ctx, spec, fn, shape)
-                        gbps = float(row["gbps"] or 0)
-                        print(
-                            f"| {name} | {rows_n}x{w} | {per} | {mark} | {warps} | "
-                            f"{row['time_us']} | {gbps:.0f} | {gbps / copy:.3f} | "
-                            f"{gbps / same:.3f} |",
-                            flush=True,
-                        )
-                    except Exception as e:  # a failing variant is a row; the sweep goes on
-                        print(f"| {name} | {rows_n}x{w} | {per} | {mark} | {warps} | "
-                              f"error: {e} | | | |")  # fmt: skip
+            chosen = _launch(name, shape)
+            for block in blocks:
+                for per in pers:
+                    with elements_per_thread(per, block):
+                        warps, rows = _launch(name, shape)
+                        mark = "yes" if (warps, rows) == chosen else ""
+                        head = f"| {name} | {rows_n}x{w} | {per} | {mark} | {warps} |"
+                        cells = _timed(copy, same, bandwidth.measure_cutile, ctx, spec, fn, shape)
+                        print(f"{head} {cells} {rows} |", flush=True)
     return 0
 
 
-def _warps(name: str, shape: tuple[int, int]) -> int:
-    """The warps per block the library picks for f32 `shape` (under the current rule)."""
+def _launch(name: str, shape: tuple[int, int]) -> tuple[int, int]:
+    """The warps and rows a block the library picks for f32 `shape` (under the current
+    rule)."""
     r, n = shape
     if name == "softmax":
-        return int(softmax_mod.softmax_plan(r, n, ct.f32)[1])
+        plan, warps = softmax_mod.softmax_plan(r, n, ct.f32)
+        return int(warps), plan.rows
     plan = _common.row_plan(r, n, ct.f32, norms.ONE_PASS_CAP)
     if name == "layer_norm" and not plan.loop:
-        return _common.row_warps(plan, norms.layer_norm_per_thread(plan))
-    return _common.row_warps(plan)
+        return _common.row_warps(plan, norms.layer_norm_per_thread(plan)), plan.rows
+    return _common.row_warps(plan), plan.rows
 
 
 if __name__ == "__main__":

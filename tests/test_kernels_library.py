@@ -287,6 +287,37 @@ def test_long_norm_rows_are_read_once(n: int, width: int, warps: int) -> None:
         assert launch.kernel is family(ct.bf16, warps)[0]
 
 
+#: (elements a block, elements a thread) the next lease's row sweep times at 1536 and 2048
+#: (`paper_repro/lease_check.sh`: `row_sweep --block-elems 2048,4096 --per 8,16`): one row
+#: a block as Triton's kernels run them, and two.
+SWEEP_BLOCKS = [(2048, 8), (2048, 16), (4096, 8), (4096, 16)]
+
+
+@pytest.mark.parametrize("n", [1536, 2048])
+@pytest.mark.parametrize(("block", "per"), SWEEP_BLOCKS)
+def test_norm_blocks_the_row_sweep_times(
+    rng: np.random.Generator, n: int, block: int, per: int
+) -> None:
+    """Each norm block shape `paper_repro.row_sweep` times, correct (on sim; 3 rows: the last
+    block of two rows partial)."""
+    from paper_repro.row_sweep import elements_per_thread
+
+    x, xt, w, wt = norm_cases(rng, ct.f32, 3, n, offset=2.0)
+    b, bt = rand(rng, (n,), ct.f32)
+    res, rt = rand(rng, (3, n), ct.f32)
+    with elements_per_thread(per, block):
+        plan = _common.row_plan(3, n, ct.f32)
+        assert plan.rows == min(2, block // n)
+        y_rms = ck.rms_norm(xt, wt)
+        y_ln = ck.layer_norm(xt, wt, bt)
+        y_add, h = ck.add_rms_norm(xt, rt, wt)
+    check(y_rms, rms_ref(x, w, 1e-6), ct.f32, 4)
+    check(y_ln, ln_ref(x, w, b, 1e-5), ct.f32, 4)
+    h_ref = round_to((x + res).astype(np.float32), ct.f32).astype(np.float64)
+    np.testing.assert_array_equal(h.to_numpy().astype(np.float64), h_ref)
+    check(y_add, rms_ref(h_ref, w, 1e-6), ct.f32, 4)
+
+
 @pytest.mark.parametrize(
     ("dt", "n", "ln_warps", "rms_warps"),
     [(ct.f32, 8192, 8, 8), (ct.f32, 8200, 8, 16), (ct.f32, 16384, 8, 16),

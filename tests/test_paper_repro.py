@@ -345,6 +345,26 @@ def test_row_sweep_times_the_causal_softmax_by_block_size(
     assert all(float(r[6]) > 0 and "error" not in r[6] for r in rows)
 
 
+def test_row_sweep_times_rows_a_block(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--block-elems`: the f32 norms' blocks of that many elements (rows a block: it over the
+    width) with each per-thread count, as launched, and the library's blocks back after (on
+    sim, tiny shapes: a check of the script only)."""
+    from cutile_py_kernels import _common
+    from paper_repro import row_sweep
+
+    before = dict(_common.BLOCK_ELEMS)
+    argv = ["--quick", "--kernels", "rms_norm", "--per", "16", "--block-elems", "64,256"]
+    assert row_sweep.main(argv) == 0
+    assert before == _common.BLOCK_ELEMS
+    rows = [[c.strip() for c in line.split("|")] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| rms_norm")]  # fmt: skip
+    # (shape, warps, rows a block): 8x64 (one row of 64, then four), 8x96 (a tile of 128: one
+    # row, then two)
+    want = [("8x64", "1", "1"), ("8x64", "1", "4"), ("8x96", "1", "1"), ("8x96", "1", "2")]
+    assert [(r[2], r[5], r[10]) for r in rows] == want
+    assert all(float(r[6]) > 0 for r in rows)
+
+
 def test_row_sweep_times_gelu_by_elements_a_block(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
