@@ -173,18 +173,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# one-tile row kernels by elements per thread ({device.get('gpu', backend)})")
     print(f"copy ceiling {copy:.0f} GB/s\n")
     names = args.kernels.split(",")
-    if "gelu" in names:
-        names.remove("gelu")
-        gelu_sweep(ctx, copy, [int(v) for v in args.gelu_tiles.split(",")])
-        if not names:
-            return 0
-        print()
-    if "softmax_causal" in names:
-        names.remove("softmax_causal")
-        causal_sweep(ctx, copy, [int(v) for v in args.causal_warps.split(",")])
-        if not names:
-            return 0
-        print()
+    sweeps: dict[str, Callable[[], None]] = {
+        "gelu": lambda: gelu_sweep(ctx, copy, [int(v) for v in args.gelu_tiles.split(",")]),
+        "softmax_causal": lambda: causal_sweep(
+            ctx, copy, [int(v) for v in args.causal_warps.split(",")]
+        ),
+    }
+    for name, sweep in sweeps.items():  # tables of their own, before the norms'
+        if name in names:
+            names.remove(name)
+            sweep()
+            if not names:
+                return 0
+            print()
     blocks: list[int | None] = [int(v) for v in args.block_elems.split(",") if v] or [None]
     print("| kernel | shape | per thread | library | warps | us | GB/s | of copy "
           "| of same-size copy | rows a block |")  # fmt: skip
