@@ -10,7 +10,7 @@ import cutile_py as ct
 from cutile_py import PartitionSpec as PS
 from cutile_py import TensorSpec as TS
 from cutile_py_kernels._common import row_launch, row_plan, row_warps
-from cutile_py_kernels.activations import _silu_mul_kernel
+from cutile_py_kernels.activations import _gelu_kernel, _silu_mul_kernel, _tile
 from cutile_py_kernels.attention import _attention_kernels, attention_tile
 from cutile_py_kernels.autotune import candidates, default_config
 from cutile_py_kernels.gemm import _gemm_kernel
@@ -50,6 +50,7 @@ def cases() -> Iterator[Case]:
             _silu_mul_kernel(dt),
             (PS((n,), (1024,), dt), v, v),
         )
+        yield f"gelu {dt.name}", _gelu_kernel(dt), (PS((n,), (_tile(dt),), dt), v)
         for n, causal in ((32768, False), (40_000, False), (1024, True), (256, True)):
             yield _softmax_case(dt, 8, n, causal)
         # The one-tile norms past the chunked kernels' width, as the host functions launch
