@@ -53,14 +53,48 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--backend", choices=["cuda", "sim", "interpret"])
     p.add_argument("--reps", type=int, help="timed samples per measurement")
     p.add_argument("--only", default="", help="bandwidth: comma-separated kernel names")
+    p.add_argument(
+        "--dtype",
+        default="f32",
+        help="bandwidth: comma-separated dtypes (f32, f16, bf16) of the kernels "
+        "whose tensors are all floats",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="bandwidth: time each implementation at a shape this many times in "
+        "turn (the spread between rounds, and the rounds' ratio to Triton)",
+    )
+    p.add_argument(
+        "--shapes",
+        default="",
+        help="bandwidth: only these shapes, comma-separated as labelled in the "
+        "report (4096x1536, 268435456, 16x1024x1024)",
+    )
     p.add_argument("--debug", action="store_true", help="tracebacks for every failure")
     args = p.parse_args(argv)
     chosen = EXPERIMENTS if "all" in args.experiments else args.experiments
     unknown = [e for e in chosen if e not in EXPERIMENTS]
     if unknown:
         p.error(f"unknown experiment(s) {', '.join(unknown)}; choose from {', '.join(EXPERIMENTS)}")
+    bad = [d for d in args.dtype.split(",") if d not in ("f32", "f16", "bf16")]
+    if bad:
+        p.error(f"--dtype: unknown dtype(s) {', '.join(bad)}; choose from f32, f16, bf16")
+    if args.rounds < 1:
+        p.error(f"--rounds: expected at least 1, got {args.rounds}")
     args.chosen = chosen
     return args
+
+
+def bandwidth_options(args: argparse.Namespace) -> dict[str, object]:
+    """The bandwidth experiment's keyword arguments from the command line."""
+    return {
+        "only": [k for k in args.only.split(",") if k],
+        "dtypes": args.dtype.split(","),
+        "rounds": args.rounds,
+        "shapes": [s for s in args.shapes.split(",") if s],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,9 +124,16 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         ctx.log(f"== {name}")
         module = importlib.import_module(f"paper_repro.experiments.{name}")
+
+        def checkpoint(res: Result, t0: float = t0) -> None:
+            res.seconds = time.perf_counter() - t0
+            write_result(out, res)
+            write_report(out, ctx, [*results, res], argv, running=res.name)
+
+        ctx.checkpoint = checkpoint
         try:
-            if name == "bandwidth" and args.only:
-                res: Result = module.run(ctx, only=args.only.split(","))
+            if name == "bandwidth":
+                res: Result = module.run(ctx, **bandwidth_options(args))
             else:
                 res = module.run(ctx)
         except Exception as e:  # an experiment that fails leaves its error in the report

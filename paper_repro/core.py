@@ -49,6 +49,9 @@ class Context:
     #: GB/s of device copies by the bytes they move (`same_size_copy`), measured once each.
     copies: dict[int, float] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
+    #: Writes an unfinished result's rows so far (set by the command line): a run cut short
+    #: by a time limit keeps what it measured.
+    checkpoint: Callable[[Result], None] | None = None
 
     def log(self, message: str) -> None:
         """Progress, to stderr."""

@@ -94,7 +94,14 @@ def table(rows: Sequence[Row], columns: Sequence[str]) -> list[str]:
     return lines
 
 
-def write_report(out: Path, ctx: Context, results: Sequence[Result], argv: Sequence[str]) -> None:
+def write_report(
+    out: Path,
+    ctx: Context,
+    results: Sequence[Result],
+    argv: Sequence[str],
+    running: str | None = None,
+) -> None:
+    """REPORT.md of `results`; `running` names one still running (its rows so far)."""
     dev = ctx.device
     lines = [
         "# cutile_py: reproduction of the cuTile Rust paper's measurements",
@@ -144,7 +151,10 @@ def write_report(out: Path, ctx: Context, results: Sequence[Result], argv: Seque
             for name, r in errors
         ]
     for res in results:
-        lines += ["", f"## {res.name}: {res.title}", "", f"({res.seconds:.1f} s)", ""]
+        took = f"({res.seconds:.1f} s)"
+        if res.name == running:
+            took = f"(unfinished when written: the rows of its first {res.seconds:.1f} s)"
+        lines += ["", f"## {res.name}: {res.title}", "", took, ""]
         lines += [f"- {n}" for n in res.notes]
         if res.notes:
             lines.append("")

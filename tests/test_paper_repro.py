@@ -462,9 +462,10 @@ def test_gemm_timing_check_runs_over_a_null_device(
 def test_the_leases_experiments_run_their_cuda_paths_over_a_null_device(
     experiment: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """`bandwidth` (with each size's own copy, cuMemcpyDtoD included) and `gemm` (the tuner on
-    cuda, the replayed launch) on the cuda backend over the null driver, every driver call
-    checked against the real bindings, at the quick sizes: every cutile_py row ok. The null
+    """`bandwidth` (f32 and bf16 in two rounds, with each size's own copy, cuMemcpyDtoD
+    included) and `gemm` (the tuner on cuda, the replayed launch) on the cuda backend over
+    the null driver, every driver call checked against the real bindings, at the quick
+    sizes: every cutile_py row ok. The null
     device's times are zeros, so rates are NaN: a check of the harness, not of a GPU."""
     import importlib
 
@@ -479,11 +480,12 @@ def test_the_leases_experiments_run_their_cuda_paths_over_a_null_device(
     module = importlib.import_module(f"paper_repro.experiments.{experiment}")
     with null_cuda(check_arguments=True):
         ctx = Context("cuda", True, Timer("cuda", reps=3, warmup=1), 50 << 20, {})
-        res = module.run(ctx, ["rms_norm", "softmax_causal"]) if experiment == "bandwidth" \
-            else module.run(ctx)  # fmt: skip
+        res = module.run(ctx, ["rms_norm", "softmax_causal"], dtypes=("f32", "bf16"), rounds=2) \
+            if experiment == "bandwidth" else module.run(ctx)  # fmt: skip
     ours = [r for r in res.rows if r.get("impl") == "cutile_py"]
     assert ours and all(r["status"] == "ok" for r in ours), ours
     if experiment == "bandwidth":
+        assert {(r["dtype"], r["rounds"]) for r in ours} == {("f32", 2), ("bf16", 2)}
         copies = [r for r in res.rows if r.get("kernel") == "copy (ceiling)"]
         assert {r["impl"] for r in copies} == {"ptx copy kernel", "cuMemcpyDtoDAsync"}
         assert all("frac_same_copy" in r for r in ours)

@@ -4,6 +4,10 @@ Triton, PyTorch and CuPy beside them."""
 
 from __future__ import annotations
 
+import math
+import statistics
+import sys
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -12,7 +16,16 @@ from typing import Any
 import numpy as np
 
 from paper_repro import peers
-from paper_repro.core import Context, Result, Row, attempt, missing_row, random_array, sig
+from paper_repro.core import (
+    Context,
+    Result,
+    Row,
+    Value,
+    error_row,
+    missing_row,
+    random_array,
+    sig,
+)
 from paper_repro.experiments.common import (
     bw_row,
     copy_ceiling,
@@ -24,11 +37,15 @@ from paper_repro.experiments.common import (
     torch_tensor,
 )
 from paper_repro.replay import Replay
+from paper_repro.timing import Measurement
 
 Shape = tuple[int, ...]
 ELEMENTWISE_GPU = [1 << p for p in (20, 22, 24, 26, 28)]
 ROWS = 4096
 ROW_WIDTHS_GPU = [1024, 1536, 2048, 4096, 8192, 16384, 32768]
+#: The dtypes a spec of float tensors only is timed at, and their sizes in bytes.
+FLOATS = ("f32", "f16", "bf16")
+ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2}
 
 
 @dataclass(frozen=True)
@@ -50,8 +67,12 @@ class Spec:
     nbytes: Callable[[Shape], int]
     #: Peer name -> (tensors, output) -> a function queuing the peer's kernel(s).
     peers: dict[str, Callable[[list[Any], Any], Callable[[], Any]]] = field(default_factory=dict)
-    #: The output's shape and numpy dtype name, for the peers' preallocated output.
+    #: The output's shape and dtype name ("f32": the dtype timed), for the peers'
+    #: preallocated output.
     out: Callable[[Shape], tuple[Shape, str]] = lambda s: (s, "f32")
+    #: The dtypes it can be timed at (`--dtype`): all three floats where every tensor it
+    #: moves is of the dtype timed (`nbytes` then scales with the element size).
+    dtypes: tuple[str, ...] = ("f32",)
 
 
 def _flat(quick: bool) -> list[Shape]:
@@ -124,6 +145,7 @@ SPECS: list[Spec] = [
                 lambda: _torch().mul(_torch().nn.functional.silu(t[0]), t[1], out=o)
             )
         },
+        dtypes=FLOATS,
     ),
     Spec(
         "gelu",
@@ -135,6 +157,7 @@ SPECS: list[Spec] = [
             "torch": lambda t, o: lambda: _torch().nn.functional.gelu(t[0], approximate="tanh"),
             "triton": lambda t, o: lambda: _triton().gelu(t[0], o),
         },
+        dtypes=FLOATS,
     ),
     Spec(
         "rms_norm",
@@ -143,6 +166,7 @@ SPECS: list[Spec] = [
         lambda f, t: f(t[0], t[1]),
         lambda s: 8 * s[0] * s[1] + 4 * s[1],
         {"torch": _rms_torch, "triton": lambda t, o: lambda: _triton().rms_norm(t[0], t[1], o)},
+        dtypes=FLOATS,
     ),
     Spec(
         "add_rms_norm",
@@ -151,6 +175,7 @@ SPECS: list[Spec] = [
         lambda f, t: f(t[0], t[1], t[2]),
         lambda s: 16 * s[0] * s[1] + 4 * s[1],
         {"torch": lambda t, o: lambda: _rms_torch([t[0] + t[1], t[2]], o)()},
+        dtypes=FLOATS,
     ),
     Spec(
         "layer_norm",
@@ -163,6 +188,7 @@ SPECS: list[Spec] = [
                 lambda: _torch().nn.functional.layer_norm(t[0], (t[0].shape[-1],), t[1], t[2], 1e-5)
             )
         },
+        dtypes=FLOATS,
     ),
     Spec(
         "softmax",
@@ -174,6 +200,7 @@ SPECS: list[Spec] = [
             "torch": lambda t, o: lambda: _torch().softmax(t[0], -1),
             "triton": lambda t, o: lambda: _triton().softmax(t[0], o),
         },
+        dtypes=FLOATS,
     ),
     Spec(
         "softmax_causal",
@@ -185,6 +212,7 @@ SPECS: list[Spec] = [
             "torch": _causal_torch,
             "triton": lambda t, o: lambda: _triton().softmax(t[0], o, causal=True),
         },
+        dtypes=FLOATS,
     ),
     Spec(
         "rope",
@@ -222,7 +250,14 @@ SPECS: list[Spec] = [
 ]
 
 
+def spec_bytes(spec: Spec, shape: Shape, dtype: str) -> int:
+    """The bytes `spec` moves at `shape` in `dtype` (`Spec.nbytes` is at f32)."""
+    return spec.nbytes(shape) * ITEMSIZE[dtype] // 4
+
+
 def host_arrays(ctx: Context, spec: Spec, shape: Shape) -> list[np.ndarray]:
+    """The inputs of `spec` at `shape` (f32, or int32 indices), the same for every dtype and
+    implementation: each rounds them to the dtype it is timed at."""
     rng = ctx.rng(hash((spec.name, shape)) % 10_000)
     out = []
     for inp in spec.inputs(shape):
@@ -233,71 +268,279 @@ def host_arrays(ctx: Context, spec: Spec, shape: Shape) -> list[np.ndarray]:
     return out
 
 
-def _ct_input(a: np.ndarray) -> Any:
-    return to_ct(a, "i32" if a.dtype == np.int32 else "f32")
+def _dtype_of(a: np.ndarray, dtype: str) -> str:
+    return "i32" if a.dtype == np.int32 else dtype
 
 
-def measure_cutile(ctx: Context, spec: Spec, fn: Any, shape: Shape) -> list[Row]:
-    arrays = host_arrays(ctx, spec, shape)
-    nbytes = spec.nbytes(shape)
+@dataclass(frozen=True)
+class Prepared:
+    """An implementation of a spec at one shape and dtype, its buffers allocated and its
+    kernels compiled: `time()` measures it again (interleaved rounds reuse it)."""
+
+    impl: str
+    nbytes: int
+    time: Callable[[], Measurement]
+    #: The row's fields besides the measurement (kernel, impl, shape, dtype, ...).
+    fields: dict[str, Value]
+
+    def row(self, ctx: Context, m: Measurement) -> Row:
+        return bw_row(m, self.nbytes, ctx, **self.fields)
+
+
+def _fields(spec: Spec, impl: str, shape: Shape, dtype: str) -> dict[str, Value]:
+    return {"kernel": spec.name, "impl": impl, "shape": _label(shape), "dtype": dtype}
+
+
+def prepare_cutile(
+    ctx: Context,
+    spec: Spec,
+    fn: Any,
+    shape: Shape,
+    dtype: str = "f32",
+    arrays: list[np.ndarray] | None = None,
+) -> Prepared:
+    """The launches library function `fn` makes for `spec` at `shape`, replayed on rotated
+    buffer sets (`Replay`); `arrays`: the host inputs (`host_arrays` when None)."""
+    arrays = host_arrays(ctx, spec, shape) if arrays is None else arrays
+    nbytes = spec_bytes(spec, shape, dtype)
     rotate = rotate_count(ctx, nbytes)
-    sets = [[_ct_input(a) for a in arrays] for _ in range(rotate)]
+    sets = [[to_ct(a, _dtype_of(a, dtype)) for a in arrays] for _ in range(rotate)]
 
     def call(*tensors: Any) -> Any:
         return spec.call(fn, list(tensors))
 
     replay = Replay(call, sets[0], sets)
-    m = ctx.timer.device(replay.launch, rotate=rotate)
-    return [
-        bw_row(
-            m,
-            nbytes,
-            ctx,
-            kernel=spec.name,
-            impl="cutile_py",
-            shape=_label(shape),
-            kernels="+".join(replay.kernel_names),
-        )
-    ]
+    fields = _fields(spec, "cutile_py", shape, dtype)
+    fields["kernels"] = "+".join(replay.kernel_names)
+    return Prepared(
+        "cutile_py", nbytes, partial(ctx.timer.device, replay.launch, rotate=rotate), fields
+    )
 
 
-def measure_peer(ctx: Context, spec: Spec, peer: str, shape: Shape) -> list[Row]:
-    arrays = host_arrays(ctx, spec, shape)
-    nbytes = spec.nbytes(shape)
+def prepare_peer(
+    ctx: Context,
+    spec: Spec,
+    peer: str,
+    shape: Shape,
+    dtype: str = "f32",
+    arrays: list[np.ndarray] | None = None,
+) -> Prepared:
+    """Peer `peer`'s kernel(s) for `spec` at `shape` on its own tensors and stream, writing
+    into preallocated outputs where it can."""
+    arrays = host_arrays(ctx, spec, shape) if arrays is None else arrays
+    nbytes = spec_bytes(spec, shape, dtype)
     rotate = rotate_count(ctx, nbytes)
-    out_shape, _ = spec.out(shape)
-    torch = _torch()
+    out_shape, out_dtype = spec.out(shape)
+    out_dtype = dtype if out_dtype == "f32" else out_dtype
     if peer == "cupy":
+        if dtype != "f32":
+            raise ValueError(f"the cupy peer is timed at f32 only, not {dtype}")
         cupy = peers.load("cupy")[0]
         sets = [[cupy.asarray(a) for a in arrays] for _ in range(rotate)]
         outs = [cupy.empty(out_shape, dtype=cupy.float32) for _ in range(rotate)]
         stream = peers.cupy_stream()
     else:
-        sets = [
-            [torch_tensor(a, "i32" if a.dtype == np.int32 else "f32") for a in arrays]
-            for _ in range(rotate)
-        ]
-        outs = [torch.empty(out_shape, device="cuda") for _ in range(rotate)]
+        torch = _torch()
+        sets = [[torch_tensor(a, _dtype_of(a, dtype)) for a in arrays] for _ in range(rotate)]
+        torch_dtype = getattr(torch, peers.TORCH_DTYPES.get(out_dtype, "int32"))
+        outs = [torch.empty(out_shape, device="cuda", dtype=torch_dtype) for _ in range(rotate)]
         stream = peers.torch_stream()
     calls = [spec.peers[peer](sets[i], outs[i]) for i in range(rotate)]
-    m = time_peer(ctx, stream, rotate, lambda slot: calls[slot]())
-    return [bw_row(m, nbytes, ctx, kernel=spec.name, impl=peer, shape=_label(shape))]
+    time = partial(time_peer, ctx, stream, rotate, lambda slot: calls[slot]())
+    return Prepared(peer, nbytes, time, _fields(spec, peer, shape, dtype))
+
+
+def measure_cutile(
+    ctx: Context, spec: Spec, fn: Any, shape: Shape, dtype: str = "f32"
+) -> list[Row]:
+    """One row: library function `fn` for `spec` at `shape`, timed once."""
+    p = prepare_cutile(ctx, spec, fn, shape, dtype)
+    return [p.row(ctx, p.time())]
+
+
+def measure_peer(
+    ctx: Context, spec: Spec, peer: str, shape: Shape, dtype: str = "f32"
+) -> list[Row]:
+    """One row: peer `peer` for `spec` at `shape`, timed once."""
+    p = prepare_peer(ctx, spec, peer, shape, dtype)
+    return [p.row(ctx, p.time())]
 
 
 def _label(shape: Sequence[int]) -> str:
     return "x".join(str(d) for d in shape)
 
 
-def run(ctx: Context, only: Sequence[str] = ()) -> Result:
+def interleaved(
+    ctx: Context, prepared: Sequence[Prepared], rounds: int
+) -> tuple[dict[str, list[Measurement]], list[Row]]:
+    """Each of `prepared` timed `rounds` times in turn, round r starting at the r-th (no
+    implementation always the first after a pause): their measurements by impl, and an error
+    row for each that failed (it is timed no more)."""
+    times: dict[str, list[Measurement]] = {p.impl: [] for p in prepared}
+    errors: list[Row] = []
+    failed: set[str] = set()
+    for r in range(rounds):
+        for i in range(len(prepared)):
+            p = prepared[(i + r) % len(prepared)]
+            if p.impl in failed:
+                continue
+            try:
+                times[p.impl].append(p.time())
+            except Exception as e:  # one failing implementation must not lose the others
+                ctx.log(f"  {p.fields['kernel']} {p.impl} {p.fields['shape']}: {e}")
+                failed.add(p.impl)
+                errors.append(error_row(e, **p.fields))
+    return {k: v for k, v in times.items() if k not in failed}, errors
+
+
+def combined_row(ctx: Context, p: Prepared, ms: Sequence[Measurement]) -> Row:
+    """`p`'s row from its rounds: the median of their medians, the least sample, and with
+    several rounds `rounds` and `spread` (their medians' range over their median)."""
+    if len(ms) == 1:
+        return p.row(ctx, ms[0])
+    medians = [m.median_us for m in ms]
+    mid = statistics.median(medians)
+    m = Measurement(
+        mid,
+        min(m.min_us for m in ms),
+        max(m.max_us for m in ms),
+        sum(m.samples for m in ms),
+        ms[0].method,
+        any(m.host_bound for m in ms),
+    )
+    row = p.row(ctx, m)
+    row["rounds"] = len(ms)
+    row["spread"] = sig((max(medians) - min(medians)) / mid) if mid > 0 else None
+    return row
+
+
+def against(ours: Sequence[Measurement], theirs: Sequence[Measurement]) -> dict[str, Value]:
+    """Triton's time over ours, round by round (above 1: ours is faster): the median of the
+    rounds' ratios, and with several rounds their range."""
+    ratios = [t.median_us / o.median_us for o, t in zip(ours, theirs) if o.median_us > 0]
+    if not ratios or any(not math.isfinite(r) for r in ratios):
+        return {}
+    out: dict[str, Value] = {"vs_triton": sig(statistics.median(ratios))}
+    if len(ratios) > 1:
+        out["vs_triton_range"] = f"{min(ratios):.3f}-{max(ratios):.3f}"
+    return out
+
+
+def measure_shape(
+    ctx: Context, spec: Spec, fn: Any, shape: Shape, dtype: str, rounds: int
+) -> list[Row]:
+    """The rows of `spec` at `shape` and `dtype`: the library's (where `fn` exists) and each
+    available peer's, prepared once and timed in `rounds` interleaved rounds; the library's
+    row says how it compares with Triton's round by round; each row its same-size copy."""
+    arrays = host_arrays(ctx, spec, shape)
+    impls = ["cutile_py"] if fn is not None else []
+    if ctx.backend == "cuda":
+        impls += [
+            p for p in spec.peers if peer_missing(p) is None and (p != "cupy" or dtype == "f32")
+        ]
+    rows: list[Row] = []
+    prepared: list[Prepared] = []
+    for impl in impls:
+        try:
+            if impl == "cutile_py":
+                prepared.append(prepare_cutile(ctx, spec, fn, shape, dtype, arrays))
+            else:
+                prepared.append(prepare_peer(ctx, spec, impl, shape, dtype, arrays))
+        except Exception as e:  # one failing implementation must not lose the others
+            ctx.log(f"  {spec.name} {impl} {_label(shape)} {dtype}: {type(e).__name__}: {e}")
+            if "--debug" in sys.argv:
+                traceback.print_exc(file=sys.stderr)
+            rows.append(error_row(e, **_fields(spec, impl, shape, dtype)))
+    times, errors = interleaved(ctx, prepared, rounds)
+    rows += errors
+    for p in prepared:
+        if p.impl in times:
+            row = combined_row(ctx, p, times[p.impl])
+            if p.impl == "cutile_py" and "triton" in times:
+                row.update(against(times["cutile_py"], times["triton"]))
+            rows.append(row)
+    del prepared  # the buffers go before the copy of the same size is measured
+    for r in rows:
+        nbytes, bw = r.get("bytes"), r.get("gbps")
+        if isinstance(nbytes, int) and isinstance(bw, float) and "copy_gbps" in ctx.ceilings:
+            r["frac_same_copy"] = sig(bw / same_size_copy(ctx, nbytes))
+    return rows
+
+
+def summary(ctx: Context, res: Result) -> list[str]:
+    """The report's lines: each library kernel's best fraction of the copy bandwidth, and
+    where Triton was timed beside it, at which shapes the library is behind."""
+    best: dict[str, float] = {}
+    for r in res.rows:
+        frac = r.get("frac_copy")
+        if r.get("impl") == "cutile_py" and r.get("status") == "ok" and isinstance(frac, float):
+            best[str(r["kernel"])] = max(best.get(str(r["kernel"]), 0.0), frac)
+    lines = [
+        f"best fraction of copy bandwidth per cutile_py kernel ({ctx.backend}): "
+        + (", ".join(f"{k} {v:.3g}" for k, v in best.items()) or "none measured")
+    ]
+    compared = [r for r in res.rows if isinstance(r.get("vs_triton"), float)]
+    if compared:
+        behind = [r for r in compared if float(r["vs_triton"] or 0) < 1.0]
+        rounds = max(int(r.get("rounds") or 1) for r in compared)
+        lines.append(
+            f"against Triton (its time over ours, the median of {rounds} interleaved "
+            f"round{'s' if rounds > 1 else ''}): even or ahead at "
+            f"{len(compared) - len(behind)} of {len(compared)}"
+            + (
+                "; behind at "
+                + ", ".join(
+                    f"{r['kernel']} {r['shape']} {r['dtype']} {r['vs_triton']}"
+                    + (f" (rounds {r['vs_triton_range']})" if r.get("vs_triton_range") else "")
+                    for r in behind
+                )
+                if behind
+                else ""
+            )
+        )
+    return lines
+
+
+def run(
+    ctx: Context,
+    only: Sequence[str] = (),
+    dtypes: Sequence[str] = ("f32",),
+    rounds: int = 1,
+    shapes: Sequence[str] = (),
+) -> Result:
+    """Every spec (those named in `only`) at its shapes (those labelled as in `shapes`, e.g.
+    "4096x1536"), at each of `dtypes` it can be timed at, each implementation timed in
+    `rounds` interleaved rounds; the result is checkpointed after each shape."""
     import cutile_py_kernels as lib
 
     res = Result("bandwidth", "Memory-bound kernels: GB/s and fraction of copy bandwidth")
-    res.columns = ["kernel", "impl", "shape", "status", "time_us", "gbps", "frac_copy",
-                   "frac_same_copy", "note"]  # fmt: skip
+    res.columns = [
+        "kernel",
+        "impl",
+        "shape",
+        "dtype",
+        "status",
+        "time_us",
+        "gbps",
+        "frac_copy",
+        "frac_same_copy",
+        "spread",
+        "vs_triton",
+        "vs_triton_range",
+        "note",
+    ]
     ceiling_rows = copy_ceiling(ctx)
     for r in ceiling_rows:
         r["kernel"] = "copy (ceiling)"
     res.rows.extend(ceiling_rows)
+    res.notes += NOTES
+    if rounds > 1:
+        res.notes.append(
+            f"Each implementation at a shape was prepared once and timed in {rounds} rounds in "
+            "turn (round r starting at the r-th): time_us is the median of the rounds' "
+            "medians, spread their range over it, vs_triton the median of Triton's time over "
+            "ours round by round (above 1: ours faster), vs_triton_range its range."
+        )
     for spec in SPECS:
         if only and spec.name not in only:
             continue
@@ -311,31 +554,24 @@ def run(ctx: Context, only: Sequence[str] = ()) -> Result:
         cases = spec.cases(ctx.quick)
         if ctx.lean:  # the middle and the largest shape
             cases = sorted({cases[len(cases) // 2], cases[-1]}, key=cases.index)
-        for shape in cases:
-            if fn is not None:
-                attempt(
-                    ctx,
-                    res.rows,
-                    f"{spec.name} {shape}",
-                    partial(measure_cutile, ctx, spec, fn, shape),
-                    kernel=spec.name,
-                    impl="cutile_py",
-                    shape=_label(shape),
+        if shapes:
+            cases = [c for c in cases if _label(c) in shapes]
+        for dtype in dtypes:
+            if dtype not in spec.dtypes:
+                res.rows.append(
+                    missing_row(
+                        f"timed at {', '.join(spec.dtypes)} only",
+                        kernel=spec.name,
+                        impl="cutile_py",
+                        dtype=dtype,
+                    )
                 )
-            for peer in spec.peers:
-                if peer_missing(peer) is not None:
-                    continue
-                if ctx.backend != "cuda":
-                    continue
-                attempt(
-                    ctx,
-                    res.rows,
-                    f"{spec.name} {peer} {shape}",
-                    partial(measure_peer, ctx, spec, peer, shape),
-                    kernel=spec.name,
-                    impl=peer,
-                    shape=_label(shape),
-                )
+                continue
+            for shape in cases:
+                res.rows.extend(measure_shape(ctx, spec, fn, shape, dtype, rounds))
+                res.summary = summary(ctx, res)
+                if ctx.checkpoint is not None:
+                    ctx.checkpoint(res)
         for peer in spec.peers:
             row = peer_missing(peer, kernel=spec.name)
             if row is not None:
@@ -344,35 +580,19 @@ def run(ctx: Context, only: Sequence[str] = ()) -> Result:
                 res.rows.append(
                     missing_row(f"{peer} needs the cuda backend", kernel=spec.name, impl=peer)
                 )
-    ctx.log("bandwidth: copies of each measured size")
-    for r in res.rows:
-        nbytes, bw = r.get("bytes"), r.get("gbps")
-        if r.get("kernel") == "copy (ceiling)" or r.get("status") != "ok":
-            continue
-        if isinstance(nbytes, int) and isinstance(bw, float) and "copy_gbps" in ctx.ceilings:
-            r["frac_same_copy"] = sig(bw / same_size_copy(ctx, nbytes))
-    best: dict[str, float] = {}
-    for r in res.rows:
-        frac = r.get("frac_copy")
-        if r.get("impl") == "cutile_py" and r.get("status") == "ok" and isinstance(frac, float):
-            best[str(r["kernel"])] = max(best.get(str(r["kernel"]), 0.0), frac)
-    res.summary.append(
-        f"best fraction of copy bandwidth per cutile_py kernel ({ctx.backend}): "
-        + (", ".join(f"{k} {v:.3g}" for k, v in best.items()) or "none measured")
-    )
-    res.notes.append(
-        "Bytes per call (f32 = 4 B): add/saxpy/silu_mul 12n; gelu 8n; rms_norm 8RH+4H; "
-        "add_rms_norm 16RH+4H; layer_norm 8RH+8H; softmax 8RH (causal: full SxS read and "
-        "written); rope 8·T·heads·D+4T; transpose 8RC; argmax 4RC+4R; embedding 4T+8TD. "
-        "frac_copy = GB/s ÷ the copy ceiling measured in the same run; frac_same_copy = GB/s "
-        "÷ that of a copy moving the same bytes, measured in the same run (below 1 GiB; the "
-        "ceiling above): "
-        "a copy of tens of MB does not reach the ceiling either."
-    )
-    res.notes.append(
-        "cutile_py numbers time the launches the library host function makes, replayed on "
-        "preallocated outputs (the host function itself also allocates and uploads its output). "
-        "PyTorch peers are eager ops (some are several kernels: silu·mul, causal mask + softmax); "
-        "PyTorch's allocations are included."
-    )
+    res.summary = summary(ctx, res)
     return res
+
+
+NOTES = [
+    "Bytes per call (f32 = 4 B; f16 and bf16 rows half of it): add/saxpy/silu_mul 12n; "
+    "gelu 8n; rms_norm 8RH+4H; add_rms_norm 16RH+4H; layer_norm 8RH+8H; softmax 8RH "
+    "(causal: full SxS read and written); rope 8·T·heads·D+4T; transpose 8RC; argmax "
+    "4RC+4R; embedding 4T+8TD. frac_copy = GB/s ÷ the copy ceiling measured in the same run; "
+    "frac_same_copy = GB/s ÷ that of a copy moving the same bytes, measured in the same run "
+    "(below 1 GiB; the ceiling above): a copy of tens of MB does not reach the ceiling either.",
+    "cutile_py numbers time the launches the library host function makes, replayed on "
+    "preallocated outputs (the host function itself also allocates and uploads its output). "
+    "PyTorch peers are eager ops (some are several kernels: silu·mul, causal mask + softmax); "
+    "PyTorch's allocations are included.",
+]
