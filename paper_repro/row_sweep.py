@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python -m paper_repro.row_sweep [--kernels rms_norm,softmax] [--per 16,32]
                                                  [--widths 1024,4096] [--causal-warps 1,2,4,8]
+                                                 [--causal-exact 1,0]
                                                  [--block-elems 2048,4096]
                                                  [--gelu-tiles 1024,4096] [--quick]
 
@@ -29,10 +30,11 @@ elements a block (`activations._tile`: 1024 since an H200 ran it at 0.99 of the 
 where 4096 ran at 0.96) beside Triton's, twice in turn.
 
 `--kernels softmax_causal` times the causal softmax instead (the bandwidth experiment's
-shapes, 16 x 1024^2 and 4 x 2048^2, f32) with each of `--causal-warps` warps a block
-(`softmax.CAUSAL_WARPS`: a warp a row of 1024 f32, so also rows a block), beside Triton's in
-the same run where it is installed: on the H200 Triton's was 13% faster than ours before the
-causal kernel issued every chunk's load at once, and the block size was chosen without a GPU.
+shapes, 16 x 1024^2, 4 x 2048^2 and 1 x 4096^2, f32) with each of `--causal-warps` warps a
+block (`softmax.CAUSAL_WARPS`: a warp a row of 1024 f32, so also rows a block), each reading
+the chunk a row ends in element by element and whole (`--causal-exact 1,0`,
+`softmax.CAUSAL_EXACT`: the visible triangle only, or 1.04x its bytes), beside Triton's in
+the same run where it is installed.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ softmax_mod: Any = importlib.import_module("cutile_py_kernels.softmax")  # not t
 WIDTHS = (1024, 1536, 2048, 3072, 4096)
 KERNELS = "rms_norm,add_rms_norm,layer_norm"
 PER_THREAD = (16, 32)
-CAUSAL_SHAPES = ((16, 1024, 1024), (4, 2048, 2048))
+CAUSAL_SHAPES = ((16, 1024, 1024), (4, 2048, 2048), (1, 4096, 4096))
 CAUSAL_WARPS = (1, 2, 4, 8)
 GELU_SIZES = (1 << 26, 1 << 28)
 GELU_TILES = (1024, 2048, 4096, 8192)
@@ -85,27 +87,31 @@ def elements_per_thread(per: int, block_elems: int | None = None) -> Iterator[No
         _common._ROW_LAUNCHES.clear()
 
 
-def causal_sweep(ctx: Context, copy: float, warps: list[int]) -> None:
-    """Markdown rows: the causal softmax by warps a block, then Triton's (where installed)."""
+def causal_sweep(ctx: Context, copy: float, warps: list[int], exacts: list[bool]) -> None:
+    """Markdown rows: the causal softmax by warps a block and by how it reads the chunk each
+    row ends in (`softmax.CAUSAL_EXACT`), then Triton's (where installed)."""
     spec = {s.name: s for s in bandwidth.SPECS}["softmax_causal"]
     fn = importlib.import_module("cutile_py_kernels").softmax
-    print("| kernel | shape | CAUSAL_WARPS | library | rows a block | us | GB/s | of copy "
-          "| of same-size copy |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| kernel | shape | CAUSAL_WARPS | exact | library | rows a block | us | GB/s "
+          "| of copy | of same-size copy |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for shape in [(1, 256, 256)] if ctx.quick else CAUSAL_SHAPES:
         same = same_size_copy(ctx, spec.nbytes(shape))
         label = "x".join(map(str, shape))
         for w in warps:
-            mark = "yes" if w == softmax_mod.CAUSAL_WARPS else ""
-            with mock.patch.object(softmax_mod, "CAUSAL_WARPS", w):
-                r = shape[0] * shape[1]
-                _, tile, _ = softmax_mod.softmax_launch(ct.f32, r, shape[2], True)
-                cells = _timed(copy, same, bandwidth.measure_cutile, ctx, spec, fn, shape)
-            print(f"| softmax_causal | {label} | {w} | {mark} | {tile[0]} | {cells}", flush=True)
+            for exact in exacts:
+                mark = "yes" if (w, exact) == (softmax_mod.CAUSAL_WARPS,
+                                               softmax_mod.CAUSAL_EXACT) else ""  # fmt: skip
+                with mock.patch.multiple(softmax_mod, CAUSAL_WARPS=w, CAUSAL_EXACT=exact):
+                    r = shape[0] * shape[1]
+                    _, tile, _ = softmax_mod.softmax_launch(ct.f32, r, shape[2], True)
+                    cells = _timed(copy, same, bandwidth.measure_cutile, ctx, spec, fn, shape)
+                head = f"| softmax_causal | {label} | {w} | {'yes' if exact else 'no'} | {mark}"
+                print(f"{head} | {tile[0]} | {cells}", flush=True)
         if not ctx.quick and peer_missing("triton") is None:
             cells = _timed(copy, same, bandwidth.measure_peer, ctx, spec, "triton", shape)
             theirs = row_warps(_common.next_pow2(shape[2]))  # `triton_kernels.softmax`: a row each
-            print(f"| triton | {label} | {theirs} | | 1 | {cells}", flush=True)
+            print(f"| triton | {label} | {theirs} | yes | | 1 | {cells}", flush=True)
 
 
 def gelu_sweep(ctx: Context, copy: float, tiles: list[int], rounds: int = 2) -> None:
@@ -149,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="elements per thread to time, comma-separated")  # fmt: skip
     p.add_argument("--causal-warps", default=",".join(map(str, CAUSAL_WARPS)),
                    help="warps a block of the causal softmax to time (softmax_causal)")  # fmt: skip
+    p.add_argument("--causal-exact", default="1,0",
+                   help="softmax_causal: 1 reads the chunk each row ends in element by element "
+                        "(the visible part only), 0 whole")  # fmt: skip
     p.add_argument("--block-elems", default="",
                    help="f32 elements a block of the norms to time (rows a block: this over the "
                         "width), comma-separated; the library's when not given")  # fmt: skip
@@ -176,7 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     sweeps: dict[str, Callable[[], None]] = {
         "gelu": lambda: gelu_sweep(ctx, copy, [int(v) for v in args.gelu_tiles.split(",")]),
         "softmax_causal": lambda: causal_sweep(
-            ctx, copy, [int(v) for v in args.causal_warps.split(",")]
+            ctx,
+            copy,
+            [int(v) for v in args.causal_warps.split(",")],
+            [v == "1" for v in args.causal_exact.split(",")],
         ),
     }
     for name, sweep in sweeps.items():  # tables of their own, before the norms'

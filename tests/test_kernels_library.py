@@ -500,10 +500,41 @@ def test_softmax_causal_other_block_sizes(
     assert (y.to_numpy()[ref == 0] == 0).all()
 
 
-def test_causal_softmax_reads_only_the_visible_chunks() -> None:
-    """16 x 1024 x 1024 (sampled): a block of br rows reads its chunks of 128 up to its last
-    row's column, so x's bytes read are br * 128 * ceil(limit / 128) * 4 per block, where the
-    limit of the block starting at row i of its matrix is i + br; y is written whole."""
+@pytest.mark.parametrize(("dt", "warps", "shape"), [(ct.f32, 1, (3, 301, 301)),
+                                                     (ct.bf16, 4, (3, 301, 301)),
+                                                     (ct.f32, 1, (1, 1024, 1024))])  # fmt: skip
+def test_softmax_causal_whole_chunks(
+    rng: np.random.Generator,
+    monkeypatch: pytest.MonkeyPatch,
+    dt: Any,
+    warps: int,
+    shape: tuple[int, int, int],
+) -> None:
+    """The variant `paper_repro.row_sweep` times beside the library's (CAUSAL_EXACT off: the
+    chunk a row ends in read whole), correct too (on sim), blocks crossing matrices
+    included."""
+    monkeypatch.setattr(softmax_module, "CAUSAL_EXACT", False)
+    monkeypatch.setattr(softmax_module, "CAUSAL_WARPS", warps)
+    _, _, tail = softmax_module.softmax_launch(dt, shape[0] * shape[1], shape[2], True)
+    assert tail[-1] == 0
+    x, xt = rand(rng, shape, dt, 4.0)
+    y = ck.softmax(xt, causal=True)
+    ref = softmax_ref(x, causal=True)
+    check(y, ref, dt)
+    assert (y.to_numpy()[ref == 0] == 0).all()
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_causal_softmax_reads_only_the_visible_part(
+    monkeypatch: pytest.MonkeyPatch, exact: bool
+) -> None:
+    """16 x 1024 x 1024 (sampled): row i of its matrix (limit i + 1) reads its first i + 1
+    columns and nothing past them (CAUSAL_EXACT, the library's choice); with whole chunks,
+    a block of br rows reads its chunks of 128 up to its last row's column, br * 128 *
+    ceil(limit / 128) * 4 bytes per block, where the limit of the block starting at row i
+    of its matrix is i + br. y is written whole."""
+    assert softmax_module.CAUSAL_EXACT
+    monkeypatch.setattr(softmax_module, "CAUSAL_EXACT", exact)
     s = 1024
     kernel, tile, tail = softmax_module.softmax_launch(ct.f32, 16 * s, s, True)
     br = tile[0]
@@ -516,27 +547,36 @@ def test_causal_softmax_reads_only_the_visible_chunks() -> None:
     per_matrix = s // br
     ran = [*range(r.blocks_run // 2),
            *range(per_matrix - (r.blocks_run - r.blocks_run // 2), per_matrix)]  # fmt: skip
-    visible = sum(br * 128 * -(-(b * br + br) // 128) * 4 for b in ran)
+    if exact:
+        visible = sum((b * br + i + 1) * 4 for b in ran for i in range(br))
+    else:
+        visible = sum(br * 128 * -(-(b * br + br) // 128) * 4 for b in ran)
     assert x.read == round(visible * r.blocks_total / r.blocks_run)
     assert y.written == y.nbytes and x.read < 0.6 * x.nbytes
 
 
 @pytest.mark.parametrize("dt", [DT_PARAMS[0], DT_PARAMS[2]])
 def test_causal_softmax_issues_every_load_before_using_one(dt: Any) -> None:
-    """The chunks' loads are straight-line PTX with no use of a loaded register, and no
-    branch, between the first and the last: a warp has every chunk in flight at once (a
-    use or a branch between them made it wait for each chunk in turn)."""
+    """The chunks' loads (one vector load a thread each), then the element-wise loads of the
+    chunk each row ends in, are straight-line PTX with no use of a loaded register, and no
+    branch, between the first and the last: a warp has every chunk in flight at once (a use
+    or a branch between them made it wait for each chunk in turn)."""
     s = 1024
     kernel, tile, tail = softmax_module.softmax_launch(dt, 16 * s, s, True)
     ptx = kernel.ptx(ct.PartitionSpec((16 * s, s), tile, dt), ct.TensorSpec((16 * s, s), dt),
                      *tail).splitlines()  # fmt: skip
     loads = [i for i, line in enumerate(ptx) if "ld.global" in line]
-    assert len(loads) == softmax_module.CAUSAL_CHUNKS
+    vectors = [i for i in loads if "ld.global.nc.v4" in ptx[i]]
+    assert vectors == loads[: softmax_module.CAUSAL_CHUNKS]
+    chunk = tile[0] * tail[1]  # the elements of one chunk of the block
+    assert len(loads) - len(vectors) == chunk // (32 * kernel.num_warps)  # a load an element
     loaded: set[str] = set()
     for line in ptx[loads[0] : loads[-1] + 1]:
         assert "bra" not in line, line
         head, _, args = line.partition("{")
         dests, _, sources = args.partition("}")
+        if "ld.global" in head and "{" not in line:  # a scalar load: `@%p ld... %f9, [%rd]`
+            dests = line.split("ld.global", 1)[1].split(",")[0]
         if "ld.global" in head or ("mov.b32" in head and set(re.findall(r"%\w+", sources))
                                    <= loaded):  # fmt: skip
             loaded |= set(re.findall(r"%\w+", dests))  # 16-bit halves: a renaming

@@ -327,22 +327,35 @@ def test_row_sweep_times_both_choices_and_restores_the_rule(
 
 
 def test_row_sweep_times_the_causal_softmax_by_block_size(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`--kernels softmax_causal`: one row per CAUSAL_WARPS asked, rows a block as launched,
-    the library's pick marked and back afterwards (on sim: a check of the script only)."""
+    """`--kernels softmax_causal`: one row per (CAUSAL_WARPS, CAUSAL_EXACT) asked, rows a
+    block as launched, the library's pick marked and back afterwards, and each variant
+    launched as asked (seen by the measurement; on sim: a check of the script only)."""
     from paper_repro import row_sweep
 
-    before = row_sweep.softmax_mod.CAUSAL_WARPS
+    seen: list[tuple[int, bool]] = []
+    measure = row_sweep.bandwidth.measure_cutile
+    mod = row_sweep.softmax_mod
+
+    def spy(*args: Any) -> Any:
+        _, _, tail = mod.softmax_launch(ct.f32, 256, 256, True)
+        seen.append((mod.CAUSAL_WARPS, bool(tail[-1])))
+        return measure(*args)
+
+    monkeypatch.setattr(row_sweep.bandwidth, "measure_cutile", spy)
+    before = (mod.CAUSAL_WARPS, mod.CAUSAL_EXACT)
     argv = ["--quick", "--kernels", "softmax_causal", "--causal-warps", "1,4,8"]
     assert row_sweep.main(argv) == 0
-    assert row_sweep.softmax_mod.CAUSAL_WARPS == before == 1
+    assert (mod.CAUSAL_WARPS, mod.CAUSAL_EXACT) == before == (1, True)
+    assert seen == [(w, e) for w in (1, 4, 8) for e in (True, False)]
     rows = [[c.strip() for c in line.split("|")] for line in capsys.readouterr().out.splitlines()
             if line.startswith("| softmax_causal")]  # fmt: skip
-    # (CAUSAL_WARPS, library's pick?, rows a block) at 1x256x256 f32 (32-column chunks)
-    assert [(r[3], r[4], r[5]) for r in rows] == [("1", "yes", "4"), ("4", "", "16"),
-                                                  ("8", "", "32")]  # fmt: skip
-    assert all(float(r[6]) > 0 and "error" not in r[6] for r in rows)
+    # (CAUSAL_WARPS, exact, library's pick?, rows a block) at 1x256x256 f32 (32-column chunks)
+    assert [(r[3], r[4], r[5], r[6]) for r in rows] == [
+        ("1", "yes", "yes", "4"), ("1", "no", "", "4"), ("4", "yes", "", "16"),
+        ("4", "no", "", "16"), ("8", "yes", "", "32"), ("8", "no", "", "32")]  # fmt: skip
+    assert all(float(r[7]) > 0 and "error" not in r[7] for r in rows)
 
 
 def test_row_sweep_times_rows_a_block(capsys: pytest.CaptureFixture[str]) -> None:
@@ -410,11 +423,11 @@ def test_row_sweeps_triton_rows_name_the_warps_triton_ran(
     monkeypatch.setattr(row_sweep.bandwidth, "measure_cutile", measured)
     monkeypatch.setattr(row_sweep.bandwidth, "measure_peer", measured)
     ctx = Context("cuda", False, Timer("cuda", reps=1, warmup=0), 1 << 20, {})
-    row_sweep.causal_sweep(ctx, 400.0, [1, 4])
+    row_sweep.causal_sweep(ctx, 400.0, [1, 4], [True])
     rows = [[c.strip() for c in line.split("|")] for line in capsys.readouterr().out.splitlines()
             if line.startswith("| ")][1:]  # fmt: skip
     # (kernel, shape, warps, rows a block)
-    assert [(r[1], r[2], r[3], r[5]) for r in rows] == [
+    assert [(r[1], r[2], r[3], r[6]) for r in rows] == [
         ("softmax_causal", "2x1024x1024", "1", "1"),
         ("softmax_causal", "2x1024x1024", "4", "4"),
         ("triton", "2x1024x1024", "4", "1"),
@@ -422,7 +435,7 @@ def test_row_sweeps_triton_rows_name_the_warps_triton_ran(
         ("softmax_causal", "1x2048x2048", "4", "2"),
         ("triton", "1x2048x2048", "8", "1"),
     ]
-    assert all(r[6:10] == ["10.0", "100", "0.250", "0.500"] for r in rows)
+    assert all(r[7:11] == ["10.0", "100", "0.250", "0.500"] for r in rows)
 
 
 def test_gemm_timing_check_runs_over_a_null_device(
