@@ -7,13 +7,13 @@
 # its range: a difference of 1-2% is told from run-to-run noise); the causal softmax by warps
 # a block and by how it reads the chunk each row ends in (element by element, the library's
 # choice, or whole), beside Triton's; the norms at 1536 and 2048 by rows a block (one row a
-# block is how Triton's kernels run them). Everything lands in $OUT/results.tgz (re-packed
+# block is how Triton's kernels run them); bf16 GELU by elements a block. Everything lands in $OUT/results.tgz (re-packed
 # after each step, and the bandwidth experiment writes its rows after each shape, so a call
 # cut short still returns what finished) and a summary is printed last. Runs from the working
 # tree (PYTHONPATH=.): numpy, cuda-python, pytest, pytest-xdist, pytest-timeout, PyTorch and
 # Triton must be installed there.
 #
-#   OUT=DIR paper_repro/lease_check.sh    (at most 415 s of steps; about 5 minutes on an H200)
+#   OUT=DIR paper_repro/lease_check.sh    (at most 455 s of steps; about 6 minutes on an H200)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -64,6 +64,9 @@ step rows-causal 45 python3 -m paper_repro.row_sweep --kernels softmax_causal \
 # one row a block and two, 8 and 16 a thread.
 step rows-block 60 python3 -m paper_repro.row_sweep --widths 1536,2048 --per 8,16 \
   --block-elems 2048,4096
+# bf16 GELU takes 4 KiB of input a block (2048 elements) by analogy with f32's, untimed.
+step rows-gelu-bf16 40 python3 -m paper_repro.row_sweep --kernels gelu --gelu-dtype bf16 \
+  --gelu-tiles 1024,2048,4096,8192
 
 echo "== summary"
 sed -n 's/^- \*\*bandwidth\*\*: //p' "$work/bandwidth/REPORT.md"
@@ -71,4 +74,5 @@ grep -E "^\| (add|gelu|rms_norm|add_rms_norm|layer_norm|softmax|softmax_causal) 
   "$work/bandwidth/REPORT.md" | cut -d'|' -f2-5,7,9-13
 grep -E "^\| (softmax_causal|triton) \|" "$work/rows-causal.txt"
 grep -E "^\| (rms_norm|add_rms_norm|layer_norm) \|" "$work/rows-block.txt" | cut -d'|' -f2-6,9,11
+grep -E "^\| (gelu|triton) \|" "$work/rows-gelu-bf16.txt"
 exit 0

@@ -4,7 +4,8 @@
                                                  [--widths 1024,4096] [--causal-warps 1,2,4,8]
                                                  [--causal-exact 1,0]
                                                  [--block-elems 2048,4096]
-                                                 [--gelu-tiles 1024,4096] [--quick]
+                                                 [--gelu-tiles 1024,4096] [--gelu-dtype bf16]
+                                                 [--quick]
 
 The one-tile norms give each thread `_common.per_thread(plan)` elements (f32: 16 for tiles
 wider than 1024 and narrower than 4096, else 32; the table `PER_THREAD_BY_WIDTH`), softmax
@@ -25,9 +26,10 @@ layer_norm at 1024, 1536, 2048, 3072 and 4096, 16 and 32 elements per thread (f3
 (rows a block: it over the width; one row a block is how Triton's kernels run them), each
 with every `--per`; a table's last column says the rows a block.
 
-`--kernels gelu` times GELU f32 at 2^26 and 2^28 elements with each of `--gelu-tiles`
-elements a block (`activations._tile`: 1024 since an H200 ran it at 0.99 of the copy ceiling
-where 4096 ran at 0.96) beside Triton's, twice in turn.
+`--kernels gelu` times GELU f32 (`--gelu-dtype`: or f16, bf16) at 2^26 and 2^28 elements with
+each of `--gelu-tiles` elements a block (`activations._tile`: 4 KiB of input, 1024 f32, since
+an H200 ran it at 0.99 of the copy ceiling where 4096 ran at 0.96; 2048 bf16 by analogy)
+beside Triton's, twice in turn.
 
 `--kernels softmax_causal` times the causal softmax instead (the bandwidth experiment's
 shapes, 16 x 1024^2, 4 x 2048^2 and 1 x 4096^2, f32) with each of `--causal-warps` warps a
@@ -50,7 +52,12 @@ import cutile_py as ct
 from cutile_py_kernels import _common, activations, norms
 from paper_repro.core import Context
 from paper_repro.experiments import bandwidth
-from paper_repro.experiments.common import copy_ceiling, peer_missing, same_size_copy
+from paper_repro.experiments.common import (
+    CT_DTYPES,
+    copy_ceiling,
+    peer_missing,
+    same_size_copy,
+)
 from paper_repro.machine import describe
 from paper_repro.peers import row_warps
 from paper_repro.timing import Timer
@@ -114,27 +121,34 @@ def causal_sweep(ctx: Context, copy: float, warps: list[int], exacts: list[bool]
             print(f"| triton | {label} | {theirs} | yes | | 1 | {cells}", flush=True)
 
 
-def gelu_sweep(ctx: Context, copy: float, tiles: list[int], rounds: int = 2) -> None:
-    """Markdown rows: GELU f32 by elements a block (`activations._tile`), then Triton's (where
-    installed), at 2^26 and 2^28 elements, `rounds` times in turn (the rows of one round are
-    timed back to back: a difference that holds in every round is not drift)."""
+def gelu_sweep(
+    ctx: Context, copy: float, tiles: list[int], dtype: str = "f32", rounds: int = 2
+) -> None:
+    """Markdown rows: GELU in `dtype` by elements a block (`activations._tile`), then
+    Triton's (where installed), at 2^26 and 2^28 elements, `rounds` times in turn (the rows
+    of one round are timed back to back: a difference that holds in every round is not
+    drift)."""
     spec = {s.name: s for s in bandwidth.SPECS}["gelu"]
     fn = importlib.import_module("cutile_py_kernels").gelu
-    library = activations._tile(ct.f32)
-    print("| kernel | elements | per block | library | us | GB/s | of copy | of same-size copy |")
-    print("|---|---|---|---|---|---|---|---|")
+    library = activations._tile(CT_DTYPES[dtype])
+    print("| kernel | elements | dtype | per block | library | us | GB/s | of copy "
+          "| of same-size copy |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     sizes = [(1 << 12,)] if ctx.quick else [(n,) for n in GELU_SIZES]
     for _ in range(rounds):
         for shape in sizes:
-            same = same_size_copy(ctx, spec.nbytes(shape))
+            same = same_size_copy(ctx, bandwidth.spec_bytes(spec, shape, dtype))
+            head = f"| gelu | {shape[0]} | {dtype} |"
             for tile in tiles:
                 mark = "yes" if tile == library else ""
                 with mock.patch.object(activations, "_tile", lambda dt, t=tile: t):
-                    cells = _timed(copy, same, bandwidth.measure_cutile, ctx, spec, fn, shape)
-                print(f"| gelu | {shape[0]} | {tile} | {mark} | {cells}", flush=True)
+                    cells = _timed(copy, same, bandwidth.measure_cutile, ctx, spec, fn, shape,
+                                   dtype)  # fmt: skip
+                print(f"{head} {tile} | {mark} | {cells}", flush=True)
             if not ctx.quick and peer_missing("triton") is None:
-                cells = _timed(copy, same, bandwidth.measure_peer, ctx, spec, "triton", shape)
-                print(f"| triton | {shape[0]} | 1024 | | {cells}", flush=True)
+                cells = _timed(copy, same, bandwidth.measure_peer, ctx, spec, "triton", shape,
+                               dtype)  # fmt: skip
+                print(f"| triton | {shape[0]} | {dtype} | 1024 | | {cells}", flush=True)
 
 
 def _timed(copy: float, same: float, measure: Callable[..., list[Any]], *args: Any) -> str:
@@ -163,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                         "width), comma-separated; the library's when not given")  # fmt: skip
     p.add_argument("--gelu-tiles", default=",".join(map(str, GELU_TILES)),
                    help="elements a block of GELU to time (gelu)")  # fmt: skip
+    p.add_argument("--gelu-dtype", default="f32", choices=["f32", "f16", "bf16"],
+                   help="the dtype GELU is timed in (gelu)")  # fmt: skip
     p.add_argument("--widths", default=",".join(map(str, WIDTHS)),
                    help="row lengths to time (4096 rows each), comma-separated")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="tiny shapes on sim")
@@ -183,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"copy ceiling {copy:.0f} GB/s\n")
     names = args.kernels.split(",")
     sweeps: dict[str, Callable[[], None]] = {
-        "gelu": lambda: gelu_sweep(ctx, copy, [int(v) for v in args.gelu_tiles.split(",")]),
+        "gelu": lambda: gelu_sweep(
+            ctx, copy, [int(v) for v in args.gelu_tiles.split(",")], args.gelu_dtype
+        ),
         "softmax_causal": lambda: causal_sweep(
             ctx,
             copy,

@@ -378,30 +378,39 @@ def test_row_sweep_times_rows_a_block(capsys: pytest.CaptureFixture[str]) -> Non
     assert all(float(r[6]) > 0 for r in rows)
 
 
+@pytest.mark.parametrize(("dtype", "tiles"), [("f32", (1024, 4096)), ("bf16", (4096, 2048))])
 def test_row_sweep_times_gelu_by_elements_a_block(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    dtype: str,
+    tiles: tuple[int, int],
 ) -> None:
     """`--kernels gelu`: each tile asked is the one launched (seen by the measurement), in
-    two rounds, the library's 1024 marked and back afterwards (on sim, 4096 elements: a
-    check of the script only)."""
+    the dtype asked, in two rounds, the library's tile (4 KiB of input) marked and back
+    afterwards (on sim, 4096 elements: a check of the script only)."""
     from cutile_py_kernels import activations
     from paper_repro import row_sweep
 
-    seen: list[int] = []
+    seen: list[tuple[int, str]] = []
     measure = row_sweep.bandwidth.measure_cutile
 
     def spy(*args: Any) -> Any:
-        seen.append(activations._tile(ct.f32))
+        seen.append((activations._tile(ct.f32), args[-1]))
         return measure(*args)
 
     monkeypatch.setattr(row_sweep.bandwidth, "measure_cutile", spy)
-    assert row_sweep.main(["--quick", "--kernels", "gelu", "--gelu-tiles", "1024,4096"]) == 0
-    assert seen == [1024, 4096, 1024, 4096]
+    argv = ["--quick", "--kernels", "gelu", "--gelu-tiles", ",".join(map(str, tiles)),
+            "--gelu-dtype", dtype]  # fmt: skip
+    assert row_sweep.main(argv) == 0
+    assert seen == [(t, dtype) for t in tiles] * 2
     assert activations._tile(ct.f32) == 1024 and activations._tile(ct.bf16) == 2048
     rows = [[c.strip() for c in line.split("|")] for line in capsys.readouterr().out.splitlines()
             if line.startswith("| gelu")]  # fmt: skip
-    assert [(r[2], r[3], r[4]) for r in rows] == [("4096", "1024", "yes"), ("4096", "4096", "")] * 2
-    assert all(float(r[5]) > 0 for r in rows)
+    library = activations._tile(getattr(ct, dtype))
+    want = [("4096", dtype, str(t), "yes" if t == library else "") for t in tiles] * 2
+    assert sum(w[3] == "yes" for w in want) == 2
+    assert [(r[2], r[3], r[4], r[5]) for r in rows] == want
+    assert all(float(r[6]) > 0 for r in rows)
 
 
 def test_row_sweeps_triton_rows_name_the_warps_triton_ran(
