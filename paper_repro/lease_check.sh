@@ -6,14 +6,14 @@
 # implementation timed in 5 interleaved rounds (Triton's time over ours round by round, with
 # its range: a difference of 1-2% is told from run-to-run noise); the causal softmax by warps
 # a block and by how it reads the chunk each row ends in (element by element, the library's
-# choice, or whole), beside Triton's; the norms at 1536 and 2048 by rows a block (one row a
+# choice, or whole), f32 and bf16, beside Triton's; the norms at 1536 and 2048 by rows a block (one row a
 # block is how Triton's kernels run them); bf16 GELU by elements a block. Everything lands in $OUT/results.tgz (re-packed
 # after each step, and the bandwidth experiment writes its rows after each shape, so a call
 # cut short still returns what finished) and a summary is printed last. Runs from the working
 # tree (PYTHONPATH=.): numpy, cuda-python, pytest, pytest-xdist, pytest-timeout, PyTorch and
 # Triton must be installed there.
 #
-#   OUT=DIR paper_repro/lease_check.sh    (at most 455 s of steps; about 6 minutes on an H200)
+#   OUT=DIR paper_repro/lease_check.sh    (at most 500 s of steps; about 6 minutes on an H200)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -60,19 +60,21 @@ step bandwidth 220 python3 -m paper_repro bandwidth --rounds 5 --dtype f32,bf16 
 # element by element or whole.
 step rows-causal 45 python3 -m paper_repro.row_sweep --kernels softmax_causal \
   --causal-warps 1,2,4 --causal-exact 1,0
+step rows-causal-bf16 45 python3 -m paper_repro.row_sweep --kernels softmax_causal \
+  --causal-warps 1,2,4 --causal-exact 1,0 --dtype bf16
 # rms_norm ran 1.5-2% behind Triton at 1536 and 2048 (one row a program, 8 a thread):
 # one row a block and two, 8 and 16 a thread.
 step rows-block 60 python3 -m paper_repro.row_sweep --widths 1536,2048 --per 8,16 \
   --block-elems 2048,4096
 # bf16 GELU takes 4 KiB of input a block (2048 elements) by analogy with f32's, untimed.
-step rows-gelu-bf16 40 python3 -m paper_repro.row_sweep --kernels gelu --gelu-dtype bf16 \
+step rows-gelu-bf16 40 python3 -m paper_repro.row_sweep --kernels gelu --dtype bf16 \
   --gelu-tiles 1024,2048,4096,8192
 
 echo "== summary"
 sed -n 's/^- \*\*bandwidth\*\*: //p' "$work/bandwidth/REPORT.md"
 grep -E "^\| (add|gelu|rms_norm|add_rms_norm|layer_norm|softmax|softmax_causal) \| cutile_py \|" \
   "$work/bandwidth/REPORT.md" | cut -d'|' -f2-5,7,9-13
-grep -E "^\| (softmax_causal|triton) \|" "$work/rows-causal.txt"
+grep -E "^\| (softmax_causal|triton) \|" "$work/rows-causal.txt" "$work/rows-causal-bf16.txt"
 grep -E "^\| (rms_norm|add_rms_norm|layer_norm) \|" "$work/rows-block.txt" | cut -d'|' -f2-6,9,11
 grep -E "^\| (gelu|triton) \|" "$work/rows-gelu-bf16.txt"
 exit 0

@@ -4,7 +4,7 @@
                                                  [--widths 1024,4096] [--causal-warps 1,2,4,8]
                                                  [--causal-exact 1,0]
                                                  [--block-elems 2048,4096]
-                                                 [--gelu-tiles 1024,4096] [--gelu-dtype bf16]
+                                                 [--gelu-tiles 1024,4096] [--dtype bf16]
                                                  [--quick]
 
 The one-tile norms give each thread `_common.per_thread(plan)` elements (f32: 16 for tiles
@@ -26,17 +26,17 @@ layer_norm at 1024, 1536, 2048, 3072 and 4096, 16 and 32 elements per thread (f3
 (rows a block: it over the width; one row a block is how Triton's kernels run them), each
 with every `--per`; a table's last column says the rows a block.
 
-`--kernels gelu` times GELU f32 (`--gelu-dtype`: or f16, bf16) at 2^26 and 2^28 elements with
+`--kernels gelu` times GELU f32 (`--dtype`: or f16, bf16) at 2^26 and 2^28 elements with
 each of `--gelu-tiles` elements a block (`activations._tile`: 4 KiB of input, 1024 f32, since
 an H200 ran it at 0.99 of the copy ceiling where 4096 ran at 0.96; 2048 bf16 by analogy)
 beside Triton's, twice in turn.
 
 `--kernels softmax_causal` times the causal softmax instead (the bandwidth experiment's
-shapes, 16 x 1024^2, 4 x 2048^2 and 1 x 4096^2, f32) with each of `--causal-warps` warps a
-block (`softmax.CAUSAL_WARPS`: a warp a row of 1024 f32, so also rows a block), each reading
-the chunk a row ends in element by element and whole (`--causal-exact 1,0`,
-`softmax.CAUSAL_EXACT`: the visible triangle only, or 1.04x its bytes), beside Triton's in
-the same run where it is installed.
+shapes, 16 x 1024^2, 4 x 2048^2 and 1 x 4096^2, f32 or `--dtype`) with each of
+`--causal-warps` warps a block (`softmax.CAUSAL_WARPS`: a warp a row of 1024 f32, so also
+rows a block), each reading the chunk a row ends in element by element and whole
+(`--causal-exact 1,0`, `softmax.CAUSAL_EXACT`: the visible triangle only, or 1.04x its
+bytes), beside Triton's in the same run where it is installed.
 """
 
 from __future__ import annotations
@@ -94,29 +94,33 @@ def elements_per_thread(per: int, block_elems: int | None = None) -> Iterator[No
         _common._ROW_LAUNCHES.clear()
 
 
-def causal_sweep(ctx: Context, copy: float, warps: list[int], exacts: list[bool]) -> None:
-    """Markdown rows: the causal softmax by warps a block and by how it reads the chunk each
-    row ends in (`softmax.CAUSAL_EXACT`), then Triton's (where installed)."""
+def causal_sweep(
+    ctx: Context, copy: float, warps: list[int], exacts: list[bool], dtype: str = "f32"
+) -> None:
+    """Markdown rows: the causal softmax in `dtype` by warps a block and by how it reads the
+    chunk each row ends in (`softmax.CAUSAL_EXACT`), then Triton's (where installed)."""
     spec = {s.name: s for s in bandwidth.SPECS}["softmax_causal"]
     fn = importlib.import_module("cutile_py_kernels").softmax
     print("| kernel | shape | CAUSAL_WARPS | exact | library | rows a block | us | GB/s "
           "| of copy | of same-size copy |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     for shape in [(1, 256, 256)] if ctx.quick else CAUSAL_SHAPES:
-        same = same_size_copy(ctx, spec.nbytes(shape))
-        label = "x".join(map(str, shape))
+        same = same_size_copy(ctx, bandwidth.spec_bytes(spec, shape, dtype))
+        label = f"{'x'.join(map(str, shape))} {dtype}"
         for w in warps:
             for exact in exacts:
                 mark = "yes" if (w, exact) == (softmax_mod.CAUSAL_WARPS,
                                                softmax_mod.CAUSAL_EXACT) else ""  # fmt: skip
                 with mock.patch.multiple(softmax_mod, CAUSAL_WARPS=w, CAUSAL_EXACT=exact):
                     r = shape[0] * shape[1]
-                    _, tile, _ = softmax_mod.softmax_launch(ct.f32, r, shape[2], True)
-                    cells = _timed(copy, same, bandwidth.measure_cutile, ctx, spec, fn, shape)
+                    _, tile, _ = softmax_mod.softmax_launch(CT_DTYPES[dtype], r, shape[2], True)
+                    cells = _timed(copy, same, bandwidth.measure_cutile, ctx, spec, fn, shape,
+                                   dtype)  # fmt: skip
                 head = f"| softmax_causal | {label} | {w} | {'yes' if exact else 'no'} | {mark}"
                 print(f"{head} | {tile[0]} | {cells}", flush=True)
         if not ctx.quick and peer_missing("triton") is None:
-            cells = _timed(copy, same, bandwidth.measure_peer, ctx, spec, "triton", shape)
+            cells = _timed(copy, same, bandwidth.measure_peer, ctx, spec, "triton", shape,
+                           dtype)  # fmt: skip
             theirs = row_warps(_common.next_pow2(shape[2]))  # `triton_kernels.softmax`: a row each
             print(f"| triton | {label} | {theirs} | yes | | 1 | {cells}", flush=True)
 
@@ -177,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                         "width), comma-separated; the library's when not given")  # fmt: skip
     p.add_argument("--gelu-tiles", default=",".join(map(str, GELU_TILES)),
                    help="elements a block of GELU to time (gelu)")  # fmt: skip
-    p.add_argument("--gelu-dtype", default="f32", choices=["f32", "f16", "bf16"],
-                   help="the dtype GELU is timed in (gelu)")  # fmt: skip
+    p.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"],
+                   help="the dtype of gelu and softmax_causal (the norms: f32)")  # fmt: skip
     p.add_argument("--widths", default=",".join(map(str, WIDTHS)),
                    help="row lengths to time (4096 rows each), comma-separated")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="tiny shapes on sim")
@@ -200,13 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     names = args.kernels.split(",")
     sweeps: dict[str, Callable[[], None]] = {
         "gelu": lambda: gelu_sweep(
-            ctx, copy, [int(v) for v in args.gelu_tiles.split(",")], args.gelu_dtype
+            ctx, copy, [int(v) for v in args.gelu_tiles.split(",")], args.dtype
         ),
         "softmax_causal": lambda: causal_sweep(
             ctx,
             copy,
             [int(v) for v in args.causal_warps.split(",")],
             [v == "1" for v in args.causal_exact.split(",")],
+            args.dtype,
         ),
     }
     for name, sweep in sweeps.items():  # tables of their own, before the norms'

@@ -326,35 +326,41 @@ def test_row_sweep_times_both_choices_and_restores_the_rule(
     assert got == [("8", "", "2"), ("32", "yes", "1")] * 2
 
 
+@pytest.mark.parametrize(("dtype", "rows_a_block"), [("f32", (4, 16, 32)), ("bf16", (8, 32, 64))])
 def test_row_sweep_times_the_causal_softmax_by_block_size(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    dtype: str,
+    rows_a_block: tuple[int, int, int],
 ) -> None:
-    """`--kernels softmax_causal`: one row per (CAUSAL_WARPS, CAUSAL_EXACT) asked, rows a
-    block as launched, the library's pick marked and back afterwards, and each variant
-    launched as asked (seen by the measurement; on sim: a check of the script only)."""
+    """`--kernels softmax_causal`: one row per (CAUSAL_WARPS, CAUSAL_EXACT) asked, in the
+    dtype asked, rows a block as launched, the library's pick marked and back afterwards, and
+    each variant launched as asked (seen by the measurement; on sim: a check of the script
+    only)."""
     from paper_repro import row_sweep
 
-    seen: list[tuple[int, bool]] = []
+    seen: list[tuple[int, bool, str]] = []
     measure = row_sweep.bandwidth.measure_cutile
     mod = row_sweep.softmax_mod
 
     def spy(*args: Any) -> Any:
-        _, _, tail = mod.softmax_launch(ct.f32, 256, 256, True)
-        seen.append((mod.CAUSAL_WARPS, bool(tail[-1])))
+        _, _, tail = mod.softmax_launch(getattr(ct, dtype), 256, 256, True)
+        seen.append((mod.CAUSAL_WARPS, bool(tail[-1]), args[-1]))
         return measure(*args)
 
     monkeypatch.setattr(row_sweep.bandwidth, "measure_cutile", spy)
     before = (mod.CAUSAL_WARPS, mod.CAUSAL_EXACT)
-    argv = ["--quick", "--kernels", "softmax_causal", "--causal-warps", "1,4,8"]
+    argv = ["--quick", "--kernels", "softmax_causal", "--causal-warps", "1,4,8", "--dtype", dtype]
     assert row_sweep.main(argv) == 0
     assert (mod.CAUSAL_WARPS, mod.CAUSAL_EXACT) == before == (1, True)
-    assert seen == [(w, e) for w in (1, 4, 8) for e in (True, False)]
+    assert seen == [(w, e, dtype) for w in (1, 4, 8) for e in (True, False)]
     rows = [[c.strip() for c in line.split("|")] for line in capsys.readouterr().out.splitlines()
             if line.startswith("| softmax_causal")]  # fmt: skip
-    # (CAUSAL_WARPS, exact, library's pick?, rows a block) at 1x256x256 f32 (32-column chunks)
-    assert [(r[3], r[4], r[5], r[6]) for r in rows] == [
-        ("1", "yes", "yes", "4"), ("1", "no", "", "4"), ("4", "yes", "", "16"),
-        ("4", "no", "", "16"), ("8", "yes", "", "32"), ("8", "no", "", "32")]  # fmt: skip
+    # (shape, CAUSAL_WARPS, exact, library's pick?, rows a block) at 1x256x256 (32-column
+    # chunks: a warp covers 4 rows of f32, 8 of bf16)
+    want = [(f"1x256x256 {dtype}", str(w), e, "yes" if (w, e) == (1, "yes") else "", str(rows))
+            for w, rows in zip((1, 4, 8), rows_a_block) for e in ("yes", "no")]  # fmt: skip
+    assert [(r[2], r[3], r[4], r[5], r[6]) for r in rows] == want
     assert all(float(r[7]) > 0 and "error" not in r[7] for r in rows)
 
 
@@ -400,7 +406,7 @@ def test_row_sweep_times_gelu_by_elements_a_block(
 
     monkeypatch.setattr(row_sweep.bandwidth, "measure_cutile", spy)
     argv = ["--quick", "--kernels", "gelu", "--gelu-tiles", ",".join(map(str, tiles)),
-            "--gelu-dtype", dtype]  # fmt: skip
+            "--dtype", dtype]  # fmt: skip
     assert row_sweep.main(argv) == 0
     assert seen == [(t, dtype) for t in tiles] * 2
     assert activations._tile(ct.f32) == 1024 and activations._tile(ct.bf16) == 2048
@@ -437,12 +443,12 @@ def test_row_sweeps_triton_rows_name_the_warps_triton_ran(
             if line.startswith("| ")][1:]  # fmt: skip
     # (kernel, shape, warps, rows a block)
     assert [(r[1], r[2], r[3], r[6]) for r in rows] == [
-        ("softmax_causal", "2x1024x1024", "1", "1"),
-        ("softmax_causal", "2x1024x1024", "4", "4"),
-        ("triton", "2x1024x1024", "4", "1"),
-        ("softmax_causal", "1x2048x2048", "1", "1"),
-        ("softmax_causal", "1x2048x2048", "4", "2"),
-        ("triton", "1x2048x2048", "8", "1"),
+        ("softmax_causal", "2x1024x1024 f32", "1", "1"),
+        ("softmax_causal", "2x1024x1024 f32", "4", "4"),
+        ("triton", "2x1024x1024 f32", "4", "1"),
+        ("softmax_causal", "1x2048x2048 f32", "1", "1"),
+        ("softmax_causal", "1x2048x2048 f32", "4", "2"),
+        ("triton", "1x2048x2048 f32", "8", "1"),
     ]
     assert all(r[7:11] == ["10.0", "100", "0.250", "0.500"] for r in rows)
 
