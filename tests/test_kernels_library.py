@@ -468,19 +468,23 @@ def test_softmax_causal_blocks_of_rows(
 #: beside the library's 1, at the lease's own shapes (f32 1024: a warp a row; 2048: two warps
 #: a row) and at one whose blocks cross from one matrix into the next (301 rows).
 CAUSAL_BLOCKS = [
-    (ct.f32, 4, (3, 301, 301), 8),
-    (ct.f32, 2, (3, 301, 301), 4),
-    (ct.f32, 8, (3, 301, 301), 16),
-    (ct.bf16, 4, (3, 301, 301), 16),
-    (ct.bf16, 8, (3, 301, 301), 32),
-    (ct.f32, 4, (1, 1024, 1024), 4),
-    (ct.f32, 8, (1, 1024, 1024), 8),
-    (ct.f32, 4, (1, 2048, 2048), 2),
-    (ct.f32, 8, (1, 2048, 2048), 4),
+    (ct.f32, 4, (3, 301, 301), 8, True),
+    (ct.f32, 2, (3, 301, 301), 4, True),
+    (ct.f32, 8, (3, 301, 301), 16, True),
+    (ct.bf16, 4, (3, 301, 301), 16, True),
+    (ct.bf16, 8, (3, 301, 301), 32, True),
+    (ct.f32, 4, (1, 1024, 1024), 4, True),
+    (ct.f32, 8, (1, 1024, 1024), 8, True),
+    (ct.f32, 4, (1, 2048, 2048), 2, True),
+    (ct.f32, 8, (1, 2048, 2048), 4, True),
+    # The chunk a row ends in read whole (CAUSAL_EXACT off), as the sweep times it too.
+    (ct.f32, 1, (3, 301, 301), 2, False),
+    (ct.bf16, 4, (3, 301, 301), 16, False),
+    (ct.f32, 1, (1, 1024, 1024), 1, False),
 ]
 
 
-@pytest.mark.parametrize(("dt", "warps", "shape", "rows"), CAUSAL_BLOCKS)
+@pytest.mark.parametrize(("dt", "warps", "shape", "rows", "exact"), CAUSAL_BLOCKS)
 def test_softmax_causal_other_block_sizes(
     rng: np.random.Generator,
     monkeypatch: pytest.MonkeyPatch,
@@ -488,35 +492,14 @@ def test_softmax_causal_other_block_sizes(
     warps: int,
     shape: tuple[int, int, int],
     rows: int,
+    exact: bool,
 ) -> None:
-    """Each block size `paper_repro.row_sweep` times, correct too (on sim)."""
+    """Each block size and way of reading the chunk a row ends in that `paper_repro.row_sweep`
+    times, correct too (on sim), blocks crossing matrices included."""
     monkeypatch.setattr(softmax_module, "CAUSAL_WARPS", warps)
-    kernel, tile, _ = softmax_module.softmax_launch(dt, shape[0] * shape[1], shape[2], True)
-    assert kernel.__name__ == "softmax_causal" and tile[0] == rows
-    x, xt = rand(rng, shape, dt, 4.0)
-    y = ck.softmax(xt, causal=True)
-    ref = softmax_ref(x, causal=True)
-    check(y, ref, dt)
-    assert (y.to_numpy()[ref == 0] == 0).all()
-
-
-@pytest.mark.parametrize(("dt", "warps", "shape"), [(ct.f32, 1, (3, 301, 301)),
-                                                     (ct.bf16, 4, (3, 301, 301)),
-                                                     (ct.f32, 1, (1, 1024, 1024))])  # fmt: skip
-def test_softmax_causal_whole_chunks(
-    rng: np.random.Generator,
-    monkeypatch: pytest.MonkeyPatch,
-    dt: Any,
-    warps: int,
-    shape: tuple[int, int, int],
-) -> None:
-    """The variant `paper_repro.row_sweep` times beside the library's (CAUSAL_EXACT off: the
-    chunk a row ends in read whole), correct too (on sim), blocks crossing matrices
-    included."""
-    monkeypatch.setattr(softmax_module, "CAUSAL_EXACT", False)
-    monkeypatch.setattr(softmax_module, "CAUSAL_WARPS", warps)
-    _, _, tail = softmax_module.softmax_launch(dt, shape[0] * shape[1], shape[2], True)
-    assert tail[-1] == 0
+    monkeypatch.setattr(softmax_module, "CAUSAL_EXACT", exact)
+    kernel, tile, tail = softmax_module.softmax_launch(dt, shape[0] * shape[1], shape[2], True)
+    assert kernel.__name__ == "softmax_causal" and tile[0] == rows and tail[-1] == exact
     x, xt = rand(rng, shape, dt, 4.0)
     y = ck.softmax(xt, causal=True)
     ref = softmax_ref(x, causal=True)
