@@ -33,7 +33,7 @@ BUDGET = {
     "softmax bf16 4096x1024": 18.5,  # 23.1
     # Every chunk's address computed, so that its load issues with the others (was 23.2);
     # the chunk a row ends in read element by element, its visible part only (as Triton's
-    # masked loads): 1.04x -> 1.00x the ideal bytes, 23.9 -> 26.9 (f32), 20.2 -> 22.9 (bf16).
+    # masked loads): 1.04x -> 1.00x the ideal bytes, 23.9 -> 26.7 (f32), 20.2 -> 22.4 (bf16).
     "causal softmax f32 16x1024x1024": 27.5,  # 26.6
     "causal softmax bf16 16x1024x1024": 23.5,  # 28.0
     "rms_norm f32 4096x4096": 10.5,  # 10.6

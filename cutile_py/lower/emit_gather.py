@@ -40,12 +40,18 @@ _EXTREME_NAN = {"max": "0x7FFFFFFF", "min": "0xFFFFFFFF"}
 
 
 class _Addressing:
-    """Per-kernel caches of one tensor's 64-bit dims, and the address and bounds of elements."""
+    """One op's caches of a tensor's 64-bit dims, of the bounds checks and row addresses its
+    elements share, and the address and bounds of elements. Used within one op's
+    straight-line code: a cached register is defined before every use."""
 
     def __init__(self, em: EmitContext, param: int, dtype: type[DType]) -> None:
         self.em, self.size = em, max(dtype.itemsize(), 1)
         self.t = em.tensors[param]
         self.dims64: dict[int, Reg] = {}
+        #: (dim, coordinate register) -> the coordinate lies in [0, dim).
+        self.checks: dict[tuple[int, str], Reg] = {}
+        #: The coordinates before the last -> the address of their row (last coordinate 0).
+        self.rows: dict[tuple[str, ...], Reg] = {}
 
     def dim64(self, i: int) -> Reg:
         if i not in self.dims64:
@@ -55,25 +61,41 @@ class _Addressing:
         return self.dims64[i]
 
     def inside(self, coords: list[Reg]) -> Reg | None:
-        """Every coordinate in [0, dim) (negative ones compare as huge unsigned values)."""
+        """Every coordinate in [0, dim) (negative ones compare as huge unsigned values); a
+        coordinate's check is made once for all the elements sharing it (a row's, say)."""
         pred: Reg | None = None
         for i, c in enumerate(coords):
-            ok = self.em.fb.reg("pred")
-            self.em.fb.ins("setp.lt.u32", ok, c, self.t.dims[i])
-            pred = self.em.conj(pred, ok)
+            key = (i, c.name)
+            if key not in self.checks:
+                ok = self.em.fb.reg("pred")
+                self.em.fb.ins("setp.lt.u32", ok, c, self.t.dims[i])
+                self.checks[key] = ok
+            pred = self.em.conj(pred, self.checks[key])
         return pred
 
     def address(self, coords: list[Reg]) -> Reg:
-        """base + (row-major linear index) * itemsize, in 64 bits (tensors may pass 2^32)."""
+        """base + (row-major linear index) * itemsize, in 64 bits (tensors may pass 2^32): the
+        row's address (the coordinates before the last), made once for the elements sharing
+        it, plus the last coordinate times the itemsize (one `mad.wide.u32` an element)."""
         fb = self.em.fb
-        lin = fb.reg("b64")
-        fb.ins("cvt.u64.u32", lin, coords[0])
-        for i in range(1, len(coords)):
-            c64 = fb.reg("b64")
-            fb.ins("cvt.u64.u32", c64, coords[i])
-            fb.ins("mad.lo.u64", lin, lin, self.dim64(i), c64)
+        *lead, last = coords
+        key = tuple(c.name for c in lead)
+        if key not in self.rows:
+            row = self.t.base
+            if lead:
+                lin = fb.reg("b64")
+                fb.ins("cvt.u64.u32", lin, lead[0])
+                for i in range(1, len(lead)):
+                    c64 = fb.reg("b64")
+                    fb.ins("cvt.u64.u32", c64, lead[i])
+                    fb.ins("mad.lo.u64", lin, lin, self.dim64(i), c64)
+                stride = fb.reg("b64")  # bytes from one row to the next
+                fb.ins("mul.lo.u64", stride, self.dim64(len(lead)), self.size)
+                row = fb.reg("b64")
+                fb.ins("mad.lo.u64", row, lin, stride, self.t.base)
+            self.rows[key] = row
         addr = fb.reg("b64")
-        fb.ins("mad.lo.u64", addr, lin, self.size, self.t.base)
+        fb.ins("mad.wide.u32", addr, last, self.size, self.rows[key])
         return addr
 
 
