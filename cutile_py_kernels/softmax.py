@@ -305,12 +305,16 @@ def softmax_launch(
         # an SM at 32 warps (its 32 blocks), half of Hopper's 64, and still ran the fastest.
         # n > width / 2 >= 128 and rows <= 32 * 8 * CAUSAL_WARPS / 32: a block crosses at
         # most one matrix boundary (up to CAUSAL_WARPS = 16).
-        c = plan.width // CAUSAL_CHUNKS
+        # A power-of-two tile even where n is a multiple of 32 that is not one: the columns
+        # past n cost no bytes (no row's limit passes n), where chunks of n / 8 (48 at 384)
+        # made 5 rows a block of 16-bit elements and spilled (255 registers).
+        width = next_pow2(plan.width)
+        c = width // CAUSAL_CHUNKS
         vec = 16 // dt.itemsize()
         rows = max(1, min(next_pow2(r), 32 * vec * CAUSAL_WARPS // c))
         warps = min(MAX_WARPS, prev_pow2(max(1, rows * c // (32 * vec))))  # no replicas
         _, _, causal_k = _softmax_kernels(dt, warps)
-        return causal_k, (rows, plan.width), (n, c, int(CAUSAL_EXACT))
+        return causal_k, (rows, width), (n, c, int(CAUSAL_EXACT))
     tile_k, _, _ = _softmax_kernels(dt, warps)
     return tile_k, (plan.rows, plan.width), (n, causal)
 

@@ -785,3 +785,25 @@ def test_causal_softmax_bytes_with_rows_sharing_a_block(
     assert r.blocks_run == r.blocks_total
     visible = b * s * (s + 1) // 2 * dt.itemsize()
     assert visible <= r.arguments[1].read <= visible * ratio
+
+
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("s", [320, 384, 640])
+def test_softmax_causal_at_multiples_of_32(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, dt: Any, s: int
+) -> None:
+    """S a multiple of 32 but not a power of two: the causal kernel's tile is the next power
+    of two (chunks of n / 8 made blocks of 5 or 6 16-bit rows that spilled, 255 registers at
+    320, 384 and 640 on sm_90), correct, and reads the visible triangle only."""
+    monkeypatch.setattr(report_module, "MAX_BLOCKS", 1024)
+    kernel, tile, tail = softmax_module.softmax_launch(dt, s, s, True)
+    assert kernel.__name__ == "softmax_causal" and tile[1] == _common.next_pow2(s)
+    spec = ct.PartitionSpec((s, s), tile, dt), ct.TensorSpec((s, s), dt)
+    r = kernel.report(*spec, *tail, target="sm_90")
+    assert r.spill_store_bytes in (0, None) and r.blocks_run == r.blocks_total
+    assert r.arguments[1].read == s * (s + 1) // 2 * dt.itemsize()
+    x, xt = rand(rng, (1, s, s), dt, 4.0)
+    y = ck.softmax(xt, causal=True)
+    ref = softmax_ref(x, causal=True)
+    check(y, ref, dt)
+    assert (y.to_numpy()[ref == 0] == 0).all()
