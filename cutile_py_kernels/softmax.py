@@ -51,10 +51,11 @@ CAUSAL_CHUNKS = 8
 #: was the fastest at both 16 x 1024^2 and 4 x 2048^2 f32, 1.2% ahead of 4.
 CAUSAL_WARPS = 1
 #: The causal kernel reads the chunk each row ends in element by element, its visible part
-#: only (`softmax_causal`'s EXACT): bytes read are those of the visible triangle, where whole
-#: chunks read half a chunk a row more (1.04x the ideal bytes at 16 x 1024^2 and 1 x 4096^2
-#: f32, where an H200 ran the whole-chunk kernel 1.6% and 2.4% behind Triton's, whose masked
-#: loads read the triangle exactly).
+#: only (`softmax_causal`'s EXACT): bytes read are those of the visible triangle (blocks that
+#: cross from one matrix into the next excepted: see the kernel), where whole chunks read
+#: half a chunk a row more (1.04x the ideal bytes at 16 x 1024^2 and 1 x 4096^2 f32, where
+#: an H200 ran the whole-chunk kernel 1.6% and 2.4% behind Triton's, whose masked loads read
+#: the triangle exactly).
 CAUSAL_EXACT = True
 
 
@@ -145,8 +146,12 @@ def _make_softmax_kernels(dt: type[ct.DType], warps: int) -> tuple[Any, Any, Any
         softmax_tile. Every chunk's load is issued before any is used: a use inside the
         branch that guards a load would make the warp wait for each chunk in turn. With
         EXACT, the chunk a row ends in is read element by element, its visible part only
-        (as Triton's masked loads read it), and the chunks before it whole: no byte past a
-        row's end is read. Without, that chunk is read whole (on average half a chunk a
+        (as Triton's masked loads read it), and the chunks before it whole: where the
+        block's rows all end in one chunk (its rows divide the chunk and n: every
+        power-of-two n at CAUSAL_WARPS 1), no byte past a row's end is read. A block that
+        crosses into the next matrix, or whose rows end in different chunks, reads a chunk
+        that one of its rows reads whole for all its rows (3 x 257^2 f32: 1.005x the
+        visible bytes). Without EXACT, that chunk is read whole (on average half a chunk a
         row past its end)."""
         br = y.shape[0]
         first = (ct.bid(0) * br) % n + 1  # the first row's limit (the scalar's one division)
@@ -300,12 +305,16 @@ def softmax_launch(
         # an SM at 32 warps (its 32 blocks), half of Hopper's 64, and still ran the fastest.
         # n > width / 2 >= 128 and rows <= 32 * 8 * CAUSAL_WARPS / 32: a block crosses at
         # most one matrix boundary (up to CAUSAL_WARPS = 16).
-        c = plan.width // CAUSAL_CHUNKS
+        # A power-of-two tile even where n is a multiple of 32 that is not one: the columns
+        # past n cost no bytes (no row's limit passes n), where chunks of n / 8 (48 at 384)
+        # made 5 rows a block of 16-bit elements and spilled (255 registers).
+        width = next_pow2(plan.width)
+        c = width // CAUSAL_CHUNKS
         vec = 16 // dt.itemsize()
         rows = max(1, min(next_pow2(r), 32 * vec * CAUSAL_WARPS // c))
         warps = min(MAX_WARPS, prev_pow2(max(1, rows * c // (32 * vec))))  # no replicas
         _, _, causal_k = _softmax_kernels(dt, warps)
-        return causal_k, (rows, plan.width), (n, c, int(CAUSAL_EXACT))
+        return causal_k, (rows, width), (n, c, int(CAUSAL_EXACT))
     tile_k, _, _ = _softmax_kernels(dt, warps)
     return tile_k, (plan.rows, plan.width), (n, causal)
 

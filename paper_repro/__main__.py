@@ -125,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         ctx.log(f"== {name}")
         module = importlib.import_module(f"paper_repro.experiments.{name}")
 
-        def checkpoint(res: Result, t0: float = t0) -> None:
+        saved: list[Result] = []  # the result as last checkpointed
+
+        def checkpoint(res: Result, t0: float = t0, saved: list[Result] = saved) -> None:
+            saved[:] = [res]
             res.seconds = time.perf_counter() - t0
             write_result(out, res)
             write_report(out, ctx, [*results, res], argv, running=res.name)
@@ -138,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
                 res = module.run(ctx)
         except Exception as e:  # an experiment that fails leaves its error in the report
             traceback.print_exc(file=sys.stderr)
-            res = Result(name, f"{name} (failed)", rows=[error_row(e, what=name)])
+            if saved:  # the rows checkpointed before the error are kept beside it
+                res = saved[0]
+                res.title += " (failed)"
+                res.rows.append(error_row(e, what=name))
+            else:
+                res = Result(name, f"{name} (failed)", rows=[error_row(e, what=name)])
         res.seconds = time.perf_counter() - t0
         results.append(res)
         write_result(out, res)

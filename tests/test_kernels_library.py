@@ -17,6 +17,7 @@ from cutile_py.ir.dtypes import round_to
 from cutile_py_kernels import _common, norms
 
 softmax_module = importlib.import_module("cutile_py_kernels.softmax")
+report_module = importlib.import_module("cutile_py.host.report")
 
 DTYPES = [ct.f32, ct.f16, ct.bf16]
 DT_PARAMS = [pytest.param(d, id=d.name) for d in DTYPES]
@@ -746,3 +747,46 @@ def test_ptx_assembles_without_spills(kernel: Any, args: tuple[Any, ...], sm: in
     target = ct.Target(sm)
     report = assemble(kernel.ptx(*args, target=target), target)
     assert report.spill_free, report.info_log
+
+
+@pytest.mark.parametrize(("dt", "shape", "ratio"), [(ct.f32, (1, 256, 256), 1.0),
+                                                    (ct.bf16, (1, 256, 256), 1.0),
+                                                    (ct.f32, (3, 257, 257), 1.0052)])  # fmt: skip
+def test_causal_softmax_bytes_with_rows_sharing_a_block(
+    monkeypatch: pytest.MonkeyPatch, dt: Any, shape: tuple[int, int, int], ratio: float
+) -> None:
+    """Blocks of several rows (4 f32, 8 bf16), the whole grid simulated: where a block's
+    rows all end in one chunk, x's bytes read are the visible triangle's exactly; a block
+    crossing into the next matrix (257 rows, 2 a block) reads its chunks up to the first
+    matrix's last row whole for both its rows, 0.5% more at 3 x 257^2."""
+    monkeypatch.setattr(report_module, "MAX_BLOCKS", 1024)
+    b, s, _ = shape
+    kernel, tile, tail = softmax_module.softmax_launch(dt, b * s, s, True)
+    assert tile[0] > 1 and tail[-1] == 1
+    spec = ct.PartitionSpec((b * s, s), tile, dt), ct.TensorSpec((b * s, s), dt)
+    r = kernel.report(*spec, *tail, target="sm_90")
+    assert r.blocks_run == r.blocks_total
+    visible = b * s * (s + 1) // 2 * dt.itemsize()
+    assert visible <= r.arguments[1].read <= visible * ratio
+
+
+@pytest.mark.parametrize("dt", DT_PARAMS)
+@pytest.mark.parametrize("s", [320, 384, 640])
+def test_softmax_causal_at_multiples_of_32(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, dt: Any, s: int
+) -> None:
+    """S a multiple of 32 but not a power of two: the causal kernel's tile is the next power
+    of two (chunks of n / 8 made blocks of 5 or 6 16-bit rows that spilled, 255 registers at
+    320, 384 and 640 on sm_90), correct, and reads the visible triangle only."""
+    monkeypatch.setattr(report_module, "MAX_BLOCKS", 1024)
+    kernel, tile, tail = softmax_module.softmax_launch(dt, s, s, True)
+    assert kernel.__name__ == "softmax_causal" and tile[1] == _common.next_pow2(s)
+    spec = ct.PartitionSpec((s, s), tile, dt), ct.TensorSpec((s, s), dt)
+    r = kernel.report(*spec, *tail, target="sm_90")
+    assert r.spill_store_bytes in (0, None) and r.blocks_run == r.blocks_total
+    assert r.arguments[1].read == s * (s + 1) // 2 * dt.itemsize()
+    x, xt = rand(rng, (1, s, s), dt, 4.0)
+    y = ck.softmax(xt, causal=True)
+    ref = softmax_ref(x, causal=True)
+    check(y, ref, dt)
+    assert (y.to_numpy()[ref == 0] == 0).all()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -201,3 +202,62 @@ def test_options_reach_the_experiment() -> None:
     want: dict[str, object] = {"only": ["gelu", "softmax"], "dtypes": ["f32", "bf16"],
                                "rounds": 3, "shapes": ["268435456", "4096x1024"]}  # fmt: skip
     assert cli.bandwidth_options(args) == want
+
+
+def test_a_failure_after_some_shapes_keeps_their_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error the experiment does not catch (here in its second shape) leaves the rows
+    checkpointed before it, beside the error, in the JSON and REPORT.md (they were replaced
+    by the error row alone), and the report is not marked unfinished."""
+    measure = bandwidth.measure_shape
+    calls: list[int] = []
+
+    def failing_at_the_second(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("lost the device")
+        return measure(*args)
+
+    monkeypatch.setattr(bandwidth, "measure_shape", failing_at_the_second)
+    argv = ["bandwidth", "--quick", "--only", "rms_norm", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    rows = json.loads((tmp_path / "bandwidth.json").read_text())["rows"]
+    ours = [(r["shape"], r["dtype"], r["status"]) for r in rows if r.get("impl") == "cutile_py"]
+    assert ours == [("8x64", "f32", "ok")]
+    assert [r["note"] for r in rows if r["status"] == "error"] == ["RuntimeError: lost the device"]
+    report = (tmp_path / "REPORT.md").read_text()
+    assert "| rms_norm | cutile_py | 8x64 | f32 | ok |" in report
+    assert "unfinished" not in report
+
+
+def test_the_buffers_go_before_the_copy_of_the_same_size(
+    monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+) -> None:
+    """Every prepared implementation (its buffers) is released before the copy of the same
+    size is timed: the last one was kept alive by the loop's variable."""
+    times = {impl: list(rng.uniform(10.0, 20.0, 2)) for impl in ("cutile_py", "triton")}
+    _fake_impls(monkeypatch, times, [])
+    alive: list[weakref.ref[Any]] = []
+    prepare = bandwidth.prepare_peer
+
+    def tracked(*args: Any) -> Any:
+        p = prepare(*args)
+        alive.append(weakref.ref(p))
+        return p
+
+    monkeypatch.setattr(bandwidth, "prepare_peer", tracked)
+    held: list[int] = []
+
+    def copy(ctx: Context, nbytes: int) -> float:
+        held.append(sum(r() is not None for r in alive))
+        return 1000.0
+
+    monkeypatch.setattr(bandwidth, "same_size_copy", copy)
+    spec = SPECS["rms_norm"]
+    spec = replace(spec, peers={"triton": spec.peers["triton"]})
+    ctx = _cuda_ctx()
+    ctx.ceilings["copy_gbps"] = 1000.0
+    rows = bandwidth.measure_shape(ctx, spec, object(), (8, 64), "f32", 2)
+    assert len(alive) == 1 and held == [0, 0]
+    assert all(isinstance(r["frac_same_copy"], float) for r in rows)

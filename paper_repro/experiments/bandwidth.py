@@ -426,6 +426,22 @@ def against(ours: Sequence[Measurement], theirs: Sequence[Measurement]) -> dict[
     return out
 
 
+def _combined_rows(
+    ctx: Context, prepared: Sequence[Prepared], times: dict[str, list[Measurement]]
+) -> list[Row]:
+    """The row of each of `prepared` timed in every round (`combined_row`), the library's
+    with its comparison with Triton's. A function of its own: a loop variable in the
+    caller would keep the last implementation's buffers alive past `del prepared`."""
+    rows = []
+    for p in prepared:
+        if p.impl in times:
+            row = combined_row(ctx, p, times[p.impl])
+            if p.impl == "cutile_py" and "triton" in times:
+                row.update(against(times["cutile_py"], times["triton"]))
+            rows.append(row)
+    return rows
+
+
 def measure_shape(
     ctx: Context, spec: Spec, fn: Any, shape: Shape, dtype: str, rounds: int
 ) -> list[Row]:
@@ -452,13 +468,7 @@ def measure_shape(
                 traceback.print_exc(file=sys.stderr)
             rows.append(error_row(e, **_fields(spec, impl, shape, dtype)))
     times, errors = interleaved(ctx, prepared, rounds)
-    rows += errors
-    for p in prepared:
-        if p.impl in times:
-            row = combined_row(ctx, p, times[p.impl])
-            if p.impl == "cutile_py" and "triton" in times:
-                row.update(against(times["cutile_py"], times["triton"]))
-            rows.append(row)
+    rows += errors + _combined_rows(ctx, prepared, times)
     del prepared  # the buffers go before the copy of the same size is measured
     for r in rows:
         nbytes, bw = r.get("bytes"), r.get("gbps")
