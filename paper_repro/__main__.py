@@ -52,7 +52,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--backend", choices=["cuda", "sim", "interpret"])
     p.add_argument("--reps", type=int, help="timed samples per measurement")
-    p.add_argument("--only", default="", help="bandwidth: comma-separated kernel names")
+    p.add_argument(
+        "--only", default="", help="bandwidth: comma-separated kernel names, timed in that order"
+    )
     p.add_argument(
         "--dtype",
         default="f32",
@@ -70,7 +72,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--shapes",
         default="",
         help="bandwidth: only these shapes, comma-separated as labelled in the "
-        "report (4096x1536, 268435456, 16x1024x1024)",
+        "report (4096x1536, 268435456, 16x1024x1024), or for one kernel (softmax:4096x1024)",
     )
     p.add_argument("--debug", action="store_true", help="tracebacks for every failure")
     args = p.parse_args(argv)
@@ -83,6 +85,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error(f"--dtype: unknown dtype(s) {', '.join(bad)}; choose from f32, f16, bf16")
     if args.rounds < 1:
         p.error(f"--rounds: expected at least 1, got {args.rounds}")
+    from paper_repro.experiments.bandwidth import SPECS
+
+    kernels = [spec.name for spec in SPECS]
+    unknown = [k for k in args.only.split(",") if k and k not in kernels]
+    if unknown:
+        p.error(f"--only: unknown kernel(s) {', '.join(unknown)}; choose from {', '.join(kernels)}")
     args.chosen = chosen
     return args
 

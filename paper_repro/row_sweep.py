@@ -187,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="row lengths to time (4096 rows each), comma-separated")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="tiny shapes on sim")
     args = p.parse_args(argv)
+    bad = [v for v in args.causal_exact.split(",") if v not in ("0", "1")]
+    if bad:
+        p.error(f"--causal-exact: expected 1 (element by element) or 0 (whole), got {bad[0]!r}")
     ct.set_backend("sim" if args.quick else "cuda")
     backend = ct.backend()
     device = describe(backend)

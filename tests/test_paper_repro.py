@@ -364,6 +364,16 @@ def test_row_sweep_times_the_causal_softmax_by_block_size(
     assert all(float(r[7]) > 0 and "error" not in r[7] for r in rows)
 
 
+def test_row_sweep_names_a_bad_causal_exact(capsys: pytest.CaptureFixture[str]) -> None:
+    from paper_repro import row_sweep
+
+    with pytest.raises(SystemExit):
+        row_sweep.main(["--quick", "--kernels", "softmax_causal", "--causal-exact", "1,yes"])
+    assert "--causal-exact: expected 1 (element by element) or 0 (whole), got 'yes'" in (
+        capsys.readouterr().err
+    )
+
+
 def test_row_sweep_times_rows_a_block(capsys: pytest.CaptureFixture[str]) -> None:
     """`--block-elems`: the f32 norms' blocks of that many elements (rows a block: it over the
     width) with each per-thread count, as launched, and the library's blocks back after (on

@@ -152,6 +152,20 @@ def test_shapes_and_dtypes_choose_what_is_timed_on_sim() -> None:
     assert not [r for r in rope if r.get("shape")]  # no rope shape is labelled 8x96
 
 
+def test_kernels_run_in_the_order_named_each_at_the_shapes_named_for_it() -> None:
+    """`only` sets the order; a shape named for one kernel ("softmax:8x64") is timed for that
+    kernel alone, a plain one for every kernel that has it (on sim)."""
+    ct.set_backend("sim")
+    ctx = Context("sim", True, Timer("sim", reps=1, warmup=0), 0, {})
+    res = bandwidth.run(ctx, ["softmax", "rms_norm", "gelu"],
+                        shapes=["softmax:8x64", "rms_norm:8x96", "4096"])  # fmt: skip
+    got = [(r["kernel"], r["shape"]) for r in res.rows
+           if r["status"] == "ok" and r["kernel"] != "copy (ceiling)"]  # fmt: skip
+    assert got == [("softmax", "8x64"), ("rms_norm", "8x96"), ("gelu", "4096")]
+    with pytest.raises(ValueError, match="no kernel rmsnorm"):
+        bandwidth.run(ctx, ["rmsnorm"])
+
+
 def test_a_run_cut_short_keeps_the_shapes_it_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -186,6 +200,7 @@ def test_a_run_cut_short_keeps_the_shapes_it_measured(
     [
         (["--dtype", "f32,f64"], "--dtype: unknown dtype(s) f64"),
         (["--rounds", "0"], "--rounds: expected at least 1, got 0"),
+        (["--only", "softmax,rmsnorm"], "--only: unknown kernel(s) rmsnorm; choose from add,"),
     ],
 )
 def test_bad_options_are_named(

@@ -518,9 +518,10 @@ def run(
     rounds: int = 1,
     shapes: Sequence[str] = (),
 ) -> Result:
-    """Every spec (those named in `only`) at its shapes (those labelled as in `shapes`, e.g.
-    "4096x1536"), at each of `dtypes` it can be timed at, each implementation timed in
-    `rounds` interleaved rounds; the result is checkpointed after each shape."""
+    """Every spec (those named in `only`, in that order) at its shapes (with `shapes`, those
+    labelled as one of them, e.g. "4096x1536", or for one kernel "softmax:4096x1024"), at
+    each of `dtypes` it can be timed at, each implementation timed in `rounds` interleaved
+    rounds; the result is checkpointed after each shape."""
     import cutile_py_kernels as lib
 
     res = Result("bandwidth", "Memory-bound kernels: GB/s and fraction of copy bandwidth")
@@ -551,9 +552,12 @@ def run(
             "medians, spread their range over it, vs_triton the median of Triton's time over "
             "ours round by round (above 1: ours faster), vs_triton_range its range."
         )
-    for spec in SPECS:
-        if only and spec.name not in only:
-            continue
+    by_name = {spec.name: spec for spec in SPECS}
+    unknown = [name for name in only if name not in by_name]
+    if unknown:
+        raise ValueError(f"bandwidth: no kernel {', '.join(unknown)}; choose from "
+                         f"{', '.join(by_name)}")  # fmt: skip
+    for spec in [by_name[name] for name in only] if only else SPECS:
         # causal softmax is `softmax(x, causal=True)`: the Spec's call passes the flag
         fn = getattr(lib, spec.name.removesuffix("_causal"), None)
         ctx.log(f"bandwidth: {spec.name}")
@@ -565,7 +569,7 @@ def run(
         if ctx.lean:  # the middle and the largest shape
             cases = sorted({cases[len(cases) // 2], cases[-1]}, key=cases.index)
         if shapes:
-            cases = [c for c in cases if _label(c) in shapes]
+            cases = [c for c in cases if {_label(c), f"{spec.name}:{_label(c)}"} & set(shapes)]
         for dtype in dtypes:
             if dtype not in spec.dtypes:
                 res.rows.append(
