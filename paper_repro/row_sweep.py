@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python -m paper_repro.row_sweep [--kernels rms_norm,softmax] [--per 16,32]
                                                  [--widths 1024,4096] [--causal-warps 1,2,4,8]
-                                                 [--causal-exact 1,0]
+                                                 [--causal-exact 1,0] [--rounds 3]
                                                  [--block-elems 2048,4096]
                                                  [--gelu-tiles 1024,4096] [--dtype bf16]
                                                  [--quick]
@@ -36,7 +36,8 @@ shapes, 16 x 1024^2, 4 x 2048^2 and 1 x 4096^2, f32 or `--dtype`) with each of
 `--causal-warps` warps a block (`softmax.CAUSAL_WARPS`: a warp a row of 1024 f32, so also
 rows a block), each reading the chunk a row ends in element by element and whole
 (`--causal-exact 1,0`, `softmax.CAUSAL_EXACT`: the visible triangle only, or 1.04x its
-bytes), beside Triton's in the same run where it is installed.
+bytes), beside Triton's in the same run where it is installed; each prepared once and timed in
+`--rounds` (3) interleaved rounds, the median and the rounds' spread shown.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import argparse
 import importlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 from unittest import mock
 
@@ -95,18 +97,24 @@ def elements_per_thread(per: int, block_elems: int | None = None) -> Iterator[No
 
 
 def causal_sweep(
-    ctx: Context, copy: float, warps: list[int], exacts: list[bool], dtype: str = "f32"
+    ctx: Context,
+    copy: float,
+    warps: list[int],
+    exacts: list[bool],
+    dtype: str = "f32",
+    rounds: int = 3,
 ) -> None:
     """Markdown rows: the causal softmax in `dtype` by warps a block and by how it reads the
-    chunk each row ends in (`softmax.CAUSAL_EXACT`), then Triton's (where installed)."""
+    chunk each row ends in (`softmax.CAUSAL_EXACT`), then Triton's (where installed), each
+    prepared once and timed in `rounds` interleaved rounds (`bandwidth.interleaved`): the
+    median of the rounds and their spread, so that a difference of 1-2% is told from noise."""
     spec = {s.name: s for s in bandwidth.SPECS}["softmax_causal"]
-    fn = importlib.import_module("cutile_py_kernels").softmax
     print("| kernel | shape | CAUSAL_WARPS | exact | library | rows a block | us | GB/s "
-          "| of copy | of same-size copy |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| of copy | of same-size copy | spread |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in [(1, 256, 256)] if ctx.quick else CAUSAL_SHAPES:
-        same = same_size_copy(ctx, bandwidth.spec_bytes(spec, shape, dtype))
         label = f"{'x'.join(map(str, shape))} {dtype}"
+        heads: dict[str, str] = {}
         for w in warps:
             for exact in exacts:
                 mark = "yes" if (w, exact) == (softmax_mod.CAUSAL_WARPS,
@@ -114,15 +122,57 @@ def causal_sweep(
                 with mock.patch.multiple(softmax_mod, CAUSAL_WARPS=w, CAUSAL_EXACT=exact):
                     r = shape[0] * shape[1]
                     _, tile, _ = softmax_mod.softmax_launch(CT_DTYPES[dtype], r, shape[2], True)
-                    cells = _timed(copy, same, bandwidth.measure_cutile, ctx, spec, fn, shape,
-                                   dtype)  # fmt: skip
-                head = f"| softmax_causal | {label} | {w} | {'yes' if exact else 'no'} | {mark}"
-                print(f"{head} | {tile[0]} | {cells}", flush=True)
+                heads[f"{w}/{int(exact)}"] = (
+                    f"| softmax_causal | {label} | {w} | {'yes' if exact else 'no'} | {mark} "
+                    f"| {tile[0]} |"
+                )
         if not ctx.quick and peer_missing("triton") is None:
-            cells = _timed(copy, same, bandwidth.measure_peer, ctx, spec, "triton", shape,
-                           dtype)  # fmt: skip
             theirs = row_warps(_common.next_pow2(shape[2]))  # `triton_kernels.softmax`: a row each
-            print(f"| triton | {label} | {theirs} | yes | | 1 | {cells}", flush=True)
+            heads["triton"] = f"| triton | {label} | {theirs} | yes | | 1 |"
+        rows = _causal_rounds(ctx, spec, shape, dtype, list(heads), rounds)
+        # after the variants' buffers are gone: the copy of the same bytes
+        same = same_size_copy(ctx, bandwidth.spec_bytes(spec, shape, dtype))
+        for impl, head in heads.items():
+            row = rows[impl]
+            if row.get("status") != "ok":
+                print(f"{head} error: {row.get('note')} | | | | |", flush=True)
+                continue
+            gbps = float(row["gbps"] or 0)
+            spread = row.get("spread", "")
+            print(f"{head} {row['time_us']} | {gbps:.0f} | {gbps / copy:.3f} | {gbps / same:.3f} "
+                  f"| {spread} |", flush=True)  # fmt: skip
+
+
+def _causal_rounds(
+    ctx: Context, spec: bandwidth.Spec, shape: tuple[int, ...], dtype: str, impls: list[str],
+    rounds: int,
+) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Each of `impls` ("warps/exact" or "triton") prepared, then timed in `rounds`
+    interleaved rounds: its row (`bandwidth.combined_row`) or error row. The variants'
+    buffers are released on return."""
+    fn = importlib.import_module("cutile_py_kernels").softmax
+    arrays = bandwidth.host_arrays(ctx, spec, shape)
+    prepared: list[bandwidth.Prepared] = []
+    rows: dict[str, dict[str, Any]] = {}
+    for impl in impls:
+        try:
+            if impl == "triton":
+                got = bandwidth.prepare_peer(ctx, spec, "triton", shape, dtype, arrays)
+            else:
+                w, exact = (int(v) for v in impl.split("/"))
+                with mock.patch.multiple(softmax_mod, CAUSAL_WARPS=w, CAUSAL_EXACT=bool(exact)):
+                    got = bandwidth.prepare_cutile(ctx, spec, fn, shape, dtype, arrays)
+        except Exception as e:  # a failing variant is a row; the sweep goes on
+            rows[impl] = {"status": "error", "note": f"{type(e).__name__}: {e}"}
+            continue
+        prepared.append(replace(got, impl=impl, fields={**got.fields, "impl": impl}))
+    times, errors = bandwidth.interleaved(ctx, prepared, rounds)
+    for row in errors:
+        rows[str(row["impl"])] = row
+    for p in prepared:
+        if p.impl in times:
+            rows[p.impl] = bandwidth.combined_row(ctx, p, times[p.impl])
+    return rows
 
 
 def gelu_sweep(
@@ -185,11 +235,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="the dtype of gelu and softmax_causal (the norms: f32)")  # fmt: skip
     p.add_argument("--widths", default=",".join(map(str, WIDTHS)),
                    help="row lengths to time (4096 rows each), comma-separated")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=3,
+                   help="softmax_causal: interleaved rounds of each variant")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="tiny shapes on sim")
     args = p.parse_args(argv)
     bad = [v for v in args.causal_exact.split(",") if v not in ("0", "1")]
     if bad:
         p.error(f"--causal-exact: expected 1 (element by element) or 0 (whole), got {bad[0]!r}")
+    if args.rounds < 1:
+        p.error(f"--rounds: expected at least 1, got {args.rounds}")
     ct.set_backend("sim" if args.quick else "cuda")
     backend = ct.backend()
     device = describe(backend)
@@ -215,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             [int(v) for v in args.causal_warps.split(",")],
             [v == "1" for v in args.causal_exact.split(",")],
             args.dtype,
+            args.rounds,
         ),
     }
     for name, sweep in sweeps.items():  # tables of their own, before the norms'

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -340,20 +341,33 @@ def test_row_sweep_times_the_causal_softmax_by_block_size(
     from paper_repro import row_sweep
 
     seen: list[tuple[int, bool, str]] = []
-    measure = row_sweep.bandwidth.measure_cutile
+    prepare = row_sweep.bandwidth.prepare_cutile
     mod = row_sweep.softmax_mod
+    timed: list[str] = []
 
     def spy(*args: Any) -> Any:
         _, _, tail = mod.softmax_launch(getattr(ct, dtype), 256, 256, True)
-        seen.append((mod.CAUSAL_WARPS, bool(tail[-1]), args[-1]))
-        return measure(*args)
+        seen.append((mod.CAUSAL_WARPS, bool(tail[-1]), args[4]))
+        got = prepare(*args)
+        key = f"{mod.CAUSAL_WARPS}/{tail[-1]}"
 
-    monkeypatch.setattr(row_sweep.bandwidth, "measure_cutile", spy)
+        def time() -> Any:  # each variant's replay launches what was prepared
+            timed.append(key)
+            return got.time()
+
+        return replace(got, time=time)
+
+    monkeypatch.setattr(row_sweep.bandwidth, "prepare_cutile", spy)
     before = (mod.CAUSAL_WARPS, mod.CAUSAL_EXACT)
-    argv = ["--quick", "--kernels", "softmax_causal", "--causal-warps", "1,4,8", "--dtype", dtype]
+    argv = ["--quick", "--kernels", "softmax_causal", "--causal-warps", "1,4,8", "--dtype", dtype,
+            "--rounds", "2"]  # fmt: skip
     assert row_sweep.main(argv) == 0
     assert (mod.CAUSAL_WARPS, mod.CAUSAL_EXACT) == before == (1, True)
-    assert seen == [(w, e, dtype) for w in (1, 4, 8) for e in (True, False)]
+    variants = [(w, e) for w in (1, 4, 8) for e in (True, False)]
+    assert seen == [(w, e, dtype) for w, e in variants]
+    # two interleaved rounds, the second starting at the second variant
+    keys = [f"{w}/{int(e)}" for w, e in variants]
+    assert timed == keys + keys[1:] + keys[:1]
     rows = [[c.strip() for c in line.split("|")] for line in capsys.readouterr().out.splitlines()
             if line.startswith("| softmax_causal")]  # fmt: skip
     # (shape, CAUSAL_WARPS, exact, library's pick?, rows a block) at 1x256x256 (32-column
@@ -362,6 +376,7 @@ def test_row_sweep_times_the_causal_softmax_by_block_size(
             for w, rows in zip((1, 4, 8), rows_a_block) for e in ("yes", "no")]  # fmt: skip
     assert [(r[2], r[3], r[4], r[5], r[6]) for r in rows] == want
     assert all(float(r[7]) > 0 and "error" not in r[7] for r in rows)
+    assert all(float(r[11]) >= 0 for r in rows)  # the spread of the two rounds
 
 
 def test_row_sweep_names_a_bad_causal_exact(capsys: pytest.CaptureFixture[str]) -> None:
@@ -434,21 +449,28 @@ def test_row_sweeps_triton_rows_name_the_warps_triton_ran(
 ) -> None:
     """The causal sweep's Triton rows (here with every measurement faked: no GPU, no
     Triton) name the warps `triton_kernels.softmax` launches at that width: 4 at 1024, 8 at
-    2048, not the library's CAUSAL_WARPS."""
+    2048, not the library's CAUSAL_WARPS; each row is the median of its rounds."""
     from paper_repro import row_sweep
     from paper_repro.core import Context
-    from paper_repro.timing import Timer
+    from paper_repro.experiments import bandwidth
+    from paper_repro.timing import Measurement, Timer
 
-    def measured(*args: object) -> list[dict[str, object]]:
-        return [{"time_us": 10.0, "gbps": 100.0}]
+    def prepared(*args: Any) -> bandwidth.Prepared:
+        us = iter([10.0, 12.0, 9.0])  # three rounds: median 10
+
+        def time() -> Measurement:
+            return Measurement(next(us), 9.0, 12.0, 1, "cuda-events")
+
+        return bandwidth.Prepared("x", 1_000_000, time, {"impl": "x"})
 
     monkeypatch.setattr(row_sweep, "CAUSAL_SHAPES", ((2, 1024, 1024), (1, 2048, 2048)))
     monkeypatch.setattr(row_sweep, "same_size_copy", lambda ctx, nbytes: 200.0)
     monkeypatch.setattr(row_sweep, "peer_missing", lambda name: None)
-    monkeypatch.setattr(row_sweep.bandwidth, "measure_cutile", measured)
-    monkeypatch.setattr(row_sweep.bandwidth, "measure_peer", measured)
+    monkeypatch.setattr(bandwidth, "host_arrays", lambda ctx, spec, shape: [])
+    monkeypatch.setattr(bandwidth, "prepare_cutile", prepared)
+    monkeypatch.setattr(bandwidth, "prepare_peer", prepared)
     ctx = Context("cuda", False, Timer("cuda", reps=1, warmup=0), 1 << 20, {})
-    row_sweep.causal_sweep(ctx, 400.0, [1, 4], [True])
+    row_sweep.causal_sweep(ctx, 400.0, [1, 4], [True], rounds=3)
     rows = [[c.strip() for c in line.split("|")] for line in capsys.readouterr().out.splitlines()
             if line.startswith("| ")][1:]  # fmt: skip
     # (kernel, shape, warps, rows a block)
@@ -460,7 +482,9 @@ def test_row_sweeps_triton_rows_name_the_warps_triton_ran(
         ("softmax_causal", "1x2048x2048 f32", "4", "2"),
         ("triton", "1x2048x2048 f32", "8", "1"),
     ]
-    assert all(r[7:11] == ["10.0", "100", "0.250", "0.500"] for r in rows)
+    # 1e6 bytes in the median 10 us: 100 GB/s, a quarter of the copy ceiling, half of the
+    # same-size copy; the rounds spread (12 - 9) / 10
+    assert all(r[7:12] == ["10.0", "100", "0.250", "0.500", "0.3"] for r in rows)
 
 
 def test_gemm_timing_check_runs_over_a_null_device(
