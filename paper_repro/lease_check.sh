@@ -24,6 +24,11 @@ mkdir -p "$work" "$out"
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
   git rev-parse HEAD 2>/dev/null || echo "commit unknown"
+  # The tree itself (a lent machine's copy may carry stale git metadata): the same command in
+  # a checkout of a commit says whether it is that commit's.
+  echo "source digest: $(find cutile_py cutile_py_kernels paper_repro tests -type f \
+    \( -name '*.py' -o -name '*.sh' \) -print0 | LC_ALL=C sort -z | xargs -0 sha256sum |
+    sha256sum | cut -c1-16)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,power.limit \
     --format=csv 2>&1
   python3 -c "import cuda.bindings, numpy; print('cuda-bindings', cuda.bindings.__version__,
