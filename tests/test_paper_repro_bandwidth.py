@@ -5,7 +5,10 @@ keeping the rows it measured."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
@@ -276,3 +279,26 @@ def test_the_buffers_go_before_the_copy_of_the_same_size(
     rows = bandwidth.measure_shape(ctx, spec, object(), (8, 64), "f32", 2)
     assert len(alive) == 1 and held == [0, 0]
     assert all(isinstance(r["frac_same_copy"], float) for r in rows)
+
+
+def test_inputs_are_the_same_in_every_run() -> None:
+    """`host_arrays` salts its generator with a stable digest of the kernel and shape, not
+    Python's per-process string hash: a fresh interpreter draws the same inputs."""
+    code = ("from paper_repro.core import Context; from paper_repro.timing import Timer; "
+            "from paper_repro.experiments import bandwidth as b; "
+            "ctx = Context('sim', True, Timer('sim', reps=1, warmup=0), 0, {}); "
+            "spec = [s for s in b.SPECS if s.name == 'rms_norm'][0]; "
+            "print(float(b.host_arrays(ctx, spec, (8, 64))[0].sum()))")  # fmt: skip
+    root = Path(__file__).resolve().parents[1]
+    sums = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert len(sums) == 1 and float(sums.pop()) != 0.0

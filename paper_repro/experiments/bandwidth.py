@@ -8,6 +8,7 @@ import math
 import statistics
 import sys
 import traceback
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -256,9 +257,11 @@ def spec_bytes(spec: Spec, shape: Shape, dtype: str) -> int:
 
 
 def host_arrays(ctx: Context, spec: Spec, shape: Shape) -> list[np.ndarray]:
-    """The inputs of `spec` at `shape` (f32, or int32 indices), the same for every dtype and
-    implementation: each rounds them to the dtype it is timed at."""
-    rng = ctx.rng(hash((spec.name, shape)) % 10_000)
+    """The inputs of `spec` at `shape` (f32, or int32 indices), the same for every dtype,
+    implementation and run: each rounds them to the dtype it is timed at."""
+    # A stable salt (Python's str hash changes from one process to the next): the same
+    # inputs in every run, so that runs compare on the same data.
+    rng = ctx.rng(zlib.crc32(f"{spec.name} {_label(shape)}".encode()) % 10_000)
     out = []
     for inp in spec.inputs(shape):
         if inp.ids:
