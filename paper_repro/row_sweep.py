@@ -17,27 +17,30 @@ with each per-thread count of `--per`, beside the copy ceiling, and prints a Mar
 the `library` column marks the count the library picks. Beside the copy ceiling (2^28
 floats) each shape has the copy of its own bytes (the same PTX copy kernel or
 cuMemcpyDtoDAsync, the better): at a few tens of megabytes a copy does not reach the ceiling
-either. `--quick` runs tiny shapes on sim (a check of the script only).
+either. Every table's variants, and Triton's kernel where installed (rms_norm, GELU, the
+causal softmax), are prepared once on the same inputs and timed in `--rounds` (3)
+interleaved rounds: each row the median of its rounds, `spread` their range over it, so that
+a difference of 1-2% is told from run-to-run noise. `--quick` runs tiny shapes on sim (a
+check of the script only).
 
 The next GPU lease confirms the norms' rule with the defaults: rms_norm, add_rms_norm and
 layer_norm at 1024, 1536, 2048, 3072 and 4096, 16 and 32 elements per thread (f32).
 
 `--block-elems 2048,4096` times the f32 norms with blocks of that many elements as well
 (rows a block: it over the width; one row a block is how Triton's kernels run them), each
-with every `--per`; a table's last column says the rows a block.
+with every `--per`; a column says the rows a block.
 
 `--kernels gelu` times GELU f32 (`--dtype`: or f16, bf16) at 2^26 and 2^28 elements with
 each of `--gelu-tiles` elements a block (`activations._tile`: 4 KiB of input, 1024 f32, since
 an H200 ran it at 0.99 of the copy ceiling where 4096 ran at 0.96; 2048 bf16 by analogy)
-beside Triton's, twice in turn.
+beside Triton's.
 
 `--kernels softmax_causal` times the causal softmax instead (the bandwidth experiment's
 shapes, 16 x 1024^2, 4 x 2048^2 and 1 x 4096^2, f32 or `--dtype`) with each of
 `--causal-warps` warps a block (`softmax.CAUSAL_WARPS`: a warp a row of 1024 f32, so also
 rows a block), each reading the chunk a row ends in element by element and whole
 (`--causal-exact 1,0`, `softmax.CAUSAL_EXACT`: the visible triangle only, or 1.04x its
-bytes), beside Triton's in the same run where it is installed; each prepared once and timed in
-`--rounds` (3) interleaved rounds, the median and the rounds' spread shown.
+bytes), beside Triton's in the same run where it is installed.
 """
 
 from __future__ import annotations
@@ -47,8 +50,11 @@ import importlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from typing import Any
 from unittest import mock
+
+import numpy as np
 
 import cutile_py as ct
 from cutile_py_kernels import _common, activations, norms
@@ -129,43 +135,57 @@ def causal_sweep(
         if not ctx.quick and peer_missing("triton") is None:
             theirs = row_warps(_common.next_pow2(shape[2]))  # `triton_kernels.softmax`: a row each
             heads["triton"] = f"| triton | {label} | {theirs} | yes | | 1 |"
-        rows = _causal_rounds(ctx, spec, shape, dtype, list(heads), rounds)
+        variants: dict[str, Variant] = {
+            key: partial(_prepare_causal, ctx, spec, shape, dtype, key) for key in heads
+        }
+        rows = _rounds(ctx, spec, shape, variants, rounds)
         # after the variants' buffers are gone: the copy of the same bytes
         same = same_size_copy(ctx, bandwidth.spec_bytes(spec, shape, dtype))
-        for impl, head in heads.items():
-            row = rows[impl]
-            if row.get("status") != "ok":
-                print(f"{head} error: {row.get('note')} | | | | |", flush=True)
-                continue
-            gbps = float(row["gbps"] or 0)
-            spread = row.get("spread", "")
-            print(f"{head} {row['time_us']} | {gbps:.0f} | {gbps / copy:.3f} | {gbps / same:.3f} "
-                  f"| {spread} |", flush=True)  # fmt: skip
+        for key, head in heads.items():
+            print(f"{head} {_cells(copy, same, rows[key])} {rows[key].get('spread', '')} |",
+                  flush=True)  # fmt: skip
 
 
-def _causal_rounds(
-    ctx: Context, spec: bandwidth.Spec, shape: tuple[int, ...], dtype: str, impls: list[str],
-    rounds: int,
-) -> dict[str, dict[str, Any]]:  # fmt: skip
-    """Each of `impls` ("warps/exact" or "triton") prepared, then timed in `rounds`
-    interleaved rounds: its row (`bandwidth.combined_row`) or error row. The variants'
-    buffers are released on return."""
+def _prepare_causal(
+    ctx: Context,
+    spec: bandwidth.Spec,
+    shape: tuple[int, ...],
+    dtype: str,
+    key: str,
+    arrays: list[np.ndarray],
+) -> bandwidth.Prepared:
+    """Variant `key` of the causal softmax: "warps/exact", or "triton"."""
+    if key == "triton":
+        return bandwidth.prepare_peer(ctx, spec, "triton", shape, dtype, arrays)
+    w, exact = (int(v) for v in key.split("/"))
     fn = importlib.import_module("cutile_py_kernels").softmax
+    with mock.patch.multiple(softmax_mod, CAUSAL_WARPS=w, CAUSAL_EXACT=bool(exact)):
+        return bandwidth.prepare_cutile(ctx, spec, fn, shape, dtype, arrays)
+
+
+Variant = Callable[[list[np.ndarray]], bandwidth.Prepared]
+
+
+def _rounds(
+    ctx: Context,
+    spec: bandwidth.Spec,
+    shape: tuple[int, ...],
+    variants: dict[str, Variant],
+    rounds: int,
+) -> dict[str, dict[str, Any]]:
+    """Each variant prepared on the same host inputs (its launch fixed then: the library's
+    rules as patched inside it), then all timed in `rounds` interleaved rounds: each one's
+    row (`bandwidth.combined_row`), or its error. Their buffers are released on return."""
     arrays = bandwidth.host_arrays(ctx, spec, shape)
     prepared: list[bandwidth.Prepared] = []
     rows: dict[str, dict[str, Any]] = {}
-    for impl in impls:
+    for key, prepare in variants.items():
         try:
-            if impl == "triton":
-                got = bandwidth.prepare_peer(ctx, spec, "triton", shape, dtype, arrays)
-            else:
-                w, exact = (int(v) for v in impl.split("/"))
-                with mock.patch.multiple(softmax_mod, CAUSAL_WARPS=w, CAUSAL_EXACT=bool(exact)):
-                    got = bandwidth.prepare_cutile(ctx, spec, fn, shape, dtype, arrays)
+            got = prepare(arrays)
         except Exception as e:  # a failing variant is a row; the sweep goes on
-            rows[impl] = {"status": "error", "note": f"{type(e).__name__}: {e}"}
+            rows[key] = {"status": "error", "note": f"{type(e).__name__}: {e}"}
             continue
-        prepared.append(replace(got, impl=impl, fields={**got.fields, "impl": impl}))
+        prepared.append(replace(got, impl=key, fields={**got.fields, "impl": key}))
     times, errors = bandwidth.interleaved(ctx, prepared, rounds)
     for row in errors:
         rows[str(row["impl"])] = row
@@ -175,45 +195,53 @@ def _causal_rounds(
     return rows
 
 
-def gelu_sweep(
-    ctx: Context, copy: float, tiles: list[int], dtype: str = "f32", rounds: int = 2
-) -> None:
-    """Markdown rows: GELU in `dtype` by elements a block (`activations._tile`), then
-    Triton's (where installed), at 2^26 and 2^28 elements, `rounds` times in turn (the rows
-    of one round are timed back to back: a difference that holds in every round is not
-    drift)."""
-    spec = {s.name: s for s in bandwidth.SPECS}["gelu"]
-    fn = importlib.import_module("cutile_py_kernels").gelu
-    library = activations._tile(CT_DTYPES[dtype])
-    print("| kernel | elements | dtype | per block | library | us | GB/s | of copy "
-          "| of same-size copy |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
-    sizes = [(1 << 12,)] if ctx.quick else [(n,) for n in GELU_SIZES]
-    for _ in range(rounds):
-        for shape in sizes:
-            same = same_size_copy(ctx, bandwidth.spec_bytes(spec, shape, dtype))
-            head = f"| gelu | {shape[0]} | {dtype} |"
-            for tile in tiles:
-                mark = "yes" if tile == library else ""
-                with mock.patch.object(activations, "_tile", lambda dt, t=tile: t):
-                    cells = _timed(copy, same, bandwidth.measure_cutile, ctx, spec, fn, shape,
-                                   dtype)  # fmt: skip
-                print(f"{head} {tile} | {mark} | {cells}", flush=True)
-            if not ctx.quick and peer_missing("triton") is None:
-                cells = _timed(copy, same, bandwidth.measure_peer, ctx, spec, "triton", shape,
-                               dtype)  # fmt: skip
-                print(f"| triton | {shape[0]} | {dtype} | 1024 | | {cells}", flush=True)
-
-
-def _timed(copy: float, same: float, measure: Callable[..., list[Any]], *args: Any) -> str:
-    """The cells `us | GB/s | of copy | of same-size copy |` of `measure(*args)`, or its
-    error (a failing variant is a row; the sweep goes on)."""
-    try:
-        (row,) = measure(*args)
-    except Exception as e:
-        return f"error: {e} | | | |"
+def _cells(copy: float, same: float, row: dict[str, Any]) -> str:
+    """`us | GB/s | of copy | of same-size copy |` of a sweep's row, or its error."""
+    if row.get("status") != "ok":
+        return f"error: {row.get('note')} | | | |"
     gbps = float(row["gbps"] or 0)
     return f"{row['time_us']} | {gbps:.0f} | {gbps / copy:.3f} | {gbps / same:.3f} |"
+
+
+def gelu_sweep(
+    ctx: Context, copy: float, tiles: list[int], dtype: str = "f32", rounds: int = 3
+) -> None:
+    """Markdown rows: GELU in `dtype` by elements a block (`activations._tile`), then
+    Triton's (where installed), at 2^26 and 2^28 elements, timed in `rounds` interleaved
+    rounds (the median and the rounds' spread)."""
+    spec = {s.name: s for s in bandwidth.SPECS}["gelu"]
+    library = activations._tile(CT_DTYPES[dtype])
+    print("| kernel | elements | dtype | per block | library | us | GB/s | of copy "
+          "| of same-size copy | spread |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for shape in [(1 << 12,)] if ctx.quick else [(n,) for n in GELU_SIZES]:
+        heads: dict[str, str] = {}
+        variants: dict[str, Variant] = {}
+        for tile in tiles:
+            mark = "yes" if tile == library else ""
+            heads[str(tile)] = f"| gelu | {shape[0]} | {dtype} | {tile} | {mark} |"
+            variants[str(tile)] = partial(_prepare_gelu, ctx, spec, shape, dtype, tile)
+        if not ctx.quick and peer_missing("triton") is None:
+            heads["triton"] = f"| triton | {shape[0]} | {dtype} | 1024 | |"
+            variants["triton"] = partial(bandwidth.prepare_peer, ctx, spec, "triton", shape, dtype)
+        got = _rounds(ctx, spec, shape, variants, rounds)
+        same = same_size_copy(ctx, bandwidth.spec_bytes(spec, shape, dtype))
+        for key, head in heads.items():
+            cells = _cells(copy, same, got[key])
+            print(f"{head} {cells} {got[key].get('spread', '')} |", flush=True)
+
+
+def _prepare_gelu(
+    ctx: Context,
+    spec: bandwidth.Spec,
+    shape: tuple[int, ...],
+    dtype: str,
+    tile: int,
+    arrays: list[np.ndarray],
+) -> bandwidth.Prepared:
+    fn = importlib.import_module("cutile_py_kernels").gelu
+    with mock.patch.object(activations, "_tile", lambda dt: tile):
+        return bandwidth.prepare_cutile(ctx, spec, fn, shape, dtype, arrays)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--widths", default=",".join(map(str, WIDTHS)),
                    help="row lengths to time (4096 rows each), comma-separated")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3,
-                   help="softmax_causal: interleaved rounds of each variant")  # fmt: skip
+                   help="interleaved rounds of each variant and Triton's")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="tiny shapes on sim")
     args = p.parse_args(argv)
     bad = [v for v in args.causal_exact.split(",") if v not in ("0", "1")]
@@ -261,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     names = args.kernels.split(",")
     sweeps: dict[str, Callable[[], None]] = {
         "gelu": lambda: gelu_sweep(
-            ctx, copy, [int(v) for v in args.gelu_tiles.split(",")], args.dtype
+            ctx, copy, [int(v) for v in args.gelu_tiles.split(",")], args.dtype, args.rounds
         ),
         "softmax_causal": lambda: causal_sweep(
             ctx,
@@ -281,23 +309,63 @@ def main(argv: list[str] | None = None) -> int:
             print()
     blocks: list[int | None] = [int(v) for v in args.block_elems.split(",") if v] or [None]
     print("| kernel | shape | per thread | library | warps | us | GB/s | of copy "
-          "| of same-size copy | rows a block |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| of same-size copy | rows a block | spread |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in names:
-        spec, fn = specs[name], getattr(importlib.import_module("cutile_py_kernels"), name)
+        spec = specs[name]
         for w in widths:
-            shape = (rows_n, w)
-            same = same_size_copy(ctx, spec.nbytes(shape))
-            chosen = _launch(name, shape)
-            for block in blocks:
-                for per in pers:
-                    with elements_per_thread(per, block):
-                        warps, rows = _launch(name, shape)
-                        mark = "yes" if (warps, rows) == chosen else ""
-                        head = f"| {name} | {rows_n}x{w} | {per} | {mark} | {warps} |"
-                        cells = _timed(copy, same, bandwidth.measure_cutile, ctx, spec, fn, shape)
-                        print(f"{head} {cells} {rows} |", flush=True)
+            norms_table(ctx, copy, spec, (rows_n, w), pers, blocks, args.rounds)
     return 0
+
+
+def norms_table(
+    ctx: Context,
+    copy: float,
+    spec: bandwidth.Spec,
+    shape: tuple[int, int],
+    pers: list[int],
+    blocks: list[int | None],
+    rounds: int,
+) -> None:
+    """Markdown rows: norm `spec` (f32) at `shape` with each elements-a-thread count and
+    block size, and Triton's rms_norm where installed (a row a program), timed in `rounds`
+    interleaved rounds."""
+    name = spec.name
+    chosen = _launch(name, shape)
+    heads: dict[str, tuple[str, int]] = {}  # the cells before the time, the rows a block
+    variants: dict[str, Variant] = {}
+    for block in blocks:
+        for per in pers:
+            with elements_per_thread(per, block):
+                warps, rows = _launch(name, shape)
+            mark = "yes" if (warps, rows) == chosen else ""
+            key = f"{per}/{block}"
+            heads[key] = f"| {name} | {shape[0]}x{shape[1]} | {per} | {mark} | {warps} |", rows
+            variants[key] = partial(_prepare_norm, ctx, spec, shape, per, block)
+    if name == "rms_norm" and not ctx.quick and peer_missing("triton") is None:
+        block_t = _common.next_pow2(shape[1])  # `triton_kernels.rms_norm`: a row a program
+        warps_t = row_warps(block_t)
+        per_t = block_t // (32 * warps_t)
+        heads["triton"] = f"| triton | {shape[0]}x{shape[1]} | {per_t} | | {warps_t} |", 1
+        variants["triton"] = partial(bandwidth.prepare_peer, ctx, spec, "triton", shape, "f32")
+    got = _rounds(ctx, spec, shape, variants, rounds)
+    same = same_size_copy(ctx, spec.nbytes(shape))  # after the variants' buffers are gone
+    for key, (head, rows) in heads.items():
+        cells = _cells(copy, same, got[key])
+        print(f"{head} {cells} {rows} | {got[key].get('spread', '')} |", flush=True)
+
+
+def _prepare_norm(
+    ctx: Context,
+    spec: bandwidth.Spec,
+    shape: tuple[int, int],
+    per: int,
+    block: int | None,
+    arrays: list[np.ndarray],
+) -> bandwidth.Prepared:
+    fn = getattr(importlib.import_module("cutile_py_kernels"), spec.name)
+    with elements_per_thread(per, block):
+        return bandwidth.prepare_cutile(ctx, spec, fn, shape, "f32", arrays)
 
 
 def _launch(name: str, shape: tuple[int, int]) -> tuple[int, int]:

@@ -416,32 +416,41 @@ def test_row_sweep_times_gelu_by_elements_a_block(
     dtype: str,
     tiles: tuple[int, int],
 ) -> None:
-    """`--kernels gelu`: each tile asked is the one launched (seen by the measurement), in
-    the dtype asked, in two rounds, the library's tile (4 KiB of input) marked and back
-    afterwards (on sim, 4096 elements: a check of the script only)."""
+    """`--kernels gelu`: each tile asked is the one launched (seen when it is prepared), in
+    the dtype asked, timed in two interleaved rounds, the library's tile (4 KiB of input)
+    marked and back afterwards (on sim, 4096 elements: a check of the script only)."""
     from cutile_py_kernels import activations
     from paper_repro import row_sweep
 
     seen: list[tuple[int, str]] = []
-    measure = row_sweep.bandwidth.measure_cutile
+    timed: list[int] = []
+    prepare = row_sweep.bandwidth.prepare_cutile
 
     def spy(*args: Any) -> Any:
-        seen.append((activations._tile(ct.f32), args[-1]))
-        return measure(*args)
+        tile = activations._tile(ct.f32)
+        seen.append((tile, args[4]))
+        got = prepare(*args)
 
-    monkeypatch.setattr(row_sweep.bandwidth, "measure_cutile", spy)
+        def time() -> Any:
+            timed.append(tile)
+            return got.time()
+
+        return replace(got, time=time)
+
+    monkeypatch.setattr(row_sweep.bandwidth, "prepare_cutile", spy)
     argv = ["--quick", "--kernels", "gelu", "--gelu-tiles", ",".join(map(str, tiles)),
-            "--dtype", dtype]  # fmt: skip
+            "--dtype", dtype, "--rounds", "2"]  # fmt: skip
     assert row_sweep.main(argv) == 0
-    assert seen == [(t, dtype) for t in tiles] * 2
+    assert seen == [(t, dtype) for t in tiles]
+    assert timed == [tiles[0], tiles[1], tiles[1], tiles[0]]  # round 2 starts at the second
     assert activations._tile(ct.f32) == 1024 and activations._tile(ct.bf16) == 2048
     rows = [[c.strip() for c in line.split("|")] for line in capsys.readouterr().out.splitlines()
             if line.startswith("| gelu")]  # fmt: skip
     library = activations._tile(getattr(ct, dtype))
-    want = [("4096", dtype, str(t), "yes" if t == library else "") for t in tiles] * 2
-    assert sum(w[3] == "yes" for w in want) == 2
+    want = [("4096", dtype, str(t), "yes" if t == library else "") for t in tiles]
+    assert sum(w[3] == "yes" for w in want) == 1
     assert [(r[2], r[3], r[4], r[5]) for r in rows] == want
-    assert all(float(r[6]) > 0 for r in rows)
+    assert all(float(r[6]) > 0 and float(r[10]) >= 0 for r in rows)
 
 
 def test_row_sweeps_triton_rows_name_the_warps_triton_ran(
@@ -485,6 +494,45 @@ def test_row_sweeps_triton_rows_name_the_warps_triton_ran(
     # 1e6 bytes in the median 10 us: 100 GB/s, a quarter of the copy ceiling, half of the
     # same-size copy; the rounds spread (12 - 9) / 10
     assert all(r[7:12] == ["10.0", "100", "0.250", "0.500", "0.3"] for r in rows)
+
+
+def test_row_sweeps_norms_table_has_tritons_rms_norm(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The norms' table gives Triton's rms_norm (where installed; faked here: no GPU) a row
+    beside the variants, with the elements a thread and warps its kernel runs (a row a
+    program: 2048 wide at 1536, 8 warps, 8 a thread), timed in the same rounds."""
+    from paper_repro import row_sweep
+    from paper_repro.core import Context
+    from paper_repro.experiments import bandwidth
+    from paper_repro.timing import Measurement, Timer
+
+    names: list[str] = []
+
+    def prepared(*args: Any) -> bandwidth.Prepared:
+        names.append("triton" if "triton" in args else "cutile_py")
+
+        def time() -> Measurement:
+            return Measurement(10.0, 9.0, 12.0, 1, "cuda-events")
+
+        return bandwidth.Prepared("x", 1_000_000, time, {"impl": "x"})
+
+    monkeypatch.setattr(row_sweep, "same_size_copy", lambda ctx, nbytes: 200.0)
+    monkeypatch.setattr(row_sweep, "peer_missing", lambda name: None)
+    monkeypatch.setattr(bandwidth, "host_arrays", lambda ctx, spec, shape: [])
+    monkeypatch.setattr(bandwidth, "prepare_cutile", prepared)
+    monkeypatch.setattr(bandwidth, "prepare_peer", prepared)
+    ctx = Context("cuda", False, Timer("cuda", reps=1, warmup=0), 1 << 20, {})
+    spec = {s.name: s for s in bandwidth.SPECS}["rms_norm"]
+    row_sweep.norms_table(ctx, 400.0, spec, (4096, 1536), [8, 16], [2048], rounds=2)
+    rows = [[c.strip() for c in line.split("|")] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ")]  # fmt: skip
+    # (kernel, per thread, warps, rows a block): one row a block, 4 warps at 8 a thread
+    # (1536 / 256 = 6, a power of two below), 2 at 16
+    want = [("rms_norm", "8", "4", "1"), ("rms_norm", "16", "2", "1"), ("triton", "8", "8", "1")]
+    assert [(r[1], r[3], r[5], r[10]) for r in rows] == want
+    assert names == ["cutile_py", "cutile_py", "triton"]
+    assert all(r[6:10] == ["10.0", "100", "0.250", "0.500"] and float(r[11]) == 0 for r in rows)
 
 
 def test_gemm_timing_check_runs_over_a_null_device(
