@@ -83,6 +83,7 @@ sed -n 's/^- \*\*bandwidth\*\*: //p' "$work/bandwidth/REPORT.md"
 grep -E "^\| (add|gelu|rms_norm|add_rms_norm|layer_norm|softmax|softmax_causal) \| cutile_py \|" \
   "$work/bandwidth/REPORT.md" | cut -d'|' -f2-5,7,9-13
 grep -E "^\| (softmax_causal|triton) \|" "$work/rows-causal.txt" "$work/rows-causal-bf16.txt"
-grep -E "^\| (rms_norm|add_rms_norm|layer_norm) \|" "$work/rows-block.txt" | cut -d'|' -f2-6,9,11
+grep -E "^\| (rms_norm|add_rms_norm|layer_norm|triton) \|" "$work/rows-block.txt" |
+  cut -d'|' -f2-7,9,11,12
 grep -E "^\| (gelu|triton) \|" "$work/rows-gelu-bf16.txt"
 exit 0
