@@ -535,6 +535,42 @@ def test_row_sweeps_norms_table_has_tritons_rms_norm(
     assert all(r[6:10] == ["10.0", "100", "0.250", "0.500"] and float(r[11]) == 0 for r in rows)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--kernels", "softmax_causal", "--causal-warps", "1,2", "--rounds", "2"],
+        ["--kernels", "gelu", "--gelu-tiles", "1024,2048", "--dtype", "bf16"],
+        ["--kernels", "rms_norm", "--widths", "1536", "--per", "8,16", "--block-elems", "2048"],
+    ],
+)
+def test_row_sweeps_run_their_cuda_paths_over_a_null_device(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweeps `lease_check.sh` runs, on the cuda backend over the null driver (every
+    driver call checked against the real bindings; small shapes): every variant prepared,
+    replayed and timed, no error row. The null device's times are zeros: a check of the
+    script, not of a GPU."""
+    from paper_repro import row_sweep
+    from paper_repro.experiments.common import measure_copy
+    from paper_repro.experiments.host import null_cuda
+
+    monkeypatch.setattr(row_sweep, "CAUSAL_SHAPES", ((2, 256, 256),))
+    monkeypatch.setattr(row_sweep, "GELU_SIZES", (1 << 14,))
+    monkeypatch.setattr(row_sweep.bandwidth, "ROWS", 64)
+
+    def small_ceiling(ctx: Any) -> Any:  # the real one copies 2^28 floats
+        ctx.ceilings["copy_gbps"] = 1.0
+        return measure_copy(ctx, 1 << 12)
+
+    monkeypatch.setattr(row_sweep, "copy_ceiling", small_ceiling)
+    with null_cuda(check_arguments=True):
+        assert row_sweep.main(argv) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and not line.startswith("| kernel")]  # fmt: skip
+    assert len(rows) == 4 if "softmax_causal" in argv else len(rows) == 2
+    assert not [r for r in rows if "error" in r], rows
+
+
 def test_gemm_timing_check_runs_over_a_null_device(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
