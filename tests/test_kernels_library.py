@@ -465,9 +465,10 @@ def test_softmax_causal_blocks_of_rows(
     assert (y.to_numpy()[ref == 0] == 0).all()
 
 
-#: (dtype, CAUSAL_WARPS, shape, rows a block): the block sizes `paper_repro.row_sweep` times
-#: beside the library's 1, at the lease's own shapes (f32 1024: a warp a row; 2048: two warps
-#: a row) and at one whose blocks cross from one matrix into the next (301 rows).
+#: (dtype, CAUSAL_WARPS, shape, rows a block, CAUSAL_EXACT): the block sizes and ways of
+#: reading the chunk a row ends in that `paper_repro.row_sweep` times beside the library's,
+#: at the lease's own shapes (f32 1024: a warp a row; 2048: two warps a row) and at one whose
+#: blocks cross from one matrix into the next (301 rows).
 CAUSAL_BLOCKS = [
     (ct.f32, 4, (3, 301, 301), 8, True),
     (ct.f32, 2, (3, 301, 301), 4, True),

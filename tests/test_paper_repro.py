@@ -453,6 +453,33 @@ def test_row_sweep_times_gelu_by_elements_a_block(
     assert all(float(r[6]) > 0 and float(r[10]) >= 0 for r in rows)
 
 
+def _faked_sweep(monkeypatch: pytest.MonkeyPatch, rounds_us: list[float], names: list[str]) -> Any:
+    """A cuda context for `row_sweep`'s tables with every preparation faked (no GPU, no
+    Triton): each variant moves 1e6 bytes in `rounds_us[r]` microseconds in round r, the
+    same-size copy runs at 200 GB/s; `names` records "cutile_py" or "triton" as each is
+    prepared."""
+    from paper_repro import row_sweep
+    from paper_repro.core import Context
+    from paper_repro.experiments import bandwidth
+    from paper_repro.timing import Measurement, Timer
+
+    def prepared(*args: Any) -> bandwidth.Prepared:
+        names.append("triton" if "triton" in args else "cutile_py")
+        us = iter(rounds_us)
+
+        def time() -> Measurement:
+            return Measurement(next(us), 9.0, 12.0, 1, "cuda-events")
+
+        return bandwidth.Prepared("x", 1_000_000, time, {"impl": "x"})
+
+    monkeypatch.setattr(row_sweep, "same_size_copy", lambda ctx, nbytes: 200.0)
+    monkeypatch.setattr(row_sweep, "peer_missing", lambda name: None)
+    monkeypatch.setattr(bandwidth, "host_arrays", lambda ctx, spec, shape: [])
+    monkeypatch.setattr(bandwidth, "prepare_cutile", prepared)
+    monkeypatch.setattr(bandwidth, "prepare_peer", prepared)
+    return Context("cuda", False, Timer("cuda", reps=1, warmup=0), 1 << 20, {})
+
+
 def test_row_sweeps_triton_rows_name_the_warps_triton_ran(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -460,25 +487,9 @@ def test_row_sweeps_triton_rows_name_the_warps_triton_ran(
     Triton) name the warps `triton_kernels.softmax` launches at that width: 4 at 1024, 8 at
     2048, not the library's CAUSAL_WARPS; each row is the median of its rounds."""
     from paper_repro import row_sweep
-    from paper_repro.core import Context
-    from paper_repro.experiments import bandwidth
-    from paper_repro.timing import Measurement, Timer
-
-    def prepared(*args: Any) -> bandwidth.Prepared:
-        us = iter([10.0, 12.0, 9.0])  # three rounds: median 10
-
-        def time() -> Measurement:
-            return Measurement(next(us), 9.0, 12.0, 1, "cuda-events")
-
-        return bandwidth.Prepared("x", 1_000_000, time, {"impl": "x"})
 
     monkeypatch.setattr(row_sweep, "CAUSAL_SHAPES", ((2, 1024, 1024), (1, 2048, 2048)))
-    monkeypatch.setattr(row_sweep, "same_size_copy", lambda ctx, nbytes: 200.0)
-    monkeypatch.setattr(row_sweep, "peer_missing", lambda name: None)
-    monkeypatch.setattr(bandwidth, "host_arrays", lambda ctx, spec, shape: [])
-    monkeypatch.setattr(bandwidth, "prepare_cutile", prepared)
-    monkeypatch.setattr(bandwidth, "prepare_peer", prepared)
-    ctx = Context("cuda", False, Timer("cuda", reps=1, warmup=0), 1 << 20, {})
+    ctx = _faked_sweep(monkeypatch, [10.0, 12.0, 9.0], [])  # three rounds: median 10
     row_sweep.causal_sweep(ctx, 400.0, [1, 4], [True], rounds=3)
     rows = [[c.strip() for c in line.split("|")] for line in capsys.readouterr().out.splitlines()
             if line.startswith("| ")][1:]  # fmt: skip
@@ -503,26 +514,10 @@ def test_row_sweeps_norms_table_has_tritons_rms_norm(
     beside the variants, with the elements a thread and warps its kernel runs (a row a
     program: 2048 wide at 1536, 8 warps, 8 a thread), timed in the same rounds."""
     from paper_repro import row_sweep
-    from paper_repro.core import Context
     from paper_repro.experiments import bandwidth
-    from paper_repro.timing import Measurement, Timer
 
     names: list[str] = []
-
-    def prepared(*args: Any) -> bandwidth.Prepared:
-        names.append("triton" if "triton" in args else "cutile_py")
-
-        def time() -> Measurement:
-            return Measurement(10.0, 9.0, 12.0, 1, "cuda-events")
-
-        return bandwidth.Prepared("x", 1_000_000, time, {"impl": "x"})
-
-    monkeypatch.setattr(row_sweep, "same_size_copy", lambda ctx, nbytes: 200.0)
-    monkeypatch.setattr(row_sweep, "peer_missing", lambda name: None)
-    monkeypatch.setattr(bandwidth, "host_arrays", lambda ctx, spec, shape: [])
-    monkeypatch.setattr(bandwidth, "prepare_cutile", prepared)
-    monkeypatch.setattr(bandwidth, "prepare_peer", prepared)
-    ctx = Context("cuda", False, Timer("cuda", reps=1, warmup=0), 1 << 20, {})
+    ctx = _faked_sweep(monkeypatch, [10.0, 10.0], names)
     spec = {s.name: s for s in bandwidth.SPECS}["rms_norm"]
     row_sweep.norms_table(ctx, 400.0, spec, (4096, 1536), [8, 16], [2048], rounds=2)
     rows = [[c.strip() for c in line.split("|")] for line in capsys.readouterr().out.splitlines()
