@@ -353,22 +353,6 @@ def prepare_peer(
     return Prepared(peer, nbytes, time, _fields(spec, peer, shape, dtype))
 
 
-def measure_cutile(
-    ctx: Context, spec: Spec, fn: Any, shape: Shape, dtype: str = "f32"
-) -> list[Row]:
-    """One row: library function `fn` for `spec` at `shape`, timed once."""
-    p = prepare_cutile(ctx, spec, fn, shape, dtype)
-    return [p.row(ctx, p.time())]
-
-
-def measure_peer(
-    ctx: Context, spec: Spec, peer: str, shape: Shape, dtype: str = "f32"
-) -> list[Row]:
-    """One row: peer `peer` for `spec` at `shape`, timed once."""
-    p = prepare_peer(ctx, spec, peer, shape, dtype)
-    return [p.row(ctx, p.time())]
-
-
 def _label(shape: Sequence[int]) -> str:
     return "x".join(str(d) for d in shape)
 
