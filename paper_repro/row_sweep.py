@@ -48,8 +48,7 @@ from __future__ import annotations
 import argparse
 import importlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import replace
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from typing import Any
 from unittest import mock
@@ -112,7 +111,7 @@ def causal_sweep(
 ) -> None:
     """Markdown rows: the causal softmax in `dtype` by warps a block and by how it reads the
     chunk each row ends in (`softmax.CAUSAL_EXACT`), then Triton's (where installed), each
-    prepared once and timed in `rounds` interleaved rounds (`bandwidth.interleaved`): the
+    prepared once and timed in `rounds` interleaved rounds (`bandwidth.timed_rounds`): the
     median of the rounds and their spread, so that a difference of 1-2% is told from noise."""
     spec = {s.name: s for s in bandwidth.SPECS}["softmax_causal"]
     print("| kernel | shape | CAUSAL_WARPS | exact | library | rows a block | us | GB/s "
@@ -121,24 +120,28 @@ def causal_sweep(
     for shape in [(1, 256, 256)] if ctx.quick else CAUSAL_SHAPES:
         label = f"{'x'.join(map(str, shape))} {dtype}"
         heads: dict[str, str] = {}
+        variants: dict[str, bandwidth.Preparer] = {}
         for w in warps:
             for exact in exacts:
                 mark = "yes" if (w, exact) == (softmax_mod.CAUSAL_WARPS,
                                                softmax_mod.CAUSAL_EXACT) else ""  # fmt: skip
-                with mock.patch.multiple(softmax_mod, CAUSAL_WARPS=w, CAUSAL_EXACT=exact):
+                patch = partial(
+                    mock.patch.multiple, softmax_mod, CAUSAL_WARPS=w, CAUSAL_EXACT=exact
+                )
+                with patch():
                     r = shape[0] * shape[1]
                     _, tile, _ = softmax_mod.softmax_launch(CT_DTYPES[dtype], r, shape[2], True)
-                heads[f"{w}/{int(exact)}"] = (
+                key = f"{w}/{int(exact)}"
+                heads[key] = (
                     f"| softmax_causal | {label} | {w} | {'yes' if exact else 'no'} | {mark} "
                     f"| {tile[0]} |"
                 )
+                variants[key] = partial(_prepare_patched, patch, ctx, spec, shape, dtype)
         if not ctx.quick and peer_missing("triton") is None:
             theirs = row_warps(_common.next_pow2(shape[2]))  # `triton_kernels.softmax`: a row each
             heads["triton"] = f"| triton | {label} | {theirs} | yes | | 1 |"
-        variants: dict[str, Variant] = {
-            key: partial(_prepare_causal, ctx, spec, shape, dtype, key) for key in heads
-        }
-        rows = _rounds(ctx, spec, shape, variants, rounds)
+            variants["triton"] = partial(bandwidth.prepare_peer, ctx, spec, "triton", shape, dtype)
+        rows = _rounds(ctx, spec, shape, dtype, variants, rounds)
         # after the variants' buffers are gone: the copy of the same bytes
         same = same_size_copy(ctx, bandwidth.spec_bytes(spec, shape, dtype))
         for key, head in heads.items():
@@ -146,53 +149,34 @@ def causal_sweep(
                   flush=True)  # fmt: skip
 
 
-def _prepare_causal(
+def _prepare_patched(
+    patch: Callable[[], AbstractContextManager[Any]],
     ctx: Context,
     spec: bandwidth.Spec,
     shape: tuple[int, ...],
     dtype: str,
-    key: str,
     arrays: list[np.ndarray],
 ) -> bandwidth.Prepared:
-    """Variant `key` of the causal softmax: "warps/exact", or "triton"."""
-    if key == "triton":
-        return bandwidth.prepare_peer(ctx, spec, "triton", shape, dtype, arrays)
-    w, exact = (int(v) for v in key.split("/"))
-    fn = importlib.import_module("cutile_py_kernels").softmax
-    with mock.patch.multiple(softmax_mod, CAUSAL_WARPS=w, CAUSAL_EXACT=bool(exact)):
+    """The library's function for `spec` prepared while `patch()` holds: the launch it
+    replays is fixed then, by the library's rules as patched (a variant of a sweep)."""
+    fn = getattr(importlib.import_module("cutile_py_kernels"), spec.name.removesuffix("_causal"))
+    with patch():
         return bandwidth.prepare_cutile(ctx, spec, fn, shape, dtype, arrays)
-
-
-Variant = Callable[[list[np.ndarray]], bandwidth.Prepared]
 
 
 def _rounds(
     ctx: Context,
     spec: bandwidth.Spec,
     shape: tuple[int, ...],
-    variants: dict[str, Variant],
+    dtype: str,
+    variants: dict[str, bandwidth.Preparer],
     rounds: int,
 ) -> dict[str, dict[str, Any]]:
-    """Each variant prepared on the same host inputs (its launch fixed then: the library's
-    rules as patched inside it), then all timed in `rounds` interleaved rounds: each one's
-    row (`bandwidth.combined_row`), or its error. Their buffers are released on return."""
-    arrays = bandwidth.host_arrays(ctx, spec, shape)
-    prepared: list[bandwidth.Prepared] = []
-    rows: dict[str, dict[str, Any]] = {}
-    for key, prepare in variants.items():
-        try:
-            got = prepare(arrays)
-        except Exception as e:  # a failing variant is a row; the sweep goes on
-            rows[key] = {"status": "error", "note": f"{type(e).__name__}: {e}"}
-            continue
-        prepared.append(replace(got, impl=key, fields={**got.fields, "impl": key}))
-    times, errors = bandwidth.interleaved(ctx, prepared, rounds)
-    for row in errors:
-        rows[str(row["impl"])] = row
-    for p in prepared:
-        if p.impl in times:
-            rows[p.impl] = bandwidth.combined_row(ctx, p, times[p.impl])
-    return rows
+    """Each variant's row by its key (`bandwidth.timed_rounds`: prepared on the same inputs,
+    its launch fixed then, by the library's rules as patched inside it; timed in `rounds`
+    interleaved rounds), or its error row."""
+    rows, _ = bandwidth.timed_rounds(ctx, spec, shape, dtype, variants, rounds)
+    return {str(row["impl"]): row for row in rows}
 
 
 def _cells(copy: float, same: float, row: dict[str, Any]) -> str:
@@ -216,32 +200,20 @@ def gelu_sweep(
     print("|---|---|---|---|---|---|---|---|---|---|")
     for shape in [(1 << 12,)] if ctx.quick else [(n,) for n in GELU_SIZES]:
         heads: dict[str, str] = {}
-        variants: dict[str, Variant] = {}
+        variants: dict[str, bandwidth.Preparer] = {}
         for tile in tiles:
             mark = "yes" if tile == library else ""
             heads[str(tile)] = f"| gelu | {shape[0]} | {dtype} | {tile} | {mark} |"
-            variants[str(tile)] = partial(_prepare_gelu, ctx, spec, shape, dtype, tile)
+            patch = partial(mock.patch.object, activations, "_tile", lambda dt, t=tile: t)
+            variants[str(tile)] = partial(_prepare_patched, patch, ctx, spec, shape, dtype)
         if not ctx.quick and peer_missing("triton") is None:
             heads["triton"] = f"| triton | {shape[0]} | {dtype} | 1024 | |"
             variants["triton"] = partial(bandwidth.prepare_peer, ctx, spec, "triton", shape, dtype)
-        got = _rounds(ctx, spec, shape, variants, rounds)
+        got = _rounds(ctx, spec, shape, dtype, variants, rounds)
         same = same_size_copy(ctx, bandwidth.spec_bytes(spec, shape, dtype))
         for key, head in heads.items():
             cells = _cells(copy, same, got[key])
             print(f"{head} {cells} {got[key].get('spread', '')} |", flush=True)
-
-
-def _prepare_gelu(
-    ctx: Context,
-    spec: bandwidth.Spec,
-    shape: tuple[int, ...],
-    dtype: str,
-    tile: int,
-    arrays: list[np.ndarray],
-) -> bandwidth.Prepared:
-    fn = importlib.import_module("cutile_py_kernels").gelu
-    with mock.patch.object(activations, "_tile", lambda dt: tile):
-        return bandwidth.prepare_cutile(ctx, spec, fn, shape, dtype, arrays)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,39 +305,27 @@ def norms_table(
     name = spec.name
     chosen = _launch(name, shape)
     heads: dict[str, tuple[str, int]] = {}  # the cells before the time, the rows a block
-    variants: dict[str, Variant] = {}
+    variants: dict[str, bandwidth.Preparer] = {}
     for block in blocks:
         for per in pers:
-            with elements_per_thread(per, block):
+            patch = partial(elements_per_thread, per, block)
+            with patch():
                 warps, rows = _launch(name, shape)
             mark = "yes" if (warps, rows) == chosen else ""
             key = f"{per}/{block}"
             heads[key] = f"| {name} | {shape[0]}x{shape[1]} | {per} | {mark} | {warps} |", rows
-            variants[key] = partial(_prepare_norm, ctx, spec, shape, per, block)
+            variants[key] = partial(_prepare_patched, patch, ctx, spec, shape, "f32")
     if name == "rms_norm" and not ctx.quick and peer_missing("triton") is None:
         block_t = _common.next_pow2(shape[1])  # `triton_kernels.rms_norm`: a row a program
         warps_t = row_warps(block_t)
         per_t = block_t // (32 * warps_t)
         heads["triton"] = f"| triton | {shape[0]}x{shape[1]} | {per_t} | | {warps_t} |", 1
         variants["triton"] = partial(bandwidth.prepare_peer, ctx, spec, "triton", shape, "f32")
-    got = _rounds(ctx, spec, shape, variants, rounds)
+    got = _rounds(ctx, spec, shape, "f32", variants, rounds)
     same = same_size_copy(ctx, spec.nbytes(shape))  # after the variants' buffers are gone
     for key, (head, rows) in heads.items():
         cells = _cells(copy, same, got[key])
         print(f"{head} {cells} {rows} | {got[key].get('spread', '')} |", flush=True)
-
-
-def _prepare_norm(
-    ctx: Context,
-    spec: bandwidth.Spec,
-    shape: tuple[int, int],
-    per: int,
-    block: int | None,
-    arrays: list[np.ndarray],
-) -> bandwidth.Prepared:
-    fn = getattr(importlib.import_module("cutile_py_kernels"), spec.name)
-    with elements_per_thread(per, block):
-        return bandwidth.prepare_cutile(ctx, spec, fn, shape, "f32", arrays)
 
 
 def _launch(name: str, shape: tuple[int, int]) -> tuple[int, int]:

@@ -10,7 +10,7 @@ import sys
 import traceback
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -413,20 +413,40 @@ def against(ours: Sequence[Measurement], theirs: Sequence[Measurement]) -> dict[
     return out
 
 
-def _combined_rows(
-    ctx: Context, prepared: Sequence[Prepared], times: dict[str, list[Measurement]]
-) -> list[Row]:
-    """The row of each of `prepared` timed in every round (`combined_row`), the library's
-    with its comparison with Triton's. A function of its own: a loop variable in the
-    caller would keep the last implementation's buffers alive past `del prepared`."""
-    rows = []
-    for p in prepared:
-        if p.impl in times:
-            row = combined_row(ctx, p, times[p.impl])
-            if p.impl == "cutile_py" and "triton" in times:
-                row.update(against(times["cutile_py"], times["triton"]))
-            rows.append(row)
-    return rows
+#: Prepares an implementation on the host inputs it is given (`prepare_cutile`, `prepare_peer`
+#: with all but the inputs bound).
+Preparer = Callable[[list[np.ndarray]], Prepared]
+
+
+def timed_rounds(
+    ctx: Context,
+    spec: Spec,
+    shape: Shape,
+    dtype: str,
+    preparers: dict[str, Preparer],
+    rounds: int,
+) -> tuple[list[Row], dict[str, list[Measurement]]]:
+    """Each of `preparers` (by the impl name its row carries) prepared on the same host
+    inputs, then all timed in `rounds` interleaved rounds (`interleaved`): the error rows of
+    those that failed, then a row each for the others (`combined_row`), in the preparers'
+    order; and the measurements of those. Their buffers are released on return."""
+    arrays = host_arrays(ctx, spec, shape)
+    rows: list[Row] = []
+    prepared: list[Prepared] = []
+    for impl, prepare in preparers.items():
+        try:
+            got = prepare(arrays)
+        except Exception as e:  # one failing implementation must not lose the others
+            ctx.log(f"  {spec.name} {impl} {_label(shape)} {dtype}: {type(e).__name__}: {e}")
+            if "--debug" in sys.argv:
+                traceback.print_exc(file=sys.stderr)
+            rows.append(error_row(e, **_fields(spec, impl, shape, dtype)))
+            continue
+        prepared.append(replace(got, impl=impl, fields={**got.fields, "impl": impl}))
+    times, errors = interleaved(ctx, prepared, rounds)
+    rows += errors
+    rows += [combined_row(ctx, p, times[p.impl]) for p in prepared if p.impl in times]
+    return rows, times
 
 
 def measure_shape(
@@ -435,28 +455,18 @@ def measure_shape(
     """The rows of `spec` at `shape` and `dtype`: the library's (where `fn` exists) and each
     available peer's, prepared once and timed in `rounds` interleaved rounds; the library's
     row says how it compares with Triton's round by round; each row its same-size copy."""
-    arrays = host_arrays(ctx, spec, shape)
-    impls = ["cutile_py"] if fn is not None else []
+    preparers: dict[str, Preparer] = {}
+    if fn is not None:
+        preparers["cutile_py"] = partial(prepare_cutile, ctx, spec, fn, shape, dtype)
     if ctx.backend == "cuda":
-        impls += [
-            p for p in spec.peers if peer_missing(p) is None and (p != "cupy" or dtype == "f32")
-        ]
-    rows: list[Row] = []
-    prepared: list[Prepared] = []
-    for impl in impls:
-        try:
-            if impl == "cutile_py":
-                prepared.append(prepare_cutile(ctx, spec, fn, shape, dtype, arrays))
-            else:
-                prepared.append(prepare_peer(ctx, spec, impl, shape, dtype, arrays))
-        except Exception as e:  # one failing implementation must not lose the others
-            ctx.log(f"  {spec.name} {impl} {_label(shape)} {dtype}: {type(e).__name__}: {e}")
-            if "--debug" in sys.argv:
-                traceback.print_exc(file=sys.stderr)
-            rows.append(error_row(e, **_fields(spec, impl, shape, dtype)))
-    times, errors = interleaved(ctx, prepared, rounds)
-    rows += errors + _combined_rows(ctx, prepared, times)
-    del prepared  # the buffers go before the copy of the same size is measured
+        for peer in spec.peers:
+            if peer_missing(peer) is None and (peer != "cupy" or dtype == "f32"):
+                preparers[peer] = partial(prepare_peer, ctx, spec, peer, shape, dtype)
+    rows, times = timed_rounds(ctx, spec, shape, dtype, preparers, rounds)
+    if "cutile_py" in times and "triton" in times:
+        ours = next(r for r in rows if r["impl"] == "cutile_py" and r["status"] == "ok")
+        ours.update(against(times["cutile_py"], times["triton"]))
+    # (the buffers went with timed_rounds, before the copies of the same size are timed)
     for r in rows:
         nbytes, bw = r.get("bytes"), r.get("gbps")
         if isinstance(nbytes, int) and isinstance(bw, float) and "copy_gbps" in ctx.ceilings:
