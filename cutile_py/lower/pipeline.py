@@ -1,5 +1,6 @@
 """The lowering pipeline, in order: verify → def-use → plan (layouts and mma fragments,
-pipelines, shared memory) → emit PTX → render the module.
+pipelines, shared memory) → emit PTX → drop the block barriers that order nothing
+(`ptx.barriers`) → render the module.
 
 Every decision is planned before emission (`plan.py`): every op of a shape must agree on which
 thread holds which element, and a loop's pipeline claims shared memory that the code after
@@ -14,6 +15,7 @@ from cutile_py.ir import Kernel, verify
 from cutile_py.ir.uses import def_use
 from cutile_py.lower.emit_ptx import Emitter, PtxParam, entry_name
 from cutile_py.lower.plan import LoweringPlan, plan_lowering
+from cutile_py.ptx.barriers import drop_idle_barriers
 from cutile_py.ptx.builder import FunctionBuilder, ModuleBuilder
 from cutile_py.ptx.target import Target
 
@@ -71,6 +73,7 @@ def lower_kernel(kernel: Kernel, target: Target) -> LoweredKernel:
     fb.ins("ret")
     for tail in em.tails:  # code reached by a branch only (a producer warp group)
         tail()
+    fb.body = drop_idle_barriers(fb.body)
     module = ModuleBuilder(target, em.features)
     module.functions.append(fb)
     return LoweredKernel(
