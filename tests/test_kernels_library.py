@@ -289,9 +289,9 @@ def test_long_norm_rows_are_read_once(n: int, width: int, warps: int) -> None:
 
 
 #: (elements a block, elements a thread) the next lease's row sweep times at 1536 and 2048
-#: (`paper_repro/lease_check.sh`: `row_sweep --block-elems 2048,4096 --per 8,16`): one row
-#: a block as Triton's kernels run them, and two.
-SWEEP_BLOCKS = [(2048, 8), (2048, 16), (4096, 8), (4096, 16)]
+#: (`paper_repro/lease_check.sh`: `row_sweep --block-elems 2048,4096 --per 8,16,32`): one
+#: row a block as Triton's kernels run them (at 32 a thread, as softmax runs them), and two.
+SWEEP_BLOCKS = [(b, per) for b in (2048, 4096) for per in (8, 16, 32)]
 
 
 @pytest.mark.parametrize("n", [1536, 2048])
