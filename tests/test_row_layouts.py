@@ -1,0 +1,85 @@
+"""Tiles reduced along their rows keep warps off the row dim where the rows can take them
+(`lower.layout`): each row reduces within its warp, by shuffles only; results match NumPy on
+sim. Tiles reduced along columns, or both ways, keep every thread along the row."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import numpy as np
+import pytest
+
+import cutile_py as ct
+from cutile_py import Dyn, Mut, Tensor, f32
+
+R = TypeVar("R")
+C = TypeVar("C")
+N = 512
+
+
+def threads_of(kernel: Any, *args: Any, shape: tuple[int, int]) -> set[tuple[int, ...]]:
+    """The thread counts per base dim of the `shape` values of `kernel`'s plan."""
+    lowered = kernel.compile(*args, target=90).lowered
+    layouts = lowered.plan.layouts.layouts
+    return {lay.base.threads for v, lay in layouts.items() if tuple(v.type.shape) == shape}
+
+
+@ct.kernel(num_warps=4)
+def scaled_rows(y: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn]) -> None:
+    """y = x / sum(|x|) over each row."""
+    t = ct.load_tile_like(x, y)
+    y.store(t / ct.sum(ct.abs(t), axis=1, keepdims=True))
+
+
+@ct.kernel(num_warps=4)
+def scaled_columns(y: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn]) -> None:
+    """y = x / sum(|x|) over each column of the tile."""
+    t = ct.load_tile_like(x, y)
+    y.store(t / ct.sum(ct.abs(t), axis=0, keepdims=True))
+
+
+@ct.kernel(num_warps=4)
+def scaled_both(y: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn]) -> None:
+    """y = x / (row max of |x|) / (column max of |x|)."""
+    t = ct.load_tile_like(x, y)
+    a = ct.abs(t)
+    y.store(t / ct.max(a, axis=1, keepdims=True) / ct.max(a, axis=0, keepdims=True))
+
+
+@pytest.mark.parametrize(("rows", "threads", "barriers"), [(4, (4, 32), 0), (8, (4, 32), 0),
+                                                           (2, (2, 64), 1)])  # fmt: skip
+def test_rows_reduced_within_their_warps(
+    rng: np.random.Generator, rows: int, threads: tuple[int, int], barriers: int
+) -> None:
+    """4 warps: a warp a row where there are 4 rows or more (shuffles only: no shared memory,
+    no barrier), two warps a row at 2 rows."""
+    ct.set_backend("sim")
+    x = rng.standard_normal((2 * rows, N)).astype(np.float32)
+    y = ct.empty(x.shape).partition((rows, N))
+    xt = ct.from_numpy(x)
+    assert threads_of(scaled_rows, y, xt, shape=(rows, N)) == {threads}
+    ptx = scaled_rows.ptx(y, xt, target=90)
+    assert ptx.count("bar.sync") == barriers and (barriers > 0) == ("ld.shared" in ptx)
+    (out, _) = scaled_rows(y, xt).sync()
+    want = x / np.abs(x).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(out.unpartition().to_numpy(), want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "reference"),
+    [
+        (scaled_columns, lambda x: x / np.abs(x).sum(axis=0, keepdims=True)),
+        (scaled_both, lambda x: x / np.abs(x).max(axis=1, keepdims=True)
+                              / np.abs(x).max(axis=0, keepdims=True)),
+    ],
+)  # fmt: skip
+def test_tiles_reduced_along_columns_keep_threads_along_rows(
+    rng: np.random.Generator, kernel: Any, reference: Any
+) -> None:
+    ct.set_backend("sim")
+    x = rng.standard_normal((4, N)).astype(np.float32)
+    y = ct.empty(x.shape).partition((4, N))
+    xt = ct.from_numpy(x)
+    assert threads_of(kernel, y, xt, shape=(4, N)) == {(1, 128)}
+    (out, _) = kernel(y, xt).sync()
+    np.testing.assert_allclose(out.unpartition().to_numpy(), reference(x), rtol=1e-5)
