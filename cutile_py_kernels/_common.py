@@ -142,7 +142,8 @@ PER_THREAD = 32
 #: 0.765). 4096 stays at 32: 16 measured 0.866 against 0.851 (Triton 0.851) in one run but
 #: costs 12.2 SASS instructions per element against 9.75 (Triton 10.6: the edge of issue
 #: 19's 1.15x budget). 3072 was not timed (48 against 24 per thread, as 1536). At 1536, 32
-#: a thread is 48 (2 warps, 86 registers: 20 warps an SM), 16 is 24 (4 warps, 56: 36).
+#: a thread is 48 (2 warps, 86 registers: 20 warps an SM), 16 is 24 (4 warps, 56: 36); since
+#: rows reduce within fewer warps (`lower.layout`), 93 and 48 registers (20 and 40 warps).
 #: Next GPU: `python -m paper_repro.row_sweep` times both choices, 1024..4096.
 PER_THREAD_BY_WIDTH: tuple[tuple[int, int], ...] = ((1024, PER_THREAD), (4095, 16))
 #: Warps per block at most.
