@@ -31,6 +31,13 @@ def scaled_rows(y: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn]) -> None:
     y.store(t / ct.sum(ct.abs(t), axis=1, keepdims=True))
 
 
+@ct.kernel
+def scaled_rows_auto(y: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn]) -> None:
+    """scaled_rows with the compiler's block size."""
+    t = ct.load_tile_like(x, y)
+    y.store(t / ct.sum(ct.abs(t), axis=1, keepdims=True))
+
+
 @ct.kernel(num_warps=4)
 def scaled_columns(y: Mut[Tensor[f32, R, C]], x: Tensor[f32, Dyn, Dyn]) -> None:
     """y = x / sum(|x|) over each column of the tile."""
@@ -83,3 +90,38 @@ def test_tiles_reduced_along_columns_keep_threads_along_rows(
     assert threads_of(kernel, y, xt, shape=(4, N)) == {(1, 128)}
     (out, _) = kernel(y, xt).sync()
     np.testing.assert_allclose(out.unpartition().to_numpy(), reference(x), rtol=1e-5)
+
+
+def elements_a_thread(kernel: Any, *args: Any, shape: tuple[int, int]) -> set[int]:
+    lowered = kernel.compile(*args, target=90).lowered
+    layouts = lowered.plan.layouts.layouts
+    return {lay.count() for v, lay in layouts.items() if tuple(v.type.shape) == shape}
+
+
+@pytest.mark.parametrize(
+    ("kernel", "rows", "threads", "held"),
+    [
+        (scaled_rows, 3, (1, 128), 24),  # 2 warps a row: 2 row slots a thread, 32 elements
+        (scaled_rows, 5, (1, 128), 40),  # a warp a row: 2 row slots a warp, 64 elements
+        (scaled_rows, 6, (2, 64), 48),  # 2 warps a row, 3 rows each: no slot masked
+        (scaled_rows, 7, (4, 32), 64),  # 8 slots for 7 rows: 8/7 the work, in-warp reductions
+        (scaled_rows_auto, 12, (4, 64), 48),  # 256 threads: a warp a row would hold 64
+    ],
+)  # fmt: skip
+def test_rows_that_fill_the_warps_unevenly_keep_the_work_a_thread(
+    rng: np.random.Generator, kernel: Any, rows: int, threads: tuple[int, int], held: int
+) -> None:
+    """Rows that the warps do not divide keep warps off the row dim only where that adds at
+    most 8/7 to the elements a thread (one masked row slot in 8): 5 rows of 1024 on 4 warps,
+    a warp a row, held 64 elements a thread, not 40 (sm_90: 90 registers, not 70; 24.0 SASS
+    an element, not 17.9)."""
+    ct.set_backend("sim", target="sm_90")
+    n = 1024
+    x = rng.standard_normal((2 * rows, n)).astype(np.float32)
+    y = ct.empty(x.shape).partition((rows, n))
+    xt = ct.from_numpy(x)
+    assert threads_of(kernel, y, xt, shape=(rows, n)) == {threads}
+    assert elements_a_thread(kernel, y, xt, shape=(rows, n)) == {held}
+    (out, _) = kernel(y, xt).sync()
+    want = x / np.abs(x).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(out.unpartition().to_numpy(), want, rtol=1e-5, atol=1e-7)

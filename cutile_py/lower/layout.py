@@ -7,10 +7,11 @@ are powers of two, so each dim owns a contiguous bit field of the thread index a
 reduction over it is a butterfly of shuffles (lane bits) then shared memory (warp bits).
 Threads left over once every dim is covered hold replicas. A tile reduced along its last dim
 (a row reduction) and along no other gives that dim at most one warp's threads where the
-dims before it can take the other warps: a row then reduces within its warp, by shuffles
-alone (rms_norm's 4 rows of 1024 on 4 warps: no shared memory, no barrier; sm_90 SASS 12.8
--> 8.8 instructions an element), where the last dim first would spread each row over every
-warp. A warp's accesses still cover 32 consecutive vectors of a row.
+dims before it can take the other warps without more elements a thread (`row_blocked`): a
+row then reduces within its warp, by shuffles alone (rms_norm's 4 rows of 1024 on 4 warps:
+no shared memory, no barrier; sm_90 SASS 12.8 -> 8.8 instructions an element), where the
+last dim first would spread each row over every warp. A warp's accesses still cover 32
+consecutive vectors of a row.
 
 A value's `Layout` maps each of its dims to a base dim, or to none for a dim of size 1. Base
 dims a value does not use are replicated: every thread along them holds the same elements.
@@ -180,6 +181,29 @@ def canonical_blocked(
         threads[d] = t
         left //= t
     return Blocked(shape, vec, tuple(threads), block)
+
+
+def row_blocked(shape: tuple[int, ...], itemsize: int, block: int) -> Blocked:
+    """`canonical_blocked` for a tile reduced along its last dim alone: the fewest threads
+    along that dim (whole warps, at least one) whose layout holds at most 8/7 the elements a
+    thread of the uncapped one (7 rows in 8 row slots, whose in-warp reductions still pay).
+    Rows that fill the other warps unevenly would otherwise cost more in repeated, masked rows
+    than the cross-warp reduction saves: 5 rows of 1024 f32 on 4 warps in 2 row slots a warp
+    hold 64 elements a thread, not 40 (sm_90: 90 registers, not 70; 24.0 SASS an element, not
+    17.9); 3 rows in 2 slots of 2 warps, 32 not 24 (22.4, not 18.8)."""
+    full = canonical_blocked(shape, itemsize, block)
+    best, cap = full, block // 2
+    while cap >= WARP_THREADS:
+        capped = canonical_blocked(shape, itemsize, block, last_threads=cap)
+        if _held(capped) * 7 <= _held(full) * 8:
+            best = capped
+        cap //= 2
+    return best
+
+
+def _held(b: Blocked) -> int:
+    """Elements one thread holds of a value spanning every dim of `b`."""
+    return prod(b.held(d) for d in range(b.rank))
 
 
 def block_size(chunks: int, vec: int) -> int:
@@ -373,9 +397,9 @@ def plan_layouts(kernel: o.Kernel, target: Target, max_threads: int | None = Non
     if max_threads is not None:
         block = min(block, max_threads)
     # A family reduced along its fastest dim, and along no other, keeps warps off that dim
-    # where its other dims can take them: each row's reduction stays in its warp (shuffles
-    # only; no shared memory, no barrier), and a warp's accesses still cover 32 consecutive
-    # vectors of a row.
+    # where its other dims can take them at no more work a thread (`row_blocked`): each
+    # row's reduction stays in its warp (shuffles only; no shared memory, no barrier), and a
+    # warp's accesses still cover 32 consecutive vectors of a row.
     along_rows: set[tuple[int, int]] = set()
     across: set[tuple[int, int]] = set()
     for op in ops:
@@ -387,11 +411,10 @@ def plan_layouts(kernel: o.Kernel, target: Target, max_threads: int | None = Non
     position: dict[tuple[int, int], int] = {}
     for fam_root, members in order.items():
         shape = tuple(sizes[c] for c in members)
-        cap = None
         if fam_root in along_rows - across and len(shape) > 1:
-            rows = prod(_pow2_floor(s) for s in shape[:-1])
-            cap = max(WARP_THREADS, block // rows)
-        bases[fam_root] = canonical_blocked(shape, itemsize[fam_root], block, last_threads=cap)
+            bases[fam_root] = row_blocked(shape, itemsize[fam_root], block)
+        else:
+            bases[fam_root] = canonical_blocked(shape, itemsize[fam_root], block)
         for k, c in enumerate(members):
             position[c] = k
 
