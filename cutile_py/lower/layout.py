@@ -288,6 +288,13 @@ def _relate(op: o.Op, u: _DimUnion) -> None:
             rank = len(g[0].type.shape)
             for v in g[1:]:
                 same(g[0], v, [(i, i) for i in range(rank)])
+    elif isinstance(op, (o.ScatterOp, o.AtomicOp)):
+        # The coordinates in the value's layout: the store converts none of them (a row-reduced
+        # value's layout is not its coordinates' canonical one).
+        *coords, value = op.operands
+        for c in coords:
+            if len(c.type.shape) == len(value.type.shape):
+                same(value, c, [(i, i) for i in range(len(value.type.shape))])
     elif isinstance(op, o.MmaOp):
         # Only the accumulator shares the result's layout; a and b go through shared memory.
         acc = op.operands[2]
@@ -403,10 +410,13 @@ def plan_layouts(kernel: o.Kernel, target: Target, max_threads: int | None = Non
     along_rows: set[tuple[int, int]] = set()
     across: set[tuple[int, int]] = set()
     for op in ops:
-        if isinstance(op, o.ReduceOp) and op.operands[0].type.shape[op.axis] > 1:
+        if isinstance(op, (o.ReduceOp, o.ScanOp)) and op.operands[0].type.shape[op.axis] > 1:
             cls = u.find((id(op.operands[0]), op.axis))
             fam_root = ffind(cls)
-            (along_rows if order[fam_root][-1] == cls else across).add(fam_root)
+            if order[fam_root][-1] != cls:
+                across.add(fam_root)  # a scan too: down the rows, it would cross the warps
+            elif isinstance(op, o.ReduceOp):
+                along_rows.add(fam_root)
     bases: dict[tuple[int, int], Blocked] = {}
     position: dict[tuple[int, int], int] = {}
     for fam_root, members in order.items():
