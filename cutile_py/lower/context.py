@@ -134,6 +134,8 @@ class EmitContext:
     skipped: set[o.Op] = field(default_factory=set)
     #: Loads emitted without writing their padding (the plan's `unpadded`).
     unpadded: frozenset[o.LoadOp] = frozenset()
+    #: Loops around the op being emitted (a load in a loop splits off its edge tiles).
+    loop_depth: int = 0
     #: A TMA pipeline's load or a TMA store → the generic address of its tensor map (a
     #: kernel parameter).
     tensor_maps: dict[o.LoadOp | o.StoreOp, Reg] = field(default_factory=dict)

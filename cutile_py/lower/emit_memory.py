@@ -4,6 +4,8 @@ Per access the uniform part (the tile's origin and how much of the tensor remain
 is computed once; each thread then adds its own coordinate once, and every register of the
 tile is an immediate offset from one row address, predicated on the edge of the tensor, the
 edge of the tile and, for stores of replicated layouts, on the one thread that owns the copy.
+A load in a loop checks the tensor's edges once per thread instead, and only the threads at
+an edge take the path that checks each access (`_load_split`).
 """
 
 from __future__ import annotations
@@ -188,8 +190,26 @@ class Access:
             self.rows[outer] = a
         return self.rows[outer]
 
-    def vectors(self, owner: Reg | None) -> list[tuple[list[int], Reg, int, Reg | None]]:
-        """Per access: register indices, row address, byte offset and predicate."""
+    def all_inside(self) -> Reg | None:
+        """Every access of this thread lies inside the tensor, and the tile index is sane:
+        what `vectors` checks per access, checked once (at each dim's farthest offset; the
+        edge checks are monotone along a dim)."""
+        reach: dict[int, int] = {}
+        for offs in self.vectors_static():
+            for i, d in enumerate(self.lay.dims):
+                off = offs[d] if d is not None else 0
+                reach[i] = max(reach.get(i, 0), off)
+        pred = self.tile_ok
+        for i, off in sorted(reach.items()):
+            pred = self.em.conj(pred, self.in_bounds(i, off))
+        return pred
+
+    def vectors(
+        self, owner: Reg | None, bounds: bool = True
+    ) -> list[tuple[list[int], Reg, int, Reg | None]]:
+        """Per access: register indices, row address, byte offset and predicate; without
+        `bounds`, the predicate leaves out the tensor's edges and the tile index (the caller
+        checked them: `all_inside`)."""
         em, lay = self.em, self.lay
         out = []
         regs = lay.registers()
@@ -199,9 +219,10 @@ class Access:
             static = [offs[d] if d is not None else 0 for d in lay.dims]
             group = list(range(k, k + self.width))
             k += self.width
-            pred = self.tile_ok
+            pred = self.tile_ok if bounds else None
             for i, off in enumerate(static):
-                pred = em.conj(pred, self.in_bounds(i, off))
+                if bounds:
+                    pred = em.conj(pred, self.in_bounds(i, off))
             pred = em.conj(pred, em.valid(lay, offs))
             pred = em.conj(pred, owner)
             row = self.row_address(tuple(static[:-1]))
@@ -224,11 +245,46 @@ def load(em: EmitContext, op: o.LoadOp) -> None:
     cache = "" if p.mut else ".nc"  # shared tensors are read-only while the kernel runs
     padding = None if op in em.unpadded else op.padding  # unobservable: not written
     out: list[Reg] = []
-    for group, row, offset, pred in acc.vectors(None):
-        out.extend(load_vector(em, row, offset, len(group), dt, pred, padding, cache))
+    if em.loop_depth and len(acc.vectors_static()) > 1:
+        out = _load_split(em, acc, dt, padding, cache)
+    else:
+        for group, row, offset, pred in acc.vectors(None):
+            out.extend(load_vector(em, row, offset, len(group), dt, pred, padding, cache))
     if lay != em.layout(res):
         out = emit_shared.convert(em, out, lay, em.layout(res), res.type, res.type)
     em.define(res, out)
+
+
+def _load_split(
+    em: EmitContext, acc: Access, dt: type[DType], padding: float | None, cache: str
+) -> list[Reg]:
+    """A tile load in a loop, in two paths: a thread whose accesses all lie inside the
+    tensor (every tile but those at its edges) loads unchecked, with no padding written;
+    the others check each access. In a loop the checks would cost each iteration about an
+    instruction an access and one a register pair of padding (gemv f32, 64 elements a
+    thread: 73 of the loop's 197 sm_90 SASS instructions)."""
+    fb = em.fb
+    inside = acc.all_inside()
+    if inside is None:  # nothing to check
+        return [
+            r
+            for group, row, offset, pred in acc.vectors(None)
+            for r in load_vector(em, row, offset, len(group), dt, pred, padding, cache)
+        ]
+    edge, loaded = fb.new_label("edge"), fb.new_label("loaded")
+    fb.ins("bra", edge, pred=inside, negate=True)
+    dests: list[list[Reg]] = []
+    for group, row, offset, pred in acc.vectors(None, bounds=False):
+        dest = _vector_registers(em, len(group), dt)
+        _fill_vector(em, dest, row, offset, dt, pred, padding, cache)
+        dests.append(dest)
+    fb.ins("bra.uni", loaded)
+    fb.place(edge)
+    acc.rows.clear()  # the row addresses made above are not defined on this path
+    for (_, row, offset, pred), dest in zip(acc.vectors(None), dests, strict=True):
+        _fill_vector(em, dest, row, offset, dt, pred, padding, cache)
+    fb.place(loaded)
+    return [r for dest in dests for r in _vector_values(em, dest, dt)]
 
 
 def load_vector(
@@ -244,43 +300,77 @@ def load_vector(
     """`width` elements at `addr + offset` where `pred`, else `padding` (None: left as the
     registers were, where the plan proved no store can see them): one load (16-bit elements
     in b32 pairs; a bool is one byte); `cache` is "" or ".nc"."""
+    dest = _vector_registers(em, width, dt)
+    _fill_vector(em, dest, addr, offset, dt, pred, padding, cache)
+    return _vector_values(em, dest, dt)
+
+
+def _vector_registers(em: EmitContext, width: int, dt: type[DType]) -> list[Reg]:
+    """The registers one load of `width` elements writes: a b16 for a bool's byte or one
+    16-bit element, b32 pairs for more, else one register an element."""
+    fb = em.fb
+    if dt is bool_ or (dt in (f16, bf16) and width == 1):
+        return [fb.reg("b16")]
+    if dt in (f16, bf16):
+        return [fb.reg("b32") for _ in range(width // 2)]
+    return [em.new(dt) for _ in range(width)]
+
+
+def _fill_vector(
+    em: EmitContext,
+    dest: list[Reg],
+    addr: Reg,
+    offset: int,
+    dt: type[DType],
+    pred: Reg | None,
+    padding: float | None,
+    cache: str,
+) -> None:
+    """Load `dest` (`_vector_registers`) from `addr + offset` where `pred`, else write
+    `padding` (None: nothing) into it."""
     fb = em.fb
     where = f"[{addr}+{offset}]" if offset else f"[{addr}]"
+    pad = padding if pred is not None else None  # an unpredicated load leaves none to pad
     if dt is bool_:
-        h, r = fb.reg("b16"), fb.reg("pred")
-        if padding is not None:
-            fb.ins("mov.b16", h, int(bool(padding)))
-        fb.ins(f"ld.global{cache}.u8", h, where, pred=pred)
-        fb.ins("setp.ne.b16", r, h, 0)
-        return [r]
-    if dt in (f16, bf16):
-        pad = None if padding is None else bits16(float(padding), dt)
-        if width == 1:
-            h = fb.reg("b16")
-            if pad is not None:
-                fb.ins("mov.b16", h, Imm(f"0x{pad:04X}"))
-            fb.ins(f"ld.global{cache}.b16", h, where, pred=pred)
-            return [h]
-        words = [fb.reg("b32") for _ in range(width // 2)]
         if pad is not None:
-            for w in words:
-                fb.ins("mov.b32", w, Imm(f"0x{pad * 0x10001:08X}"))
-        _ld(em, words, "b32", where, pred, cache)
+            fb.ins("mov.b16", dest[0], int(bool(pad)))
+        fb.ins(f"ld.global{cache}.u8", dest[0], where, pred=pred)
+        return
+    if dt in (f16, bf16):
+        bits = None if pad is None else bits16(float(pad), dt)
+        if bits is not None:
+            for w in dest:
+                if w.ptype == "b16":
+                    fb.ins("mov.b16", w, Imm(f"0x{bits:04X}"))
+                else:
+                    fb.ins("mov.b32", w, Imm(f"0x{bits * 0x10001:08X}"))
+        _ld(em, dest, dest[0].ptype, where, pred, cache)
+        return
+    if pad is not None:
+        for x in dest:
+            if dt is f32:
+                fb.ins("mov.f32", x, f32_imm(float(pad)))
+            else:
+                fb.ins(f"mov.{BITS_SUFFIX[dt]}", x, int_imm(int(pad)))
+    _ld(em, dest, "f32" if dt is f32 else BITS_SUFFIX[dt], where, pred, cache)
+
+
+def _vector_values(em: EmitContext, dest: list[Reg], dt: type[DType]) -> list[Reg]:
+    """The elements a loaded `dest` holds: a bool's byte as a predicate, b32 pairs of 16-bit
+    elements split in halves, else the registers themselves."""
+    fb = em.fb
+    if dt is bool_:
+        r = fb.reg("pred")
+        fb.ins("setp.ne.b16", r, dest[0], 0)
+        return [r]
+    if dt in (f16, bf16) and dest[0].ptype == "b32":
         halves = []
-        for w in words:
+        for w in dest:
             lo, hi = fb.reg("b16"), fb.reg("b16")
             fb.ins("mov.b32", Vec((lo, hi)), w)
             halves += [lo, hi]
         return halves
-    regs = [em.new(dt) for _ in range(width)]
-    if padding is not None:
-        for x in regs:
-            if dt is f32:
-                fb.ins("mov.f32", x, f32_imm(float(padding)))
-            else:
-                fb.ins(f"mov.{BITS_SUFFIX[dt]}", x, int_imm(int(padding)))
-    _ld(em, regs, "f32" if dt is f32 else BITS_SUFFIX[dt], where, pred, cache)
-    return regs
+    return dest
 
 
 def _ld(

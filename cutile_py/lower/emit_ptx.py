@@ -595,7 +595,9 @@ class Emitter(EmitContext):
                 pipe.copy(u)
                 pipe.top()
             body_ops = op.body.ops
+            self.loop_depth += 1
             self.region(o.Region([], body_ops[:-1]))
+            self.loop_depth -= 1
             yielded = body_ops[-1]
             with self.scratch_for(yielded):
                 self.copy_into(
