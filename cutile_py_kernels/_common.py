@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import cutile_py as ct
 from cutile_py import Tensor, bf16, f16, f32
@@ -190,6 +190,17 @@ def row_plan(n_rows: int, n: int, dtype: type[ct.DType], cap: int | None = None)
     return RowPlan(1, n // k, True)
 
 
+class Shaped(Protocol):
+    """What `row_launch` reads of its rows: a `Tensor`, or a `TensorSpec` standing in for one
+    (the kernel a host call would launch, compiled or reported without data)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> type[ct.DType]: ...
+
+
 @dataclass(frozen=True)
 class RowLaunch:
     """How a row kernel's host function launches over (rows, n) of one dtype: the kernel (the
@@ -218,7 +229,7 @@ _ROW_LAUNCHES: dict[tuple[Any, ...], RowLaunch] = {}
 def row_launch(
     family: Callable[[type[ct.DType], int], tuple[Any, ...]],
     first: int,
-    rows: Tensor[Any, Any],
+    rows: Shaped,
     cap: int | None = None,
     per: Callable[[RowPlan], int] | None = None,
 ) -> RowLaunch:

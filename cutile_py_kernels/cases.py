@@ -61,7 +61,7 @@ def cases() -> Iterator[Case]:
             ("layer_norm", _layer_norm_kernels, layer_norm_per_thread,
              (w16k, w16k, 16384, 1.0 / 16384, 1e-5)),
         ):  # fmt: skip
-            launch = row_launch(family, 0, rows16k, ONE_PASS_CAP, per)  # type: ignore[arg-type]
+            launch = row_launch(family, 0, rows16k, ONE_PASS_CAP, per)
             out16k = PS((8, 16384), launch.tile, dt)
             yield f"{name} {dt.name} 8x16384 (one tile)", launch.kernel, (out16k, rows16k, *extra)
         for r, n in ((256, 1000), (256, 1536), (256, 4096), (8, 20_000)):

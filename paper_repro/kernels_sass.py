@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -32,9 +33,11 @@ from cutile_py.ptx.target import Target
 from cutile_py.runtime.nvjitlink import assemble
 from cutile_py.runtime.sass import disassemble, find_tool, instructions
 from cutile_py_kernels import activations, elementwise, layout, norms
-from cutile_py_kernels._common import row_plan, row_warps
+from cutile_py_kernels._common import RowPlan, row_launch
 
 softmax_mod = importlib.import_module("cutile_py_kernels.softmax")  # not the function
+rope_mod = importlib.import_module("cutile_py_kernels.rope")
+gemv_mod = importlib.import_module("cutile_py_kernels.gemv")
 
 TARGET = "sm_90"
 #: Elements of the element-wise cases: their cost per element does not depend on n.
@@ -42,6 +45,9 @@ FLAT = 1 << 22
 ROWS = 4096
 #: Causal softmax: 16 matrices of CAUSAL_S x CAUSAL_S.
 CAUSAL_S = 1024
+#: (tokens, heads, head_dim) of the rope case, (M, K) of the gemv case.
+ROPE = (4096, 32, 128)
+GEMV = (4096, 4096)
 
 
 @dataclass(frozen=True)
@@ -99,20 +105,21 @@ class Case:
 
 
 def _rows(
-    kernels: tuple[Any, ...],
+    family: Callable[[type[ct.DType], int], tuple[Any, ...]],
+    first: int,
     dt: type[ct.DType],
     r: int,
     n: int,
     outs: int,
-    extra: Callable[[], tuple[Any, ...]],
+    extra: tuple[Any, ...],
+    per: Callable[[RowPlan], int] | None = None,
 ) -> tuple[Any, tuple[Any, ...]]:
-    """The row kernel the library's host function launches for (r, n), and its arguments."""
-    tile_k, loop_k = kernels
-    plan = row_plan(r, n, dt)
-    tile = (1, -(-n // plan.width) * plan.width) if plan.loop else (plan.rows, plan.width)
-    parts = tuple(PartitionSpec((r, n), tile, dt) for _ in range(outs))
-    args = (*parts, TensorSpec((r, n), dt), *extra())
-    return (loop_k, (*args, plan.width)) if plan.loop else (tile_k, args)  # fmt: skip
+    """The row kernel the library's host function launches for (r, n) (`row_launch`, as
+    `norms` calls it), and its arguments."""
+    x = TensorSpec((r, n), dt)
+    launch = row_launch(family, first, x, norms.ONE_PASS_CAP, per)
+    parts = tuple(PartitionSpec((r, n), launch.tile, dt) for _ in range(outs))
+    return launch.kernel, (*parts, x, *extra, *launch.extra)
 
 
 def _flat(kernel: Any, *args: Any) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
@@ -120,9 +127,16 @@ def _flat(kernel: Any, *args: Any) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
 
 
 def _row(
-    kernels: tuple[Any, ...], dt: type[ct.DType], r: int, n: int, *extra: Any, outs: int = 1
+    family: Callable[[type[ct.DType], int], tuple[Any, ...]],
+    first: int,
+    dt: type[ct.DType],
+    r: int,
+    n: int,
+    *extra: Any,
+    outs: int = 1,
+    per: Callable[[RowPlan], int] | None = None,
 ) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
-    return lambda: _rows(kernels, dt, r, n, outs, lambda: extra)
+    return lambda: _rows(family, first, dt, r, n, outs, extra, per)
 
 
 def _softmax(
@@ -161,19 +175,17 @@ def cases() -> list[Case]:
         silu, gelu = activations._silu_mul_kernel(dt), activations._gelu_kernel(dt)
         out.append(Case(f"silu_mul {dt.name}", _flat(silu, z4, x, x), 3 * size))
         out.append(Case(f"gelu {dt.name}", _flat(gelu, zd, x), 2 * size))
+        rms, ln = norms._rms_kernels, norms._layer_norm_kernels
         for h in (1536, 2048, 4096):
-            rms = norms._rms_kernels(dt, row_warps(row_plan(ROWS, h, dt)))[:2]
-            build = _row(rms, dt, ROWS, h, TensorSpec((h,), dt), 1.0 / h, 1e-6)
+            build = _row(rms, 0, dt, ROWS, h, TensorSpec((h,), dt), 1.0 / h, 1e-6)
             out.append(Case(f"rms_norm {dt.name} {ROWS}x{h}", build, 2 * size))
         for h in (1536, 2048, 4096):
-            warps = row_warps(row_plan(ROWS, h, dt))
-            add_rms = norms._rms_kernels(dt, warps)[2:]
             w = TensorSpec((h,), dt)
-            build = _row(add_rms, dt, ROWS, h, TensorSpec((ROWS, h), dt), w, 1.0 / h, 1e-6,
+            build = _row(rms, 2, dt, ROWS, h, TensorSpec((ROWS, h), dt), w, 1.0 / h, 1e-6,
                          outs=2)  # fmt: skip
             out.append(Case(f"add_rms_norm {dt.name} {ROWS}x{h}", build, 4 * size))
-            ln = norms._layer_norm_kernels(dt, warps)
-            build = _row(ln, dt, ROWS, h, w, w, h, 1.0 / h, 1e-5)
+            build = _row(ln, 0, dt, ROWS, h, w, w, h, 1.0 / h, 1e-5,
+                         per=norms.layer_norm_per_thread)  # fmt: skip
             out.append(Case(f"layer_norm {dt.name} {ROWS}x{h}", build, 2 * size))
         square = (ROWS, ROWS)
         tr = layout._transpose_kernel(dt)
@@ -192,6 +204,19 @@ def cases() -> list[Case]:
         for n in (1024, 32768):
             build = _softmax(dt, ROWS, n, False)
             out.append(Case(f"softmax {dt.name} {ROWS}x{n}", build, 2 * size))
+        t, heads, d = ROPE
+        tile = rope_mod.rope_tile(heads, d)
+        build = _flat(rope_mod.rope_kernel, PartitionSpec(ROPE, tile, dt), TensorSpec(ROPE, dt),
+                      TensorSpec((t,), ct.i32), TensorSpec((d // 2,), f32),
+                      TensorSpec((d // 2,), f32), 0, t - 1)  # fmt: skip
+        # x read and y written once, and each token's position.
+        out.append(Case(f"rope {dt.name} {t}x{heads}x{d}", build, 2 * size + 4 / (heads * d)))
+        m, k = GEMV
+        bm, bk = gemv_mod.gemv_tile(m, k)
+        build = _flat(gemv_mod._gemv_kernel(dt), PartitionSpec((m,), (bm,), dt),
+                      TensorSpec(GEMV, dt), TensorSpec((k,), dt), bk)  # fmt: skip
+        # a read once; x read and y written once.
+        out.append(Case(f"gemv {dt.name} {m}x{k}", build, size * (1 + 1 / m + 1 / k)))
         build = _softmax(dt, 16 * CAUSAL_S, CAUSAL_S, True)
         causal_read = (CAUSAL_S + 1) / (2 * CAUSAL_S)
         name = f"causal softmax {dt.name} 16x{CAUSAL_S}x{CAUSAL_S}"
@@ -253,10 +278,34 @@ def theirs(python: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in done.stdout.splitlines():
         case = json.loads(line)
-        cubin = assemble(case["ptx"], Target(90), verbose=False).cubin
-        count = len(instructions(disassemble(cubin)))
+        sass = disassemble(assemble(case["ptx"], Target(90), verbose=False).cubin)
+        count = len(instructions(sass))
+        trips = int(case.get("trips", 1))
+        if trips > 1:
+            count += (trips - 1) * loop_instructions(sass)
         out[case["name"]] = count * case["threads"] * case["programs"] / case["elements"]
     return out
+
+
+#: An instruction of an nvdisasm listing: its address and its text.
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;", re.IGNORECASE)
+_BRANCH = re.compile(r"\bBRA\s+0x([0-9a-f]+)", re.IGNORECASE)
+
+
+def loop_instructions(sass: str) -> int:
+    """The instructions of the one loop of a listing: from the target of its backward branch
+    to the branch. A case that runs a loop `trips` times executes them `trips - 1` times more
+    than the listing holds (its other code runs once)."""
+    code = [(int(m.group(1), 16), m.group(2)) for m in _INSTRUCTION.finditer(sass)]
+    loops = []
+    for addr, text in code:
+        b = _BRANCH.search(text)
+        if b and int(b.group(1), 16) < addr:
+            loops.append((int(b.group(1), 16), addr))
+    if len(loops) != 1:
+        raise RuntimeError(f"expected one loop in the listing, found {len(loops)}")
+    start, end = loops[0]
+    return sum(1 for addr, text in code if start <= addr <= end and text.split()[-1] != "NOP")
 
 
 def _f(v: float | int | None, fmt: str) -> str:

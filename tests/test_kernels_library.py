@@ -228,12 +228,7 @@ def test_layer_norm_divides_on_the_host(n: int) -> None:
     """1/n comes from the host, as rms_norm's: neither layer_norm kernel divides (a div.rn.f32
     is a slow-path call in SASS)."""
     rows = ct.TensorSpec((8, n), ct.f32)
-    launch = _common.row_launch(
-        norms._layer_norm_kernels,
-        0,
-        rows,  # type: ignore[arg-type]
-        norms.ONE_PASS_CAP,
-    )
+    launch = _common.row_launch(norms._layer_norm_kernels, 0, rows, norms.ONE_PASS_CAP)
     out = ct.PartitionSpec((8, n), launch.tile, ct.f32)
     w = ct.TensorSpec((n,), ct.f32)
     ptx = launch.kernel.ptx(out, rows, w, w, n, 1.0 / n, 1e-5, *launch.extra)
@@ -255,7 +250,7 @@ def test_short_norm_rows_by_width(dt: Any, n: int, warps: int) -> None:
     rows = ct.TensorSpec((4096, n), dt)
     for family, first in ((norms._rms_kernels, 0), (norms._rms_kernels, 2),
                           (norms._layer_norm_kernels, 0)):  # fmt: skip
-        launch = _common.row_launch(family, first, rows, norms.ONE_PASS_CAP)  # type: ignore[arg-type]
+        launch = _common.row_launch(family, first, rows, norms.ONE_PASS_CAP)
         assert launch.kernel is family(dt, warps)[first]
 
 
@@ -283,7 +278,7 @@ def test_long_norm_rows_are_read_once(n: int, width: int, warps: int) -> None:
     a row once per statistic."""
     rows = ct.TensorSpec((4096, n), ct.bf16)
     for family in (norms._rms_kernels, norms._layer_norm_kernels):
-        launch = _common.row_launch(family, 0, rows, norms.ONE_PASS_CAP)  # type: ignore[arg-type]
+        launch = _common.row_launch(family, 0, rows, norms.ONE_PASS_CAP)
         assert (launch.tile, launch.extra) == ((1, width), ())
         assert launch.kernel is family(ct.bf16, warps)[0]
 
@@ -333,10 +328,10 @@ def test_layer_norm_takes_64_a_thread_past_8192_f32(
     rms_norm, 16-bit rows and other widths (12288: 48 a thread, not 96) keep the norms'
     rule. As the host function launches it (its rule, not the default)."""
     rows = ct.TensorSpec((4096, n), dt)
-    ln = _common.row_launch(norms._layer_norm_kernels, 0, rows, norms.ONE_PASS_CAP,  # type: ignore[arg-type]
+    ln = _common.row_launch(norms._layer_norm_kernels, 0, rows, norms.ONE_PASS_CAP,
                             norms.layer_norm_per_thread)  # fmt: skip
     assert ln.kernel is norms._layer_norm_kernels(dt, ln_warps)[0]
-    rms = _common.row_launch(norms._rms_kernels, 0, rows, norms.ONE_PASS_CAP)  # type: ignore[arg-type]
+    rms = _common.row_launch(norms._rms_kernels, 0, rows, norms.ONE_PASS_CAP)
     assert rms.kernel is norms._rms_kernels(dt, rms_warps)[0]
 
 
@@ -706,7 +701,7 @@ def test_embedding_out_of_range_ids_give_zeros(
 
 # -- gemv -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dt", DT_PARAMS)
-@pytest.mark.parametrize("m,k", [(1, 1), (7, 33), (65, 1000), (3, 1536)])
+@pytest.mark.parametrize("m,k", [(1, 1), (7, 33), (65, 1000), (3, 1536), (16, 1024), (20, 2600)])
 def test_gemv(backend: str, rng: np.random.Generator, dt: Any, m: int, k: int) -> None:
     a, at = rand(rng, (m, k), dt)
     x, xt = rand(rng, (k,), dt)

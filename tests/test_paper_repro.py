@@ -310,7 +310,7 @@ def test_row_sweep_times_both_choices_and_restores_the_rule(
     wide = ct.TensorSpec((4096, 16384), ct.f32)
 
     def layer_norm_warps() -> int:
-        launch = _common.row_launch(norms._layer_norm_kernels, 0, wide, norms.ONE_PASS_CAP,  # type: ignore[arg-type]
+        launch = _common.row_launch(norms._layer_norm_kernels, 0, wide, norms.ONE_PASS_CAP,
                                     norms.layer_norm_per_thread)  # fmt: skip
         return int(launch.kernel.num_warps)
 

@@ -18,7 +18,10 @@ dims a value does not use are replicated: every thread along them holds the same
 So a row reduction's result, its broadcast back over the row and the row weights of a norm
 all share one base, and broadcasting between them costs nothing. Layouts are planned by
 unifying the dims that element-wise ops, broadcasts, reductions and permutes relate; when
-two uses disagree, the emitter converts through shared memory.
+two uses disagree, the emitter converts through shared memory. One broadcast relates
+nothing: that of a costly value (a transcendental of it) over at least 4 times its elements,
+which is planned in a family of its own, spread over the block so that each thread computes
+as few of its elements as it can, and converted at the broadcast (`_costly_broadcasts`).
 """
 
 from __future__ import annotations
@@ -308,6 +311,50 @@ def _relate(op: o.Op, u: _DimUnion) -> None:
                 same(res, x, [(i, i) for i in range(len(res.type.shape))])
 
 
+#: Element-wise ops that cost tens of instructions an element (precise transcendentals).
+COSTLY_UNARY = frozenset({"exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "erf"})
+COSTLY_BINARY = frozenset({"pow"})
+#: A costly value broadcast to at least this many times its elements is computed apart.
+SPLIT_BROADCAST = 4
+
+
+def _costly_broadcasts(ops: list[o.Op]) -> set[int]:
+    """The broadcasts (by id) whose operand is made by a costly element-wise op on values no
+    larger than itself (through element-wise ops and reshapes), and repeated at least
+    SPLIT_BROADCAST times. Planned in the result's family, such an operand is computed again
+    by every thread along the broadcast dims (rope's cos and sin of each angle, once per 4
+    columns a thread holds); planned apart, each of its elements is computed about once,
+    spread over the block, and the broadcast converts it through shared memory (as Triton
+    does)."""
+    producer = {id(r): op for op in ops for r in op.results}
+    costly: dict[int, bool] = {}
+
+    def made_costly(v: o.Value, limit: int) -> bool:
+        op = producer.get(id(v))
+        if op is None or not v.type.shape or v.type.size > limit:
+            return False
+        if id(v) not in costly:
+            costly[id(v)] = False  # (cycles: loop-carried values)
+            here = (isinstance(op, o.UnaryOp) and op.kind in COSTLY_UNARY) or (
+                isinstance(op, o.BinaryOp) and op.kind in COSTLY_BINARY
+            )
+            through = isinstance(
+                op,
+                (o.UnaryOp, o.BinaryOp, o.CompareOp, o.SelectOp, o.FmaOp, o.CastOp, o.ReshapeOp),
+            )
+            costly[id(v)] = through and (here or any(made_costly(x, limit) for x in op.operands))
+        return costly[id(v)]
+
+    out: set[int] = set()
+    for op in ops:
+        if isinstance(op, o.BroadcastOp):
+            (x,) = op.operands
+            n = x.type.size if x.type.shape else 1
+            if op.result.type.size >= SPLIT_BROADCAST * n and made_costly(x, n):
+                out.add(id(op))
+    return out
+
+
 def plan_layouts(kernel: o.Kernel, target: Target, max_threads: int | None = None) -> LayoutPlan:
     """Assign each tile value a layout; dims that ops relate share base dims. The block is
     the kernel's `num_warps` warps, else at most `MAX_THREADS` threads (a choice well inside
@@ -338,8 +385,10 @@ def plan_layouts(kernel: o.Kernel, target: Target, max_threads: int | None = Non
         for r in op.regions():
             for v in r.args:
                 note(v)
+    split = _costly_broadcasts(ops)
     for op in ops:
-        _relate(op, u)
+        if id(op) not in split:
+            _relate(op, u)
 
     # Families: classes linked by appearing together in a value share one base.
     fam_parent: dict[tuple[int, int], tuple[int, int]] = {}
@@ -417,12 +466,25 @@ def plan_layouts(kernel: o.Kernel, target: Target, max_threads: int | None = Non
                 across.add(fam_root)  # a scan too: down the rows, it would cross the warps
             elif isinstance(op, o.ReduceOp):
                 along_rows.add(fam_root)
+    # The families of the costly broadcast operands planned apart (where nothing else ties
+    # them to their broadcast's family).
+    apart: set[tuple[int, int]] = set()
+    for op in ops:
+        if id(op) in split:
+            (x,) = op.operands
+            mine = {ffind(c) for c in classes(x) if c is not None}
+            theirs = {ffind(c) for c in classes(op.result) if c is not None}
+            apart |= mine - theirs
     bases: dict[tuple[int, int], Blocked] = {}
     position: dict[tuple[int, int], int] = {}
     for fam_root, members in order.items():
         shape = tuple(sizes[c] for c in members)
         if fam_root in along_rows - across and len(shape) > 1:
             bases[fam_root] = row_blocked(shape, itemsize[fam_root], block)
+        elif fam_root in apart:
+            # As few elements a thread as the block allows: each is computed about once.
+            spread = _pow2_floor(max(1, prod(shape) // block))
+            bases[fam_root] = canonical_blocked(shape, itemsize[fam_root], block, spread)
         else:
             bases[fam_root] = canonical_blocked(shape, itemsize[fam_root], block)
         for k, c in enumerate(members):

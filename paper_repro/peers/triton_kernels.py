@@ -1,5 +1,6 @@
 """Triton peers, written for this harness in the style of the Triton tutorials: vector add,
-GELU (tanh form), row softmax (optionally causal), RMSNorm and a grouped-order matmul.
+GELU (tanh form), row softmax (optionally causal), RMSNorm, RoPE, a matrix-vector product
+and a grouped-order matmul.
 
 Imported only where Triton is installed. Each wrapper writes into a preallocated output so
 that the timing measures the kernel, not an allocation.
@@ -106,6 +107,89 @@ def rms_norm(x: Any, weight: Any, out: Any, eps: float = 1e-6) -> Any:
     block = triton.next_power_of_2(n_cols)
     _rms_norm_kernel[(rows,)](out, x, weight, n_cols, eps, BLOCK=block, num_warps=_row_warps(block))
     return out
+
+
+@triton.jit
+def _rope_kernel(
+    y_ptr,
+    x_ptr,
+    pos_ptr,
+    fh_ptr,
+    fl_ptr,
+    HEADS: tl.constexpr,
+    HB: tl.constexpr,
+    HALF: tl.constexpr,
+):
+    # The library's algorithm (cutile_py_kernels.rope): the angle pos·freq in two f32 parts,
+    # their cos and sin combined by the angle-sum identities; one token, HB heads a program.
+    tok = tl.program_id(0)
+    p = tl.load(pos_ptr + tok).to(tl.float32)
+    i = tl.arange(0, HALF)
+    fh = tl.load(fh_ptr + i)
+    a_hi = p * fh
+    a_lo = tl.fma(p, fh, -a_hi) + p * tl.load(fl_ptr + i)
+    ch, sh, cl, sl = tl.cos(a_hi), tl.sin(a_hi), tl.cos(a_lo), tl.sin(a_lo)
+    c = (ch * cl - sh * sl)[None, :]
+    s = (sh * cl + ch * sl)[None, :]
+    h = tl.program_id(1) * HB + tl.arange(0, HB)
+    offs = tok.to(tl.int64) * (HEADS * 2 * HALF) + h[:, None] * (2 * HALF) + i[None, :]
+    hm = h[:, None] < HEADS
+    x1 = tl.load(x_ptr + offs, mask=hm).to(tl.float32)
+    x2 = tl.load(x_ptr + offs + HALF, mask=hm).to(tl.float32)
+    tl.store(y_ptr + offs, (x1 * c - x2 * s).to(y_ptr.dtype.element_ty), mask=hm)
+    tl.store(y_ptr + offs + HALF, (x2 * c + x1 * s).to(y_ptr.dtype.element_ty), mask=hm)
+
+
+def rope_heads(heads: int, d: int) -> int:
+    """Heads a program of `_rope_kernel`, as the library's: all of them up to 4096
+    elements, else the most heads (a power of two) that fit."""
+    if heads * d <= 4096:
+        return heads
+    return 1 << (max(1, 4096 // d).bit_length() - 1)
+
+
+def rope(x: Any, positions: Any, freq_hi: Any, freq_lo: Any, out: Any) -> Any:
+    """out = x (tokens, heads, D) rotated by `positions`, half-split layout; `freq_hi`,
+    `freq_lo`: theta^(-i/half) in two f32 parts (`cutile_py_kernels.rope.frequencies`)."""
+    tokens, heads, d = x.shape
+    hb = rope_heads(heads, d)
+    _rope_kernel[(tokens, triton.cdiv(heads, hb))](
+        out, x, positions, freq_hi, freq_lo, HEADS=heads, HB=hb, HALF=d // 2, num_warps=2
+    )
+    return out
+
+
+@triton.jit
+def _gemv_kernel(y_ptr, a_ptr, x_ptr, m, k, BM: tl.constexpr, BK: tl.constexpr):
+    # BM rows a program: (BM, BK) products accumulate in f32 over k, one sum at the end (the
+    # library's algorithm).
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    acc = tl.zeros((BM, BK), dtype=tl.float32)
+    for k0 in range(0, k, BK):
+        cols = k0 + tl.arange(0, BK)
+        a = tl.load(
+            a_ptr + rows[:, None].to(tl.int64) * k + cols[None, :],
+            mask=(rows[:, None] < m) & (cols[None, :] < k),
+            other=0.0,
+        )
+        x = tl.load(x_ptr + cols, mask=cols < k, other=0.0)
+        acc += a.to(tl.float32) * x.to(tl.float32)[None, :]
+    tl.store(y_ptr + rows, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=rows < m)
+
+
+def gemv_tile(k: int) -> tuple[int, int]:
+    """(rows, columns) of a program's step of `_gemv_kernel`, as the library's: up to 512
+    columns, 4096 elements in all, on 2 warps."""
+    bk = min(triton.next_power_of_2(k), 512)
+    return 4096 // bk, bk
+
+
+def gemv(a: Any, x: Any, y: Any) -> Any:
+    """y = a @ x, a (M, K), f32 sums."""
+    m, k = a.shape
+    bm, bk = gemv_tile(k)
+    _gemv_kernel[(triton.cdiv(m, bm),)](y, a, x, m, k, BM=bm, BK=bk, num_warps=2)
+    return y
 
 
 def _matmul_configs() -> list[Any]:

@@ -2,8 +2,9 @@
 
 Run with the Python that has Triton (`python -m paper_repro.peers.triton_sass`, this
 repository on PYTHONPATH); it needs nothing of cutile_py. It prints one JSON object per case:
-its name, Triton's PTX, the threads of one program, the programs and the elements, for
-`paper_repro.kernels_sass` to assemble and count like ours.
+its name, Triton's PTX, the threads of one program, the programs, the elements and the
+trips of its loop (1 for straight-line code), for `paper_repro.kernels_sass` to assemble and
+count like ours.
 """
 
 # mypy: disable-error-code="no-untyped-def,misc,untyped-decorator"
@@ -102,6 +103,9 @@ def _argmax_kernel(y_ptr, x_ptr, n_cols, BLOCK: tl.constexpr):
 
 
 _T = {"f32": "*fp32", "bf16": "*bf16"}
+#: (tokens, heads, head_dim) of the rope case, (M, K) of the gemv case.
+ROPE = (4096, 32, 128)
+GEMV = (4096, 4096)
 
 
 def _row_warps(block: int) -> int:
@@ -245,6 +249,39 @@ def cases() -> list[dict[str, Any]]:
                     sig={"out_ptr": p, "in_ptr": p, "n_cols": "i32", "seq": "i32"},
                 )
             )
+        t, heads, d = ROPE
+        hb = tk.rope_heads(heads, d)
+        out.append(
+            dict(
+                name=f"rope {dt} {t}x{heads}x{d}",
+                fn=tk._rope_kernel,
+                warps=2,
+                programs=t * (heads // hb),
+                elements=t * heads * d,
+                constants={"HEADS": heads, "HB": hb, "HALF": d // 2},
+                sig={
+                    "y_ptr": p,
+                    "x_ptr": p,
+                    "pos_ptr": "*i32",
+                    "fh_ptr": "*fp32",
+                    "fl_ptr": "*fp32",
+                },
+            )
+        )
+        m, k = GEMV
+        bm, bk = tk.gemv_tile(k)
+        out.append(
+            dict(
+                name=f"gemv {dt} {m}x{k}",
+                fn=tk._gemv_kernel,
+                warps=2,
+                programs=m // bm,
+                elements=m * k,
+                trips=k // bk,
+                constants={"BM": bm, "BK": bk},
+                sig={"y_ptr": p, "a_ptr": p, "x_ptr": p, "m": "i32", "k": "i32"},
+            )
+        )
         out.append(
             dict(
                 name=f"causal softmax {dt} 16x1024x1024",
@@ -277,6 +314,7 @@ def compile_case(case: dict[str, Any]) -> dict[str, Any]:
         "threads": 32 * case["warps"],
         "programs": case["programs"],
         "elements": case["elements"],
+        "trips": case.get("trips", 1),
     }
 
 
