@@ -7,13 +7,13 @@
 # its range: a difference of 1-2% is told from run-to-run noise); the causal softmax by warps
 # a block and by how it reads the chunk each row ends in (element by element, the library's
 # choice, or whole), f32 and bf16, beside Triton's; the norms at 1536 and 2048 by rows a block (one row a
-# block is how Triton's kernels run them); bf16 GELU by elements a block. Everything lands in $OUT/results.tgz (re-packed
+# block is how Triton's kernels run them); bf16 GELU by elements a block; rope and gemv. Everything lands in $OUT/results.tgz (re-packed
 # after each step, and the bandwidth experiment writes its rows after each shape, so a call
 # cut short still returns what finished) and a summary is printed last. Runs from the working
 # tree (PYTHONPATH=.): numpy, cuda-python, pytest, pytest-xdist, pytest-timeout, PyTorch and
 # Triton must be installed there.
 #
-#   OUT=DIR paper_repro/lease_check.sh    (at most 535 s of steps; about 6 minutes on an H200)
+#   OUT=DIR paper_repro/lease_check.sh    (at most 580 s of steps; about 6 minutes on an H200)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -79,6 +79,12 @@ step rows-block 75 python3 -m paper_repro.row_sweep --widths 1536,2048 --per 8,1
 # bf16 GELU takes 4 KiB of input a block (2048 elements) by analogy with f32's, untimed.
 step rows-gelu-bf16 40 python3 -m paper_repro.row_sweep --kernels gelu --dtype bf16 \
   --gelu-tiles 1024,2048,4096,8192
+# rope (f32 only: its positions are int32; 2 warps, each angle computed once a block) and
+# gemv (2 warps, 4096 elements a step, loads split from the tensor's edge), untimed, beside
+# Triton's kernels of the same tiling (and PyTorch's mv).
+step bandwidth-rope-gemv 45 python3 -m paper_repro bandwidth --rounds 3 --dtype f32,bf16 \
+  --only rope,gemv --shapes rope:4096x32x128,gemv:4096x4096,gemv:151936x1024 \
+  --out "$work/bandwidth-rope-gemv"
 
 echo "== summary"
 sed -n 's/^- \*\*bandwidth\*\*: //p' "$work/bandwidth/REPORT.md"
@@ -88,4 +94,5 @@ grep -E "^\| (softmax_causal|triton) \|" "$work/rows-causal.txt" "$work/rows-cau
 grep -E "^\| (rms_norm|add_rms_norm|layer_norm|triton) \|" "$work/rows-block.txt" |
   cut -d'|' -f2-7,9,11,12
 grep -E "^\| (gelu|triton) \|" "$work/rows-gelu-bf16.txt"
+grep -E "^\| (rope|gemv) \|" "$work/bandwidth-rope-gemv/REPORT.md" | cut -d'|' -f2-5,7,9-13
 exit 0

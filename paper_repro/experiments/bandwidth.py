@@ -107,6 +107,17 @@ def _rms_torch(t: list[Any], out: Any) -> Callable[[], Any]:
     return lambda: t[0] * torch.rsqrt(t[0].pow(2).mean(-1, keepdim=True) + 1e-6) * t[1]
 
 
+def _rope_triton(t: list[Any], out: Any) -> Callable[[], Any]:
+    """Triton's rope (the library's algorithm) with the library's frequency tables."""
+    torch = _torch()
+    half = t[0].shape[-1] // 2
+    freq = 10000.0 ** (-np.arange(half, dtype=np.float64) / half)
+    high = freq.astype(np.float32)
+    low = (freq - high.astype(np.float64)).astype(np.float32)
+    fh, fl = (torch.from_numpy(a).to("cuda") for a in (high, low))
+    return lambda: _triton().rope(t[0], t[1], fh, fl, out)
+
+
 def _causal_torch(t: list[Any], out: Any) -> Callable[[], Any]:
     torch = _torch()
     s = t[0].shape[-1]
@@ -221,6 +232,20 @@ SPECS: list[Spec] = [
         lambda s: [Input(s), Input(s[:1], ids=4096)],
         lambda f, t: f(t[0], t[1]),
         lambda s: 8 * s[0] * s[1] * s[2] + 4 * s[0],
+        {"triton": _rope_triton},
+    ),
+    Spec(
+        "gemv",
+        lambda q: [(8, 96)] if q else [(4096, 4096), (14336, 4096), (151936, 1024)],
+        lambda s: [Input(s), Input(s[1:])],
+        lambda f, t: f(t[0], t[1]),
+        lambda s: 4 * s[0] * s[1] + 4 * s[1] + 4 * s[0],
+        {
+            "torch": lambda t, o: lambda: _torch().mv(t[0], t[1], out=o),
+            "triton": lambda t, o: lambda: _triton().gemv(t[0], t[1], o),
+        },
+        lambda s: (s[:1], "f32"),
+        dtypes=FLOATS,
     ),
     Spec(
         "transpose",
@@ -599,7 +624,8 @@ NOTES = [
     "Bytes per call (f32 = 4 B; f16 and bf16 rows half of it): add/saxpy/silu_mul 12n; "
     "gelu 8n; rms_norm 8RH+4H; add_rms_norm 16RH+4H; layer_norm 8RH+8H; softmax 8RH "
     "(causal: full SxS read and written); rope 8·T·heads·D+4T; transpose 8RC; argmax "
-    "4RC+4R; embedding 4T+8TD. frac_copy = GB/s ÷ the copy ceiling measured in the same run; "
+    "4RC+4R; embedding 4T+8TD; gemv 4MK+4K+4M. frac_copy = GB/s ÷ the copy ceiling measured in "
+    "the same run; "
     "frac_same_copy = GB/s ÷ that of a copy moving the same bytes, measured in the same run "
     "(below 1 GiB; the ceiling above): a copy of tens of MB does not reach the ceiling either.",
     "cutile_py numbers time the launches the library host function makes, replayed on "
