@@ -162,12 +162,19 @@ def test_ptx_version_is_the_lowest_the_target_allows() -> None:
     args = (ct.PartitionSpec((64,), (64,)), ct.TensorSpec((64,)), ct.TensorSpec((64,)))
     assert ".version 7.0\n.target sm_80" in K.add.ptx(*args, target="sm_80")
     assert ".version 7.8\n.target sm_90" in K.add.ptx(*args, target="sm_90")
-    bf16_args = (
-        ct.PartitionSpec((64,), (64,), ct.bf16),
-        ct.TensorSpec((64,), ct.bf16),
-        ct.TensorSpec((64,), ct.f16),
-    )
-    assert ".version 7.1\n" in K.mixed_bf16.ptx(*bf16_args, target="sm_80")  # cvt.f32.bf16
+
+    def bf16_args(n: int) -> tuple[ct.PartitionSpec, ct.TensorSpec, ct.TensorSpec]:
+        return (
+            ct.PartitionSpec((n,), (64,), ct.bf16),
+            ct.TensorSpec((n,), ct.bf16),
+            ct.TensorSpec((n,), ct.f16),
+        )
+
+    # One bf16 a load (an odd length): widened by cvt.f32.bf16, which needs 7.1.
+    assert ".version 7.1\n" in K.mixed_bf16.ptx(*bf16_args(63), target="sm_80")
+    # Pairs: each half widened by a shift or a mask of its pair, no cvt.
+    paired = K.mixed_bf16.ptx(*bf16_args(64), target="sm_80")
+    assert ".version 7.0\n" in paired and "cvt.f32.bf16" not in paired
 
 
 def test_vectorized_access_where_aligned() -> None:

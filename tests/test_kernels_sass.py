@@ -19,18 +19,21 @@ pytestmark = pytest.mark.skipif(
 )
 
 #: Case name -> the most SASS instructions per element allowed (Triton's in the comment).
+#: Every bf16 row: a loaded bf16 widens from its b32 pair with one shift or mask
+#: (`EmitContext.widen`), where unpacking the half and converting it took two (rms_norm 4096
+#: 11.4 -> 10.4, layer_norm 4096 16.4 -> 14.9, gemv 4.4 -> 3.7).
 BUDGET = {
     # Loads whose padding no store can see write none (plan_padding): add 5.25 -> 4.19.
     "add f32": 4.5,  # 5.1
     "saxpy f32": 4.5,  # 5.2
     "silu_mul f32": 17.75,  # 17.2
-    "silu_mul bf16": 21.0,  # 18.6
+    "silu_mul bf16": 19.5,  # 18.6
     # 4 KiB of input a block, not 16 (an H200: 0.99 of the copy ceiling, not 0.96): the
     # set-up spread over fewer elements, 19.4 -> 23.8 (f32) and 20.2 -> 22.5 (bf16).
     "gelu f32": 24.5,  # 22.2
-    "gelu bf16": 23.0,  # 22.6
+    "gelu bf16": 22.5,  # 22.6
     "softmax f32 4096x1024": 17.0,  # 22.0
-    "softmax bf16 4096x1024": 18.5,  # 23.1
+    "softmax bf16 4096x1024": 17.5,  # 23.1
     # Every chunk's address computed, so that its load issues with the others (was 23.2);
     # the chunk a row ends in read element by element, its visible part only (as Triton's
     # masked loads): 1.04x -> 1.00x the ideal bytes, 23.9 -> 26.7 (f32), 20.2 -> 22.4 (bf16).
@@ -39,13 +42,13 @@ BUDGET = {
     # unchanged. (Converting a chunk again for its exp, not carrying it: f32 23.6, but bf16
     # 102 registers, not 96: 16 warps an SM, not 20.)
     "causal softmax f32 16x1024x1024": 26.5,  # 26.6
-    "causal softmax bf16 16x1024x1024": 19.5,  # 28.0
+    "causal softmax bf16 16x1024x1024": 18.7,  # 28.0
     "rms_norm f32 4096x4096": 10.5,  # 10.6
     # 16 elements a thread, not 32 (4 warps: 36 warps an SM, not 20; _common.per_thread);
     # two warps a row, not four (lower.layout: rows reduced in their warps), 11.3 -> 9.9.
     "rms_norm f32 4096x1536": 10.5,  # 20.0
     "layer_norm f32 4096x4096": 14.0,  # 15.8
-    "add_rms_norm bf16 4096x4096": 15.0,  # 15.1 (15.3 -> 14.2)
+    "add_rms_norm bf16 4096x4096": 14.2,  # 15.1 (15.3 -> 14.2)
     "transpose f32 4096x4096": 8.5,  # 8.1
     "embedding f32 4096x4096": 3.9,  # 3.4
     "embedding bf16 4096x4096": 2.5,  # 2.6
@@ -54,23 +57,23 @@ BUDGET = {
     # Its loop's loads split from the tensor's edge (lower.emit_memory): 8.8 -> 7.9 (f32),
     # 9.6 -> 9.2 (bf16).
     "argmax f32 4096x32768": 8.2,  # 8.9
-    "argmax bf16 4096x1024": 9.2,  # 15.4
-    "argmax bf16 4096x32768": 9.5,  # 9.2
+    "argmax bf16 4096x1024": 8.5,  # 15.4
+    "argmax bf16 4096x32768": 9.0,  # 9.2
     # Its closing barrier dropped (ptx.barriers), ptxas schedules it in 36 registers, not 56,
     # at 4.59 instructions an element, not 4.4.
     "transpose bf16 4096x4096": 4.6,  # 4.1
-    "add_rms_norm bf16 4096x2048": 14.5,  # 20.5 (18.4 -> 13.7: two warps a row, not eight)
-    "layer_norm bf16 4096x4096": 17.0,  # 19.1 (17.7 -> 16.4)
-    "layer_norm bf16 4096x2048": 17.0,  # 25.2 (21.6 -> 16.1)
+    "add_rms_norm bf16 4096x2048": 13.8,  # 20.5 (18.4 -> 13.7: two warps a row, not eight)
+    "layer_norm bf16 4096x4096": 15.4,  # 19.1 (17.7 -> 16.4)
+    "layer_norm bf16 4096x2048": 15.1,  # 25.2 (21.6 -> 16.1)
     # 2 warps, 64 elements a thread: each angle's cos and sin computed once a block (a costly
     # broadcast planned apart: lower.layout), not once per head a thread holds on 8 warps:
     # 37.8 -> 9.8 (f32), 63.9 -> 10.1 (bf16). Triton's kernel of the same algorithm and tiling.
     "rope f32 4096x32x128": 10.3,  # 9.0
-    "rope bf16 4096x32x128": 10.6,  # 10.5
+    "rope bf16 4096x32x128": 10.0,  # 10.5
     # 2 warps, (8, 512) steps, fused multiply-adds; loads in the loop split from the edge
     # (lower.emit_memory): 8.5 -> 2.7 (f32), 11.2 -> 4.4 (bf16). Triton's of the same tiling.
     "gemv f32 4096x4096": 2.9,  # 2.6
-    "gemv bf16 4096x4096": 4.6,  # 3.9
+    "gemv bf16 4096x4096": 3.9,  # 3.9
 }
 
 

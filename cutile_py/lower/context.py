@@ -21,7 +21,7 @@ from cutile_py.lower.layout import Blocked, Layout, LayoutPlan
 from cutile_py.lower.plan_persistent import Persistence
 from cutile_py.lower.plan_pipelines import PipelinePlan
 from cutile_py.lower.plan_store import TmaStore
-from cutile_py.ptx.builder import FunctionBuilder, Reg
+from cutile_py.ptx.builder import FunctionBuilder, Imm, Reg
 from cutile_py.ptx.target import Target
 
 #: Threads per warp.
@@ -136,6 +136,9 @@ class EmitContext:
     unpadded: frozenset[o.LoadOp] = frozenset()
     #: Loops around the op being emitted (a load in a loop splits off its edge tiles).
     loop_depth: int = 0
+    #: 16-bit registers split from a loaded b32 pair: (the pair, 0 low or 1 high half). A
+    #: bf16 half widens from the pair with one shift or mask (`widen`).
+    halves: dict[Reg, tuple[Reg, int]] = field(default_factory=dict)
     #: A TMA pipeline's load or a TMA store → the generic address of its tensor map (a
     #: kernel parameter).
     tensor_maps: dict[o.LoadOp | o.StoreOp, Reg] = field(default_factory=dict)
@@ -201,6 +204,19 @@ class EmitContext:
         if dt is f32:
             return x
         r = self.fb.reg("f32")
+        pair = self.halves.get(x) if dt is bf16 else None
+        if pair is not None:
+            # A bf16 is the high half of its f32: the low half of the pair shifted up, or
+            # the high half masked (sm_90 SASS: one instruction, where unpacking the half
+            # and converting it took two).
+            w, high = pair
+            bits = self.fb.reg("b32")
+            if high:
+                self.fb.ins("and.b32", bits, w, Imm("0xFFFF0000"))
+            else:
+                self.fb.ins("shl.b32", bits, w, 16)
+            self.fb.ins("mov.b32", r, bits)
+            return r
         if dt is bf16:
             self.features.add("cvt.f32.bf16")
         self.fb.ins(f"cvt.f32.{FLOAT_NAME[dt]}", r, x)

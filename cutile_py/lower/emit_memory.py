@@ -368,6 +368,7 @@ def _vector_values(em: EmitContext, dest: list[Reg], dt: type[DType]) -> list[Re
         for w in dest:
             lo, hi = fb.reg("b16"), fb.reg("b16")
             fb.ins("mov.b32", Vec((lo, hi)), w)
+            em.halves[lo], em.halves[hi] = (w, 0), (w, 1)
             halves += [lo, hi]
         return halves
     return dest
