@@ -13,9 +13,10 @@ BM = TypeVar("BM")
 
 #: Warps a block, and elements of `a` a block's step: 64 a thread. sm_90 SASS instructions
 #: an element at 4096 x 4096, f32 / bf16: 8.5 / 11.2 with (8, 256) / (4, 512) steps on the
-#: 8 warps the compiler chose and products added apart, 2.68 / 4.37 here (Triton's kernel
-#: with this tiling 2.99 / 3.95; `paper_repro.kernels_sass`), at 154 registers (12 warps an
-#: SM, each thread 20 (f32) 16-byte loads in flight). Not timed on a GPU.
+#: 8 warps the compiler chose and products added apart, 2.7 / 3.7 here, with the loop's
+#: loads split from the tensor's edge (Triton's kernel with this tiling: 2.6 / 3.9;
+#: `paper_repro.kernels_sass`), at 154 registers (12 warps an SM, each thread 20 (f32)
+#: 16-byte loads in flight). Not timed on a GPU.
 WARPS = 2
 STEP_ELEMS = 4096
 
