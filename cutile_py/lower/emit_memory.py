@@ -192,8 +192,8 @@ class Access:
 
     def all_inside(self) -> Reg | None:
         """Every access of this thread lies inside the tensor, and the tile index is sane:
-        what `vectors` checks per access, checked once (at each dim's farthest offset; the
-        edge checks are monotone along a dim)."""
+        what `vectors` checks per access, checked once (at each dim's farthest offset, or
+        the tile's end where that lies past it; the edge checks are monotone along a dim)."""
         reach: dict[int, int] = {}
         for offs in self.vectors_static():
             for i, d in enumerate(self.lay.dims):
@@ -201,8 +201,27 @@ class Access:
                 reach[i] = max(reach.get(i, 0), off)
         pred = self.tile_ok
         for i, off in sorted(reach.items()):
-            pred = self.em.conj(pred, self.in_bounds(i, off))
+            d = self.lay.dims[i]
+            if d is not None and self.lay.base.guarded(d, off):
+                pred = self.em.conj(pred, self._tile_end_inside(i, d, off))
+            else:
+                pred = self.em.conj(pred, self.in_bounds(i, off))
         return pred
+
+    def _tile_end_inside(self, i: int, d: int, reach: int) -> Reg:
+        """This thread's elements along dim i lie inside the tensor, where its farthest
+        offset `reach` may lie past the tile's end (a layout wider than the tile): the
+        element at `min(coordinate + reach, tile end)` does. Checked at `reach` alone, such
+        a thread would take the edge path at every tile, interior ones too (a (2, 1000)
+        tile on 64 threads: the 8 threads holding columns 1000..1023)."""
+        fb, coord = self.em.fb, self.em.bases[self.lay.base].coord[d]
+        last, left = fb.reg("b32"), fb.reg("b32")
+        fb.ins("add.u32", last, coord, reach)
+        fb.ins("min.u32", last, last, self.lay.base.shape[d] - 1)
+        fb.ins("add.s32", left, self.left[i], coord)  # the tensor past the tile's origin
+        r = fb.reg("pred")
+        fb.ins("setp.gt.s32", r, left, last)
+        return r
 
     def vectors(
         self, owner: Reg | None, bounds: bool = True
