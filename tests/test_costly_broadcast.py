@@ -102,3 +102,49 @@ def test_rope_computes_each_angle_once(dt: type[ct.DType]) -> None:
         t - 1,
     )
     assert rope_module.rope_kernel.ptx(*args, target=90).count("bra $__trig_done") == 4
+
+
+@ct.kernel(num_warps=2)
+def cos_thrice(
+    y: Mut[Tensor[f32, R, C]],
+    z: Mut[Tensor[f32, R, C]],
+    x: Tensor[f32, Dyn, Dyn],
+    w: Tensor[f32, Dyn],
+) -> None:
+    """y = x cos(w) + x² cos(w), z = x - cos(w): one costly value, three broadcasts."""
+    t = ct.load_tile_like(x, y)
+    c = ct.cos(ct.load(w, (ct.bid(1),), (y.shape[1],))).reshape((1, y.shape[1]))
+    y.store(t * c + (t * t) * c)
+    z.store(t - c)
+
+
+def test_a_costly_value_broadcast_again_is_converted_once(rng: np.random.Generator) -> None:
+    """Each broadcast of one value converted it through shared memory again (rope: the cos
+    and sin of each angle twice, 7 barriers): a broadcast of the operand an earlier one of
+    its region already broadcast to the same layout takes that one's registers."""
+    ct.set_backend("sim", target="sm_90")
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    w = (rng.standard_normal(256) * 100).astype(np.float32)
+    part = (32, 128)
+    args = (ct.empty(x.shape).partition(part), ct.from_numpy(x), ct.from_numpy(w))
+    once = cos_scaled.ptx(*args, target=90)
+    both = (ct.empty(x.shape).partition(part), *args)
+    thrice = cos_thrice.ptx(*both, target=90)
+    assert thrice.count("st.shared") == once.count("st.shared") > 0
+    assert thrice.count("bar.sync") == once.count("bar.sync")
+    (y, z, _, _) = cos_thrice(*both).sync()
+    xd, cw = x.astype(np.float64), np.cos(w.astype(np.float64))
+    np.testing.assert_allclose(
+        y.unpartition().to_numpy(), xd * cw + xd * xd * cw, rtol=1e-6, atol=1e-6
+    )
+    np.testing.assert_allclose(z.unpartition().to_numpy(), xd - cw, rtol=1e-6, atol=1e-6)
+    spec = (
+        ct.PartitionSpec((8, 32, 128), rope_module.rope_tile(32, 128)),
+        ct.TensorSpec((8, 32, 128)),
+        ct.TensorSpec((8,), ct.i32),
+        ct.TensorSpec((64,)),
+        ct.TensorSpec((64,)),
+        0,
+        7,
+    )
+    assert rope_module.rope_kernel.ptx(*spec, target=90).count("st.shared") == 2  # cos, sin

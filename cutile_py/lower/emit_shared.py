@@ -149,6 +149,10 @@ def broadcast(em: EmitContext, op: o.BroadcastOp) -> None:
     res = op.result
     rl = em.layout(res)
     n = rl.count()
+    same = em.plan.repeats.get(op)
+    if same is not None and em.fragment_plan.of(same.result) is None:
+        em.define(res, em.regs(same.result))  # converted once, by the first broadcast
+        return
     if not x.type.shape or not em.layout(x).present:
         em.define(res, [em.regs(x)[0]] * n)
         return

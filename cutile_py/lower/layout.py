@@ -149,6 +149,10 @@ class LayoutPlan:
     #: LoadOp/StoreOp → the coalesced layout it accesses memory in, where the value's
     #: own layout walks memory across rows (a transposed tile); converted on the way.
     memory: dict[o.Op, Layout] = field(default_factory=dict)
+    #: A broadcast → an earlier one of its region with the same operand, shape and layout:
+    #: its result is that one's registers (a costly operand planned apart is converted
+    #: through shared memory once, not at each broadcast: `repeated_broadcasts`).
+    repeats: dict[o.BroadcastOp, o.BroadcastOp] = field(default_factory=dict)
 
     def of(self, v: o.Value) -> Layout:
         return self.layouts[v]
@@ -506,7 +510,25 @@ def plan_layouts(kernel: o.Kernel, target: Target, max_threads: int | None = Non
             lay = plan.layouts[v]
             if v.type.shape[-1] > 1 and lay.dims[-1] != lay.base.rank - 1:
                 plan.memory[op] = canonical_layout(v.type, block)
+    repeated_broadcasts(kernel.body, plan)
     return plan
+
+
+def repeated_broadcasts(region: o.Region, plan: LayoutPlan) -> None:
+    """Note in `plan.repeats` each broadcast of a tile that an earlier op of the same region
+    broadcast to the same shape and layout (`x * c` and `y * c` broadcast `c` twice). Its
+    registers are defined there, before it on every path: a region's ops run in order."""
+    first: dict[tuple[int, tuple[int, ...], Layout], o.BroadcastOp] = {}
+    for op in region.ops:
+        if isinstance(op, o.BroadcastOp) and op.operands[0].type.shape:
+            res = op.result
+            key = (id(op.operands[0]), res.type.shape, plan.layouts[res])
+            if key in first:
+                plan.repeats[op] = first[key]
+            else:
+                first[key] = op
+        for r in op.regions():
+            repeated_broadcasts(r, plan)
 
 
 def canonical_layout(t: TileType, block: int) -> Layout:

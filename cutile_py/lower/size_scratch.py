@@ -265,6 +265,9 @@ class Sizer:
     def _broadcast(self, op: o.BroadcastOp) -> Iterator[Need]:
         (x,) = op.operands
         rl = self.lay(op.result)
+        same = self.layouts.repeats.get(op)
+        if same is not None and self.fragments.of(same.result) is None:
+            return  # takes the registers of `same` (`emit_shared.broadcast`)
         if not x.type.shape or not self.lay(x).present:
             return
         want = Layout(rl.base, tuple(d if s > 1 else None for d, s in zip(rl.dims, x.type.shape)))
