@@ -148,7 +148,7 @@ def test_a_layout_wider_than_the_tile_takes_the_edge_path_only_at_the_edge(
     """1000 columns on 64 threads of 4-element vectors: the layout spans 1024, and the
     threads holding columns 1000..1023 hold nothing there. Checked at their farthest offset,
     they took the edge path at every chunk (f32 sm_90 SASS an element 3.49 without the
-    split, 3.31 with it so, 2.72 now); only the ragged last chunk of 63 rows takes it."""
+    split, 3.31 with it so, 2.50 now); only the ragged last chunk of 63 rows takes it."""
     ct.set_backend("sim", target="sm_90")
     assert _edge_requests(64, dt) == 0
     assert _edge_requests(63, dt) > 0

@@ -53,6 +53,10 @@ class BaseRegs:
     coord: list[Reg]  # per base dim: this thread's first element along it (u32)
     guards: dict[tuple[int, int], Reg]  # (dim, static offset) → element lies inside the dim
     owners: dict[tuple[int, ...], Reg | None]  # replicated dims → this thread owns the copy
+    #: (dim, guarded static offset) → min(offset, the dim's last index - coordinate) (s32):
+    #: the farthest of this thread's elements up to that offset that lies inside the tile
+    #: (`emit_memory.Access.all_inside`).
+    ends: dict[tuple[int, int], Reg] = field(default_factory=dict)
 
 
 @dataclass
@@ -250,13 +254,21 @@ class EmitContext:
                     fb.ins("shl.b32", c, c, b.unit(d).bit_length() - 1)
             coord.append(c)
         guards: dict[tuple[int, int], Reg] = {}
+        ends: dict[tuple[int, int], Reg] = {}
         for d in range(b.rank):
+            last: Reg | None = None
             for off in b.offsets(d):
                 if b.guarded(d, off):
                     g = fb.reg("pred")
                     fb.ins("setp.lt.u32", g, coord[d], b.shape[d] - off)
                     guards[(d, off)] = g
-        regs = BaseRegs(coord, guards, {})
+                    if last is None:
+                        last = fb.reg("b32")
+                        fb.ins("sub.s32", last, b.shape[d] - 1, coord[d])
+                    e = fb.reg("b32")
+                    fb.ins("min.s32", e, last, off)
+                    ends[(d, off)] = e
+        regs = BaseRegs(coord, guards, {}, ends)
         self.bases[b] = regs
         return regs
 

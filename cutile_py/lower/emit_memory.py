@@ -210,17 +210,14 @@ class Access:
 
     def _tile_end_inside(self, i: int, d: int, reach: int) -> Reg:
         """This thread's elements along dim i lie inside the tensor, where its farthest
-        offset `reach` may lie past the tile's end (a layout wider than the tile): the
-        element at `min(coordinate + reach, tile end)` does. Checked at `reach` alone, such
-        a thread would take the edge path at every tile, interior ones too (a (2, 1000)
-        tile on 64 threads: the 8 threads holding columns 1000..1023)."""
-        fb, coord = self.em.fb, self.em.bases[self.lay.base].coord[d]
-        last, left = fb.reg("b32"), fb.reg("b32")
-        fb.ins("add.u32", last, coord, reach)
-        fb.ins("min.u32", last, last, self.lay.base.shape[d] - 1)
-        fb.ins("add.s32", left, self.left[i], coord)  # the tensor past the tile's origin
+        offset `reach` may lie past the tile's end (a layout wider than the tile): its
+        farthest element inside the tile does (`BaseRegs.ends`, made in the preamble: one
+        compare here, as at `reach`). Checked at `reach`, such a thread would take the edge
+        path at every tile, interior ones too (a (2, 1000) tile on 64 threads: the 8 threads
+        holding columns 1000..1023)."""
+        fb = self.em.fb
         r = fb.reg("pred")
-        fb.ins("setp.gt.s32", r, left, last)
+        fb.ins("setp.gt.s32", r, self.left[i], self.em.bases[self.lay.base].ends[(d, reach)])
         return r
 
     def vectors(
