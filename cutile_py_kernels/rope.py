@@ -29,9 +29,10 @@ I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 #: the cos and sin of at most one or two angles whatever the block: the more elements a
 #: thread, the less that costs each. sm_90 SASS instructions an element at 4096 tokens x 32
 #: heads x 128, f32 / bf16: 37.8 / 63.9 before (8 warps, each thread the angles of its own
-#: 4 columns), now 19.8 / 20.1 on 8 warps, 12.9 / 13.5 on 4, 9.8 / 10.1 on 2 (9.6 at bf16
-#: since bf16 widens from its loaded pair; Triton's kernel of the same algorithm and tiling:
-#: 9.0 / 10.5; `paper_repro.kernels_sass`), at 117 / 120 registers. Not timed on a GPU.
+#: 4 columns), now 19.8 / 20.1 on 8 warps, 12.9 / 13.5 on 4, 9.8 / 10.1 on 2; 9.7 / 9.4 with
+#: bf16 widened from its loaded pair and each angle's cos and sin converted once for both
+#: halves (Triton's kernel of the same algorithm and tiling: 9.0 / 10.5;
+#: `paper_repro.kernels_sass`), at 112 / 89 registers. Not timed on a GPU.
 WARPS = 2
 BLOCK_ELEMS = 4096
 

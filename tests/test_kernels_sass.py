@@ -66,10 +66,11 @@ BUDGET = {
     "layer_norm bf16 4096x4096": 15.4,  # 19.1 (17.7 -> 16.4)
     "layer_norm bf16 4096x2048": 15.1,  # 25.2 (21.6 -> 16.1)
     # 2 warps, 64 elements a thread: each angle's cos and sin computed once a block (a costly
-    # broadcast planned apart: lower.layout), not once per head a thread holds on 8 warps:
-    # 37.8 -> 9.8 (f32), 63.9 -> 10.1 (bf16). Triton's kernel of the same algorithm and tiling.
+    # broadcast planned apart: lower.layout) and converted once, not once per 4 columns a
+    # thread holds on 8 warps: 37.8 -> 9.7 (f32), 63.9 -> 9.4 (bf16). Triton's kernel of the
+    # same algorithm and tiling.
     "rope f32 4096x32x128": 10.3,  # 9.0
-    "rope bf16 4096x32x128": 10.0,  # 10.5
+    "rope bf16 4096x32x128": 9.8,  # 10.5
     # 2 warps, (8, 512) steps, fused multiply-adds; loads in the loop split from the edge
     # (lower.emit_memory): 8.5 -> 2.7 (f32), 11.2 -> 4.4 (bf16). Triton's of the same tiling.
     "gemv f32 4096x4096": 2.9,  # 2.6
