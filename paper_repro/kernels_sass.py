@@ -31,7 +31,7 @@ import cutile_py as ct
 from cutile_py import PartitionSpec, TensorSpec, bf16, f32
 from cutile_py.ptx.target import Target
 from cutile_py.runtime.nvjitlink import assemble
-from cutile_py.runtime.sass import disassemble, find_tool, instructions
+from cutile_py.runtime.sass import addressed, disassemble, find_tool, instructions
 from cutile_py_kernels import activations, elementwise, layout, norms
 from cutile_py_kernels._common import RowPlan, row_launch
 
@@ -287,8 +287,6 @@ def theirs(python: str) -> dict[str, float]:
     return out
 
 
-#: An instruction of an nvdisasm listing: its address and its text.
-_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;", re.IGNORECASE)
 _BRANCH = re.compile(r"\bBRA\s+0x([0-9a-f]+)", re.IGNORECASE)
 
 
@@ -296,7 +294,7 @@ def loop_instructions(sass: str) -> int:
     """The instructions of the one loop of a listing: from the target of its backward branch
     to the branch. A case that runs a loop `trips` times executes them `trips - 1` times more
     than the listing holds (its other code runs once)."""
-    code = [(int(m.group(1), 16), m.group(2)) for m in _INSTRUCTION.finditer(sass)]
+    code = addressed(sass)
     loops = []
     for addr, text in code:
         b = _BRANCH.search(text)
@@ -305,7 +303,7 @@ def loop_instructions(sass: str) -> int:
     if len(loops) != 1:
         raise RuntimeError(f"expected one loop in the listing, found {len(loops)}")
     start, end = loops[0]
-    return sum(1 for addr, text in code if start <= addr <= end and text.split()[-1] != "NOP")
+    return sum(1 for addr, _ in code if start <= addr <= end)
 
 
 def _f(v: float | int | None, fmt: str) -> str:

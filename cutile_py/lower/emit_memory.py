@@ -235,9 +235,10 @@ class Access:
             static = [offs[d] if d is not None else 0 for d in lay.dims]
             group = list(range(k, k + self.width))
             k += self.width
-            pred = self.tile_ok if bounds else None
-            for i, off in enumerate(static):
-                if bounds:
+            pred = None
+            if bounds:
+                pred = self.tile_ok
+                for i, off in enumerate(static):
                     pred = em.conj(pred, self.in_bounds(i, off))
             pred = em.conj(pred, em.valid(lay, offs))
             pred = em.conj(pred, owner)
@@ -261,8 +262,9 @@ def load(em: EmitContext, op: o.LoadOp) -> None:
     cache = "" if p.mut else ".nc"  # shared tensors are read-only while the kernel runs
     padding = None if op in em.unpadded else op.padding  # unobservable: not written
     out: list[Reg] = []
-    if em.loop_depth and len(acc.vectors_static()) > 1:
-        out = _load_split(em, acc, dt, padding, cache)
+    inside = acc.all_inside() if em.loop_depth and len(acc.vectors_static()) > 1 else None
+    if inside is not None:
+        out = _load_split(em, acc, inside, dt, padding, cache)
     else:
         for group, row, offset, pred in acc.vectors(None):
             out.extend(load_vector(em, row, offset, len(group), dt, pred, padding, cache))
@@ -272,21 +274,19 @@ def load(em: EmitContext, op: o.LoadOp) -> None:
 
 
 def _load_split(
-    em: EmitContext, acc: Access, dt: type[DType], padding: float | None, cache: str
+    em: EmitContext,
+    acc: Access,
+    inside: Reg,
+    dt: type[DType],
+    padding: float | None,
+    cache: str,
 ) -> list[Reg]:
     """A tile load in a loop, in two paths: a thread whose accesses all lie inside the
-    tensor (every tile but those at its edges) loads unchecked, with no padding written;
-    the others check each access. In a loop the checks would cost each iteration about an
+    tensor (`inside`: every tile but those at its edges) loads unchecked, with no padding
+    written; the others check each access. In a loop the checks would cost each iteration about an
     instruction an access and one a register pair of padding (gemv f32, 64 elements a
     thread: 73 of the loop's 197 sm_90 SASS instructions)."""
     fb = em.fb
-    inside = acc.all_inside()
-    if inside is None:  # nothing to check
-        return [
-            r
-            for group, row, offset, pred in acc.vectors(None)
-            for r in load_vector(em, row, offset, len(group), dt, pred, padding, cache)
-        ]
     edge, loaded = fb.new_label("edge"), fb.new_label("loaded")
     fb.ins("bra", edge, pred=inside, negate=True)
     dests: list[list[Reg]] = []

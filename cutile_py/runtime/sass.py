@@ -90,14 +90,27 @@ def located(sass: str) -> list[tuple[str, int | None]]:
         if src:
             line = int(src.group(1))
             continue
-        m = _LINE.search(raw)
-        if m is None:
-            continue
-        text = " ".join(m.group(2).split())
-        if text == "NOP" or text == f"BRA 0x{int(m.group(1), 16):x}":
-            continue
-        out.append((text, line))
+        ins = _instruction(raw)
+        if ins is not None:
+            out.append((ins[1], line))
     return out
+
+
+def addressed(sass: str) -> list[tuple[int, str]]:
+    """Each instruction of a listing (as `instructions`) with its address."""
+    return [ins for raw in sass.splitlines() if (ins := _instruction(raw)) is not None]
+
+
+def _instruction(raw: str) -> tuple[int, str] | None:
+    """The address and text of the instruction on listing line `raw`; None for other lines
+    and for padding (a NOP, or the branch to itself that ends every kernel)."""
+    m = _LINE.search(raw)
+    if m is None:
+        return None
+    addr, text = int(m.group(1), 16), " ".join(m.group(2).split())
+    if text == "NOP" or text == f"BRA 0x{addr:x}":
+        return None
+    return addr, text
 
 
 def with_line_info(ptx: str, file: str = "kernel.ptx") -> str:
